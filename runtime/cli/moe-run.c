@@ -1,0 +1,397 @@
+/*
+ * moe-run - run an MoE model: generate text, or compute logits for given tokens.
+ *
+ * The CLI only parses arguments and prints; the work is in the runtime library.
+ * stdout: generated text (or ids / token lists); stderr: progress and speed.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moe-mmap.h"
+#include "moe-model.h"
+#include "moe-sampler.h"
+#include "moe-session.h"
+#include "moe-tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+"usage: moe-run -m MODEL [options]\n"
+"\n"
+"Run a Mixture-of-Experts model on the CPU (reference path).\n"
+"MODEL is a Hugging Face checkpoint directory (config.json, *.safetensors,\n"
+"tokenizer.json) of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or Phi-MoE.\n"
+"\n"
+"input (one of):\n"
+"  -p, --prompt TEXT       prompt text\n"
+"  -f, --file PATH         read the prompt from a file\n"
+"      --tokens IDS        comma-separated token ids instead of text (e.g. 1,415,2)\n"
+"\n"
+"generation:\n"
+"  -n, --n-predict N       tokens to generate (default 64; 0 = only run the prompt)\n"
+"      --temp T            temperature (default 0 = greedy)\n"
+"      --top-k K           keep the K most likely tokens (default 0 = off)\n"
+"      --top-p P           nucleus sampling threshold (default 1.0 = off)\n"
+"      --seed S            sampling seed (default 42)\n"
+"      --ignore-eos        do not stop at end-of-sequence tokens\n"
+"      --no-special        do not add the tokenizer's special tokens (e.g. BOS)\n"
+"      --ids               print generated token ids (comma-separated) instead of text\n"
+"\n"
+"checking against references:\n"
+"      --tokenize          print the token ids of the prompt text and exit\n"
+"      --logits-out FILE   write raw little-endian float32 logits, one row of\n"
+"                          n_vocab per processed position: the prompt's positions,\n"
+"                          then each generated token fed back ([n_prompt + n-1] x vocab)\n"
+"\n"
+"runtime:\n"
+"  -t, --threads N         CPU threads (default: all)\n"
+"  -c, --ctx N             context length / KV cache size (default: min(model max, 4096))\n"
+"  -b, --batch N           prompt tokens per forward chunk (default 256)\n"
+"  -v, --verbose           more log output\n"
+"  -h, --help              this help\n"
+"\n"
+"examples:\n"
+"  moe-run -m tests/fixtures/models/mixtral-f32 -p \"The meaning of life\" -n 32\n"
+"  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
+"  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
+"  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n");
+}
+
+struct args {
+    const char *model, *prompt, *prompt_file, *tokens, *logits_out;
+    int n_predict, top_k, n_threads, n_ctx, n_batch;
+    float temp, top_p;
+    unsigned long long seed;
+    int ignore_eos, no_special, print_ids, tokenize, verbose;
+};
+
+/* parse_int: strict decimal integer in [lo, hi]. */
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "moe-run: %s expects an integer in [%ld, %ld], got \"%s\"\n", opt, lo, hi, s);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+static int parse_float(const char *opt, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || end == s || v != v) {
+        fprintf(stderr, "moe-run: %s expects a number, got \"%s\"\n", opt, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* parse_args: returns 0 ok, 1 help printed, 2 usage error. */
+static int parse_args(int argc, char **argv, struct args *a) {
+    memset(a, 0, sizeof *a);
+    a->n_predict = 64;
+    a->top_p = 1.0f;
+    a->seed = 42;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+#define IS(s, l) (!strcmp(o, s) || !strcmp(o, l))
+#define NEXT()                                                                  \
+    (i + 1 < argc ? argv[++i]                                                   \
+                  : (fprintf(stderr, "moe-run: %s needs a value\n", o), (char *)NULL))
+        const char *v;
+        if (IS("-h", "--help")) {
+            usage(stdout);
+            return 1;
+        } else if (IS("-m", "--model")) {
+            if (!(a->model = NEXT())) return 2;
+        } else if (IS("-p", "--prompt")) {
+            if (!(a->prompt = NEXT())) return 2;
+        } else if (IS("-f", "--file")) {
+            if (!(a->prompt_file = NEXT())) return 2;
+        } else if (!strcmp(o, "--tokens")) {
+            if (!(a->tokens = NEXT())) return 2;
+        } else if (!strcmp(o, "--logits-out")) {
+            if (!(a->logits_out = NEXT())) return 2;
+        } else if (IS("-n", "--n-predict")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 1 << 24, &a->n_predict)) return 2;
+        } else if (!strcmp(o, "--top-k")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 1 << 30, &a->top_k)) return 2;
+        } else if (IS("-t", "--threads")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 1, 1024, &a->n_threads)) return 2;
+        } else if (IS("-c", "--ctx")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 24, &a->n_ctx)) return 2;
+        } else if (IS("-b", "--batch")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 16, &a->n_batch)) return 2;
+        } else if (!strcmp(o, "--temp")) {
+            if (!(v = NEXT()) || !parse_float(o, v, &a->temp)) return 2;
+        } else if (!strcmp(o, "--top-p")) {
+            if (!(v = NEXT()) || !parse_float(o, v, &a->top_p)) return 2;
+            if (a->top_p <= 0 || a->top_p > 1) {
+                fprintf(stderr, "moe-run: --top-p must be in (0, 1]\n");
+                return 2;
+            }
+        } else if (!strcmp(o, "--seed")) {
+            char *end;
+            if (!(v = NEXT())) return 2;
+            a->seed = strtoull(v, &end, 10);
+            if (*end || end == v) {
+                fprintf(stderr, "moe-run: --seed expects a non-negative integer\n");
+                return 2;
+            }
+        } else if (!strcmp(o, "--ignore-eos")) {
+            a->ignore_eos = 1;
+        } else if (!strcmp(o, "--no-special")) {
+            a->no_special = 1;
+        } else if (!strcmp(o, "--ids")) {
+            a->print_ids = 1;
+        } else if (!strcmp(o, "--tokenize")) {
+            a->tokenize = 1;
+        } else if (IS("-v", "--verbose")) {
+            a->verbose = 1;
+        } else {
+            fprintf(stderr, "moe-run: unknown option \"%s\" (see moe-run --help)\n", o);
+            return 2;
+        }
+#undef IS
+#undef NEXT
+    }
+    if (!a->model) {
+        fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
+        return 2;
+    }
+    int n_inputs = !!a->prompt + !!a->prompt_file + !!a->tokens;
+    if (n_inputs != 1) {
+        fprintf(stderr, "moe-run: give exactly one of -p TEXT, -f FILE or --tokens IDS\n");
+        return 2;
+    }
+    if (a->tokenize && a->tokens) {
+        fprintf(stderr, "moe-run: --tokenize needs text (-p or -f), not --tokens\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* parse_token_list: "1,2,3" -> ids (malloc'd). */
+static int parse_token_list(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 16, len = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    const char *p = s;
+    while (v && *p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            fprintf(stderr, "moe-run: --tokens: bad id at \"%.20s\" (expected e.g. 1,415,2)\n", p);
+            free(v);
+            return 0;
+        }
+        if (len == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) break;
+            v = nv;
+        }
+        v[len++] = (int32_t)x;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    if (!v || len == 0) {
+        fprintf(stderr, "moe-run: --tokens: no token ids given\n");
+        free(v);
+        return 0;
+    }
+    *ids = v;
+    *n = len;
+    return 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int is_eos(const struct moe_model *m, int32_t id) {
+    for (int i = 0; i < m->cfg.n_eos; i++)
+        if (m->cfg.eos_ids[i] == id) return 1;
+    return m->tok && moe_tokenizer_eos(m->tok) == id;
+}
+
+/* print_text_delta: print the bytes of decode(ids[0..n)) beyond what was printed. */
+static void print_text_delta(const struct moe_tokenizer *tok, const int32_t *ids, size_t n,
+                             size_t *printed) {
+    char *text = NULL;
+    size_t len = 0;
+    if (moe_tokenizer_decode(tok, ids, n, 1, &text, &len) != MOE_OK) return;
+    if (len > *printed) {
+        fwrite(text + *printed, 1, len - *printed, stdout);
+        fflush(stdout);
+        *printed = len;
+    }
+    free(text);
+}
+
+int main(int argc, char **argv) {
+    struct args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : 2;
+    if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
+
+    struct moe_model *model = NULL;
+    struct moe_session *sess = NULL;
+    struct moe_sampler *sampler = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    char *file_text = NULL;
+    float *logits = NULL;
+    FILE *lf = NULL;
+    char *tmp_path = NULL;
+    int status = 1;
+
+    if (moe_model_load_hf(a.model, &model) != MOE_OK) {
+        fprintf(stderr, "moe-run: cannot load model from %s\n", a.model);
+        goto done;
+    }
+    const struct moe_config *c = &model->cfg;
+    if (a.tokens) {
+        if (!parse_token_list(a.tokens, &ids, &n_ids)) {
+            status = 2;
+            goto done;
+        }
+    } else {
+        const char *text = a.prompt;
+        size_t text_len = text ? strlen(text) : 0;
+        if (a.prompt_file) {
+            if (moe_read_file(a.prompt_file, 1u << 30, &file_text, &text_len) != MOE_OK) goto done;
+            text = file_text;
+        }
+        if (!model->tok) {
+            fprintf(stderr, "moe-run: %s has no tokenizer.json; pass token ids with --tokens\n", a.model);
+            goto done;
+        }
+        if (moe_tokenizer_encode(model->tok, text, text_len, !a.no_special, &ids, &n_ids) != MOE_OK)
+            goto done;
+    }
+    if (a.tokenize) {
+        for (size_t i = 0; i < n_ids; i++) printf("%s%d", i ? "," : "", ids[i]);
+        printf("\n");
+        status = 0;
+        goto done;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "moe-run: the prompt is empty after tokenization\n");
+        goto done;
+    }
+    struct moe_session_params sp = moe_session_default_params();
+    sp.n_threads = a.n_threads;
+    sp.n_ctx = a.n_ctx;
+    sp.n_batch = a.n_batch;
+    if (sp.n_ctx == 0) {
+        int need = (int)n_ids + a.n_predict;
+        int def = c->max_pos < 4096 ? c->max_pos : 4096;
+        sp.n_ctx = need > def ? need : def;
+    }
+    if (moe_session_create(model, &sp, &sess) != MOE_OK) goto done;
+    if ((int)n_ids + a.n_predict > moe_session_n_ctx(sess)) {
+        fprintf(stderr, "moe-run: prompt (%zu tokens) + %d to generate exceed the context of %d; "
+                        "raise --ctx\n", n_ids, a.n_predict, moe_session_n_ctx(sess));
+        goto done;
+    }
+    struct moe_sampler_params smp = {a.temp, a.top_k, a.top_p, a.seed};
+    if (moe_sampler_create(&smp, c->n_vocab, &sampler) != MOE_OK) goto done;
+
+    const size_t V = (size_t)c->n_vocab;
+    int all = a.logits_out != NULL;
+    logits = malloc(sizeof(float) * V * (all ? n_ids : 1));
+    if (!logits) goto done;
+    if (a.logits_out) {
+        size_t pl = strlen(a.logits_out) + 16;
+        tmp_path = malloc(pl);
+        snprintf(tmp_path, pl, "%s.tmp", a.logits_out);
+        lf = fopen(tmp_path, "wb");
+        if (!lf) {
+            fprintf(stderr, "moe-run: cannot write %s: %s\n", tmp_path, strerror(errno));
+            goto done;
+        }
+    }
+    double t0 = now_s();
+    if (moe_session_forward(sess, ids, (int)n_ids, logits, all) != MOE_OK) goto done;
+    double t1 = now_s();
+    const float *last = logits + (all ? (n_ids - 1) * V : 0);
+    if (lf && fwrite(logits, sizeof(float), V * n_ids, lf) != V * n_ids) {
+        fprintf(stderr, "moe-run: write error on %s\n", tmp_path);
+        goto done;
+    }
+
+    /* generation */
+    int32_t *seq = malloc(sizeof(int32_t) * (n_ids + (size_t)a.n_predict + 1));
+    if (!seq) goto done;
+    memcpy(seq, ids, sizeof(int32_t) * n_ids);
+    size_t n_seq = n_ids, printed = 0;
+    if (model->tok && !a.print_ids) { /* echo the prompt, then stream the continuation */
+        print_text_delta(model->tok, seq, n_seq, &printed);
+    }
+    int n_gen = 0;
+    float *step_logits = all ? logits : logits; /* reuse: row 0 */
+    for (; n_gen < a.n_predict; n_gen++) {
+        int32_t next = moe_sampler_sample(sampler, n_gen == 0 ? last : step_logits);
+        seq[n_seq++] = next;
+        if (a.print_ids) {
+            printf("%s%d", n_gen ? "," : "", next);
+            fflush(stdout);
+        } else if (model->tok) {
+            print_text_delta(model->tok, seq, n_seq, &printed);
+        }
+        if (!a.ignore_eos && is_eos(model, next)) {
+            n_gen++;
+            break;
+        }
+        if (n_gen + 1 == a.n_predict) {
+            n_gen++;
+            break; /* the last token is not fed back */
+        }
+        if (moe_session_forward(sess, &next, 1, step_logits, 0) != MOE_OK) {
+            free(seq);
+            goto done;
+        }
+        if (lf && fwrite(step_logits, sizeof(float), V, lf) != V) {
+            fprintf(stderr, "moe-run: write error on %s\n", tmp_path);
+            free(seq);
+            goto done;
+        }
+    }
+    double t2 = now_s();
+    free(seq);
+    printf("\n");
+    fflush(stdout);
+    if (lf) {
+        int bad = fflush(lf) != 0 || fclose(lf) != 0;
+        lf = NULL;
+        if (bad || rename(tmp_path, a.logits_out) != 0) {
+            fprintf(stderr, "moe-run: cannot write %s\n", a.logits_out);
+            goto done;
+        }
+    }
+    fprintf(stderr, "moe-run: prompt %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
+            n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen, t2 - t1,
+            n_gen > 0 ? (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
+    status = 0;
+done:
+    if (lf) {
+        fclose(lf);
+        remove(tmp_path);
+    }
+    free(tmp_path);
+    free(logits);
+    free(ids);
+    free(file_text);
+    moe_sampler_free(sampler);
+    moe_session_free(sess);
+    moe_model_free(model);
+    return status;
+}

@@ -1,0 +1,475 @@
+/*
+ * config.c - config.json -> struct moe_config for the supported architectures.
+ *
+ * Field names follow transformers; both the v4 spellings (rope_theta,
+ * rope_scaling, num_experts) and the v5 ones (rope_parameters,
+ * num_local_experts, qkv_bias) are accepted. Where transformers' config class
+ * has a default, an absent field takes that default; shape-defining fields are
+ * required and their absence is an error naming the field.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe-mmap.h"
+#include "moe-model.h"
+
+const char *moe_arch_name(enum moe_arch a) {
+    switch (a) {
+    case MOE_ARCH_MIXTRAL: return "mixtral";
+    case MOE_ARCH_QWEN2_MOE: return "qwen2_moe";
+    case MOE_ARCH_QWEN3_MOE: return "qwen3_moe";
+    case MOE_ARCH_OLMOE: return "olmoe";
+    case MOE_ARCH_PHIMOE: return "phimoe";
+    }
+    return "?";
+}
+
+static const struct {
+    const char *hf_name;
+    enum moe_arch arch;
+} k_arches[] = {
+    {"MixtralForCausalLM", MOE_ARCH_MIXTRAL},   {"Qwen2MoeForCausalLM", MOE_ARCH_QWEN2_MOE},
+    {"Qwen3MoeForCausalLM", MOE_ARCH_QWEN3_MOE}, {"OlmoeForCausalLM", MOE_ARCH_OLMOE},
+    {"PhimoeForCausalLM", MOE_ARCH_PHIMOE},
+};
+
+/* Parsing context: the JSON root and the label used in messages. */
+struct cfg_ctx {
+    const cJSON *root;
+    const char *label;
+};
+
+static const cJSON *field(const struct cfg_ctx *c, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c->root, name);
+    return (v && !cJSON_IsNull(v)) ? v : NULL;
+}
+
+/* get_int: read an integer field; required fields report their absence. */
+static enum moe_status get_int(const struct cfg_ctx *c, const char *name, int required, int def,
+                               int lo, int hi, int *out) {
+    const cJSON *v = field(c, name);
+    if (!v) {
+        if (required) {
+            MOE_LOGE("%s: missing required field \"%s\"", c->label, name);
+            return MOE_ERR_NOT_FOUND;
+        }
+        *out = def;
+        return MOE_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi) {
+        MOE_LOGE("%s: field \"%s\" must be an integer in [%d, %d]", c->label, name, lo, hi);
+        return MOE_ERR_INVALID;
+    }
+    *out = (int)v->valuedouble;
+    return MOE_OK;
+}
+
+static enum moe_status get_float(const struct cfg_ctx *c, const cJSON *obj, const char *name,
+                                 double def, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (!v || cJSON_IsNull(v)) {
+        *out = (float)def;
+        return MOE_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        MOE_LOGE("%s: field \"%s\" must be a number", c->label, name);
+        return MOE_ERR_INVALID;
+    }
+    *out = (float)v->valuedouble;
+    return MOE_OK;
+}
+
+static enum moe_status get_bool(const struct cfg_ctx *c, const char *name, int def, int *out) {
+    const cJSON *v = field(c, name);
+    if (!v) {
+        *out = def;
+        return MOE_OK;
+    }
+    if (!cJSON_IsBool(v)) {
+        MOE_LOGE("%s: field \"%s\" must be true or false", c->label, name);
+        return MOE_ERR_INVALID;
+    }
+    *out = cJSON_IsTrue(v);
+    return MOE_OK;
+}
+
+/* read_factor_list: a longrope factor array of exactly n numbers. */
+static enum moe_status read_factor_list(const struct cfg_ctx *c, const cJSON *rp, const char *name,
+                                        int n, float **out) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(rp, name);
+    if (!cJSON_IsArray(a)) {
+        MOE_LOGE("%s: longrope needs \"%s\" (a list of %d numbers)", c->label, name, n);
+        return MOE_ERR_NOT_FOUND;
+    }
+    if (cJSON_GetArraySize(a) != n) {
+        MOE_LOGE("%s: \"%s\" has %d values, expected %d (rotary dims / 2)", c->label, name,
+                 cJSON_GetArraySize(a), n);
+        return MOE_ERR_INVALID;
+    }
+    float *f = malloc(sizeof(float) * (size_t)n);
+    if (!f) return MOE_ERR_NOMEM;
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0)) {
+            MOE_LOGE("%s: \"%s\"[%d] must be a positive number", c->label, name, i);
+            free(f);
+            return MOE_ERR_INVALID;
+        }
+        f[i++] = (float)e->valuedouble;
+    }
+    *out = f;
+    return MOE_OK;
+}
+
+/* parse_rope: rope_parameters (v5) or rope_theta + rope_scaling (v4). */
+static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cfg, double def_theta) {
+    struct moe_rope *r = &cfg->rope;
+    const cJSON *rp = field(c, "rope_parameters");
+    const cJSON *rs = field(c, "rope_scaling");
+    if (rp && !cJSON_IsObject(rp)) {
+        MOE_LOGE("%s: \"rope_parameters\" must be an object", c->label);
+        return MOE_ERR_INVALID;
+    }
+    if (rs && !cJSON_IsObject(rs)) {
+        MOE_LOGE("%s: \"rope_scaling\" must be an object", c->label);
+        return MOE_ERR_INVALID;
+    }
+    const cJSON *p = rp ? rp : rs; /* where the scaling parameters live */
+    enum moe_status st;
+    /* theta: rope_parameters.rope_theta, else top-level rope_theta, else the class default */
+    float theta;
+    if ((st = get_float(c, c->root, "rope_theta", def_theta, &theta))) return st;
+    if (rp && (st = get_float(c, rp, "rope_theta", theta, &theta))) return st;
+    r->theta = theta;
+    float prf = 1.0f;
+    if ((st = get_float(c, c->root, "partial_rotary_factor", 1.0, &prf))) return st;
+    if (p && (st = get_float(c, p, "partial_rotary_factor", prf, &prf))) return st;
+    if (!(prf > 0 && prf <= 1)) {
+        MOE_LOGE("%s: partial_rotary_factor must be in (0, 1]", c->label);
+        return MOE_ERR_INVALID;
+    }
+    r->n_rot = (int)(cfg->head_dim * prf);
+    r->n_rot -= r->n_rot % 2;
+    r->kind = MOE_ROPE_DEFAULT;
+    r->factor = 1.0f;
+    r->attention_factor = 1.0f;
+    if (!p) return MOE_OK;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "rope_type");
+    if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(p, "type");
+    const char *type = cJSON_IsString(t) ? t->valuestring : "default";
+    if (!strcmp(type, "default")) return MOE_OK;
+    if ((st = get_float(c, p, "factor", 1.0, &r->factor))) return st;
+    if (!strcmp(type, "linear")) {
+        r->kind = MOE_ROPE_LINEAR;
+        return MOE_OK;
+    }
+    if (!strcmp(type, "llama3")) {
+        r->kind = MOE_ROPE_LLAMA3;
+        float omp;
+        if ((st = get_float(c, p, "low_freq_factor", 1.0, &r->low_freq_factor))) return st;
+        if ((st = get_float(c, p, "high_freq_factor", 4.0, &r->high_freq_factor))) return st;
+        if ((st = get_float(c, p, "original_max_position_embeddings", 8192, &omp))) return st;
+        r->original_max_pos = (int)omp;
+        return MOE_OK;
+    }
+    if (!strcmp(type, "longrope") || !strcmp(type, "su")) {
+        r->kind = MOE_ROPE_LONGROPE;
+        float omp;
+        const cJSON *top_omp = field(c, "original_max_position_embeddings");
+        double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
+        if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
+        if (cJSON_IsNumber(top_omp)) omp = (float)top_omp->valuedouble; /* transformers prefers it */
+        if (!(omp >= 1)) {
+            MOE_LOGE("%s: longrope original_max_position_embeddings must be >= 1", c->label);
+            return MOE_ERR_INVALID;
+        }
+        r->original_max_pos = (int)omp;
+        int n = r->n_rot / 2;
+        if ((st = read_factor_list(c, p, "short_factor", n, &r->short_factor))) return st;
+        if ((st = read_factor_list(c, p, "long_factor", n, &r->long_factor))) return st;
+        const cJSON *sm = cJSON_GetObjectItemCaseSensitive(p, "short_mscale");
+        const cJSON *lm = cJSON_GetObjectItemCaseSensitive(p, "long_mscale");
+        if (cfg->arch == MOE_ARCH_PHIMOE) {
+            if (!cJSON_IsNumber(sm) || !cJSON_IsNumber(lm)) {
+                MOE_LOGE("%s: Phi-MoE longrope needs numeric short_mscale and long_mscale", c->label);
+                return MOE_ERR_NOT_FOUND;
+            }
+            r->has_mscale = 1;
+            r->short_mscale = (float)sm->valuedouble;
+            r->long_mscale = (float)lm->valuedouble;
+        }
+        /* attention factor as transformers' _compute_longrope_parameters sets it */
+        float factor_def = (float)cfg->max_pos / (float)r->original_max_pos;
+        const cJSON *fj = cJSON_GetObjectItemCaseSensitive(p, "factor");
+        float factor = cJSON_IsNumber(fj) ? (float)fj->valuedouble : factor_def;
+        const cJSON *af = cJSON_GetObjectItemCaseSensitive(p, "attention_factor");
+        if (cJSON_IsNumber(af))
+            r->attention_factor = (float)af->valuedouble;
+        else
+            r->attention_factor =
+                factor <= 1.0f ? 1.0f
+                               : (float)sqrt(1.0 + log(factor) / log((double)r->original_max_pos));
+        return MOE_OK;
+    }
+    MOE_LOGE("%s: RoPE scaling type \"%s\" is not supported (supported: default, linear, llama3, "
+             "longrope)",
+             c->label, type);
+    return MOE_ERR_UNSUPPORTED;
+}
+
+/* parse_layer_kinds: which layers are MoE and which use sliding-window attention. */
+static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_config *cfg) {
+    enum moe_status st;
+    int L = cfg->n_layer;
+    cfg->layer_moe = calloc((size_t)L, 1);
+    cfg->layer_sliding = calloc((size_t)L, 1);
+    if (!cfg->layer_moe || !cfg->layer_sliding) return MOE_ERR_NOMEM;
+    int step = 1;
+    if ((st = get_int(c, "decoder_sparse_step", 0, 1, 1, 1 << 20, &step))) return st;
+    const cJSON *mlp_only = field(c, "mlp_only_layers");
+    if (mlp_only && !cJSON_IsArray(mlp_only)) {
+        MOE_LOGE("%s: \"mlp_only_layers\" must be a list", c->label);
+        return MOE_ERR_INVALID;
+    }
+    int has_dense = 0;
+    for (int l = 0; l < L; l++) {
+        int moe = 1;
+        if (cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE)
+            moe = ((l + 1) % step) == 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, mlp_only) {
+            if (cJSON_IsNumber(e) && (int)e->valuedouble == l) moe = 0;
+        }
+        cfg->layer_moe[l] = (uint8_t)moe;
+        has_dense |= !moe;
+    }
+    if (has_dense && cfg->n_ff_dense <= 0) {
+        MOE_LOGE("%s: dense MLP layers need \"intermediate_size\"", c->label);
+        return MOE_ERR_NOT_FOUND;
+    }
+    /* sliding window: v5 layer_types wins; else per-architecture rules */
+    int window = 0;
+    if ((st = get_int(c, "sliding_window", 0, 0, 0, 1 << 30, &window))) return st;
+    const cJSON *types = field(c, "layer_types");
+    if (types) {
+        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != L) {
+            MOE_LOGE("%s: \"layer_types\" must list %d layer kinds", c->label, L);
+            return MOE_ERR_INVALID;
+        }
+        int l = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, types) {
+            cfg->layer_sliding[l++] = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+        }
+    } else if (cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE) {
+        int use = 0, max_window_layers = L;
+        if ((st = get_bool(c, "use_sliding_window", 0, &use))) return st;
+        if ((st = get_int(c, "max_window_layers", 0, L, 0, 1 << 20, &max_window_layers))) return st;
+        for (int l = 0; l < L && use; l++) cfg->layer_sliding[l] = l >= max_window_layers;
+    } else {
+        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = window > 0;
+    }
+    int any = 0;
+    for (int l = 0; l < L; l++) any |= cfg->layer_sliding[l];
+    if (any && window <= 0) {
+        MOE_LOGE("%s: sliding-window layers need a positive \"sliding_window\"", c->label);
+        return MOE_ERR_INVALID;
+    }
+    cfg->sliding_window = any ? window : 0;
+    return MOE_OK;
+}
+
+/* parse_token_ids: an int or a list of ints (eos_token_id may be either). */
+static void parse_token_ids(const cJSON *v, int *ids, int *n, int max) {
+    if (cJSON_IsNumber(v)) {
+        if (*n < max) ids[(*n)++] = (int)v->valuedouble;
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (cJSON_IsNumber(e) && *n < max) ids[(*n)++] = (int)e->valuedouble;
+        }
+    }
+}
+
+enum moe_status moe_config_parse(const char *json, size_t len, const char *label,
+                                 struct moe_config *out) {
+    memset(out, 0, sizeof *out);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        MOE_LOGE("%s: not a JSON object", label);
+        cJSON_Delete(root);
+        return MOE_ERR_FORMAT;
+    }
+    struct cfg_ctx ctx = {root, label}, *c = &ctx;
+    enum moe_status st = MOE_OK;
+    struct moe_config *cfg = out;
+
+    const cJSON *archs = field(c, "architectures");
+    const char *name = NULL;
+    if (cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
+        name = cJSON_GetArrayItem(archs, 0)->valuestring;
+    if (!name) {
+        MOE_LOGE("%s: missing required field \"architectures\"", label);
+        st = MOE_ERR_NOT_FOUND;
+        goto fail;
+    }
+    int found = 0;
+    for (size_t i = 0; i < sizeof k_arches / sizeof k_arches[0]; i++) {
+        if (!strcmp(name, k_arches[i].hf_name)) {
+            cfg->arch = k_arches[i].arch;
+            found = 1;
+        }
+    }
+    if (!found) {
+        MOE_LOGE("%s: unknown architecture \"%s\" (supported: MixtralForCausalLM, "
+                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, PhimoeForCausalLM)",
+                 label, name);
+        st = MOE_ERR_UNSUPPORTED;
+        goto fail;
+    }
+    snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
+    enum moe_arch a = cfg->arch;
+    const int BIG = 1 << 24;
+    if ((st = get_int(c, "vocab_size", 1, 0, 1, 1 << 30, &cfg->n_vocab))) goto fail;
+    if ((st = get_int(c, "hidden_size", 1, 0, 1, BIG, &cfg->n_embd))) goto fail;
+    if ((st = get_int(c, "num_hidden_layers", 1, 0, 1, 100000, &cfg->n_layer))) goto fail;
+    if ((st = get_int(c, "num_attention_heads", 1, 0, 1, 100000, &cfg->n_head))) goto fail;
+    if ((st = get_int(c, "num_key_value_heads", 0, cfg->n_head, 1, 100000, &cfg->n_head_kv))) goto fail;
+    if (cfg->n_head % cfg->n_head_kv) {
+        MOE_LOGE("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+                 label, cfg->n_head, cfg->n_head_kv);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
+    if ((st = get_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
+    if (cfg->head_dim % 2) {
+        MOE_LOGE("%s: head_dim %d must be even for RoPE", label, cfg->head_dim);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
+    if ((st = get_int(c, "max_position_embeddings", 0, 4096, 1, 1 << 30, &cfg->max_pos))) goto fail;
+
+    /* experts: v5 spells num_local_experts for several architectures */
+    const char *ne_name = field(c, "num_local_experts") ? "num_local_experts" : "num_experts";
+    if ((st = get_int(c, ne_name, 1, 0, 1, 1 << 16, &cfg->n_expert))) goto fail;
+    if ((st = get_int(c, "num_experts_per_tok", 1, 0, 1, 1 << 16, &cfg->n_expert_used))) goto fail;
+    if (cfg->n_expert_used > cfg->n_expert) {
+        MOE_LOGE("%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", label,
+                 cfg->n_expert_used, cfg->n_expert);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
+    int inter = 0;
+    if ((st = get_int(c, "intermediate_size", 0, 0, 0, BIG, &inter))) goto fail;
+    if (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE) {
+        if ((st = get_int(c, "moe_intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
+        cfg->n_ff_dense = inter;
+    } else {
+        if ((st = get_int(c, "intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
+    }
+    if (a == MOE_ARCH_QWEN2_MOE &&
+        (st = get_int(c, "shared_expert_intermediate_size", 1, 0, 0, BIG, &cfg->n_ff_shared)))
+        goto fail;
+
+    /* routing */
+    cfg->router = a == MOE_ARCH_PHIMOE ? MOE_ROUTER_SPARSEMIXER : MOE_ROUTER_SOFTMAX_TOPK;
+    cfg->norm_topk_prob = a == MOE_ARCH_MIXTRAL; /* Mixtral always renormalises */
+    if (a != MOE_ARCH_MIXTRAL && a != MOE_ARCH_PHIMOE &&
+        (st = get_bool(c, "norm_topk_prob", 0, &cfg->norm_topk_prob)))
+        goto fail;
+    if (a == MOE_ARCH_PHIMOE) {
+        if ((st = get_float(c, root, "router_jitter_noise", 0.01, &cfg->router_jitter))) goto fail;
+        if (cfg->n_expert_used != 2) {
+            MOE_LOGE("%s: Phi-MoE sparsemixer routing supports num_experts_per_tok = 2 only (got %d)",
+                     label, cfg->n_expert_used);
+            st = MOE_ERR_UNSUPPORTED;
+            goto fail;
+        }
+    }
+
+    /* norms and attention */
+    cfg->norm = a == MOE_ARCH_PHIMOE ? MOE_NORM_LAYER : MOE_NORM_RMS;
+    double def_eps = (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE) ? 1e-6 : 1e-5;
+    if ((st = get_float(c, root, "rms_norm_eps", def_eps, &cfg->norm_eps))) goto fail;
+    if (a == MOE_ARCH_QWEN2_MOE) {
+        if ((st = get_bool(c, "qkv_bias", 1, &cfg->attn_qkv_bias))) goto fail;
+    } else if (a != MOE_ARCH_MIXTRAL) {
+        int ab = 0;
+        if ((st = get_bool(c, "attention_bias", 0, &ab))) goto fail;
+        cfg->attn_qkv_bias = cfg->attn_o_bias = ab;
+    }
+    cfg->qk_norm = a == MOE_ARCH_QWEN3_MOE ? MOE_QK_NORM_HEAD
+                   : a == MOE_ARCH_OLMOE   ? MOE_QK_NORM_FULL
+                                           : MOE_QK_NORM_NONE;
+    if (a == MOE_ARCH_OLMOE && (st = get_float(c, root, "clip_qkv", 0.0, &cfg->clip_qkv))) goto fail;
+    if (cfg->clip_qkv < 0) {
+        MOE_LOGE("%s: clip_qkv must be positive", label);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
+    if (a == MOE_ARCH_PHIMOE && (st = get_bool(c, "lm_head_bias", 0, &cfg->lm_head_bias))) goto fail;
+    if ((st = get_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings))) goto fail;
+
+    double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : 10000.0;
+    if ((st = parse_rope(c, cfg, def_theta))) goto fail;
+    if ((st = parse_layer_kinds(c, cfg))) goto fail;
+
+    cfg->bos_id = -1;
+    const cJSON *bos = field(c, "bos_token_id");
+    if (cJSON_IsNumber(bos)) cfg->bos_id = (int)bos->valuedouble;
+    parse_token_ids(field(c, "eos_token_id"), cfg->eos_ids, &cfg->n_eos, MOE_MAX_EOS);
+    cJSON_Delete(root);
+    return MOE_OK;
+fail:
+    cJSON_Delete(root);
+    moe_config_clear(out);
+    return st;
+}
+
+enum moe_status moe_config_load(const char *dir, struct moe_config *out) {
+    char *path = moe_path_join(dir, "config.json");
+    char *text = NULL;
+    size_t len = 0;
+    enum moe_status st = path ? moe_read_file(path, 16u << 20, &text, &len) : MOE_ERR_NOMEM;
+    if (st == MOE_OK) st = moe_config_parse(text, len, path, out);
+    free(text);
+    free(path);
+    if (st) return st;
+    /* generation_config.json may list more EOS ids (e.g. chat end tokens) */
+    char *gpath = moe_path_join(dir, "generation_config.json");
+    char *gtext = NULL;
+    FILE *f = gpath ? fopen(gpath, "rb") : NULL;
+    if (f) {
+        fclose(f);
+        if (moe_read_file(gpath, 1u << 20, &gtext, &len) == MOE_OK) {
+            cJSON *g = cJSON_ParseWithLength(gtext, len);
+            const cJSON *e = g ? cJSON_GetObjectItemCaseSensitive(g, "eos_token_id") : NULL;
+            if (e) {
+                int ids[MOE_MAX_EOS], n = 0;
+                parse_token_ids(e, ids, &n, MOE_MAX_EOS);
+                for (int i = 0; i < n; i++) {
+                    int dup = 0;
+                    for (int j = 0; j < out->n_eos; j++) dup |= out->eos_ids[j] == ids[i];
+                    if (!dup && out->n_eos < MOE_MAX_EOS) out->eos_ids[out->n_eos++] = ids[i];
+                }
+            }
+            cJSON_Delete(g);
+        }
+    }
+    free(gtext);
+    free(gpath);
+    return MOE_OK;
+}
+
+void moe_config_clear(struct moe_config *c) {
+    free(c->rope.short_factor);
+    free(c->rope.long_factor);
+    free(c->layer_moe);
+    free(c->layer_sliding);
+    c->rope.short_factor = c->rope.long_factor = NULL;
+    c->layer_moe = c->layer_sliding = NULL;
+}

@@ -1,0 +1,34 @@
+/*
+ * moe-threadpool.h - a small persistent pthread pool for data-parallel loops.
+ *
+ * moe_pool_for() splits [0, n) into one contiguous range per thread (the caller
+ * runs one of them) and returns when all are done. One loop at a time per pool:
+ * a pool is not re-entrant and must be driven from a single thread.
+ */
+#ifndef MOE_THREADPOOL_H
+#define MOE_THREADPOOL_H
+
+#include <stdint.h>
+
+#include "moe-status.h"
+
+struct moe_pool;
+
+/* fn processes items [begin, end); tid in [0, n_threads) identifies the thread
+ * (for per-thread scratch buffers). */
+typedef void (*moe_range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
+
+/* moe_pool_create: n_threads <= 0 picks the number of online CPUs. */
+enum moe_status moe_pool_create(int n_threads, struct moe_pool **out);
+
+/* moe_pool_free: joins the workers; NULL is a no-op. */
+void moe_pool_free(struct moe_pool *p);
+
+/* moe_pool_n_threads: threads including the caller. */
+int moe_pool_n_threads(const struct moe_pool *p);
+
+/* moe_pool_for: run fn over [0, n); ranges shorter than min_chunk items are not
+ * split further (small loops run on fewer threads). */
+void moe_pool_for(struct moe_pool *p, int64_t n, int64_t min_chunk, moe_range_fn fn, void *ctx);
+
+#endif

@@ -1,0 +1,181 @@
+/*
+ * moe-model.h - model description (from config.json) and weights (views into
+ * mmapped checkpoint files) for the supported MoE architectures.
+ *
+ * Grouped by lifetime, as in llama2.c: struct moe_config is the hyper-parameters,
+ * struct moe_model the weights (never copied: every matrix is a typed view into a
+ * mapped file), and struct moe_session (moe-session.h) the run state.
+ */
+#ifndef MOE_MODEL_H
+#define MOE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe-dtype.h"
+#include "moe-status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moe_arch {
+    MOE_ARCH_MIXTRAL = 0,
+    MOE_ARCH_QWEN2_MOE = 1,
+    MOE_ARCH_QWEN3_MOE = 2,
+    MOE_ARCH_OLMOE = 3,
+    MOE_ARCH_PHIMOE = 4,
+};
+
+enum moe_norm_kind { MOE_NORM_RMS = 0, MOE_NORM_LAYER = 1 /* LayerNorm with bias */ };
+
+enum moe_qk_norm {
+    MOE_QK_NORM_NONE = 0,
+    MOE_QK_NORM_HEAD = 1, /* RMSNorm over head_dim, per head (Qwen3-MoE) */
+    MOE_QK_NORM_FULL = 2, /* RMSNorm over the whole q / k projection (OLMoE) */
+};
+
+enum moe_router_kind {
+    MOE_ROUTER_SOFTMAX_TOPK = 0, /* softmax, top-k, optional renormalisation */
+    MOE_ROUTER_SPARSEMIXER = 1,  /* Phi-MoE's sparsemixer, inference form, top-2 */
+};
+
+enum moe_rope_kind {
+    MOE_ROPE_DEFAULT = 0,
+    MOE_ROPE_LINEAR = 1,
+    MOE_ROPE_LONGROPE = 2,
+    MOE_ROPE_LLAMA3 = 3,
+};
+
+#define MOE_MAX_EOS 8
+
+struct moe_rope {
+    enum moe_rope_kind kind;
+    float theta;
+    int n_rot;                 /* rotated dims per head (head_dim * partial_rotary_factor) */
+    float factor;              /* linear / llama3 factor */
+    /* longrope */
+    float *short_factor;       /* [n_rot/2], owned */
+    float *long_factor;        /* [n_rot/2], owned */
+    float short_mscale, long_mscale;
+    int has_mscale;            /* Phi-MoE: cos/sin scaled by short/long mscale */
+    float attention_factor;    /* longrope without mscale fields */
+    int original_max_pos;
+    /* llama3 */
+    float low_freq_factor, high_freq_factor;
+};
+
+struct moe_config {
+    enum moe_arch arch;
+    char arch_name[64];        /* "MixtralForCausalLM", ... */
+    int n_vocab;
+    int n_embd;                /* hidden_size */
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int n_expert;              /* routed experts per MoE layer */
+    int n_expert_used;         /* top-k */
+    int n_ff_expert;           /* intermediate size of one routed expert */
+    int n_ff_dense;            /* intermediate size of dense-MLP layers (0 if none) */
+    int n_ff_shared;           /* shared expert intermediate size (0 = none) */
+    int norm_topk_prob;        /* renormalise the top-k weights to sum to 1 */
+    enum moe_router_kind router;
+    float router_jitter;       /* sparsemixer's jitter_eps */
+    enum moe_norm_kind norm;
+    float norm_eps;
+    int attn_qkv_bias;
+    int attn_o_bias;
+    enum moe_qk_norm qk_norm;
+    float clip_qkv;            /* 0 = no clamping */
+    int lm_head_bias;
+    int tie_embeddings;
+    int max_pos;               /* max_position_embeddings */
+    struct moe_rope rope;
+    int sliding_window;        /* 0 = none */
+    uint8_t *layer_moe;        /* [n_layer] 1 = MoE block, 0 = dense MLP; owned */
+    uint8_t *layer_sliding;    /* [n_layer] 1 = sliding-window attention; owned */
+    int bos_id;                /* -1 if unknown */
+    int eos_ids[MOE_MAX_EOS];
+    int n_eos;
+};
+
+/* moe_config_parse: parse config.json text into a description. Unknown
+ * architectures, missing required fields and inconsistent values are logged
+ * (naming the field) and returned as errors. `label` names the file in messages.
+ * On success free with moe_config_clear(). */
+enum moe_status moe_config_parse(const char *json, size_t len, const char *label,
+                                 struct moe_config *out);
+
+/* moe_config_load: read <dir>/config.json (and generation_config.json for EOS ids). */
+enum moe_status moe_config_load(const char *dir, struct moe_config *out);
+
+/* moe_config_clear: free owned arrays; the struct may be reused. */
+void moe_config_clear(struct moe_config *c);
+
+/* moe_arch_name: "mixtral", "qwen2_moe", ... */
+const char *moe_arch_name(enum moe_arch a);
+
+/* A weight matrix [n_out x n_in], row-major, stored in `type`. Borrowed view. */
+struct moe_weight {
+    const void *data;
+    enum moe_dtype type;
+    int64_t n_out;
+    int64_t n_in;
+};
+
+/* One SwiGLU feed-forward: down(silu(gate x) * up x). */
+struct moe_ffn {
+    struct moe_weight gate; /* [n_ff x n_embd] */
+    struct moe_weight up;   /* [n_ff x n_embd] */
+    struct moe_weight down; /* [n_embd x n_ff] */
+};
+
+struct moe_layer {
+    float *attn_norm, *attn_norm_b;  /* [n_embd]; _b only for LayerNorm */
+    float *ffn_norm, *ffn_norm_b;    /* [n_embd] */
+    struct moe_weight wq;            /* [n_head*head_dim x n_embd] */
+    struct moe_weight wk;            /* [n_head_kv*head_dim x n_embd] */
+    struct moe_weight wv;            /* [n_head_kv*head_dim x n_embd] */
+    struct moe_weight wo;            /* [n_embd x n_head*head_dim] */
+    float *bq, *bk, *bv, *bo;        /* biases or NULL */
+    float *q_norm, *k_norm;          /* [head_dim] or [proj] per qk_norm, or NULL */
+    /* MoE block (layer_moe[l]) */
+    struct moe_weight router;        /* [n_expert x n_embd] */
+    struct moe_ffn *experts;         /* [n_expert] */
+    struct moe_ffn shared;           /* n_ff_shared > 0 */
+    struct moe_weight shared_gate;   /* [1 x n_embd] */
+    /* dense MLP (!layer_moe[l]) */
+    struct moe_ffn dense;
+};
+
+struct moe_safetensors;
+struct moe_tokenizer;
+
+struct moe_model {
+    struct moe_config cfg;
+    struct moe_weight tok_embd;      /* [n_vocab x n_embd] */
+    float *out_norm, *out_norm_b;    /* [n_embd] */
+    struct moe_weight lm_head;       /* [n_vocab x n_embd] (tok_embd if tied) */
+    float *lm_head_b;                /* [n_vocab] or NULL */
+    struct moe_layer *layers;        /* [n_layer] */
+    struct moe_safetensors *st;      /* owns the mapped weights (NULL for other sources) */
+    struct moe_tokenizer *tok;       /* NULL if the directory has no tokenizer.json */
+    char *path;
+};
+
+/* moe_model_load_hf: load a Hugging Face checkpoint directory (config.json,
+ * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
+ * shape; errors name the tensor. */
+enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out);
+
+/* moe_model_free: NULL is a no-op. */
+void moe_model_free(struct moe_model *m);
+
+/* moe_model_n_params: total parameters of all weights (for reporting). */
+int64_t moe_model_n_params(const struct moe_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,33 @@
+/*
+ * moe-sampler.h - next-token selection: greedy, or seeded sampling with
+ * temperature, top-k and top-p (nucleus) filtering, in that order.
+ */
+#ifndef MOE_SAMPLER_H
+#define MOE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "moe-status.h"
+
+struct moe_sampler_params {
+    float temperature; /* <= 0: greedy (argmax, lowest id on ties) */
+    int top_k;         /* <= 0: no top-k filter */
+    float top_p;       /* >= 1: no nucleus filter */
+    uint64_t seed;
+};
+
+struct moe_sampler_params moe_sampler_default_params(void);
+
+struct moe_sampler;
+
+enum moe_status moe_sampler_create(const struct moe_sampler_params *p, int n_vocab,
+                                   struct moe_sampler **out);
+void moe_sampler_free(struct moe_sampler *s);
+
+/* moe_sampler_sample: pick a token from logits[n_vocab]; logits are not modified. */
+int32_t moe_sampler_sample(struct moe_sampler *s, const float *logits);
+
+/* moe_argmax: index of the largest value (lowest index on ties). */
+int32_t moe_argmax(const float *v, int n);
+
+#endif

@@ -1,0 +1,77 @@
+/*
+ * moe-session.h - run state of a model: KV cache, scratch buffers, thread pool,
+ * and the CPU reference forward pass (batched prefill and one-token decode).
+ *
+ * The forward pass is the specification every faster path is checked against:
+ * float32 accumulation, weights read in their stored dtype, the arithmetic of
+ * transformers' eager implementation. A session is used by one thread at a time.
+ */
+#ifndef MOE_SESSION_H
+#define MOE_SESSION_H
+
+#include <stdint.h>
+
+#include "moe-model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What the router decided for a batch of tokens at one MoE layer. All arrays
+ * are borrowed for the duration of the callback only. */
+struct moe_route_event {
+    int layer;
+    int pos0;                   /* position of the first token of the batch */
+    int n_tokens;
+    int n_expert;
+    int k;                      /* experts selected per token */
+    const float *gate_input;    /* [n_tokens x n_embd]: normed hidden state fed to the router */
+    const float *router_logits; /* [n_tokens x n_expert] */
+    const int32_t *experts;     /* [n_tokens x k], by gate weight, largest first */
+    const float *weights;       /* [n_tokens x k] gate weights applied to expert outputs */
+};
+
+typedef void (*moe_route_fn)(const struct moe_route_event *ev, void *user);
+
+struct moe_session_params {
+    int n_ctx;          /* KV cache length in tokens (0 = min(max_position_embeddings, 4096)) */
+    int n_batch;        /* tokens per forward chunk (0 = 256) */
+    int n_threads;      /* 0 = all online CPUs */
+    moe_route_fn on_route; /* optional observer (profiling); NULL = none */
+    void *route_user;
+};
+
+struct moe_session_params moe_session_default_params(void);
+
+struct moe_session;
+
+/* moe_session_create: allocate KV cache and buffers for `model` (borrowed; it
+ * must outlive the session). */
+enum moe_status moe_session_create(const struct moe_model *model,
+                                   const struct moe_session_params *params,
+                                   struct moe_session **out);
+
+/* moe_session_free: NULL is a no-op. */
+void moe_session_free(struct moe_session *s);
+
+/* moe_session_reset: forget the cached sequence (position 0). */
+void moe_session_reset(struct moe_session *s);
+
+/* moe_session_pos: number of tokens in the cache. */
+int moe_session_pos(const struct moe_session *s);
+
+/* moe_session_n_ctx: capacity of the cache. */
+int moe_session_n_ctx(const struct moe_session *s);
+
+/* moe_session_forward: append n tokens at the current position and compute
+ * logits. With all_logits != 0, `logits` receives [n x n_vocab] (one row per
+ * token); otherwise [n_vocab] for the last token only. Fails with MOE_ERR_RANGE
+ * if the cache would overflow and MOE_ERR_INVALID for out-of-vocabulary ids
+ * (the session is unchanged in both cases). */
+enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n,
+                                    float *logits, int all_logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

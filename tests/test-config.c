@@ -1,0 +1,271 @@
+/*
+ * test-config.c - config.json parsing for each architecture and the errors for
+ * unknown architectures, missing fields, bad values; tensor binding errors
+ * (missing tensor, wrong shape) name the tensor.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moe-model.h"
+
+static int fails;
+static char last_log[4096];
+
+static void capture(enum moe_log_level level, const char *msg, void *user) {
+    if (level >= MOE_LOG_ERROR) snprintf(last_log, sizeof last_log, "%s", msg);
+}
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fails++;                                             \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+        }                                                        \
+    } while (0)
+
+static enum moe_status parse(const char *json, struct moe_config *c) {
+    last_log[0] = 0;
+    return moe_config_parse(json, strlen(json), "config.json", c);
+}
+
+#define MIXTRAL_BASE                                                                        \
+    "\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"       \
+    "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,"          \
+    "\"intermediate_size\":6,\"num_local_experts\":3,\"num_experts_per_tok\":2"
+
+static void test_arches(void) {
+    struct moe_config c;
+    CHECK(parse("{" MIXTRAL_BASE ",\"rope_theta\":5000.0}", &c) == MOE_OK, "mixtral v4");
+    CHECK(c.arch == MOE_ARCH_MIXTRAL && c.head_dim == 4 && c.n_expert == 3 && c.norm_topk_prob == 1,
+          "mixtral fields");
+    CHECK(c.rope.theta == 5000.0f && c.rope.n_rot == 4, "v4 rope_theta");
+    CHECK(c.layer_moe[0] && c.layer_moe[1] && !c.layer_sliding[0], "mixtral layers");
+    moe_config_clear(&c);
+
+    CHECK(parse("{" MIXTRAL_BASE ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":7.0}}", &c) == MOE_OK,
+          "mixtral v5");
+    CHECK(c.rope.theta == 7.0f, "v5 rope_parameters theta: %g", c.rope.theta);
+    moe_config_clear(&c);
+
+    const char *qwen2 =
+        "{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+        "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"intermediate_size\":10,"
+        "\"moe_intermediate_size\":6,\"shared_expert_intermediate_size\":12,\"num_experts\":4,"
+        "\"num_experts_per_tok\":2,\"norm_topk_prob\":true,\"decoder_sparse_step\":2,"
+        "\"mlp_only_layers\":[3],\"eos_token_id\":[5,7]}";
+    CHECK(parse(qwen2, &c) == MOE_OK, "qwen2 parse: %s", last_log);
+    CHECK(c.arch == MOE_ARCH_QWEN2_MOE && c.n_ff_expert == 6 && c.n_ff_shared == 12 && c.n_ff_dense == 10,
+          "qwen2 sizes");
+    CHECK(c.attn_qkv_bias == 1 && c.attn_o_bias == 0, "qwen2 qkv bias default");
+    CHECK(!c.layer_moe[0] && c.layer_moe[1] && !c.layer_moe[2] && !c.layer_moe[3],
+          "decoder_sparse_step / mlp_only_layers");
+    CHECK(c.n_eos == 2 && c.eos_ids[1] == 7, "eos list");
+    CHECK(c.norm_eps == 1e-6f, "qwen eps default");
+    moe_config_clear(&c);
+
+    CHECK(parse("{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"head_dim\":6,"
+                "\"moe_intermediate_size\":6,\"num_local_experts\":4,\"num_experts_per_tok\":2}", &c) == MOE_OK,
+          "qwen3: %s", last_log);
+    CHECK(c.head_dim == 6 && c.qk_norm == MOE_QK_NORM_HEAD && c.n_expert == 4 && !c.attn_qkv_bias,
+          "qwen3 fields");
+    moe_config_clear(&c);
+
+    CHECK(parse("{\"architectures\":[\"OlmoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":6,"
+                "\"num_experts\":4,\"num_experts_per_tok\":2,\"clip_qkv\":3.5}", &c) == MOE_OK,
+          "olmoe");
+    CHECK(c.qk_norm == MOE_QK_NORM_FULL && c.clip_qkv == 3.5f && !c.norm_topk_prob, "olmoe fields");
+    moe_config_clear(&c);
+
+    const char *phi =
+        "{\"architectures\":[\"PhimoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+        "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":6,"
+        "\"num_local_experts\":4,\"num_experts_per_tok\":2,\"attention_bias\":true,"
+        "\"lm_head_bias\":true,\"max_position_embeddings\":64,"
+        "\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,1.5],\"long_factor\":[2,3],"
+        "\"short_mscale\":1.1,\"long_mscale\":1.3,\"original_max_position_embeddings\":16}}";
+    CHECK(parse(phi, &c) == MOE_OK, "phimoe: %s", last_log);
+    CHECK(c.norm == MOE_NORM_LAYER && c.router == MOE_ROUTER_SPARSEMIXER && c.attn_o_bias && c.lm_head_bias,
+          "phimoe fields");
+    CHECK(c.rope.kind == MOE_ROPE_LONGROPE && c.rope.has_mscale && c.rope.long_factor[1] == 3.0f &&
+              c.rope.original_max_pos == 16 && c.router_jitter == 0.01f,
+          "phimoe rope");
+    moe_config_clear(&c);
+}
+
+static void test_errors(void) {
+    struct moe_config c;
+    CHECK(parse("{\"architectures\":[\"LlamaForCausalLM\"]}", &c) == MOE_ERR_UNSUPPORTED &&
+              strstr(last_log, "LlamaForCausalLM"),
+          "unknown arch: %s", last_log);
+    CHECK(parse("{\"vocab_size\":3}", &c) == MOE_ERR_NOT_FOUND && strstr(last_log, "architectures"),
+          "missing architectures");
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":6,"
+                "\"num_experts_per_tok\":2}", &c) == MOE_ERR_NOT_FOUND &&
+              strstr(last_log, "num_experts"),
+          "missing expert count: %s", last_log);
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":\"big\","
+                "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":6,"
+                "\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "hidden_size"),
+          "string where int: %s", last_log);
+    CHECK(parse("not json", &c) == MOE_ERR_FORMAT, "not json");
+    CHECK(parse("[1,2]", &c) == MOE_ERR_FORMAT, "not an object");
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":3,\"num_key_value_heads\":2,"
+                "\"intermediate_size\":6,\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) ==
+              MOE_ERR_INVALID && strstr(last_log, "num_key_value_heads"),
+          "heads not multiple of kv heads: %s", last_log);
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":6,"
+                "\"num_local_experts\":3,\"num_experts_per_tok\":4}", &c) == MOE_ERR_INVALID,
+          "top-k > experts");
+    CHECK(parse("{" MIXTRAL_BASE ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}", &c) ==
+              MOE_ERR_UNSUPPORTED && strstr(last_log, "yarn"),
+          "unsupported rope: %s", last_log);
+    CHECK(parse("{" MIXTRAL_BASE ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],"
+                "\"long_factor\":[1,2]}}", &c) != MOE_OK && strstr(last_log, "short_factor"),
+          "longrope wrong length: %s", last_log);
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":-1,\"num_attention_heads\":2,\"intermediate_size\":6,"
+                "\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "num_hidden_layers"),
+          "negative layers");
+}
+
+/* --- model binding on a synthetic checkpoint ------------------------------ */
+
+struct tensor_spec {
+    char name[96];
+    int n_dims;
+    long long d[2];
+};
+
+/* write_checkpoint: config.json and an all-zero F32 model.safetensors in dir. */
+static void write_checkpoint(const char *dir, const struct tensor_spec *ts, int n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{" MIXTRAL_BASE "}");
+    fclose(f);
+    char *hdr = malloc(65536);
+    size_t off = 0, len = 0;
+    len += (size_t)sprintf(hdr + len, "{");
+    for (int i = 0; i < n; i++) {
+        long long elems = 1;
+        for (int k = 0; k < ts[i].n_dims; k++) elems *= ts[i].d[k];
+        len += (size_t)sprintf(hdr + len, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[", i ? "," : "", ts[i].name);
+        for (int k = 0; k < ts[i].n_dims; k++) len += (size_t)sprintf(hdr + len, "%s%lld", k ? "," : "", ts[i].d[k]);
+        len += (size_t)sprintf(hdr + len, "],\"data_offsets\":[%zu,%zu]}", off, off + (size_t)elems * 4);
+        off += (size_t)elems * 4;
+    }
+    len += (size_t)sprintf(hdr + len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    f = fopen(path, "wb");
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((unsigned long long)len >> (8 * i));
+    fwrite(n8, 1, 8, f);
+    fwrite(hdr, 1, len, f);
+    char zero[4096] = {0};
+    while (off > 0) {
+        size_t k = off < sizeof zero ? off : sizeof zero;
+        fwrite(zero, 1, k, f);
+        off -= k;
+    }
+    fclose(f);
+    free(hdr);
+}
+
+static int mixtral_specs(struct tensor_spec *ts) {
+    int n = 0;
+#define T1(nm, a) (snprintf(ts[n].name, 96, "%s", nm), ts[n].n_dims = 1, ts[n].d[0] = a, n++)
+#define T2(nm, a, b) (snprintf(ts[n].name, 96, "%s", nm), ts[n].n_dims = 2, ts[n].d[0] = a, ts[n].d[1] = b, n++)
+    T2("model.embed_tokens.weight", 32, 8);
+    T1("model.norm.weight", 8);
+    T2("lm_head.weight", 32, 8);
+    char nm[96];
+    for (int l = 0; l < 2; l++) {
+        snprintf(nm, 96, "model.layers.%d.input_layernorm.weight", l), T1(nm, 8);
+        snprintf(nm, 96, "model.layers.%d.post_attention_layernorm.weight", l), T1(nm, 8);
+        snprintf(nm, 96, "model.layers.%d.self_attn.q_proj.weight", l), T2(nm, 8, 8);
+        snprintf(nm, 96, "model.layers.%d.self_attn.k_proj.weight", l), T2(nm, 4, 8);
+        snprintf(nm, 96, "model.layers.%d.self_attn.v_proj.weight", l), T2(nm, 4, 8);
+        snprintf(nm, 96, "model.layers.%d.self_attn.o_proj.weight", l), T2(nm, 8, 8);
+        snprintf(nm, 96, "model.layers.%d.block_sparse_moe.gate.weight", l), T2(nm, 3, 8);
+        for (int e = 0; e < 3; e++) {
+            snprintf(nm, 96, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e), T2(nm, 6, 8);
+            snprintf(nm, 96, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e), T2(nm, 8, 6);
+            snprintf(nm, 96, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e), T2(nm, 6, 8);
+        }
+    }
+#undef T1
+#undef T2
+    return n;
+}
+
+static void test_binding(void) {
+    char dir[] = "/tmp/moe-test-config-XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    struct tensor_spec ts[128];
+    int n = mixtral_specs(ts);
+    struct moe_model *m = NULL;
+
+    write_checkpoint(dir, ts, n);
+    CHECK(moe_model_load_hf(dir, &m) == MOE_OK, "valid synthetic checkpoint: %s", last_log);
+    if (m) {
+        CHECK(moe_model_n_params(m) == 32 * 8 * 2 + 2 * (8 * 8 * 2 + 4 * 8 * 2 + 3 * 8 + 3 * 3 * 6 * 8),
+              "param count %lld", (long long)moe_model_n_params(m));
+        CHECK(m->layers[1].experts[2].down.n_out == 8 && m->layers[1].experts[2].down.n_in == 6, "expert view");
+    }
+    moe_model_free(m);
+    m = NULL;
+
+    /* wrong shape: the message names the tensor and both shapes */
+    struct tensor_spec bad[128];
+    memcpy(bad, ts, sizeof bad);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(bad[i].name, "model.layers.1.block_sparse_moe.experts.2.w2.weight")) bad[i].d[1] = 5;
+    write_checkpoint(dir, bad, n);
+    last_log[0] = 0;
+    CHECK(moe_model_load_hf(dir, &m) == MOE_ERR_SHAPE &&
+              strstr(last_log, "model.layers.1.block_sparse_moe.experts.2.w2.weight") &&
+              strstr(last_log, "[8, 5]") && strstr(last_log, "[8, 6]"),
+          "wrong shape message: %s", last_log);
+    CHECK(m == NULL, "no model on error");
+
+    /* missing tensor */
+    write_checkpoint(dir, ts, n - 1); /* drops the last expert's w3 of layer 1 */
+    last_log[0] = 0;
+    CHECK(moe_model_load_hf(dir, &m) == MOE_ERR_NOT_FOUND && strstr(last_log, ts[n - 1].name),
+          "missing tensor message: %s", last_log);
+
+    /* not a directory */
+    CHECK(moe_model_load_hf("/nonexistent/model", &m) != MOE_OK, "missing dir");
+
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void) {
+    moe_log_set(capture, NULL);
+    test_arches();
+    test_errors();
+    test_binding();
+    printf("test-config: %s\n", fails ? "FAILED" : "ok");
+    return fails != 0;
+}

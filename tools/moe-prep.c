@@ -1,0 +1,47 @@
+/*
+ * moe-prep - offline preparation of MoE models: one binary, a subcommand table.
+ * The subcommands live beside their stage (tools/quantize, tools/profile,
+ * tools/calibrate); this file only dispatches.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "moe-prep.h"
+
+struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+};
+
+static const struct subcommand k_commands[] = {
+    {"check", moe_prep_check, "validate a Hugging Face checkpoint and summarise it"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moe-prep <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", k_commands[i].name, k_commands[i].summary);
+    fprintf(f, "\nRun 'moe-prep <command> --help' for a command's options.\n"
+               "example:\n  moe-prep check ./Mixtral-8x7B-v0.1 --json\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moe-prep %s\n", MOE_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "moe-prep: unknown command \"%s\"\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,8 @@
+/* moe-prep.h - the subcommands of the moe-prep tool. Each returns the process
+ * exit status: 0 ok, 1 failure, 2 usage error. */
+#ifndef MOE_PREP_H
+#define MOE_PREP_H
+
+int moe_prep_check(int argc, char **argv);
+
+#endif
