@@ -1,0 +1,125 @@
+/*
+ * test-moe-run.c - the moe-run CLI end to end: --tokens / --ids / --logits-out
+ * reproduce transformers' logits and greedy tokens on the fixture models;
+ * --tokenize prints ids; usage errors exit 2, failures exit 1, --help exits 0.
+ * argv[1] is the moe-run binary.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "moe-mmap.h"
+
+static int fails;
+static const char *moe_run;
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fails++;                                             \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+        }                                                        \
+    } while (0)
+
+/* run: execute a shell command, capture stdout into out (NUL-terminated); returns exit code. */
+static int run(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void check_fixture(const char *name) {
+    char dir[1024], path[1100], *text = NULL;
+    size_t len;
+    snprintf(dir, sizeof dir, "%s/models/%s", MOE_FIXTURES, name);
+    snprintf(path, sizeof path, "%s/oracle/oracle.json", dir);
+    if (moe_read_file(path, 1 << 20, &text, &len) != MOE_OK) {
+        CHECK(0, "%s: no oracle", name);
+        return;
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    int V = cJSON_GetObjectItem(j, "vocab_size")->valueint;
+    const cJSON *prompt = cJSON_GetObjectItem(j, "prompt_ids"), *greedy = cJSON_GetObjectItem(j, "greedy_ids");
+    int n_prompt = cJSON_GetArraySize(prompt), n_gen = cJSON_GetArraySize(greedy);
+    char tokens[16384] = "", expect_ids[16384] = "";
+    const cJSON *e;
+    cJSON_ArrayForEach(e, prompt) snprintf(tokens + strlen(tokens), sizeof tokens - strlen(tokens), "%s%d",
+                                           tokens[0] ? "," : "", e->valueint);
+    cJSON_ArrayForEach(e, greedy) snprintf(expect_ids + strlen(expect_ids), sizeof expect_ids - strlen(expect_ids),
+                                           "%s%d", expect_ids[0] ? "," : "", e->valueint);
+    char logits_path[] = "/tmp/moe-test-logits-XXXXXX";
+    int fd = mkstemp(logits_path);
+    close(fd);
+    char cmd[40000], out[65536];
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokens %s -n %d --ignore-eos --ids --logits-out %s -t 2", moe_run,
+             dir, tokens, n_gen, logits_path);
+    int rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0, "%s: moe-run exited %d", name, rc);
+    char *nl = strchr(out, '\n');
+    if (nl) *nl = 0;
+    CHECK(!strcmp(out, expect_ids), "%s: greedy ids\n  got    %s\n  expect %s", name, out, expect_ids);
+
+    /* logits file = prefill rows then decode rows */
+    char *got = NULL, *pre = NULL, *dec = NULL;
+    size_t lg = 0, lp = 0, ld = 0;
+    snprintf(path, sizeof path, "%s/oracle/prefill_logits.f32", dir);
+    moe_read_file(path, 1u << 30, &pre, &lp);
+    snprintf(path, sizeof path, "%s/oracle/decode_logits.f32", dir);
+    moe_read_file(path, 1u << 30, &dec, &ld);
+    moe_read_file(logits_path, 1u << 30, &got, &lg);
+    size_t rows = (size_t)n_prompt + (size_t)n_gen - 1;
+    CHECK(lg == rows * (size_t)V * 4, "%s: logits file has %zu bytes, expected %zu", name, lg, rows * V * 4);
+    if (got && pre && dec && lg == lp + ld) {
+        float mx = 0;
+        for (size_t i = 0; i < lg / 4; i++) {
+            float a, b;
+            memcpy(&a, got + 4 * i, 4);
+            memcpy(&b, i < lp / 4 ? pre + 4 * i : dec + 4 * i - lp, 4);
+            if (!(fabsf(a - b) <= mx)) mx = fabsf(a - b);
+        }
+        CHECK(mx <= 1e-4f, "%s: --logits-out max abs error %g", name, mx);
+        printf("  %-16s greedy ids identical: %s, logits max abs error %.2e\n", name,
+               strcmp(out, expect_ids) ? "no" : "yes", mx);
+    }
+    free(got);
+    free(pre);
+    free(dec);
+    unlink(logits_path);
+    cJSON_Delete(j);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test-moe-run PATH/TO/moe-run\n");
+        return 2;
+    }
+    moe_run = argv[1];
+    check_fixture("mixtral-f32");
+    check_fixture("qwen2_moe-f32");
+    check_fixture("phimoe-f32");
+
+    char cmd[4096], out[65536];
+    snprintf(cmd, sizeof cmd, "%s --help", moe_run);
+    CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "examples:"), "--help");
+    snprintf(cmd, sizeof cmd, "%s -m x --bogus 2>/dev/null", moe_run);
+    CHECK(run(cmd, out, sizeof out) == 2, "unknown option exits 2");
+    snprintf(cmd, sizeof cmd, "%s -p hi 2>/dev/null", moe_run);
+    CHECK(run(cmd, out, sizeof out) == 2, "missing -m exits 2");
+    snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 --tokens 1,x 2>/dev/null", moe_run, MOE_FIXTURES);
+    CHECK(run(cmd, out, sizeof out) == 2, "bad --tokens exits 2");
+    snprintf(cmd, sizeof cmd, "%s -m /nonexistent -p hi 2>/dev/null", moe_run);
+    CHECK(run(cmd, out, sizeof out) == 1, "missing model exits 1");
+    snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 --tokens 99999 -n 1 2>/dev/null", moe_run, MOE_FIXTURES);
+    CHECK(run(cmd, out, sizeof out) == 1, "out-of-vocabulary id exits 1");
+    printf("test-moe-run: %s\n", fails ? "FAILED" : "ok");
+    return fails != 0;
+}
