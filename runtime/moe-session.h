@@ -65,7 +65,10 @@ int moe_session_n_ctx(const struct moe_session *s);
 
 /* moe_session_forward: append n tokens at the current position and compute
  * logits. With all_logits != 0, `logits` receives [n x n_vocab] (one row per
- * token); otherwise [n_vocab] for the last token only. Fails with MOE_ERR_RANGE
+ * token); otherwise [n_vocab] for the last token only; NULL skips the LM head.
+ * Phi-MoE with longrope: when the sequence first grows past
+ * original_max_position_embeddings, the whole cached sequence is recomputed, as
+ * transformers' generate() does (its cos/sin scale depends on the length). Fails with MOE_ERR_RANGE
  * if the cache would overflow and MOE_ERR_INVALID for out-of-vocabulary ids
  * (the session is unchanged in both cases). */
 enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n,

@@ -18,6 +18,7 @@ struct moe_session {
     struct moe_session_params p;
     struct moe_pool *pool;
     int pos;
+    int32_t *history;           /* [n_ctx] ids in the cache (for Phi-MoE's recompute) */
     int64_t q_dim, kv_dim, max_in, max_ff;
     float *k_cache, *v_cache;   /* [n_layer][n_ctx][kv_dim] */
     /* scratch for one chunk of up to n_batch tokens */
@@ -430,6 +431,7 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
     int ok = 1;
 #define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
+    ALLOC(s->history, s->p.n_ctx);
     ALLOC(s->k_cache, kv);
     ALLOC(s->v_cache, kv);
     ALLOC(s->x, B * H);
@@ -476,6 +478,7 @@ void moe_session_free(struct moe_session *s) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->sel);
     free(s->tok_idx);
+    free(s->history);
     free(s);
 }
 
@@ -483,9 +486,10 @@ void moe_session_reset(struct moe_session *s) { s->pos = 0; }
 int moe_session_pos(const struct moe_session *s) { return s->pos; }
 int moe_session_n_ctx(const struct moe_session *s) { return s->p.n_ctx; }
 
-/* forward_chunk: n_tok (<= n_batch) tokens at s->pos; logits rows as requested. */
+/* forward_chunk: n_tok (<= n_batch) tokens at s->pos; writes logits for chunk
+ * rows [row_from, n_tok) into `logits` (row_from >= n_tok: none). */
 static void forward_chunk(struct moe_session *s, const int32_t *tokens, int n_tok, int seq_len,
-                          float *logits, int all_logits) {
+                          float *logits, int row_from) {
     const struct moe_model *m = s->m;
     const struct moe_config *c = &m->cfg;
     const int64_t H = c->n_embd;
@@ -493,6 +497,7 @@ static void forward_chunk(struct moe_session *s, const int32_t *tokens, int n_to
     for (int t = 0; t < n_tok; t++) {
         const float *row = weight_row(&m->tok_embd, tokens[t], s->row_buf);
         memcpy(s->x + (size_t)t * H, row, sizeof(float) * (size_t)H);
+        s->history[pos0 + t] = tokens[t];
     }
     rope_tables(s, pos0, n_tok, seq_len);
     for (int l = 0; l < c->n_layer; l++) {
@@ -508,10 +513,23 @@ static void forward_chunk(struct moe_session *s, const int32_t *tokens, int n_to
         for (int64_t i = 0; i < n_tok * H; i++) s->x[i] += s->tmp[i];
     }
     s->pos += n_tok;
-    if (!logits) return;
-    int first = all_logits ? 0 : n_tok - 1;
-    norm_rows(c, s->xn, s->x + (size_t)first * H, m->out_norm, m->out_norm_b, n_tok - first);
-    matmul(s, &m->lm_head, m->lm_head_b, s->xn, H, logits, c->n_vocab, n_tok - first);
+    if (row_from >= n_tok) return;
+    norm_rows(c, s->xn, s->x + (size_t)row_from * H, m->out_norm, m->out_norm_b, n_tok - row_from);
+    matmul(s, &m->lm_head, m->lm_head_b, s->xn, H, logits, c->n_vocab, n_tok - row_from);
+}
+
+/* run_tokens: process n tokens at s->pos in chunks; logits rows [row_from, n)
+ * go to `logits` (row row_from first). */
+static void run_tokens(struct moe_session *s, const int32_t *tokens, int n, float *logits, int row_from) {
+    const size_t V = (size_t)s->m->cfg.n_vocab;
+    const int seq_len = s->pos + n;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        int from = row_from > done ? row_from - done : 0; /* first row wanted in this chunk */
+        float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
+        forward_chunk(s, tokens + done, chunk, seq_len, dst, from);
+        done += chunk;
+    }
 }
 
 enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n, float *logits,
@@ -532,17 +550,22 @@ enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens
             return MOE_ERR_INVALID;
         }
     }
-    const int seq_len = s->pos + n;
-    for (int done = 0; done < n;) {
-        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
-        int last = done + chunk == n;
-        float *dst = NULL;
-        if (all_logits)
-            dst = logits + (size_t)done * (size_t)c->n_vocab;
-        else if (last)
-            dst = logits;
-        forward_chunk(s, tokens + done, chunk, seq_len, dst, all_logits);
-        done += chunk;
+    const struct moe_rope *r = &c->rope;
+    if (r->has_mscale && s->pos > 0 && s->pos <= r->original_max_pos && s->pos + n > r->original_max_pos) {
+        /* Phi-MoE: the cached keys were rotated with short_mscale; once the
+         * sequence outgrows original_max_position_embeddings, transformers'
+         * generate() drops the cache and recomputes the whole sequence with
+         * long_mscale. Do the same so logits match it. */
+        int old = s->pos, total = old + n;
+        int32_t *all = malloc(sizeof(int32_t) * (size_t)total);
+        if (!all) return MOE_ERR_NOMEM;
+        memcpy(all, s->history, sizeof(int32_t) * (size_t)old);
+        memcpy(all + old, tokens, sizeof(int32_t) * (size_t)n);
+        s->pos = 0;
+        run_tokens(s, all, total, logits, !logits ? total : all_logits ? old : total - 1);
+        free(all);
+        return MOE_OK;
     }
+    run_tokens(s, tokens, n, logits, !logits ? n : all_logits ? 0 : n - 1);
     return MOE_OK;
 }

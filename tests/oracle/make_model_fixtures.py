@@ -1,0 +1,1073 @@
+#!/usr/bin/env python3
+"""Generate tiny random-initialised MoE checkpoints and Hugging Face oracle logits.
+
+For every architecture in ``ARCHS`` and every dtype variant (f32, bf16) this script
+
+  1. builds a tiny model with transformers' own config/model classes,
+  2. overwrites all parameters with a deterministic, deliberately "loud" init
+     (so that logits are spread out and greedy decoding is not fragile),
+  3. saves it with ``save_pretrained`` (safetensors, HF on-disk tensor names),
+  4. loads it back with ``from_pretrained(dir, dtype=torch.float32,
+     attn_implementation="eager", experts_implementation="eager")`` and records
+       - prefill logits for every prompt position,
+       - 16 greedy tokens decoded through the KV cache and the logits of each
+         cached decode step,
+     into ``<model dir>/oracle/``,
+  5. cross-checks the oracle: no-cache prefill, full recompute of the whole
+     sequence, ``model.generate``, and a longer cached decode must all agree;
+     greedy margins and router decision gaps must be comfortably non-zero
+     (otherwise the model is re-seeded).
+
+Outputs go to tests/fixtures/models/<arch>-<f32|bf16>/.  See tests/oracle/README.md
+for the file formats and per-architecture notes.
+
+Usage:  python3 tests/oracle/make_model_fixtures.py [--only NAME ...] [--prompt-source auto|random]
+CI never runs this script; it only reads the committed outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import transformers
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    PhimoeConfig,
+    PhimoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+OUT_ROOT = REPO / "tests" / "fixtures" / "models"
+TOK_ROOT = REPO / "tests" / "fixtures" / "tokenizers"
+
+VOCAB = 1024
+TOKEN_ID_LIMIT = 1000  # tokenizers have <= 1000 ids; prompts and greedy ids stay below this
+N_GENERATE = 16
+N_LONG_EXTRA = 48  # extra cached decode steps for the (non-saved) long self-check
+MIN_MARGIN = 2e-3  # required top1-top2 logit margin at every greedy step (brief: > 1e-4)
+MIN_ROUTER_GAP = 1e-3  # required distance of every routing decision from its tie point
+MAX_SEED_TRIES = 25
+MAX_DIR_BYTES = 2 * 1024 * 1024
+SOFT_DIR_BYTES = 1024 * 1024 + 512 * 1024
+
+# A sentence used when a tokenizer fixture is available (words appended until long enough).
+PROMPT_WORDS = (
+    "The quick brown fox jumps over the lazy dog while seven wizards quietly hum "
+    "their favourite tunes near the old stone bridge at dawn and the river keeps "
+    "running toward the distant grey sea beyond every hill"
+).split()
+
+
+# --------------------------------------------------------------------------------------
+# Architecture specifications
+# --------------------------------------------------------------------------------------
+
+
+def phimoe_rope(head_dim: int) -> dict:
+    n = head_dim // 2
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        # short_factor IS used by transformers 5.23 (for every position, see README);
+        # make it non-trivial so that the C side has to apply it.
+        "short_factor": [round(1.0 + 0.15 * i, 4) for i in range(n)],
+        # long_factor is dead in transformers 5.23's PhimoeRotaryEmbedding.forward;
+        # distinct values so that accidentally using it is detected.
+        "long_factor": [round(1.5 + 0.75 * i, 4) for i in range(n)],
+        "short_mscale": 1.1,
+        "long_mscale": 1.25,
+        "original_max_position_embeddings": 16,
+    }
+
+
+ARCHS: dict[str, dict] = {
+    "mixtral": dict(
+        config_cls=MixtralConfig,
+        model_cls=MixtralForCausalLM,
+        tokenizer="llama-spbpe",
+        special_tokens={"bos": ("<s>", 1), "eos": ("</s>", 2)},
+        router_kind="softmax_topk_renorm",
+        prompt_len=22,
+        seed=1101,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=56,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+        variants={"f32": {}, "bf16": {}},
+        notes=(
+            "Mixtral: RMSNorm, GQA with num_key_value_heads=1 (MQA, head_dim=14), default RoPE theta=1e6 "
+            "(rotate_half / non-interleaved), 8 experts top-2, softmax over all router logits, top-k, "
+            "renormalise the k probs to sum 1 (always, no config flag). Expert = w2(silu(w1 x) * w3 x)."
+        ),
+    ),
+    "qwen2_moe": dict(
+        config_cls=Qwen2MoeConfig,
+        model_cls=Qwen2MoeForCausalLM,
+        tokenizer="qwen-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=20,
+        seed=2202,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=80,  # dense MLP layers
+            moe_intermediate_size=32,  # routed experts
+            shared_expert_intermediate_size=72,  # shared expert
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            num_experts=6,
+            num_experts_per_tok=3,
+            qkv_bias=True,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False,
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: norm_topk_prob=True, layer 1 dense via mlp_only_layers, sharded checkpoint.
+            "f32": dict(norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1),
+            # bf16: norm_topk_prob=False, decoder_sparse_step=2 -> layers 0 and 2 dense, layer 1 sparse.
+            "bf16": dict(norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=2),
+        },
+        shard={"f32": "400KB"},
+        notes=(
+            "Qwen2-MoE: q/k/v bias (qkv_bias=True; o_proj has no bias), GQA 6/2 (head_dim=8), RMSNorm eps 1e-6, "
+            "RoPE theta=1e6. Sparse block = routed experts (softmax over 6, top-3, renormalised only if "
+            "norm_topk_prob) + sigmoid(shared_expert_gate(x)) * shared_expert(x). A layer i is sparse iff "
+            "i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0; otherwise it is a dense "
+            "Qwen2MoeMLP with intermediate_size."
+        ),
+    ),
+    "qwen3_moe": dict(
+        config_cls=Qwen3MoeConfig,
+        model_cls=Qwen3MoeForCausalLM,
+        tokenizer="qwen-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=21,
+        seed=3303,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=64,  # unused (no dense layers)
+            moe_intermediate_size=36,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,  # != hidden_size / num_attention_heads (= 16)
+            num_experts=6,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            attention_bias=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+        variants={"f32": {}, "bf16": {}},
+        notes=(
+            "Qwen3-MoE: explicit head_dim=24 (hidden 64 / 4 heads would give 16) -> q_proj [96,64], k/v_proj "
+            "[48,64], o_proj [64,96]; per-head RMSNorm q_norm/k_norm of size head_dim applied after the "
+            "projection and before RoPE; no attention bias; softmax over 6 experts, top-3, renormalised "
+            "(norm_topk_prob=True); no shared expert."
+        ),
+    ),
+    "olmoe": dict(
+        config_cls=OlmoeConfig,
+        model_cls=OlmoeForCausalLM,
+        tokenizer="neox-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=23,
+        seed=4404,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=72,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            num_experts=5,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            pad_token_id=None,
+            tie_word_embeddings=False,
+        ),
+        variants={"f32": dict(clip_qkv=1.5), "bf16": dict(clip_qkv=None)},
+        notes=(
+            "OLMoE: q_norm is an RMSNorm over the WHOLE q projection (size hidden=72), k_norm over the whole "
+            "k projection (size (hidden/heads)*kv_heads=36), applied before reshaping to heads and before "
+            "RoPE; then (if clip_qkv) q, k AND v are clamped to [-clip_qkv, clip_qkv] (after the norms, "
+            "before RoPE). GQA 6/3 (head_dim=12), RoPE theta=1e4, softmax over 5 experts, top-2, NOT "
+            "renormalised (norm_topk_prob=False)."
+        ),
+    ),
+    "phimoe": dict(
+        config_cls=PhimoeConfig,
+        model_cls=PhimoeForCausalLM,
+        tokenizer="phi-spbpe",
+        # phi-spbpe's tokenizer_config says eos_token = <|endoftext|> (like real Phi-3.5-MoE, whose
+        # eos_token_id 32000 is <|endoftext|>); id 2 (</s>) is only the fallback without tokenizer.
+        special_tokens={"bos": ("<s>", 1), "eos": ("<|endoftext|>", 2)},
+        router_kind="sparsemixer",
+        prompt_len=24,
+        seed=5505,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,  # used as the LayerNorm eps
+            max_position_embeddings=128,
+            rope_parameters=phimoe_rope(16),
+            attention_bias=True,
+            lm_head_bias=True,
+            router_jitter_noise=0.1,  # used at inference as the sparsemixer eps (real Phi-3.5-MoE: 0.01)
+            input_jitter_noise=0.0,
+            tie_word_embeddings=False,
+        ),
+        variants={"f32": {}, "bf16": {}},
+        notes=(
+            "PhiMoE: nn.LayerNorm (weight+bias, eps=rms_norm_eps) everywhere incl. final norm; q/k/v/o all "
+            "with bias (attention_bias=True); lm_head with bias; sparsemixer top-2 routing with "
+            "eps=router_jitter_noise=0.1 (see README); longrope with original_max_position_embeddings=16: "
+            "inv_freq always uses short_factor, cos/sin scaled by long_mscale=1.25 when "
+            "max(position_ids)+1 > 16 in the current forward call, else short_mscale=1.1. The main prompt "
+            "(24 tokens) is entirely in the long-mscale regime (prefill and every decode step)."
+        ),
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def write_f32(path: Path, t: torch.Tensor) -> None:
+    arr = t.detach().to(torch.float32).cpu().contiguous().numpy().astype("<f4", copy=False)
+    arr.tofile(path)
+
+
+def top2_margin(row: torch.Tensor) -> float:
+    v = torch.topk(row.float(), 2).values
+    return float(v[0] - v[1])
+
+
+def load_tokenizer(name: str):
+    """Return (tokenizers.Tokenizer, dir) or (None, None)."""
+    d = TOK_ROOT / name
+    tj = d / "tokenizer.json"
+    if not tj.is_file():
+        return None, None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(tj)), d
+    except Exception as e:  # pragma: no cover - depends on the other engineer's output
+        warnings.warn(f"could not load tokenizer {tj}: {e}")
+        return None, None
+
+
+def token_id(tok, text: str):
+    if tok is None:
+        return None
+    i = tok.token_to_id(text)
+    return int(i) if i is not None else None
+
+
+def make_prompt(spec: dict, tok, source: str, seed: int):
+    """Return (ids, source_description, text_or_None)."""
+    n = spec["prompt_len"]
+    if tok is not None and source == "auto":
+        words: list[str] = []
+        for w in PROMPT_WORDS * 3:
+            words.append(w)
+            text = " ".join(words)
+            ids = tok.encode(text, add_special_tokens=True).ids
+            if len(ids) >= n:
+                break
+        if len(ids) >= n and all(0 <= i < TOKEN_ID_LIMIT for i in ids) and len(ids) <= n + 8:
+            return [int(i) for i in ids], "tokenizer", text
+        warnings.warn(f"{spec['tokenizer']}: tokenized prompt unusable (len {len(ids)}); using random ids")
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, TOKEN_ID_LIMIT, (n,), generator=g).tolist()
+    return [int(i) for i in ids], "random", None
+
+
+# --------------------------------------------------------------------------------------
+# Deterministic "loud" initialisation
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def init_params(model: torch.nn.Module, seed: int, hidden: int) -> None:
+    """Overwrite every parameter deterministically.
+
+    Scales are chosen per fan-in so that activations stay O(1), attention is neither uniform nor
+    one-hot, routers produce logits with std ~1.5-2, and final logits have std ~3.
+    Norm weights are 1 + noise and biases are non-zero so that omitting them is detectable.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(shape):
+        return torch.randn(shape, generator=g, dtype=torch.float32)
+
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        shape = tuple(p.shape)
+        if name.endswith("embed_tokens.weight"):
+            val = randn(shape) * 1.0
+        elif "norm" in name and name.endswith(".weight"):  # RMSNorm/LayerNorm/q_norm/k_norm weights
+            val = 1.0 + 0.2 * randn(shape)
+        elif "norm" in name and name.endswith(".bias"):  # LayerNorm bias (phimoe)
+            val = 0.1 * randn(shape)
+        elif name == "lm_head.weight":
+            val = randn(shape) * (3.0 / hidden**0.5)
+            val[TOKEN_ID_LIMIT:] *= 0.02  # rows with no token never win greedy
+        elif name == "lm_head.bias":
+            val = 0.3 * randn(shape)
+            val[TOKEN_ID_LIMIT:] = 0.0
+        elif name.endswith(".bias"):  # attention biases
+            val = 0.2 * randn(shape)
+        elif name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):  # routers [E, H]
+            val = randn(shape) * (1.8 / shape[-1] ** 0.5)
+        elif name.endswith("shared_expert_gate.weight"):  # [1, H]
+            val = randn(shape) * (1.5 / shape[-1] ** 0.5)
+        elif name.endswith("experts.gate_up_proj"):  # [E, 2I, H]
+            val = randn(shape) * (1.0 / shape[-1] ** 0.5)
+        elif name.endswith("experts.down_proj"):  # [E, H, I]
+            val = randn(shape) * (1.0 / shape[-1] ** 0.5)
+        elif (
+            name.endswith("q_proj.weight") or name.endswith("k_proj.weight")
+        ):  # sharper attention than 1/sqrt(fan_in)
+            val = randn(shape) * (1.4 / shape[-1] ** 0.5)
+        elif name.endswith(".weight") and len(shape) == 2:  # v/o proj, dense MLPs, shared expert
+            val = randn(shape) * (1.0 / shape[-1] ** 0.5)
+        else:
+            raise RuntimeError(f"init_params: unhandled parameter {name} {shape}")
+        p.copy_(val.to(p.dtype))
+
+
+# --------------------------------------------------------------------------------------
+# Router decision gaps (distance of each discrete routing decision from a tie)
+# --------------------------------------------------------------------------------------
+
+
+class RouterRecorder:
+    def __init__(self, model):
+        self.logits: list[torch.Tensor] = []
+        self.handles = []
+        for _, m in model.named_modules():
+            if type(m).__name__.endswith("TopKRouter"):
+                self.handles.append(m.register_forward_hook(self._hook))
+
+    def _hook(self, module, inputs, output):
+        self.logits.append(output[0].detach().float().reshape(-1, output[0].shape[-1]).clone())
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def router_stats(logits_list, kind: str, top_k: int, eps: float | None) -> dict:
+    if not logits_list:
+        return {"min_router_gap": None}
+    L = torch.cat(logits_list, 0).double()
+    s, _ = torch.sort(L, dim=-1, descending=True)
+    out: dict = {"router_rows": int(L.shape[0])}
+    if kind.startswith("softmax"):
+        # the softmax is monotonic, so the top-k set flips only when s[k-1] == s[k]
+        gap = (s[:, top_k - 1] - s[:, top_k]).min().item()
+        out["min_router_gap"] = gap
+        return out
+    # sparsemixer (phimoe), eval mode
+    two_eps = 2.0 * eps
+    gaps = [(s[:, 0] - s[:, 1]).min().item(), (s[:, 1] - s[:, 2]).min().item()]
+    # stage 1: threshold = max; masked iff (max - s_j) / max(|s_j|, max) > 2 eps
+    thr1 = s[:, :1]
+    rel1 = (thr1 - L) / torch.maximum(L.abs(), thr1)
+    # stage 2: threshold = second max (top-1 removed); same formula with the ORIGINAL scores
+    top1 = L.argmax(-1, keepdim=True)
+    thr2 = s[:, 1:2]
+    rel2 = (thr2 - L) / torch.maximum(L.abs(), thr2)
+    rel2 = rel2.scatter(-1, top1, float("inf"))
+    gaps.append((rel1 - two_eps).abs().min().item())
+    gaps.append((rel2 - two_eps).abs().min().item())
+    out["min_router_gap"] = min(gaps)
+    kept1 = (rel1 <= two_eps).sum(-1)  # experts entering the stage-1 softmax (>=1: the top-1 itself)
+    kept2 = (rel2 <= two_eps).sum(-1)
+    out["sparsemixer_rows_with_nontrivial_softmax_stage1"] = int((kept1 > 1).sum())
+    out["sparsemixer_rows_with_nontrivial_softmax_stage2"] = int((kept2 > 1).sum())
+    return out
+
+
+class ClipRecorder:
+    """Counts how many q/k/v values OLMoE's clip_qkv actually clamps."""
+
+    def __init__(self, model, clip):
+        self.clip = clip
+        self.clamped = 0
+        self.total = 0
+        self.handles = []
+        if clip is None:
+            return
+        for name, m in model.named_modules():
+            if name.endswith("self_attn.q_norm") or name.endswith("self_attn.k_norm"):
+                self.handles.append(m.register_forward_hook(self._hook_out))
+            elif name.endswith("self_attn.v_proj"):
+                self.handles.append(m.register_forward_hook(self._hook_out))
+
+    def _hook_out(self, module, inputs, output):
+        self.clamped += int((output.abs() > self.clip).sum())
+        self.total += output.numel()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+# --------------------------------------------------------------------------------------
+# Oracle computation
+# --------------------------------------------------------------------------------------
+
+
+def load(dirpath: Path, dtype):
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        str(dirpath), dtype=dtype, attn_implementation="eager", experts_implementation="eager"
+    )
+    m.eval()
+    return m
+
+
+@torch.no_grad()
+def greedy_cached(model, prompt_ids: list[int], n_gen: int):
+    """Prefill + greedy decode through a DynamicCache. Returns (prefill_logits [n,V],
+    decode_logits [n_gen-1,V], greedy_ids, margins, cache)."""
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    prefill = out.logits[0].float().clone()
+    greedy = [int(prefill[-1].argmax())]
+    margins = [top2_margin(prefill[-1])]
+    dec = []
+    for _ in range(n_gen - 1):
+        out = model(input_ids=torch.tensor([[greedy[-1]]]), past_key_values=cache, use_cache=True)
+        row = out.logits[0, -1].float().clone()
+        dec.append(row)
+        greedy.append(int(row.argmax()))
+        margins.append(top2_margin(row))
+    dec_t = torch.stack(dec) if dec else torch.zeros(0, prefill.shape[-1])
+    return prefill, dec_t, greedy, margins, cache
+
+
+@torch.no_grad()
+def run_generate(model, prompt_ids: list[int], n_gen: int):
+    gc = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=n_gen,
+        eos_token_id=None,
+        pad_token_id=0,
+        bos_token_id=None,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    g = model.generate(torch.tensor([prompt_ids]), generation_config=gc)
+    new = g.sequences[0, len(prompt_ids):].tolist()
+    logits = torch.stack([x[0].float() for x in g.logits])
+    return new, logits
+
+
+@torch.no_grad()
+def compute_oracle(model, spec: dict, prompt_ids: list[int]) -> dict:
+    cfg = model.config
+    rec = RouterRecorder(model)
+    clip = getattr(cfg, "clip_qkv", None) if spec["config_cls"] is OlmoeConfig else None
+    cliprec = ClipRecorder(model, clip)
+    prefill, dec, greedy, margins, cache = greedy_cached(model, prompt_ids, N_GENERATE)
+    rec.remove()
+    cliprec.remove()
+
+    top_k = cfg.num_experts_per_tok
+    eps = getattr(cfg, "router_jitter_noise", None)
+    rstats = router_stats(rec.logits, spec["router_kind"], top_k, eps)
+
+    n = len(prompt_ids)
+    # 1) prefill without cache must equal prefill with cache
+    nocache = model(input_ids=torch.tensor([prompt_ids]), use_cache=False).logits[0].float()
+    d_nocache = float((nocache - prefill).abs().max())
+    # 2) full recompute of prompt + greedy[:-1]: rows n-1.. == [prefill last, decode rows]
+    full_ids = prompt_ids + greedy[:-1]
+    full = model(input_ids=torch.tensor([full_ids]), use_cache=False).logits[0].float()
+    cached_rows = torch.cat([prefill[-1:], dec], 0)
+    d_recompute = float((full[n - 1 :] - cached_rows).abs().max())
+    # 3) model.generate
+    gen_ids, gen_logits = run_generate(model, prompt_ids, N_GENERATE)
+    gen_match = gen_ids == greedy
+    d_generate = float((gen_logits - cached_rows).abs().max()) if gen_logits.shape == cached_rows.shape else None
+    # 4) longer cached decode vs one full forward
+    seq = list(prompt_ids) + list(greedy)
+    nxt = greedy[-1]
+    long_rows = []
+    for _ in range(N_LONG_EXTRA):
+        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
+        row = out.logits[0, -1].float()
+        long_rows.append(row)
+        nxt = int(row.argmax())
+        seq.append(nxt)
+    full_long = model(input_ids=torch.tensor([seq[:-1]]), use_cache=False).logits[0].float()
+    d_long = float((full_long[len(prompt_ids) + len(greedy) - 1 :] - torch.stack(long_rows)).abs().max())
+
+    res = dict(
+        prefill=prefill,
+        decode=dec,
+        greedy=greedy,
+        margins=margins,
+        min_margin=min(margins),
+        rstats=rstats,
+        d_nocache=d_nocache,
+        d_recompute=d_recompute,
+        gen_match=gen_match,
+        d_generate=d_generate,
+        d_long=d_long,
+        long_total_len=len(seq) - 1,
+        logit_std=float(prefill.std()),
+        clip=None
+        if clip is None
+        else {"clip_qkv": clip, "clamped_values": cliprec.clamped, "total_values": cliprec.total},
+    )
+    return res
+
+
+@torch.no_grad()
+def phimoe_short_prompt(model, prompt_ids: list[int], n_short: int = 12):
+    """PhiMoE: prompt shorter than original_max_position_embeddings, greedy via model.generate
+    (which re-computes the whole sequence when it first exceeds original_max_position_embeddings)."""
+    p = prompt_ids[:n_short]
+    gen_ids, gen_logits = run_generate(model, p, N_GENERATE)
+    # generate semantics == a full no-cache recompute of the sequence seen at every step
+    # (step i sees n_short + i tokens; the mscale regime depends on that length)
+    seq = p + gen_ids
+    rec = RouterRecorder(model)
+    full = torch.stack(
+        [
+            model(input_ids=torch.tensor([seq[: n_short + i]]), use_cache=False).logits[0, -1].float()
+            for i in range(N_GENERATE)
+        ]
+    )
+    rec.remove()
+    rstats = router_stats(rec.logits, "sparsemixer", model.config.num_experts_per_tok, model.config.router_jitter_noise)
+    d_full = float((full - gen_logits).abs().max())
+    assert d_full < 1e-3, ("phimoe short prompt: generate != per-step full recompute", d_full)
+    # naive cache loop (no re-computation at the crossing) for comparison
+    _, dec, naive_ids, _, _ = greedy_cached(model, p, N_GENERATE)
+    return dict(
+        prompt_ids=p,
+        greedy_ids=gen_ids,
+        logits=gen_logits,
+        min_margin=min(top2_margin(r) for r in gen_logits),
+        d_full=d_full,
+        naive_ids=naive_ids,
+        rstats=rstats,
+    )
+
+
+
+# --------------------------------------------------------------------------------------
+# Independent NumPy reference forward (float64), reading the saved files directly.
+# This is an executable restatement of the README's per-architecture notes; the script
+# asserts that it reproduces transformers' float32 logits.
+# --------------------------------------------------------------------------------------
+
+
+def np_load_checkpoint(d: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(d.glob("*.safetensors"))
+    W = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            W[k] = v.to(torch.float64).numpy()  # bf16 -> f64 is exact
+    return W
+
+
+def np_rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def np_layernorm(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)  # biased variance
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def np_silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_rope_tables(cfg: dict, head_dim: int, T: int):
+    """cos/sin tables [T, head_dim] for positions 0..T-1 of a sequence of total length T
+    (full-recompute semantics)."""
+    rp = cfg["rope_parameters"]
+    theta = rp["rope_theta"]
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    mscale = 1.0
+    if rp["rope_type"] == "longrope":
+        inv = inv / np.asarray(rp["short_factor"], dtype=np.float64)  # long_factor unused (HF 5.23)
+        mscale = rp["long_mscale"] if T > rp["original_max_position_embeddings"] else rp["short_mscale"]
+    elif rp["rope_type"] != "default":
+        raise NotImplementedError(rp["rope_type"])
+    f = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    emb = np.concatenate([f, f], -1)  # NeoX / rotate_half layout
+    return np.cos(emb) * mscale, np.sin(emb) * mscale
+
+
+def np_rotate_half(x):
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], -1)
+
+
+def np_sparsemixer(l, eps):
+    """PhiMoE eval-mode routing for one token. l: [E] router logits -> [(expert, weight)] x 2."""
+    two_eps = 2.0 * eps
+    i1 = int(np.argmax(l))
+    m1 = l[i1]
+    keep1 = (m1 - l) / np.maximum(np.abs(l), m1) <= two_eps
+    w1 = np.exp(l[i1] - m1) / np.exp(l[keep1] - m1).sum()
+    l2 = l.copy()
+    l2[i1] = -np.inf
+    i2 = int(np.argmax(l2))
+    m2 = l[i2]
+    keep2 = (m2 - l) / np.maximum(np.abs(l), m2) <= two_eps  # factor uses the ORIGINAL scores
+    keep2[i1] = False
+    w2 = np.exp(l[i2] - m2) / np.exp(l[keep2] - m2).sum()
+    return [(i1, w1), (i2, w2)]
+
+
+def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
+    cfg = json.loads((d / "config.json").read_text())
+    W = np_load_checkpoint(d)
+    mt = cfg["model_type"]
+    H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    eps = cfg["rms_norm_eps"]
+    T = len(ids)
+    cos, sin = np_rope_tables(cfg, hd, T)
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    n_exp = cfg.get("num_local_experts", cfg.get("num_experts"))
+    topk = cfg["num_experts_per_tok"]
+
+    def lin(x, name, bias=False):
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if bias else y
+
+    def norm(x, name):
+        if mt == "phimoe":
+            return np_layernorm(x, W[name + ".weight"], W[name + ".bias"], eps)
+        return np_rms(x, W[name + ".weight"], eps)
+
+    def swiglu(x, gate, up, down):
+        return lin(np_silu(lin(x, gate)) * lin(x, up), down)
+
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        P = f"model.layers.{i}"
+        h = norm(x, f"{P}.input_layernorm")
+        qkv_bias = {"qwen2_moe": cfg.get("qkv_bias", True), "phimoe": cfg.get("attention_bias", False)}.get(
+            mt, cfg.get("attention_bias", False)
+        )
+        q = lin(h, f"{P}.self_attn.q_proj", qkv_bias)
+        k = lin(h, f"{P}.self_attn.k_proj", qkv_bias)
+        v = lin(h, f"{P}.self_attn.v_proj", qkv_bias)
+        if mt == "olmoe":  # RMSNorm over the whole projection, then clamp q, k, v
+            q = np_rms(q, W[f"{P}.self_attn.q_norm.weight"], eps)
+            k = np_rms(k, W[f"{P}.self_attn.k_norm.weight"], eps)
+            c = cfg.get("clip_qkv")
+            if c is not None:
+                q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
+        q = q.reshape(T, nh, hd).transpose(1, 0, 2)
+        k = k.reshape(T, nkv, hd).transpose(1, 0, 2)
+        v = v.reshape(T, nkv, hd).transpose(1, 0, 2)
+        if mt == "qwen3_moe":  # per-head RMSNorm over head_dim
+            q = np_rms(q, W[f"{P}.self_attn.q_norm.weight"], eps)
+            k = np_rms(k, W[f"{P}.self_attn.k_norm.weight"], eps)
+        q = q * cos + np_rotate_half(q) * sin
+        k = k * cos + np_rotate_half(k) * sin
+        rep = nh // nkv
+        k = np.repeat(k, rep, axis=0)  # q head j uses kv head j // rep
+        v = np.repeat(v, rep, axis=0)
+        a = np_softmax(q @ k.transpose(0, 2, 1) * hd**-0.5 + mask) @ v  # [nh, T, hd]
+        a = a.transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + lin(a, f"{P}.self_attn.o_proj", mt == "phimoe" and cfg.get("attention_bias", False))
+
+        h = norm(x, f"{P}.post_attention_layernorm")
+        if mt in ("mixtral", "phimoe"):
+            E = f"{P}.block_sparse_moe"
+            logits = lin(h, f"{E}.gate")
+            y = np.zeros_like(h)
+            for t in range(T):
+                if mt == "mixtral":
+                    p = np_softmax(logits[t])
+                    sel = np.argsort(-p, kind="stable")[:topk]
+                    route = [(e, p[e] / p[sel].sum()) for e in sel]
+                else:
+                    route = np_sparsemixer(logits[t], cfg["router_jitter_noise"])
+                for e, w in route:
+                    ex = f"{E}.experts.{e}"
+                    y[t] += w * swiglu(h[t], f"{ex}.w1", f"{ex}.w3", f"{ex}.w2")
+        else:
+            M = f"{P}.mlp"
+            sparse = (
+                i not in cfg.get("mlp_only_layers", [])
+                and n_exp > 0
+                and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0
+            )
+            if not sparse:
+                y = swiglu(h, f"{M}.gate_proj", f"{M}.up_proj", f"{M}.down_proj")
+            else:
+                p = np_softmax(lin(h, f"{M}.gate"))
+                y = np.zeros_like(h)
+                for t in range(T):
+                    sel = np.argsort(-p[t], kind="stable")[:topk]
+                    w = p[t, sel]
+                    if cfg.get("norm_topk_prob", False):
+                        w = w / w.sum()
+                    for e, we in zip(sel, w):
+                        ex = f"{M}.experts.{e}"
+                        y[t] += we * swiglu(h[t], f"{ex}.gate_proj", f"{ex}.up_proj", f"{ex}.down_proj")
+                if mt == "qwen2_moe":
+                    g = 1.0 / (1.0 + np.exp(-lin(h, f"{M}.shared_expert_gate")))
+                    y = y + g * swiglu(
+                        h, f"{M}.shared_expert.gate_proj", f"{M}.shared_expert.up_proj", f"{M}.shared_expert.down_proj"
+                    )
+        x = x + y
+    x = norm(x, "model.norm")
+    return lin(x, "lm_head", mt == "phimoe" and cfg.get("lm_head_bias", False))
+
+
+# --------------------------------------------------------------------------------------
+# Per-model driver
+# --------------------------------------------------------------------------------------
+
+
+def build_and_save(arch: str, spec: dict, variant: str, seed: int, outdir: Path, tok, tokdir) -> None:
+    cfg_kwargs = copy.deepcopy(spec["config"])
+    cfg_kwargs.update(copy.deepcopy(spec["variants"][variant]))
+    for key in ("bos", "eos"):
+        text, fallback = spec["special_tokens"][key]
+        tid = token_id(tok, text) if text is not None else None
+        cfg_kwargs[f"{key}_token_id"] = tid if tid is not None else fallback
+    torch.manual_seed(seed)
+    config = spec["config_cls"](**cfg_kwargs)
+    model = spec["model_cls"](config)
+    model.eval()
+    init_params(model, seed, config.hidden_size)
+    if variant == "bf16":
+        model = model.to(torch.bfloat16)
+        model.config.dtype = torch.bfloat16
+    else:
+        model.config.dtype = torch.float32
+    if outdir.exists():
+        shutil.rmtree(outdir)
+    outdir.mkdir(parents=True)
+    shard = spec.get("shard", {}).get(variant)
+    if shard:
+        model.save_pretrained(str(outdir), max_shard_size=shard)
+    else:
+        model.save_pretrained(str(outdir))
+    # make sure config.json records the stored dtype
+    cj = outdir / "config.json"
+    c = json.loads(cj.read_text())
+    want = "bfloat16" if variant == "bf16" else "float32"
+    if c.get("dtype") != want:
+        c["dtype"] = want
+        cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+    if tokdir is not None:
+        for fn in ("tokenizer.json", "tokenizer_config.json"):
+            src = tokdir / fn
+            if src.is_file():
+                shutil.copyfile(src, outdir / fn)
+            else:
+                warnings.warn(f"{tokdir}/{fn} missing; not copied")
+
+
+def process(arch: str, variant: str, prompt_source: str) -> dict:
+    spec = ARCHS[arch]
+    name = f"{arch}-{variant}"
+    outdir = OUT_ROOT / name
+    tok, tokdir = load_tokenizer(spec["tokenizer"])
+    if tok is None:
+        warnings.warn(
+            f"{name}: tokenizer fixture {TOK_ROOT / spec['tokenizer']} not found; "
+            "skipping tokenizer copy and using a random prompt"
+        )
+    prompt_ids, psrc, ptext = make_prompt(spec, tok, prompt_source, spec["seed"] + 77)
+
+    last_err = None
+    for attempt in range(MAX_SEED_TRIES):
+        seed = spec["seed"] + (0 if variant == "f32" else 50) + 1000 * attempt
+        build_and_save(arch, spec, variant, seed, outdir, tok, tokdir)
+        model = load(outdir, torch.float32)
+        res = compute_oracle(model, spec, prompt_ids)
+        problems = []
+        if res["min_margin"] < MIN_MARGIN:
+            problems.append(f"min greedy margin {res['min_margin']:.2e}")
+        g = res["rstats"].get("min_router_gap")
+        if g is not None and g < MIN_ROUTER_GAP:
+            problems.append(f"min router gap {g:.2e}")
+        if any(i >= TOKEN_ID_LIMIT for i in res["greedy"]):
+            problems.append("greedy id >= 1000")
+        short = None
+        if arch == "phimoe":
+            short = phimoe_short_prompt(model, prompt_ids)
+            if short["min_margin"] < MIN_MARGIN:
+                problems.append(f"short-prompt margin {short['min_margin']:.2e}")
+            if short["rstats"]["min_router_gap"] < MIN_ROUTER_GAP:
+                problems.append(f"short-prompt router gap {short['rstats']['min_router_gap']:.2e}")
+        if res["clip"] is not None and res["clip"]["clamped_values"] == 0:
+            problems.append("clip_qkv never triggers")
+        if not problems:
+            break
+        last_err = "; ".join(problems)
+        log(f"  {name}: seed {seed} rejected ({last_err}); reseeding")
+    else:
+        raise SystemExit(f"{name}: no acceptable seed found ({last_err})")
+
+    # hard self-consistency checks (float32 compute)
+    assert res["d_nocache"] < 1e-4, (name, res["d_nocache"])
+    assert res["d_recompute"] < 1e-3, (name, res["d_recompute"])
+    assert res["d_long"] < 1e-3, (name, res["d_long"])
+    assert res["gen_match"], (name, "generate() disagrees with the manual cache loop")
+    ref = np_reference_logits(outdir, prompt_ids + res["greedy"][:-1])
+    hf_rows = torch.cat([res["prefill"], res["decode"]], 0).double().numpy()
+    d_ref = float(np.abs(ref - hf_rows).max())
+    assert d_ref < 1e-3, (name, "numpy reference disagrees with transformers", d_ref)
+    d_ref_short = None
+    if arch == "phimoe":
+        n_s = len(short["prompt_ids"])
+        # step i sees a sequence of length n_s + i; its mscale regime depends on that length
+        seq_s = short["prompt_ids"] + short["greedy_ids"]
+        ref_s = np.stack([np_reference_logits(outdir, seq_s[: n_s + i])[-1] for i in range(N_GENERATE)])
+        d_ref_short = float(np.abs(ref_s - short["logits"].double().numpy()).max())
+        assert d_ref_short < 1e-3, (name, "numpy reference disagrees (short prompt)", d_ref_short)
+
+    odir = outdir / "oracle"
+    odir.mkdir(exist_ok=True)
+    write_f32(odir / "prefill_logits.f32", res["prefill"])
+    write_f32(odir / "decode_logits.f32", res["decode"])
+
+    info: dict = {
+        "arch": arch,
+        "name": name,
+        "architectures": list(model.config.architectures or []),
+        "model_type": model.config.model_type,
+        "dtype": "bfloat16" if variant == "bf16" else "float32",
+        "compute_dtype": "float32",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "attn_implementation": "eager",
+        "experts_implementation": "eager",
+        "seed": seed,
+        "vocab_size": int(model.config.vocab_size),
+        "prompt_source": psrc,
+        "prompt_text": ptext,
+        "prompt_ids": prompt_ids,
+        "n_prompt": len(prompt_ids),
+        "n_generate": N_GENERATE,
+        "greedy_ids": res["greedy"],
+        "prefill_logits": "prefill_logits.f32",
+        "prefill_logits_shape": [len(prompt_ids), int(model.config.vocab_size)],
+        "decode_logits": "decode_logits.f32",
+        "decode_logits_shape": [N_GENERATE - 1, int(model.config.vocab_size)],
+        "logits_format": "raw little-endian float32, row-major [rows x vocab_size]",
+        "min_greedy_margin": res["min_margin"],
+        "greedy_margins": res["margins"],
+        "prefill_logit_std": res["logit_std"],
+        "router": res["rstats"],
+        "self_check": {
+            "prefill_nocache_vs_cache_max_abs_diff": res["d_nocache"],
+            "cached_decode_vs_full_recompute_max_abs_diff": res["d_recompute"],
+            "generate_ids_match": res["gen_match"],
+            "generate_logits_vs_cached_max_abs_diff": res["d_generate"],
+            "long_cached_decode_vs_full_recompute_max_abs_diff": res["d_long"],
+            "long_check_total_len": res["long_total_len"],
+            "numpy_f64_reference_vs_oracle_max_abs_diff": d_ref,
+        },
+        "notes": spec["notes"],
+        "variant_config": spec["variants"][variant],
+    }
+    if res["clip"] is not None:
+        info["clip_qkv_stats"] = res["clip"]
+    if arch == "phimoe":
+        orig = model.config.rope_parameters["original_max_position_embeddings"]
+        n = len(prompt_ids)
+        info["rope"] = {
+            "original_max_position_embeddings": orig,
+            "prefill_mscale": "long_mscale" if n > orig else "short_mscale",
+            "decode_mscale": [
+                ("long_mscale" if (n + i) + 1 > orig else "short_mscale") for i in range(N_GENERATE - 1)
+            ],
+            "inv_freq_factors": "short_factor (always; long_factor is unused by transformers 5.23)",
+            "rule": "mscale = long_mscale if max(position_ids)+1 > original_max_position_embeddings "
+            "in the current forward call else short_mscale; cos and sin (hence q and k) are both "
+            "multiplied by mscale",
+        }
+        write_f32(odir / "short_prompt_logits.f32", short["logits"])
+        info["short_prompt"] = {
+            "description": "prompt shorter than original_max_position_embeddings; greedy via "
+            "model.generate(), which discards the KV cache and recomputes the whole sequence the first "
+            "time the sequence length reaches original_max_position_embeddings+1. Row i of "
+            "short_prompt_logits.f32 produced greedy_ids[i] (row 0 = last prefill row). These logits "
+            "equal a full no-cache recompute of prompt+greedy[:i] at every step.",
+            "prompt_ids": short["prompt_ids"],
+            "n_prompt": len(short["prompt_ids"]),
+            "greedy_ids": short["greedy_ids"],
+            "logits": "short_prompt_logits.f32",
+            "logits_shape": [N_GENERATE, int(model.config.vocab_size)],
+            "min_greedy_margin": short["min_margin"],
+            "router": short["rstats"],
+            "generate_vs_full_recompute_max_abs_diff": short["d_full"],
+            "naive_cache_loop_greedy_ids": short["naive_ids"],
+            "naive_cache_loop_matches_generate": short["naive_ids"] == short["greedy_ids"],
+            "numpy_f64_reference_vs_oracle_max_abs_diff": d_ref_short,
+        }
+
+    # bf16: also the native bfloat16 compute, for information
+    if variant == "bf16":
+        mb = load(outdir, torch.bfloat16)
+        with torch.no_grad():
+            lb = mb(input_ids=torch.tensor([prompt_ids]), use_cache=False).logits[0].float()
+        write_f32(odir / "prefill_logits_bf16compute.f32", lb)
+        info["prefill_logits_bf16compute"] = "prefill_logits_bf16compute.f32"
+        info["bf16_compute_max_abs_diff"] = float((lb - res["prefill"]).abs().max())
+        info["bf16_compute_last_row_argmax_matches"] = int(lb[-1].argmax()) == res["greedy"][0]
+        del mb
+
+    (odir / "oracle.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    files = sorted(p.name for p in outdir.iterdir() if p.is_file())
+    nbytes = dir_bytes(outdir)
+    if nbytes > MAX_DIR_BYTES:
+        raise SystemExit(f"{name}: {nbytes} bytes on disk exceeds {MAX_DIR_BYTES}")
+    if nbytes > SOFT_DIR_BYTES:
+        warnings.warn(f"{name}: {nbytes} bytes on disk")
+    if shard_spec := spec.get("shard", {}).get(variant):
+        idx = outdir / "model.safetensors.index.json"
+        shards = {v for v in json.loads(idx.read_text())["weight_map"].values()}
+        assert len(shards) >= 2, (name, shard_spec, shards)
+    return dict(
+        name=name,
+        params=sum(p.numel() for p in model.parameters()),
+        bytes=nbytes,
+        std=res["logit_std"],
+        margin=res["min_margin"],
+        rgap=res["rstats"].get("min_router_gap"),
+        d_rec=res["d_recompute"],
+        d_ref=d_ref,
+        bf16=info.get("bf16_compute_max_abs_diff"),
+        files=files,
+        seed=seed,
+        prompt=psrc,
+    )
+
+
+def main() -> None:
+    global OUT_ROOT, TOK_ROOT
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="model names (e.g. mixtral-f32) or arch names to generate")
+    ap.add_argument(
+        "--prompt-source",
+        choices=["auto", "random"],
+        default="auto",
+        help="auto: tokenize a fixed sentence when the tokenizer fixture exists, else random ids",
+    )
+    ap.add_argument("--out", type=Path, default=OUT_ROOT, help=f"output root (default {OUT_ROOT})")
+    ap.add_argument(
+        "--tokenizers", type=Path, default=TOK_ROOT, help=f"tokenizer fixtures root (default {TOK_ROOT})"
+    )
+    args = ap.parse_args()
+    OUT_ROOT, TOK_ROOT = args.out.resolve(), args.tokenizers.resolve()
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.simplefilter("default")
+
+    todo = [(a, v) for a in ARCHS for v in ("f32", "bf16")]
+    if args.only:
+        todo = [(a, v) for a, v in todo if a in args.only or f"{a}-{v}" in args.only]
+    OUT_ROOT.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for arch, variant in todo:
+        log(f"== {arch}-{variant}")
+        rows.append(process(arch, variant, args.prompt_source))
+
+    log("")
+    hdr = f"{'name':<16}{'params':>9}{'bytes':>10}{'logit std':>10}{'min margin':>11}{'rtr gap':>9}{'recomp':>9}{'np ref':>9}{'bf16 diff':>10}  seed  prompt"
+    log(hdr)
+    log("-" * len(hdr))
+    for r in rows:
+        bf = f"{r['bf16']:.3g}" if r["bf16"] is not None else "-"
+        rg = f"{r['rgap']:.3g}" if r["rgap"] is not None else "-"
+        log(
+            f"{r['name']:<16}{r['params']:>9}{r['bytes']:>10}{r['std']:>10.3f}{r['margin']:>11.4f}"
+            f"{rg:>9}{r['d_rec']:>9.1e}{r['d_ref']:>9.1e}{bf:>10}  {r['seed']:<5} {r['prompt']}"
+        )
+    total = sum(r["bytes"] for r in rows)
+    log(f"total bytes: {total}")
+
+
+if __name__ == "__main__":
+    main()
