@@ -78,14 +78,23 @@ uint16_t moe_f32_to_f16(float f) {
 void moe_convert_row_f32(enum moe_dtype t, const void *src, float *dst, size_t n) {
     switch (t) {
     case MOE_DTYPE_F32: memcpy(dst, src, n * 4); return;
+    /* elements are read through memcpy: tensors in a mapped file may be unaligned */
     case MOE_DTYPE_F16: {
-        const uint16_t *s = (const uint16_t *)src;
-        for (size_t i = 0; i < n; i++) dst[i] = moe_f16_to_f32(s[i]);
+        const unsigned char *s = src;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = moe_f16_to_f32(h);
+        }
         return;
     }
     case MOE_DTYPE_BF16: {
-        const uint16_t *s = (const uint16_t *)src;
-        for (size_t i = 0; i < n; i++) dst[i] = moe_bf16_to_f32(s[i]);
+        const unsigned char *s = src;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = moe_bf16_to_f32(h);
+        }
         return;
     }
     default: MOE_ASSERT(!"bad dtype");

@@ -5,8 +5,10 @@
  * `model.safetensors` or a sharded set described by `model.safetensors.index.json`.
  * Files are mmapped read-only; tensor data pointers point into the maps and stay
  * valid until moe_safetensors_free(). Every header is validated before use
- * (see docs/format.md for the list of checks); malformed input is logged with
- * the file name and the problem, and an error is returned — never a crash.
+ * (formats/safetensors.c lists the checks); malformed input is logged with the
+ * file name and the problem, and MOE_ERR_FORMAT (malformed), MOE_ERR_UNSUPPORTED
+ * (a valid dtype other than F32/F16/BF16), MOE_ERR_NOT_FOUND (missing file or
+ * shard) or MOE_ERR_IO is returned — never a crash.
  *
  * Thread-safety: a handle is immutable after open; concurrent lookups are safe.
  */

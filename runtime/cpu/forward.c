@@ -31,7 +31,7 @@ struct moe_session {
     int32_t *tok_idx;           /* [B] */
     float *tok_w;               /* [B] */
     float *sg;                  /* [B] shared-expert gate */
-    float *row_buf;             /* [n_threads x 2*max_in] weight row conversion */
+    float *row_buf;             /* [n_threads x max_in] weight row conversion */
     float *att_buf;             /* [n_threads x n_ctx] attention scores */
     float *inv_freq;            /* [n_rot/2] */
     float *rope_cos, *rope_sin; /* [B x n_rot/2] */
@@ -54,19 +54,12 @@ static float dot(const float *a, const float *b, int64_t n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-/* weight_row: row o of w as float32; `buf` holds 2*n_in floats of scratch. */
+/* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
+ * Rows of aligned F32 tensors are used in place. */
 static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf) {
     size_t es = moe_dtype_size(w->type);
     const char *src = (const char *)w->data + (size_t)o * (size_t)w->n_in * es;
-    if (w->type == MOE_DTYPE_F32) {
-        if (((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
-        memcpy(buf, src, (size_t)w->n_in * 4);
-        return buf;
-    }
-    if (((uintptr_t)src & (es - 1)) != 0) { /* unaligned: stage the raw bytes first */
-        memcpy(buf + w->n_in, src, (size_t)w->n_in * es);
-        src = (const char *)(buf + w->n_in);
-    }
+    if (w->type == MOE_DTYPE_F32 && ((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
     moe_convert_row_f32(w->type, src, buf, (size_t)w->n_in);
     return buf;
 }
@@ -97,7 +90,7 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
 /* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats. */
 static void matmul(struct moe_session *s, const struct moe_weight *w, const float *bias,
                    const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
-    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, 2 * s->max_in};
+    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
     int64_t work = w->n_in * (int64_t)n_tok;
     int64_t min_chunk = work > 0 ? (32768 + work - 1) / work : 1;
     moe_pool_for(s->pool, w->n_out, min_chunk, mm_range, &c);
@@ -452,7 +445,7 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     ALLOC(s->tok_idx, B);
     ALLOC(s->tok_w, B);
     ALLOC(s->sg, B);
-    ALLOC(s->row_buf, T * 2 * s->max_in);
+    ALLOC(s->row_buf, T * s->max_in);
     ALLOC(s->att_buf, T * s->p.n_ctx);
     ALLOC(s->inv_freq, c->rope.n_rot / 2);
     ALLOC(s->rope_cos, B * (c->rope.n_rot / 2));
