@@ -254,6 +254,10 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
     /* sliding window: v5 layer_types wins; else per-architecture rules */
     int window = 0;
     if ((st = get_int(c, "sliding_window", 0, 0, 0, 1 << 30, &window))) return st;
+    const int qwen = cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE;
+    int use = 1;
+    if (qwen && (st = get_bool(c, "use_sliding_window", 0, &use))) return st;
+    if (!use) window = 0; /* transformers ignores the window unless use_sliding_window */
     const cJSON *types = field(c, "layer_types");
     if (types) {
         if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != L) {
@@ -265,19 +269,18 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
         cJSON_ArrayForEach(e, types) {
             cfg->layer_sliding[l++] = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
         }
-    } else if (cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE) {
-        int use = 0, max_window_layers = L;
-        if ((st = get_bool(c, "use_sliding_window", 0, &use))) return st;
+    } else if (cfg->arch == MOE_ARCH_QWEN2_MOE) {
+        /* transformers 5.x derives Qwen2-MoE's layer_types this way when absent */
+        int max_window_layers = L;
         if ((st = get_int(c, "max_window_layers", 0, L, 0, 1 << 20, &max_window_layers))) return st;
-        for (int l = 0; l < L && use; l++) cfg->layer_sliding[l] = l >= max_window_layers;
-    } else {
-        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = window > 0;
+        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0 && l < max_window_layers;
+    } else { /* Mixtral, Phi-MoE, OLMoE, Qwen3-MoE: one window for every layer */
+        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = 1;
     }
     int any = 0;
-    for (int l = 0; l < L; l++) any |= cfg->layer_sliding[l];
-    if (any && window <= 0) {
-        MOE_LOGE("%s: sliding-window layers need a positive \"sliding_window\"", c->label);
-        return MOE_ERR_INVALID;
+    for (int l = 0; l < L; l++) {
+        if (window <= 0) cfg->layer_sliding[l] = 0; /* no window: full attention everywhere */
+        any |= cfg->layer_sliding[l];
     }
     cfg->sliding_window = any ? window : 0;
     return MOE_OK;

@@ -76,6 +76,33 @@ static void test_arches(void) {
           "qwen3 fields");
     moe_config_clear(&c);
 
+    /* sliding windows: Qwen2-MoE derives per-layer kinds as transformers 5.x does
+     * (even layers below max_window_layers); Qwen3-MoE ignores the window unless
+     * use_sliding_window; Mixtral applies it to every layer; layer_types wins */
+    CHECK(parse("{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"moe_intermediate_size\":6,"
+                "\"shared_expert_intermediate_size\":0,\"num_experts\":4,\"num_experts_per_tok\":2,"
+                "\"use_sliding_window\":true,\"sliding_window\":6,\"max_window_layers\":3}", &c) == MOE_OK,
+          "qwen2 swa: %s", last_log);
+    CHECK(c.sliding_window == 6 && c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2] &&
+              !c.layer_sliding[3],
+          "qwen2 derived sliding layers");
+    moe_config_clear(&c);
+    CHECK(parse("{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"moe_intermediate_size\":6,"
+                "\"num_experts\":4,\"num_experts_per_tok\":2,\"sliding_window\":4096}", &c) == MOE_OK &&
+              c.sliding_window == 0 && !c.layer_sliding[0],
+          "qwen3 window ignored without use_sliding_window");
+    moe_config_clear(&c);
+    CHECK(parse("{" MIXTRAL_BASE ",\"sliding_window\":5}", &c) == MOE_OK && c.sliding_window == 5 &&
+              c.layer_sliding[0] && c.layer_sliding[1],
+          "mixtral window on every layer");
+    moe_config_clear(&c);
+    CHECK(parse("{" MIXTRAL_BASE ",\"sliding_window\":5,\"layer_types\":[\"full_attention\",\"sliding_attention\"]}",
+                &c) == MOE_OK && !c.layer_sliding[0] && c.layer_sliding[1],
+          "layer_types wins");
+    moe_config_clear(&c);
+
     CHECK(parse("{\"architectures\":[\"OlmoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":6,"
                 "\"num_experts\":4,\"num_experts_per_tok\":2,\"clip_qkv\":3.5}", &c) == MOE_OK,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate tiny random-initialised MoE checkpoints and Hugging Face oracle logits.
 
-For every architecture in ``ARCHS`` and every dtype variant (f32, bf16) this script
+For every architecture in ``ARCHS`` and every dtype variant (f32, bf16), and for every entry of
+``EXTRA_VARIANTS`` (f16 storage, sliding window, tied embeddings, biases, ...), this script
 
   1. builds a tiny model with transformers' own config/model classes,
   2. overwrites all parameters with a deterministic, deliberately "loud" init
@@ -18,10 +19,11 @@ For every architecture in ``ARCHS`` and every dtype variant (f32, bf16) this scr
      greedy margins and router decision gaps must be comfortably non-zero
      (otherwise the model is re-seeded).
 
-Outputs go to tests/fixtures/models/<arch>-<f32|bf16>/.  See tests/oracle/README.md
-for the file formats and per-architecture notes.
+Outputs go to tests/fixtures/models/<arch>-<f32|bf16>/ and tests/fixtures/models/<extra name>/.
+See tests/oracle/README.md for the file formats and per-architecture notes.
 
-Usage:  python3 tests/oracle/make_model_fixtures.py [--only NAME ...] [--prompt-source auto|random]
+Usage:  python3 tests/oracle/make_model_fixtures.py [--set all|base|extra] [--only NAME ...]
+                                                    [--prompt-source auto|random]
 CI never runs this script; it only reads the committed outputs.
 """
 
@@ -64,6 +66,8 @@ N_LONG_EXTRA = 48  # extra cached decode steps for the (non-saved) long self-che
 MIN_MARGIN = 2e-3  # required top1-top2 logit margin at every greedy step (brief: > 1e-4)
 MIN_ROUTER_GAP = 1e-3  # required distance of every routing decision from its tie point
 MAX_SEED_TRIES = 25
+NP_REF_TOL = 5e-5  # float64 NumPy reference vs transformers' float32 logits (observed <= 1.5e-5)
+MIN_DISTINCT_GREEDY = 10  # greedy must not collapse into repeating one or two tokens
 MAX_DIR_BYTES = 2 * 1024 * 1024
 SOFT_DIR_BYTES = 1024 * 1024 + 512 * 1024
 
@@ -276,6 +280,137 @@ ARCHS: dict[str, dict] = {
 }
 
 
+# Extra variants: each one reuses an ARCHS entry (classes, tokenizer, special tokens, prompt length,
+# base config) and applies `overrides` to the base config (and deletes the keys in `drop`).  They
+# live in their own output dirs; the ten base dirs above do not depend on this table (every model
+# is built from its own seeds), so adding or changing an entry here leaves them byte-identical.
+# `dtype` is the stored dtype: f32, bf16 or f16.  The oracle is always float32 compute.
+EXTRA_VARIANTS: dict[str, dict] = {
+    "mixtral-f16": dict(
+        arch="mixtral",
+        dtype="f16",
+        seed=1171,
+        overrides=dict(sliding_window=8),
+        notes=(
+            "Mixtral as mixtral-f32 but every tensor stored as float16 (config dtype float16) and "
+            "sliding_window=8: in EVERY layer a query at position i attends to key positions j with "
+            "i-8 < j <= i (itself and the 7 previous tokens). The 22-token prompt is longer than the "
+            "window, so the window cuts attention in prefill and in every decode step. The oracle is "
+            "float32 compute from the exactly upcast f16 weights."
+        ),
+    ),
+    "qwen2_moe-swa-f32": dict(
+        arch="qwen2_moe",
+        dtype="f32",
+        seed=2271,
+        overrides=dict(
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=2,  # layer_types derived by Qwen2MoeConfig (layer_types=None)
+            qkv_bias=False,
+            norm_topk_prob=False,
+            mlp_only_layers=[],
+            decoder_sparse_step=1,
+        ),
+        notes=(
+            "Qwen2-MoE with use_sliding_window=True, sliding_window=6, max_window_layers=2. transformers 5.23 "
+            "derives layer_types[i] = sliding_attention iff (i+1) % 2 == 1 (i even) and i < max_window_layers "
+            "and use_sliding_window -> layer 0 sliding, layers 1 and 2 full (config.json stores the list). "
+            "Sliding layers: query i sees keys i-6 < j <= i; full layers: j <= i. qkv_bias=False (no q/k/v/o "
+            "bias at all), norm_topk_prob=False, all 3 layers sparse (routed top-3 of 6 + gated shared expert)."
+        ),
+    ),
+    "olmoe-tied-f32": dict(
+        arch="olmoe",
+        dtype="f32",
+        seed=4471,
+        overrides=dict(tie_word_embeddings=True, attention_bias=True, clip_qkv=None),
+        # With tied embeddings and the standard init, greedy decoding collapses into repeating one
+        # token (a large embedding makes every token predict itself through the residual stream; a
+        # small one leaves the output dominated by the context, which barely changes from step to
+        # step).  Make the current token matter through the experts instead: embedding (= lm_head)
+        # std 0.2 (rows >= 1000 x0.02), expert down_proj x3, o_proj weight+bias x0.5.
+        init_scale={"embed_tokens.weight": 0.2, "experts.down_proj": 3.0, "o_proj.weight": 0.5, "o_proj.bias": 0.5},
+        notes=(
+            "OLMoE as olmoe-bf16 (clip_qkv=null, whole-projection q/k RMSNorm) but float32, "
+            "tie_word_embeddings=True (lm_head.weight is NOT in the safetensors file; the output projection "
+            "is model.embed_tokens.weight) and attention_bias=True: q_proj, k_proj, v_proj AND o_proj have a "
+            "bias. The q/k biases are added before q_norm/k_norm."
+        ),
+    ),
+    "qwen3_moe-dense-f32": dict(
+        arch="qwen3_moe",
+        dtype="f32",
+        seed=3371,
+        overrides=dict(mlp_only_layers=[0], attention_bias=True, norm_topk_prob=False, num_experts_per_tok=1),
+        drop=["head_dim"],  # no head_dim in config.json -> hidden/heads = 16
+        notes=(
+            "Qwen3-MoE with no head_dim key in config.json (head_dim = hidden/heads = 16), "
+            "mlp_only_layers=[0]: layer 0 is a dense SwiGLU MLP (mlp.{gate,up,down}_proj, intermediate_size "
+            "64), layer 1 sparse; attention_bias=True: q/k/v/o biases (q/k bias added before the per-head "
+            "q_norm/k_norm); top-1 of 6 experts with norm_topk_prob=False, so the single routed expert is "
+            "weighted by its softmax probability (< 1), not by 1."
+        ),
+    ),
+    "phimoe-norope-f32": dict(
+        arch="phimoe",
+        dtype="f32",
+        seed=5571,
+        overrides=dict(
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            router_jitter_noise=0.01,
+            attention_bias=False,
+            lm_head_bias=False,
+        ),
+        notes=(
+            "PhiMoE with default RoPE (rope_type default, theta 1e4; no short/long factors, no mscale: "
+            "cos/sin unscaled), sparsemixer eps = router_jitter_noise = 0.01 (the real Phi-3.5-MoE value), "
+            "no attention biases and no lm_head bias; LayerNorm (with bias) as in every PhiMoE."
+        ),
+    ),
+}
+
+DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def all_jobs() -> list[dict]:
+    """Every output dir: the ten base dirs (ARCHS x f32/bf16) first, then EXTRA_VARIANTS."""
+    jobs = []
+    for arch, spec in ARCHS.items():
+        for variant in ("f32", "bf16"):
+            jobs.append(
+                dict(
+                    name=f"{arch}-{variant}",
+                    arch=arch,
+                    dtype=variant,
+                    seed=spec["seed"] + (0 if variant == "f32" else 50),
+                    overrides=spec["variants"][variant],
+                    drop=[],
+                    shard=spec.get("shard", {}).get(variant),
+                    notes=spec["notes"],
+                    init_scale=None,
+                    extra=False,
+                )
+            )
+    for name, ex in EXTRA_VARIANTS.items():
+        jobs.append(
+            dict(
+                name=name,
+                arch=ex["arch"],
+                dtype=ex["dtype"],
+                seed=ex["seed"],
+                overrides=ex["overrides"],
+                drop=list(ex.get("drop", [])),
+                shard=ex.get("shard"),
+                notes=ex["notes"],
+                init_scale=ex.get("init_scale"),
+                extra=True,
+            )
+        )
+    return jobs
+
+
 # --------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------
@@ -346,14 +481,19 @@ def make_prompt(spec: dict, tok, source: str, seed: int):
 
 
 @torch.no_grad()
-def init_params(model: torch.nn.Module, seed: int, hidden: int) -> None:
+def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | None = None) -> None:
     """Overwrite every parameter deterministically.
 
     Scales are chosen per fan-in so that activations stay O(1), attention is neither uniform nor
     one-hot, routers produce logits with std ~1.5-2, and final logits have std ~3.
     Norm weights are 1 + noise and biases are non-zero so that omitting them is detectable.
+    ``scale`` (extra variants only): {parameter-name suffix: factor} applied on top of this init
+    (the random stream is unchanged).
     """
     g = torch.Generator().manual_seed(seed)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    if tied:  # named_parameters() lists the shared tensor once, as model.embed_tokens.weight
+        assert model.lm_head.weight is model.get_input_embeddings().weight
 
     def randn(shape):
         return torch.randn(shape, generator=g, dtype=torch.float32)
@@ -362,6 +502,8 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int) -> None:
         shape = tuple(p.shape)
         if name.endswith("embed_tokens.weight"):
             val = randn(shape) * 1.0
+            if tied:  # it is also the lm_head: rows with no token never win greedy
+                val[TOKEN_ID_LIMIT:] *= 0.02
         elif "norm" in name and name.endswith(".weight"):  # RMSNorm/LayerNorm/q_norm/k_norm weights
             val = 1.0 + 0.2 * randn(shape)
         elif "norm" in name and name.endswith(".bias"):  # LayerNorm bias (phimoe)
@@ -390,6 +532,9 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int) -> None:
             val = randn(shape) * (1.0 / shape[-1] ** 0.5)
         else:
             raise RuntimeError(f"init_params: unhandled parameter {name} {shape}")
+        for suffix, factor in (scale or {}).items():
+            if name.endswith(suffix):
+                val = val * factor
         p.copy_(val.to(p.dtype))
 
 
@@ -636,6 +781,45 @@ def np_load_checkpoint(d: Path) -> dict:
     return W
 
 
+def np_checkpoint_keys(d: Path) -> set:
+    from safetensors import safe_open
+
+    keys = set()
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            keys.update(fh.keys())
+    return keys
+
+
+def np_layer_windows(cfg: dict) -> list:
+    """Per layer: the sliding window W (query i sees keys i-W < j <= i) or None (full causal, j <= i).
+
+    transformers 5.23: Qwen2-MoE decides per layer from config.layer_types ("sliding_attention" layers
+    use config.sliding_window; Qwen2MoeConfig stores sliding_window=0 when use_sliding_window is
+    false). Mixtral, PhiMoE and Qwen3-MoE apply config.sliding_window (if not null) to EVERY layer.
+    OLMoE never slides."""
+    n = cfg["num_hidden_layers"]
+    mt = cfg["model_type"]
+    sw = cfg.get("sliding_window")
+    if mt == "qwen2_moe":
+        lt = cfg.get("layer_types") or ["full_attention"] * n
+        return [sw if t == "sliding_attention" else None for t in lt]
+    if mt in ("mixtral", "phimoe", "qwen3_moe") and sw is not None:
+        return [sw] * n
+    return [None] * n
+
+
+def attention_layer_info(d: Path) -> dict:
+    cfg = json.loads((d / "config.json").read_text())
+    w = np_layer_windows(cfg)
+    return {
+        "window_per_layer": w,
+        "sliding_layers": [i for i, x in enumerate(w) if x is not None],
+        "rule": "layer with window W: query position i attends to key positions j with i-W < j <= i "
+        "(W keys including itself); window null: all j <= i",
+    }
+
+
 def np_rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -703,7 +887,11 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
     eps = cfg["rms_norm_eps"]
     T = len(ids)
     cos, sin = np_rope_tables(cfg, hd, T)
-    mask = np.triu(np.full((T, T), -np.inf), 1)
+    qi, kj = np.arange(T)[:, None], np.arange(T)[None, :]
+    masks = [
+        np.where((kj <= qi) & ((kj > qi - w) if w is not None else True), 0.0, -np.inf)
+        for w in np_layer_windows(cfg)
+    ]
     n_exp = cfg.get("num_local_experts", cfg.get("num_experts"))
     topk = cfg["num_experts_per_tok"]
 
@@ -723,9 +911,9 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
     for i in range(cfg["num_hidden_layers"]):
         P = f"model.layers.{i}"
         h = norm(x, f"{P}.input_layernorm")
-        qkv_bias = {"qwen2_moe": cfg.get("qkv_bias", True), "phimoe": cfg.get("attention_bias", False)}.get(
-            mt, cfg.get("attention_bias", False)
-        )
+        # qwen2_moe: qkv_bias on q/k/v only; olmoe/qwen3_moe/phimoe: attention_bias on q/k/v AND o
+        qkv_bias = cfg.get("qkv_bias", True) if mt == "qwen2_moe" else cfg.get("attention_bias", False)
+        o_bias = mt in ("olmoe", "qwen3_moe", "phimoe") and cfg.get("attention_bias", False)
         q = lin(h, f"{P}.self_attn.q_proj", qkv_bias)
         k = lin(h, f"{P}.self_attn.k_proj", qkv_bias)
         v = lin(h, f"{P}.self_attn.v_proj", qkv_bias)
@@ -746,9 +934,9 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
         rep = nh // nkv
         k = np.repeat(k, rep, axis=0)  # q head j uses kv head j // rep
         v = np.repeat(v, rep, axis=0)
-        a = np_softmax(q @ k.transpose(0, 2, 1) * hd**-0.5 + mask) @ v  # [nh, T, hd]
+        a = np_softmax(q @ k.transpose(0, 2, 1) * hd**-0.5 + masks[i]) @ v  # [nh, T, hd]
         a = a.transpose(1, 0, 2).reshape(T, nh * hd)
-        x = x + lin(a, f"{P}.self_attn.o_proj", mt == "phimoe" and cfg.get("attention_bias", False))
+        x = x + lin(a, f"{P}.self_attn.o_proj", o_bias)
 
         h = norm(x, f"{P}.post_attention_layernorm")
         if mt in ("mixtral", "phimoe"):
@@ -792,6 +980,10 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
                     )
         x = x + y
     x = norm(x, "model.norm")
+    if cfg.get("tie_word_embeddings", False):
+        # tied: the checkpoint has no lm_head.weight; the output projection is the embedding matrix
+        assert "lm_head.weight" not in W or np.array_equal(W["lm_head.weight"], W["model.embed_tokens.weight"])
+        W["lm_head.weight"] = W["model.embed_tokens.weight"]
     return lin(x, "lm_head", mt == "phimoe" and cfg.get("lm_head_bias", False))
 
 
@@ -800,9 +992,12 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
-def build_and_save(arch: str, spec: dict, variant: str, seed: int, outdir: Path, tok, tokdir) -> None:
+def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
+    spec = ARCHS[job["arch"]]
     cfg_kwargs = copy.deepcopy(spec["config"])
-    cfg_kwargs.update(copy.deepcopy(spec["variants"][variant]))
+    cfg_kwargs.update(copy.deepcopy(job["overrides"]))
+    for key in job["drop"]:
+        cfg_kwargs.pop(key, None)
     for key in ("bos", "eos"):
         text, fallback = spec["special_tokens"][key]
         tid = token_id(tok, text) if text is not None else None
@@ -811,16 +1006,15 @@ def build_and_save(arch: str, spec: dict, variant: str, seed: int, outdir: Path,
     config = spec["config_cls"](**cfg_kwargs)
     model = spec["model_cls"](config)
     model.eval()
-    init_params(model, seed, config.hidden_size)
-    if variant == "bf16":
-        model = model.to(torch.bfloat16)
-        model.config.dtype = torch.bfloat16
-    else:
-        model.config.dtype = torch.float32
+    init_params(model, seed, config.hidden_size, job["init_scale"])
+    tdt = TORCH_DTYPES[job["dtype"]]
+    if tdt != torch.float32:
+        model = model.to(tdt)
+    model.config.dtype = tdt
     if outdir.exists():
         shutil.rmtree(outdir)
     outdir.mkdir(parents=True)
-    shard = spec.get("shard", {}).get(variant)
+    shard = job["shard"]
     if shard:
         model.save_pretrained(str(outdir), max_shard_size=shard)
     else:
@@ -828,7 +1022,7 @@ def build_and_save(arch: str, spec: dict, variant: str, seed: int, outdir: Path,
     # make sure config.json records the stored dtype
     cj = outdir / "config.json"
     c = json.loads(cj.read_text())
-    want = "bfloat16" if variant == "bf16" else "float32"
+    want = DTYPE_NAMES[job["dtype"]]
     if c.get("dtype") != want:
         c["dtype"] = want
         cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
@@ -841,9 +1035,9 @@ def build_and_save(arch: str, spec: dict, variant: str, seed: int, outdir: Path,
                 warnings.warn(f"{tokdir}/{fn} missing; not copied")
 
 
-def process(arch: str, variant: str, prompt_source: str) -> dict:
+def process(job: dict, prompt_source: str) -> dict:
+    arch, variant, name = job["arch"], job["dtype"], job["name"]
     spec = ARCHS[arch]
-    name = f"{arch}-{variant}"
     outdir = OUT_ROOT / name
     tok, tokdir = load_tokenizer(spec["tokenizer"])
     if tok is None:
@@ -855,9 +1049,10 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
 
     last_err = None
     for attempt in range(MAX_SEED_TRIES):
-        seed = spec["seed"] + (0 if variant == "f32" else 50) + 1000 * attempt
-        build_and_save(arch, spec, variant, seed, outdir, tok, tokdir)
+        seed = job["seed"] + 1000 * attempt
+        build_and_save(job, seed, outdir, tok, tokdir)
         model = load(outdir, torch.float32)
+        longrope = model.config.rope_parameters.get("rope_type") == "longrope"
         res = compute_oracle(model, spec, prompt_ids)
         problems = []
         if res["min_margin"] < MIN_MARGIN:
@@ -867,8 +1062,10 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
             problems.append(f"min router gap {g:.2e}")
         if any(i >= TOKEN_ID_LIMIT for i in res["greedy"]):
             problems.append("greedy id >= 1000")
+        if len(set(res["greedy"])) < MIN_DISTINCT_GREEDY:
+            problems.append(f"only {len(set(res['greedy']))} distinct greedy ids")
         short = None
-        if arch == "phimoe":
+        if arch == "phimoe" and longrope:
             short = phimoe_short_prompt(model, prompt_ids)
             if short["min_margin"] < MIN_MARGIN:
                 problems.append(f"short-prompt margin {short['min_margin']:.2e}")
@@ -891,9 +1088,9 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
     ref = np_reference_logits(outdir, prompt_ids + res["greedy"][:-1])
     hf_rows = torch.cat([res["prefill"], res["decode"]], 0).double().numpy()
     d_ref = float(np.abs(ref - hf_rows).max())
-    assert d_ref < 1e-3, (name, "numpy reference disagrees with transformers", d_ref)
+    assert d_ref < NP_REF_TOL, (name, "numpy reference disagrees with transformers", d_ref)
     d_ref_short = None
-    if arch == "phimoe":
+    if short is not None:
         n_s = len(short["prompt_ids"])
         # step i sees a sequence of length n_s + i; its mscale regime depends on that length
         seq_s = short["prompt_ids"] + short["greedy_ids"]
@@ -911,7 +1108,7 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
         "name": name,
         "architectures": list(model.config.architectures or []),
         "model_type": model.config.model_type,
-        "dtype": "bfloat16" if variant == "bf16" else "float32",
+        "dtype": DTYPE_NAMES[variant],
         "compute_dtype": "float32",
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
@@ -943,12 +1140,22 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
             "long_check_total_len": res["long_total_len"],
             "numpy_f64_reference_vs_oracle_max_abs_diff": d_ref,
         },
-        "notes": spec["notes"],
-        "variant_config": spec["variants"][variant],
+        "notes": job["notes"],
+        "variant_config": job["overrides"],
     }
+    if job["extra"]:
+        info["extra_variant"] = True
+        if job["drop"]:
+            info["variant_config_removed_keys"] = job["drop"]
+        if job["init_scale"]:
+            info["init_scale"] = job["init_scale"]
+        info["attention_layers"] = attention_layer_info(outdir)
+        tied = bool(model.config.tie_word_embeddings)
+        info["tie_word_embeddings"] = tied
+        info["lm_head_weight_in_checkpoint"] = "lm_head.weight" in np_checkpoint_keys(outdir)
     if res["clip"] is not None:
         info["clip_qkv_stats"] = res["clip"]
-    if arch == "phimoe":
+    if arch == "phimoe" and longrope:
         orig = model.config.rope_parameters["original_max_position_embeddings"]
         n = len(prompt_ids)
         info["rope"] = {
@@ -982,15 +1189,15 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
             "numpy_f64_reference_vs_oracle_max_abs_diff": d_ref_short,
         }
 
-    # bf16: also the native bfloat16 compute, for information
-    if variant == "bf16":
-        mb = load(outdir, torch.bfloat16)
+    # bf16/f16: also the native low-precision compute (prefill only), for information
+    if variant != "f32":
+        mb = load(outdir, TORCH_DTYPES[variant])
         with torch.no_grad():
             lb = mb(input_ids=torch.tensor([prompt_ids]), use_cache=False).logits[0].float()
-        write_f32(odir / "prefill_logits_bf16compute.f32", lb)
-        info["prefill_logits_bf16compute"] = "prefill_logits_bf16compute.f32"
-        info["bf16_compute_max_abs_diff"] = float((lb - res["prefill"]).abs().max())
-        info["bf16_compute_last_row_argmax_matches"] = int(lb[-1].argmax()) == res["greedy"][0]
+        write_f32(odir / f"prefill_logits_{variant}compute.f32", lb)
+        info[f"prefill_logits_{variant}compute"] = f"prefill_logits_{variant}compute.f32"
+        info[f"{variant}_compute_max_abs_diff"] = float((lb - res["prefill"]).abs().max())
+        info[f"{variant}_compute_last_row_argmax_matches"] = int(lb[-1].argmax()) == res["greedy"][0]
         del mb
 
     (odir / "oracle.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -1001,7 +1208,7 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
         raise SystemExit(f"{name}: {nbytes} bytes on disk exceeds {MAX_DIR_BYTES}")
     if nbytes > SOFT_DIR_BYTES:
         warnings.warn(f"{name}: {nbytes} bytes on disk")
-    if shard_spec := spec.get("shard", {}).get(variant):
+    if shard_spec := job["shard"]:
         idx = outdir / "model.safetensors.index.json"
         shards = {v for v in json.loads(idx.read_text())["weight_map"].values()}
         assert len(shards) >= 2, (name, shard_spec, shards)
@@ -1014,7 +1221,7 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
         rgap=res["rstats"].get("min_router_gap"),
         d_rec=res["d_recompute"],
         d_ref=d_ref,
-        bf16=info.get("bf16_compute_max_abs_diff"),
+        lowp=info.get(f"{variant}_compute_max_abs_diff"),
         files=files,
         seed=seed,
         prompt=psrc,
@@ -1024,7 +1231,15 @@ def process(arch: str, variant: str, prompt_source: str) -> dict:
 def main() -> None:
     global OUT_ROOT, TOK_ROOT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", help="model names (e.g. mixtral-f32) or arch names to generate")
+    ap.add_argument(
+        "--only", nargs="*", help="model names (e.g. mixtral-f32, mixtral-f16) or arch names (all dirs of that arch)"
+    )
+    ap.add_argument(
+        "--set",
+        choices=["all", "base", "extra"],
+        default="all",
+        help="base: the ten ARCHS x f32/bf16 dirs; extra: the EXTRA_VARIANTS dirs; all (default): both",
+    )
     ap.add_argument(
         "--prompt-source",
         choices=["auto", "random"],
@@ -1045,24 +1260,26 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     warnings.simplefilter("default")
 
-    todo = [(a, v) for a in ARCHS for v in ("f32", "bf16")]
+    todo = all_jobs()
+    if args.set != "all":
+        todo = [j for j in todo if j["extra"] == (args.set == "extra")]
     if args.only:
-        todo = [(a, v) for a, v in todo if a in args.only or f"{a}-{v}" in args.only]
+        todo = [j for j in todo if j["arch"] in args.only or j["name"] in args.only]
     OUT_ROOT.mkdir(parents=True, exist_ok=True)
     rows = []
-    for arch, variant in todo:
-        log(f"== {arch}-{variant}")
-        rows.append(process(arch, variant, args.prompt_source))
+    for job in todo:
+        log(f"== {job['name']}")
+        rows.append(process(job, args.prompt_source))
 
     log("")
-    hdr = f"{'name':<16}{'params':>9}{'bytes':>10}{'logit std':>10}{'min margin':>11}{'rtr gap':>9}{'recomp':>9}{'np ref':>9}{'bf16 diff':>10}  seed  prompt"
+    hdr = f"{'name':<20}{'params':>9}{'bytes':>10}{'logit std':>10}{'min margin':>11}{'rtr gap':>9}{'recomp':>9}{'np ref':>9}{'lowp diff':>10}  seed  prompt"
     log(hdr)
     log("-" * len(hdr))
     for r in rows:
-        bf = f"{r['bf16']:.3g}" if r["bf16"] is not None else "-"
+        bf = f"{r['lowp']:.3g}" if r["lowp"] is not None else "-"
         rg = f"{r['rgap']:.3g}" if r["rgap"] is not None else "-"
         log(
-            f"{r['name']:<16}{r['params']:>9}{r['bytes']:>10}{r['std']:>10.3f}{r['margin']:>11.4f}"
+            f"{r['name']:<20}{r['params']:>9}{r['bytes']:>10}{r['std']:>10.3f}{r['margin']:>11.4f}"
             f"{rg:>9}{r['d_rec']:>9.1e}{r['d_ref']:>9.1e}{bf:>10}  {r['seed']:<5} {r['prompt']}"
         )
     total = sum(r["bytes"] for r in rows)
