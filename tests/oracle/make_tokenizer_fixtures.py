@@ -11,6 +11,9 @@ cases.json of reference encodings and decodings computed by `tokenizers` itself.
 Every variant keeps its total vocabulary (model + added tokens) at <= 1000 ids so
 the tiny test models (vocab_size 1024) can use it.
 
+The trainer breaks some count ties in hash order, so a rerun may renumber part of a
+vocabulary (misc-bpe's alphabet does); each variant's files stay consistent together.
+
 Usage:  python3 tests/oracle/make_tokenizer_fixtures.py [--shared ../shared]
 Needs:  tokenizers (0.23 used), transformers (5.x used, for tokenizer_config.json).
 """
@@ -203,8 +206,7 @@ def build_neox(lines):
     tok.add_tokens([AddedToken(t, special=False, normalized=True)
                     for t in ("|||EMAIL_ADDRESS|||", "|||PHONE_NUMBER|||", "|||IP_ADDRESS|||",
                               " " * 8, " " * 4)])
-    cfg = dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|padding|>",
-               add_eos_token=True)
+    cfg = dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|padding|>")
     return tok, cfg, True
 
 
@@ -251,11 +253,9 @@ def build_spbpe(vocab, merges, phi):
             AddedToken("<|system|>", special=False, normalized=False),
             AddedToken("<|tool|>", special=False, normalized=False, single_word=True),
         ])
-        cfg = dict(bos_token="<s>", eos_token="<|endoftext|>", unk_token="<unk>", pad_token="<|endoftext|>",
-                   add_bos_token=True, add_eos_token=False)
+        cfg = dict(bos_token="<s>", eos_token="<|endoftext|>", unk_token="<unk>", pad_token="<|endoftext|>")
     else:
-        cfg = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                   add_bos_token=True, add_eos_token=False)
+        cfg = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     return tok, cfg, phi
 
 
@@ -319,7 +319,9 @@ def write_variant(out_dir, name, tok, cfg, legacy, cases):
     max_id = max(tok.get_vocab(with_added_tokens=True).values())
     assert total <= MAX_VOCAB and max_id < MAX_VOCAB, (name, total, max_id)
 
-    # tokenizer_config.json exactly as transformers saves it.
+    # tokenizer_config.json exactly as transformers saves it. transformers 5.x writes no
+    # add_bos_token/add_eos_token: whether BOS/EOS are added is the post_processor's
+    # business in tokenizer.json, which both transformers and the C tokenizer follow.
     with tempfile.TemporaryDirectory() as tmp:
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, **cfg)
         fast.save_pretrained(tmp)
