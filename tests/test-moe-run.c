@@ -94,6 +94,25 @@ static void check_fixture(const char *name) {
     free(pre);
     free(dec);
     unlink(logits_path);
+
+    /* text in: the tokenizer reproduces the oracle's prompt ids, and generating
+     * from the text gives transformers' greedy tokens */
+    const cJSON *ptext = cJSON_GetObjectItem(j, "prompt_text");
+    if (cJSON_IsString(ptext)) {
+        snprintf(cmd, sizeof cmd, "%s -m %s --tokenize -p '%s'", moe_run, dir, ptext->valuestring);
+        CHECK(run(cmd, out, sizeof out) == 0, "%s: --tokenize", name);
+        if ((nl = strchr(out, '\n'))) *nl = 0;
+        CHECK(!strcmp(out, tokens), "%s: --tokenize ids\n  got    %s\n  expect %s", name, out, tokens);
+        snprintf(cmd, sizeof cmd, "%s -m %s -p '%s' -n %d --ignore-eos --ids 2>/dev/null", moe_run, dir,
+                 ptext->valuestring, n_gen);
+        CHECK(run(cmd, out, sizeof out) == 0, "%s: text prompt", name);
+        if ((nl = strchr(out, '\n'))) *nl = 0;
+        CHECK(!strcmp(out, expect_ids), "%s: greedy ids from text prompt differ", name);
+        /* and as text: exit 0 and the echoed prompt comes first */
+        snprintf(cmd, sizeof cmd, "%s -m %s -p '%s' -n 4 2>/dev/null", moe_run, dir, ptext->valuestring);
+        CHECK(run(cmd, out, sizeof out) == 0 && !strncmp(out, ptext->valuestring, strlen(ptext->valuestring)),
+              "%s: text generation echoes the prompt: %s", name, out);
+    }
     cJSON_Delete(j);
 }
 
@@ -106,6 +125,8 @@ int main(int argc, char **argv) {
     check_fixture("mixtral-f32");
     check_fixture("qwen2_moe-f32");
     check_fixture("phimoe-f32");
+    check_fixture("olmoe-f32");
+    check_fixture("qwen3_moe-bf16");
 
     char cmd[4096], out[65536];
     snprintf(cmd, sizeof cmd, "%s --help", moe_run);
