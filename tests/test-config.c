@@ -10,23 +10,14 @@
 #include <unistd.h>
 
 #include "moe-model.h"
+#include "moe-test.h"
 
-static int fails;
 static char last_log[4096];
 
 static void capture(enum moe_log_level level, const char *msg, void *user) {
     if (level >= MOE_LOG_ERROR) snprintf(last_log, sizeof last_log, "%s", msg);
 }
 
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fails++;                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
 
 static enum moe_status parse(const char *json, struct moe_config *c) {
     last_log[0] = 0;

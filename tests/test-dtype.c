@@ -4,17 +4,8 @@
 #include <string.h>
 
 #include "moe-dtype.h"
+#include "moe-test.h"
 
-static int fails;
-#define CHECK(cond, ...)                                   \
-    do {                                                   \
-        if (!(cond)) {                                     \
-            fails++;                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                  \
-            fprintf(stderr, "\n");                         \
-        }                                                  \
-    } while (0)
 
 int main(void) {
     /* known half values */

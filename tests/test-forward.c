@@ -18,17 +18,8 @@
 #include "moe-mmap.h"
 #include "moe-sampler.h"
 #include "moe-session.h"
+#include "moe-test.h"
 
-static int fails;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fails++;                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
 
 struct oracle {
     int32_t prompt[4096], greedy[256];

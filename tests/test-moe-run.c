@@ -13,18 +13,9 @@
 #include <unistd.h>
 
 #include "moe-mmap.h"
+#include "moe-test.h"
 
-static int fails;
 static const char *moe_run;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fails++;                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
 
 /* run: execute a shell command, capture stdout into out (NUL-terminated); returns exit code. */
 static int run(const char *cmd, char *out, size_t cap) {
