@@ -337,7 +337,7 @@ int main(int argc, char **argv) {
         print_text_delta(model->tok, seq, n_seq, &printed);
     }
     int n_gen = 0;
-    float *step_logits = all ? logits : logits; /* reuse: row 0 */
+    float *step_logits = logits; /* decode steps reuse the first row */
     for (; n_gen < a.n_predict; n_gen++) {
         int32_t next = moe_sampler_sample(sampler, n_gen == 0 ? last : step_logits);
         seq[n_seq++] = next;

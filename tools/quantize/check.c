@@ -28,6 +28,20 @@ static long long expert_params(const struct moe_model *m) {
     return n;
 }
 
+/* print_json_string: s as a JSON string literal. */
+static void print_json_string(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
 int moe_prep_check(int argc, char **argv) {
     const char *dir = NULL;
     int json = 0;
@@ -61,12 +75,14 @@ int moe_prep_check(int argc, char **argv) {
     for (int l = 0; l < c->n_layer; l++) n_moe += c->layer_moe[l];
     long long np = (long long)moe_model_n_params(m), ne = expert_params(m);
     if (json) {
-        printf("{\"path\": \"%s\", \"architecture\": \"%s\", \"arch\": \"%s\", \"vocab\": %d, "
+        printf("{\"path\": ");
+        print_json_string(dir);
+        printf(", \"architecture\": \"%s\", \"arch\": \"%s\", \"vocab\": %d, "
                "\"hidden\": %d, \"layers\": %d, \"moe_layers\": %d, \"heads\": %d, \"kv_heads\": %d, "
                "\"head_dim\": %d, \"experts\": %d, \"experts_per_token\": %d, \"expert_ffn\": %d, "
                "\"shared_expert_ffn\": %d, \"params\": %lld, \"expert_params\": %lld, "
                "\"files\": %d, \"tokenizer\": %s}\n",
-               dir, c->arch_name, moe_arch_name(c->arch), c->n_vocab, c->n_embd, c->n_layer, n_moe,
+               c->arch_name, moe_arch_name(c->arch), c->n_vocab, c->n_embd, c->n_layer, n_moe,
                c->n_head, c->n_head_kv, c->head_dim, c->n_expert, c->n_expert_used, c->n_ff_expert,
                c->n_ff_shared, np, ne, moe_safetensors_n_files(m->st), m->tok ? "true" : "false");
     } else {
