@@ -253,6 +253,20 @@ fail:
     return st;
 }
 
+struct moe_model_params moe_model_default_params(void) {
+    struct moe_model_params p = {0};
+    return p;
+}
+
+enum moe_status moe_model_load(const char *path, const struct moe_model_params *params,
+                               struct moe_model **out) {
+    (void)params;
+    *out = NULL;
+    if (moe_is_dir(path)) return moe_model_load_hf(path, out);
+    MOE_LOGE("%s: not a model directory (bundles are not supported yet)", path);
+    return MOE_ERR_UNSUPPORTED;
+}
+
 static int64_t weight_params(const struct moe_weight *w) { return w->data ? w->n_out * w->n_in : 0; }
 
 static int64_t ffn_params(const struct moe_ffn *f) {

@@ -164,6 +164,20 @@ struct moe_model {
     char *path;
 };
 
+struct moe_model_params {
+    /* Bundles only: which stored expert precision every expert uses, by type
+     * name ("q8_0", "q4_k", ...). NULL = the bundle's default (per-expert
+     * bit-widths from its tuning section if present, else the first precision). */
+    const char *expert_precision;
+};
+
+struct moe_model_params moe_model_default_params(void);
+
+/* moe_model_load: load a model from `path`: a Hugging Face checkpoint
+ * directory, or a .moeb bundle file written by `moe-prep quantize`. */
+enum moe_status moe_model_load(const char *path, const struct moe_model_params *params,
+                               struct moe_model **out);
+
 /* moe_model_load_hf: load a Hugging Face checkpoint directory (config.json,
  * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
  * shape; errors name the tensor. */
