@@ -448,24 +448,26 @@ enum moe_status moe_config_load(const char *dir, struct moe_config *out) {
     FILE *f = gpath ? fopen(gpath, "rb") : NULL;
     if (f) {
         fclose(f);
-        if (moe_read_file(gpath, 1u << 20, &gtext, &len) == MOE_OK) {
-            cJSON *g = cJSON_ParseWithLength(gtext, len);
-            const cJSON *e = g ? cJSON_GetObjectItemCaseSensitive(g, "eos_token_id") : NULL;
-            if (e) {
-                int ids[MOE_MAX_EOS], n = 0;
-                parse_token_ids(e, ids, &n, MOE_MAX_EOS);
-                for (int i = 0; i < n; i++) {
-                    int dup = 0;
-                    for (int j = 0; j < out->n_eos; j++) dup |= out->eos_ids[j] == ids[i];
-                    if (!dup && out->n_eos < MOE_MAX_EOS) out->eos_ids[out->n_eos++] = ids[i];
-                }
-            }
-            cJSON_Delete(g);
-        }
+        if (moe_read_file(gpath, 1u << 20, &gtext, &len) == MOE_OK) moe_config_add_generation(out, gtext, len);
     }
     free(gtext);
     free(gpath);
     return MOE_OK;
+}
+
+void moe_config_add_generation(struct moe_config *c, const char *json, size_t len) {
+    cJSON *g = cJSON_ParseWithLength(json, len);
+    const cJSON *e = g ? cJSON_GetObjectItemCaseSensitive(g, "eos_token_id") : NULL;
+    if (e) {
+        int ids[MOE_MAX_EOS], n = 0;
+        parse_token_ids(e, ids, &n, MOE_MAX_EOS);
+        for (int i = 0; i < n; i++) {
+            int dup = 0;
+            for (int j = 0; j < c->n_eos; j++) dup |= c->eos_ids[j] == ids[i];
+            if (!dup && c->n_eos < MOE_MAX_EOS) c->eos_ids[c->n_eos++] = ids[i];
+        }
+    }
+    cJSON_Delete(g);
 }
 
 void moe_config_clear(struct moe_config *c) {

@@ -10,23 +10,57 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe-bundle.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-safetensors.h"
 #include "moe-tokenizer.h"
 
-/* Binding context: the checkpoint, and the path for messages. */
-struct bind {
-    const struct moe_safetensors *st;
-    const char *path;
+/* A tensor as a source (checkpoint or bundle) describes it. */
+struct src_tensor {
+    const void *data;
+    enum moe_qtype type;
+    int n_dims;
+    int64_t shape[8];
 };
 
-/* find_shape: look up `name`; if dims are given (-1 terminated count n), check them. */
-static enum moe_status find_shape(const struct bind *b, const char *name, int n_dims,
-                                  const int64_t *dims, const struct moe_st_tensor **out) {
-    const struct moe_st_tensor *t = moe_safetensors_find(b->st, name);
-    *out = NULL;
-    if (!t) {
+/* Binding context: where tensors come from, and the path for messages.
+ * find() returns 1 and fills *t if the source has `name`. */
+struct bind {
+    int (*find)(const struct bind *b, const char *name, struct src_tensor *t);
+    const void *src;       /* the moe_safetensors or moe_bundle */
+    const char *path;
+    struct moe_model *m;   /* refs of non-expert tensors are recorded here */
+    /* bundles bind routed experts from blobs; NULL = by tensor name */
+    enum moe_status (*bind_expert)(const struct bind *b, int layer, int expert, struct moe_ffn *out);
+};
+
+static int has_tensor(const struct bind *b, const char *name) {
+    struct src_tensor t;
+    return b->find(b, name, &t);
+}
+
+/* record: remember a bound non-expert tensor (for quantize). */
+static enum moe_status record(const struct bind *b, const char *name, enum moe_tensor_role role, int n_dims,
+                              struct moe_weight w) {
+    struct moe_model *m = b->m;
+    if ((m->n_refs & (m->n_refs - 1)) == 0) { /* grow at powers of two */
+        struct moe_tensor_ref *r = realloc(m->refs, sizeof *r * (size_t)(m->n_refs ? 2 * m->n_refs : 16));
+        if (!r) return MOE_ERR_NOMEM;
+        m->refs = r;
+    }
+    struct moe_tensor_ref *r = &m->refs[m->n_refs++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->role = role;
+    r->n_dims = n_dims;
+    r->w = w;
+    return MOE_OK;
+}
+
+/* find_shape: look up `name` and check its dims. */
+static enum moe_status find_shape(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
+                                  struct src_tensor *t) {
+    if (!b->find(b, name, t)) {
         MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
         return MOE_ERR_NOT_FOUND;
     }
@@ -43,31 +77,55 @@ static enum moe_status find_shape(const struct bind *b, const char *name, int n_
         MOE_LOGE("%s: tensor \"%s\" has shape [%s], expected [%s]", b->path, name, got, want);
         return MOE_ERR_SHAPE;
     }
-    *out = t;
+    if (moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]) == 0) {
+        MOE_LOGE("%s: tensor \"%s\": rows of %lld elements cannot be stored as %s", b->path, name,
+                 (long long)t->shape[n_dims - 1], moe_qtype_name(t->type));
+        return MOE_ERR_SHAPE;
+    }
     return MOE_OK;
 }
 
-/* bind_matrix: a [n_out x n_in] weight view. */
-static enum moe_status bind_matrix(const struct bind *b, struct moe_weight *w, int64_t n_out,
-                                   int64_t n_in, const char *fmt, ...) {
+/* bind_weight: a [n_out x n_in] weight view of tensor `name`. */
+static enum moe_status bind_weight(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                   const char *name, enum moe_tensor_role role) {
+    struct src_tensor t;
+    int64_t dims[2] = {n_out, n_in};
+    enum moe_status st = find_shape(b, name, 2, dims, &t);
+    if (st) return st;
+    *w = (struct moe_weight){t.data, t.type, n_out, n_in};
+    return role == MOE_ROLE_EXPERT ? MOE_OK : record(b, name, role, 2, *w);
+}
+
+/* bind_matrix: a weight matrix named by a format string (recorded as MATRIX). */
+static enum moe_status bind_matrix(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum moe_status bind_matrix(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                   const char *fmt, ...) {
     char name[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    const struct moe_st_tensor *t;
-    int64_t dims[2] = {n_out, n_in};
-    enum moe_status st = find_shape(b, name, 2, dims, &t);
-    if (st) return st;
-    w->data = t->data;
-    w->type = t->dtype;
-    w->n_out = n_out;
-    w->n_in = n_in;
-    return MOE_OK;
+    return bind_weight(b, w, n_out, n_in, name, MOE_ROLE_MATRIX);
+}
+
+/* bind_router: like bind_matrix, recorded as ROUTER (kept at float32 by quantize). */
+static enum moe_status bind_router(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum moe_status bind_router(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                   const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return bind_weight(b, w, n_out, n_in, name, MOE_ROLE_ROUTER);
 }
 
 /* bind_vector: a float32 copy of a 1-D tensor of n elements. Optional vectors
  * that are absent leave *out NULL. */
+static enum moe_status bind_vector(const struct bind *b, float **out, int64_t n, int optional,
+                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static enum moe_status bind_vector(const struct bind *b, float **out, int64_t n, int optional,
                                    const char *fmt, ...) {
     char name[256];
@@ -76,25 +134,33 @@ static enum moe_status bind_vector(const struct bind *b, float **out, int64_t n,
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     *out = NULL;
-    if (optional && !moe_safetensors_find(b->st, name)) return MOE_OK;
-    const struct moe_st_tensor *t;
+    if (optional && !has_tensor(b, name)) return MOE_OK;
+    struct src_tensor t;
     enum moe_status st = find_shape(b, name, 1, &n, &t);
     if (st) return st;
     float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
     if (!v) return MOE_ERR_NOMEM;
-    moe_convert_row_f32(t->dtype, t->data, v, (size_t)n);
+    if ((st = moe_dequantize_row(t.type, t.data, v, n))) {
+        free(v);
+        return st;
+    }
     *out = v;
-    return MOE_OK;
+    return record(b, name, MOE_ROLE_VECTOR, 1, (struct moe_weight){v, MOE_QTYPE_F32, 1, n});
 }
 
-/* bind_ffn: a SwiGLU FFN from three tensors named prefix + gate/up/down suffixes. */
-static enum moe_status bind_ffn(const struct bind *b, struct moe_ffn *f, int64_t n_embd,
-                                int64_t n_ff, const char *prefix, const char *g, const char *u,
-                                const char *d) {
+/* bind_ffn: a SwiGLU FFN from three tensors named prefix + gate/up/down
+ * suffixes. Routed experts are not recorded (tools reach them per expert). */
+static enum moe_status bind_ffn(const struct bind *b, struct moe_ffn *f, int64_t n_embd, int64_t n_ff,
+                                const char *prefix, const char *g, const char *u, const char *d, int expert) {
     enum moe_status st;
-    if ((st = bind_matrix(b, &f->gate, n_ff, n_embd, "%s%s.weight", prefix, g))) return st;
-    if ((st = bind_matrix(b, &f->up, n_ff, n_embd, "%s%s.weight", prefix, u))) return st;
-    return bind_matrix(b, &f->down, n_embd, n_ff, "%s%s.weight", prefix, d);
+    enum moe_tensor_role role = expert ? MOE_ROLE_EXPERT : MOE_ROLE_MATRIX;
+    char name[256];
+    snprintf(name, sizeof name, "%s%s.weight", prefix, g);
+    if ((st = bind_weight(b, &f->gate, n_ff, n_embd, name, role))) return st;
+    snprintf(name, sizeof name, "%s%s.weight", prefix, u);
+    if ((st = bind_weight(b, &f->up, n_ff, n_embd, name, role))) return st;
+    snprintf(name, sizeof name, "%s%s.weight", prefix, d);
+    return bind_weight(b, &f->down, n_embd, n_ff, name, role);
 }
 
 /* bind_fused_experts: transformers-v5 fused layout, experts.gate_up_proj
@@ -102,7 +168,7 @@ static enum moe_status bind_ffn(const struct bind *b, struct moe_ffn *f, int64_t
 static enum moe_status bind_fused_experts(const struct bind *b, struct moe_layer *L,
                                           const struct moe_config *c, const char *prefix) {
     char name[256];
-    const struct moe_st_tensor *gu, *dn;
+    struct src_tensor gu, dn;
     enum moe_status st;
     int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
     int64_t d1[3] = {E, 2 * F, H}, d2[3] = {E, H, F};
@@ -110,13 +176,12 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_layer
     if ((st = find_shape(b, name, 3, d1, &gu))) return st;
     snprintf(name, sizeof name, "%sexperts.down_proj", prefix);
     if ((st = find_shape(b, name, 3, d2, &dn))) return st;
-    size_t es = moe_dtype_size(gu->dtype), ds = moe_dtype_size(dn->dtype);
+    size_t gu_row = moe_qtype_row_bytes(gu.type, H), dn_row = moe_qtype_row_bytes(dn.type, F);
     for (int64_t e = 0; e < E; e++) {
-        const char *base = (const char *)gu->data + (size_t)(e * 2 * F * H) * es;
-        L->experts[e].gate = (struct moe_weight){base, gu->dtype, F, H};
-        L->experts[e].up = (struct moe_weight){base + (size_t)(F * H) * es, gu->dtype, F, H};
-        L->experts[e].down =
-            (struct moe_weight){(const char *)dn->data + (size_t)(e * H * F) * ds, dn->dtype, H, F};
+        const char *base = (const char *)gu.data + (size_t)(e * 2 * F) * gu_row;
+        L->experts[e].gate = (struct moe_weight){base, gu.type, F, H};
+        L->experts[e].up = (struct moe_weight){base + (size_t)F * gu_row, gu.type, F, H};
+        L->experts[e].down = (struct moe_weight){(const char *)dn.data + (size_t)(e * H) * dn_row, dn.type, H, F};
     }
     return MOE_OK;
 }
@@ -130,21 +195,24 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
     snprintf(prefix, sizeof prefix, "model.layers.%d.%s", l, mixtral_names ? "block_sparse_moe." : "mlp.");
     char probe[256];
     snprintf(probe, sizeof probe, "%sgate.weight", prefix);
-    if (mixtral_names && !moe_safetensors_find(b->st, probe)) /* v5-native spelling */
+    if (mixtral_names && !has_tensor(b, probe)) /* v5-native spelling */
         snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.", l);
-    if ((st = bind_matrix(b, &L->router, c->n_expert, c->n_embd, "%sgate.weight", prefix))) return st;
+    if ((st = bind_router(b, &L->router, c->n_expert, c->n_embd, "%sgate.weight", prefix))) return st;
     L->experts = calloc((size_t)c->n_expert, sizeof *L->experts);
     if (!L->experts) return MOE_ERR_NOMEM;
     snprintf(probe, sizeof probe, "%sexperts.gate_up_proj", prefix);
-    if (moe_safetensors_find(b->st, probe)) {
+    if (b->bind_expert) { /* bundle: one blob per expert */
+        for (int e = 0; e < c->n_expert; e++)
+            if ((st = b->bind_expert(b, l, e, &L->experts[e]))) return st;
+    } else if (has_tensor(b, probe)) {
         if ((st = bind_fused_experts(b, L, c, prefix))) return st;
     } else {
         for (int e = 0; e < c->n_expert; e++) {
             char ep[160];
             snprintf(ep, sizeof ep, "%sexperts.%d.", prefix, e);
-            st = mixtral_names ? bind_ffn(b, &L->experts[e], c->n_embd, c->n_ff_expert, ep, "w1", "w3", "w2")
+            st = mixtral_names ? bind_ffn(b, &L->experts[e], c->n_embd, c->n_ff_expert, ep, "w1", "w3", "w2", 1)
                                : bind_ffn(b, &L->experts[e], c->n_embd, c->n_ff_expert, ep,
-                                          "gate_proj", "up_proj", "down_proj");
+                                          "gate_proj", "up_proj", "down_proj", 1);
             if (st) return st;
         }
     }
@@ -152,9 +220,9 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
         char sp[160];
         snprintf(sp, sizeof sp, "%sshared_expert.", prefix);
         if ((st = bind_ffn(b, &L->shared, c->n_embd, c->n_ff_shared, sp, "gate_proj", "up_proj",
-                           "down_proj")))
+                           "down_proj", 0)))
             return st;
-        if ((st = bind_matrix(b, &L->shared_gate, 1, c->n_embd, "%sshared_expert_gate.weight", prefix)))
+        if ((st = bind_router(b, &L->shared_gate, 1, c->n_embd, "%sshared_expert_gate.weight", prefix)))
             return st;
     }
     return MOE_OK;
@@ -196,7 +264,7 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
     if (c->layer_moe[l]) return bind_moe(b, L, c, l);
     char dp[96];
     snprintf(dp, sizeof dp, "%s.%d.mlp.", p, l);
-    return bind_ffn(b, &L->dense, H, c->n_ff_dense, dp, "gate_proj", "up_proj", "down_proj");
+    return bind_ffn(b, &L->dense, H, c->n_ff_dense, dp, "gate_proj", "up_proj", "down_proj", 0);
 }
 
 /* bind_all: every tensor of the model. */
@@ -207,7 +275,7 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
     if ((st = bind_vector(b, &m->out_norm, c->n_embd, 0, "model.norm.weight"))) return st;
     if (c->norm == MOE_NORM_LAYER && (st = bind_vector(b, &m->out_norm_b, c->n_embd, 0, "model.norm.bias")))
         return st;
-    if (c->tie_embeddings && !moe_safetensors_find(b->st, "lm_head.weight")) {
+    if (c->tie_embeddings && !has_tensor(b, "lm_head.weight")) {
         m->lm_head = m->tok_embd;
     } else if ((st = bind_matrix(b, &m->lm_head, c->n_vocab, c->n_embd, "lm_head.weight"))) {
         return st;
@@ -218,6 +286,18 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(b, &m->layers[l], c, l))) return st;
     return MOE_OK;
+}
+
+/* st_find: tensor lookup in a safetensors checkpoint. */
+static int st_find(const struct bind *b, const char *name, struct src_tensor *t) {
+    const struct moe_st_tensor *x = moe_safetensors_find(b->src, name);
+    if (!x) return 0;
+    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16};
+    t->data = x->data;
+    t->type = map[x->dtype];
+    t->n_dims = x->n_dims;
+    for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
+    return 1;
 }
 
 enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
@@ -233,7 +313,7 @@ enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
     m->path = strdup(dir);
     if ((st = moe_config_load(dir, &m->cfg))) goto fail;
     if ((st = moe_safetensors_open(dir, &m->st))) goto fail;
-    struct bind b = {m->st, dir};
+    struct bind b = {st_find, m->st, dir, m, NULL};
     if ((st = bind_all(&b, m))) goto fail;
     char *tj = moe_path_join(dir, "tokenizer.json");
     FILE *f = tj ? fopen(tj, "rb") : NULL;
@@ -258,13 +338,159 @@ struct moe_model_params moe_model_default_params(void) {
     return p;
 }
 
+/* ---- bundles ------------------------------------------------------------ */
+
+/* bundle_find: tensor lookup in a bundle (the same names as the checkpoint). */
+static int bundle_find(const struct bind *b, const char *name, struct src_tensor *t) {
+    const struct moe_bundle_tensor *x = moe_bundle_find_tensor(b->src, name);
+    if (!x) return 0;
+    t->data = x->data;
+    t->type = (enum moe_qtype)x->type_id;
+    t->n_dims = (int)x->n_dims;
+    for (uint32_t i = 0; i < x->n_dims; i++) t->shape[i] = (int64_t)x->shape[i];
+    if (!moe_qtype_valid(t->type)) t->n_dims = -1; /* find_shape reports it */
+    return 1;
+}
+
+/* own: keep a buffer alive as long as the model. */
+static enum moe_status own(struct moe_model *m, void *p) {
+    void **o = realloc(m->owned, sizeof *o * (size_t)(m->n_owned + 1));
+    if (!o) {
+        free(p);
+        return MOE_ERR_NOMEM;
+    }
+    m->owned = o;
+    m->owned[m->n_owned++] = p;
+    return MOE_OK;
+}
+
+/* bundle_expert: bind one expert from its blob at the model's precision. The
+ * blob's checksum is verified here; a compressed blob is decompressed into a
+ * buffer the model owns, an uncompressed one is used in place (zero-copy). */
+static enum moe_status bundle_expert(const struct bind *b, int layer, int expert, struct moe_ffn *out) {
+    struct moe_model *m = b->m;
+    const struct moe_config *c = &m->cfg;
+    struct moe_bundle_blob blob;
+    enum moe_status st = moe_bundle_expert(b->src, (uint32_t)layer, (uint32_t)expert, (uint32_t)m->expert_precision,
+                                           &blob);
+    if (st) return st;
+    const struct moe_bundle_precision *d = blob.desc;
+    const int64_t H = c->n_embd, F = c->n_ff_expert;
+    int ok = d->n_parts == 3 && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
+             d->parts[1].rows == (uint64_t)F && d->parts[1].cols == (uint64_t)H && d->parts[2].rows == (uint64_t)H &&
+             d->parts[2].cols == (uint64_t)F;
+    for (int k = 0; ok && k < 3; k++)
+        ok = moe_qtype_valid((enum moe_qtype)d->parts[k].type_id) &&
+             d->parts[k].nbytes == moe_qtype_row_bytes((enum moe_qtype)d->parts[k].type_id, (int64_t)d->parts[k].cols) *
+                                       d->parts[k].rows;
+    if (!ok) {
+        MOE_LOGE("%s: precision %s: expert blobs do not hold gate/up [%lld x %lld] and down [%lld x %lld] of known types",
+                 b->path, d->name, (long long)F, (long long)H, (long long)H, (long long)F);
+        return MOE_ERR_SHAPE;
+    }
+    const char *base;
+    if (blob.compression == MOE_BUNDLE_COMP_NONE) {
+        if ((st = moe_bundle_expert_verify(b->src, (uint32_t)layer, (uint32_t)expert, (uint32_t)m->expert_precision)))
+            return st;
+        base = blob.stored;
+    } else {
+        void *buf = malloc(blob.raw_size ? blob.raw_size : 1);
+        if (!buf) return MOE_ERR_NOMEM;
+        if ((st = moe_bundle_expert_load(b->src, (uint32_t)layer, (uint32_t)expert, (uint32_t)m->expert_precision,
+                                         buf, blob.raw_size))) {
+            free(buf);
+            return st;
+        }
+        if ((st = own(m, buf))) return st;
+        base = buf;
+    }
+    struct moe_weight *w[3] = {&out->gate, &out->up, &out->down};
+    for (int k = 0; k < 3; k++)
+        *w[k] = (struct moe_weight){base + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
+                                    (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+    return MOE_OK;
+}
+
+/* meta_text: a required text item of the bundle's metadata. */
+static const char *meta_text(const struct moe_bundle *bd, const char *path, const char *key) {
+    const char *v = moe_bundle_meta_str(bd, key);
+    if (!v) MOE_LOGE("%s: bundle metadata lacks \"%s\"", path, key);
+    return v;
+}
+
+/* moe_model_load_bundle: a model from a .moeb bundle (see docs/format.md). */
+static enum moe_status moe_model_load_bundle(const char *path, const struct moe_model_params *params,
+                                             struct moe_model **out) {
+    struct moe_model *m = calloc(1, sizeof *m);
+    if (!m) return MOE_ERR_NOMEM;
+    enum moe_status st;
+    m->path = strdup(path);
+    if ((st = moe_bundle_open(path, &m->bundle))) goto fail;
+    const char *cfg_text = meta_text(m->bundle, path, "hf.config.json");
+    if (!cfg_text) {
+        st = MOE_ERR_FORMAT;
+        goto fail;
+    }
+    char label[512];
+    snprintf(label, sizeof label, "%s: hf.config.json", path);
+    if ((st = moe_config_parse(cfg_text, strlen(cfg_text), label, &m->cfg))) goto fail;
+    uint32_t nl = 0, ne = 0, np = 0;
+    moe_bundle_expert_layout(m->bundle, &nl, &ne, &np);
+    if (nl != (uint32_t)m->cfg.n_layer || ne != (uint32_t)m->cfg.n_expert || np == 0) {
+        MOE_LOGE("%s: expert table is %u layers x %u experts x %u precisions; the config says %d x %d", path, nl,
+                 ne, np, m->cfg.n_layer, m->cfg.n_expert);
+        st = MOE_ERR_FORMAT;
+        goto fail;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        if (moe_bundle_layer_has_experts(m->bundle, (uint32_t)l) != (m->cfg.layer_moe[l] != 0)) {
+            MOE_LOGE("%s: layer %d: expert table and config disagree on whether it has experts", path, l);
+            st = MOE_ERR_FORMAT;
+            goto fail;
+        }
+    }
+    uint32_t pi = 0;
+    if (params && params->expert_precision &&
+        moe_bundle_find_precision(m->bundle, params->expert_precision, &pi) != MOE_OK) {
+        char avail[512] = "";
+        for (uint32_t i = 0; i < np; i++)
+            snprintf(avail + strlen(avail), sizeof avail - strlen(avail), "%s%s", i ? ", " : "",
+                     moe_bundle_precision_at(m->bundle, i)->name);
+        MOE_LOGE("%s: no expert precision \"%s\" stored (available: %s)", path, params->expert_precision, avail);
+        st = MOE_ERR_NOT_FOUND;
+        goto fail;
+    }
+    m->expert_precision = (int)pi;
+    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert};
+    if ((st = bind_all(&b, m))) goto fail;
+    for (int i = 0; i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
+        const struct moe_bundle_tensor *t = moe_bundle_find_tensor(m->bundle, m->refs[i].name);
+        if (t && (st = moe_bundle_tensor_verify(m->bundle, t))) goto fail;
+    }
+    const char *tj = moe_bundle_meta_str(m->bundle, "hf.tokenizer.json");
+    if (tj) {
+        const char *tc = moe_bundle_meta_str(m->bundle, "hf.tokenizer_config.json");
+        snprintf(label, sizeof label, "%s: hf.tokenizer.json", path);
+        if ((st = moe_tokenizer_load_texts(tj, strlen(tj), tc, tc ? strlen(tc) : 0, label, &m->tok))) goto fail;
+    }
+    const char *gc = moe_bundle_meta_str(m->bundle, "hf.generation_config.json");
+    if (gc) moe_config_add_generation(&m->cfg, gc, strlen(gc));
+    *out = m;
+    return MOE_OK;
+fail:
+    moe_model_free(m);
+    return st;
+}
+
 enum moe_status moe_model_load(const char *path, const struct moe_model_params *params,
                                struct moe_model **out) {
-    (void)params;
     *out = NULL;
-    if (moe_is_dir(path)) return moe_model_load_hf(path, out);
-    MOE_LOGE("%s: not a model directory (bundles are not supported yet)", path);
-    return MOE_ERR_UNSUPPORTED;
+    if (moe_is_dir(path)) {
+        if (params && params->expert_precision)
+            MOE_LOGW("%s: a checkpoint directory has one precision; --expert-precision is ignored", path);
+        return moe_model_load_hf(path, out);
+    }
+    return moe_model_load_bundle(path, params, out);
 }
 
 static int64_t weight_params(const struct moe_weight *w) { return w->data ? w->n_out * w->n_in : 0; }
@@ -307,8 +533,12 @@ void moe_model_free(struct moe_model *m) {
     free(m->out_norm);
     free(m->out_norm_b);
     free(m->lm_head_b);
+    free(m->refs);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     moe_config_clear(&m->cfg);
     moe_safetensors_free(m->st);
+    moe_bundle_free(m->bundle);
     moe_tokenizer_free(m->tok);
     free(m->path);
     free(m);

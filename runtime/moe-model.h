@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "moe-dtype.h"
+#include "moe-quant.h"
 #include "moe-status.h"
 
 #ifdef __cplusplus
@@ -110,18 +111,39 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
 /* moe_config_load: read <dir>/config.json (and generation_config.json for EOS ids). */
 enum moe_status moe_config_load(const char *dir, struct moe_config *out);
 
+/* moe_config_add_generation: merge the EOS ids of a generation_config.json text
+ * (malformed text is ignored: the file is optional). */
+void moe_config_add_generation(struct moe_config *c, const char *json, size_t len);
+
 /* moe_config_clear: free owned arrays; the struct may be reused. */
 void moe_config_clear(struct moe_config *c);
 
 /* moe_arch_name: "mixtral", "qwen2_moe", ... */
 const char *moe_arch_name(enum moe_arch a);
 
-/* A weight matrix [n_out x n_in], row-major, stored in `type`. Borrowed view. */
+/* A weight matrix [n_out x n_in], row-major, rows stored in `type` (a float
+ * type or a ggml-compatible quantized block type). Borrowed view. */
 struct moe_weight {
     const void *data;
-    enum moe_dtype type;
+    enum moe_qtype type;
     int64_t n_out;
     int64_t n_in;
+};
+
+/* What a non-expert tensor is, for tools that rewrite a model (quantize). */
+enum moe_tensor_role {
+    MOE_ROLE_MATRIX = 0, /* a weight matrix: quantized to the dense type */
+    MOE_ROLE_VECTOR = 1, /* norm weight or bias: kept as float32 */
+    MOE_ROLE_ROUTER = 2, /* router / shared-expert gate: kept as float32 */
+    MOE_ROLE_EXPERT = 3, /* part of a routed expert (not in refs: stored per expert) */
+};
+
+/* One non-expert tensor as the loader bound it (on-disk name, role, view). */
+struct moe_tensor_ref {
+    char name[256];
+    enum moe_tensor_role role;
+    int n_dims;             /* 1 (vectors: view of the float32 copy) or 2 */
+    struct moe_weight w;    /* vectors: n_out = 1, n_in = length */
 };
 
 /* One SwiGLU feed-forward: down(silu(gate x) * up x). */
@@ -150,6 +172,7 @@ struct moe_layer {
 };
 
 struct moe_safetensors;
+struct moe_bundle;
 struct moe_tokenizer;
 
 struct moe_model {
@@ -159,8 +182,14 @@ struct moe_model {
     struct moe_weight lm_head;       /* [n_vocab x n_embd] (tok_embd if tied) */
     float *lm_head_b;                /* [n_vocab] or NULL */
     struct moe_layer *layers;        /* [n_layer] */
-    struct moe_safetensors *st;      /* owns the mapped weights (NULL for other sources) */
-    struct moe_tokenizer *tok;       /* NULL if the directory has no tokenizer.json */
+    struct moe_tensor_ref *refs;     /* [n_refs] every non-expert tensor bound, in load order */
+    int n_refs;
+    struct moe_safetensors *st;      /* owns the mapped weights of a checkpoint directory */
+    struct moe_bundle *bundle;       /* owns the mapped weights of a bundle */
+    int expert_precision;            /* bundles: index of the stored precision in use */
+    void **owned;                    /* [n_owned] buffers owned by the model (decompressed blobs) */
+    int n_owned;
+    struct moe_tokenizer *tok;       /* NULL if the model has no tokenizer */
     char *path;
 };
 

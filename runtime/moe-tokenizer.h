@@ -44,6 +44,11 @@ enum moe_status moe_tokenizer_load(const char *path, struct moe_tokenizer **out)
 enum moe_status moe_tokenizer_load_json(const char *json, size_t len, const char *label,
                                         struct moe_tokenizer **out);
 
+/* moe_tokenizer_load_texts: from the texts of tokenizer.json and (optional,
+ * NULL) tokenizer_config.json, e.g. as stored in a bundle's metadata. */
+enum moe_status moe_tokenizer_load_texts(const char *json, size_t len, const char *config_json,
+                                         size_t config_len, const char *label, struct moe_tokenizer **out);
+
 /* moe_tokenizer_free: NULL is a no-op. */
 void moe_tokenizer_free(struct moe_tokenizer *tok);
 

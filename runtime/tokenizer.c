@@ -1871,6 +1871,15 @@ enum moe_status moe_tokenizer_load_json(const char *json, size_t len, const char
     return tokenizer_build(json ? json : "", len, label, NULL, 0, out);
 }
 
+/* moe_tokenizer_load_texts: see moe-tokenizer.h. */
+enum moe_status moe_tokenizer_load_texts(const char *json, size_t len, const char *config_json,
+                                         size_t config_len, const char *label, struct moe_tokenizer **out) {
+    if (!out) return MOE_ERR_INVALID;
+    *out = NULL;
+    if (!json && len) return MOE_ERR_INVALID;
+    return tokenizer_build(json ? json : "", len, label, config_json, config_json ? config_len : 0, out);
+}
+
 /* moe_tokenizer_free: see moe-tokenizer.h. */
 void moe_tokenizer_free(struct moe_tokenizer *tok) {
     if (!tok) return;

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libzstd-dev libhdf5-dev libcsv-dev libcjson-dev
-      libpcre2-dev libutf8proc-dev zlib1g-dev)
+      libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,7 +15,9 @@ struct subcommand {
 };
 
 static const struct subcommand k_commands[] = {
+    {"quantize", moe_prep_quantize, "pack a checkpoint into a multi-precision bundle (.moeb)"},
     {"check", moe_prep_check, "validate a Hugging Face checkpoint and summarise it"},
+    {"eval", moe_prep_eval, "perplexity on a text; KL divergence against a reference model"},
 };
 
 static void usage(FILE *f) {

@@ -4,5 +4,7 @@
 #define MOE_PREP_H
 
 int moe_prep_check(int argc, char **argv);
+int moe_prep_quantize(int argc, char **argv);
+int moe_prep_eval(int argc, char **argv);
 
 #endif

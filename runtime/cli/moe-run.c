@@ -22,7 +22,8 @@ static void usage(FILE *f) {
 "\n"
 "Run a Mixture-of-Experts model on the CPU (reference path).\n"
 "MODEL is a Hugging Face checkpoint directory (config.json, *.safetensors,\n"
-"tokenizer.json) of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or Phi-MoE.\n"
+"tokenizer.json) of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or Phi-MoE, or a\n"
+".moeb bundle written by `moe-prep quantize`.\n"
 "\n"
 "input (one of):\n"
 "  -p, --prompt TEXT       prompt text\n"
@@ -46,6 +47,8 @@ static void usage(FILE *f) {
 "                          then each generated token fed back ([n_prompt + n-1] x vocab)\n"
 "\n"
 "runtime:\n"
+"      --expert-precision P  bundles: the stored precision every expert uses\n"
+"                          (e.g. q4_k; default: the first stored)\n"
 "  -t, --threads N         CPU threads (default: all)\n"
 "  -c, --ctx N             context length / KV cache size (default: min(model max, 4096))\n"
 "  -b, --batch N           prompt tokens per forward chunk (default 256)\n"
@@ -54,13 +57,14 @@ static void usage(FILE *f) {
 "\n"
 "examples:\n"
 "  moe-run -m tests/fixtures/models/mixtral-f32 -p \"The meaning of life\" -n 32\n"
+"  moe-run -m mixtral.moeb --expert-precision q4_k -p \"The meaning of life\" -n 32\n"
 "  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
 "  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
 "  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n");
 }
 
 struct args {
-    const char *model, *prompt, *prompt_file, *tokens, *logits_out;
+    const char *model, *prompt, *prompt_file, *tokens, *logits_out, *expert_precision;
     int n_predict, top_k, n_threads, n_ctx, n_batch;
     float temp, top_p;
     unsigned long long seed;
@@ -116,6 +120,8 @@ static int parse_args(int argc, char **argv, struct args *a) {
             if (!(a->prompt_file = NEXT())) return 2;
         } else if (!strcmp(o, "--tokens")) {
             if (!(a->tokens = NEXT())) return 2;
+        } else if (!strcmp(o, "--expert-precision")) {
+            if (!(a->expert_precision = NEXT())) return 2;
         } else if (!strcmp(o, "--logits-out")) {
             if (!(a->logits_out = NEXT())) return 2;
         } else if (IS("-n", "--n-predict")) {
@@ -253,7 +259,9 @@ int main(int argc, char **argv) {
     char *tmp_path = NULL;
     int status = 1;
 
-    if (moe_model_load_hf(a.model, &model) != MOE_OK) {
+    struct moe_model_params mp = moe_model_default_params();
+    mp.expert_precision = a.expert_precision;
+    if (moe_model_load(a.model, &mp, &model) != MOE_OK) {
         fprintf(stderr, "moe-run: cannot load model from %s\n", a.model);
         goto done;
     }

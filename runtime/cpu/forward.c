@@ -57,10 +57,9 @@ static float dot(const float *a, const float *b, int64_t n) {
 /* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
  * Rows of aligned F32 tensors are used in place. */
 static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf) {
-    size_t es = moe_dtype_size(w->type);
-    const char *src = (const char *)w->data + (size_t)o * (size_t)w->n_in * es;
-    if (w->type == MOE_DTYPE_F32 && ((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
-    moe_convert_row_f32(w->type, src, buf, (size_t)w->n_in);
+    const char *src = (const char *)w->data + (size_t)o * moe_qtype_row_bytes(w->type, w->n_in);
+    if (w->type == MOE_QTYPE_F32 && ((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
+    moe_dequantize_row(w->type, src, buf, w->n_in);
     return buf;
 }
 
@@ -78,6 +77,15 @@ struct mm_ctx {
 static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     struct mm_ctx *c = vctx;
     float *buf = c->row_buf + (size_t)tid * (size_t)c->row_stride;
+    const enum moe_qtype wt = c->w->type;
+    if (c->n_tok == 1 && wt != MOE_QTYPE_F32) {
+        /* one token: dot products straight from the stored rows (SIMD kernels) */
+        const size_t rb = moe_qtype_row_bytes(wt, c->w->n_in);
+        for (int64_t o = b; o < e; o++)
+            c->y[o] = moe_vec_dot(wt, (const char *)c->w->data + (size_t)o * rb, c->x, c->w->n_in) +
+                      (c->bias ? c->bias[o] : 0.0f);
+        return;
+    }
     for (int64_t o = b; o < e; o++) {
         const float *row = weight_row(c->w, o, buf);
         float bo = c->bias ? c->bias[o] : 0.0f;

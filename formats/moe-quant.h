@@ -1,0 +1,321 @@
+/*
+ * moe-quant.h - quantized weight formats: block layouts, reference quantizers and
+ * dequantizers, and dot products of a quantized row with float32 activations.
+ *
+ * The block layouts are bit-compatible with ggml's (and so with GGUF files): a
+ * row quantized here can be read by ggml/llama.cpp and the `gguf` Python package,
+ * and the other way round. This header is the ONE place where the layouts are
+ * defined; CPU code (formats/quant*.c) and CUDA code both include it. It is plain
+ * C11 and also compiles as C++ (for nvcc).
+ *
+ * Which functions are the specification:
+ *   - moe_dequantize_row (scalar path): bit-identical to gguf.quants.dequantize
+ *     (gguf 0.19) for every type here except q8_k (which gguf cannot read; its
+ *     dequantization is d * q in float32, as ggml's).
+ *   - moe_quantize_row: bit-identical to gguf.quants.quantize for f16, bf16,
+ *     q8_0 and q4_0 (the types gguf 0.19 can quantize), and to ggml's reference
+ *     quantizers (quantize_row_*_ref in ggml-quants.c, built without FMA
+ *     contraction) for q2_k, q3_k, q4_k, q5_k, q6_k and q8_k. This is an
+ *     independent implementation of the same algorithms; tests/test-quant.c checks
+ *     both claims against committed fixtures.
+ *   - moe_vec_dot, scalar path: see its comment; the SIMD paths are tested
+ *     against it with the tolerance stated there.
+ *
+ * Thread-safety: every function is pure and thread-safe, except
+ * moe_quant_set_isa(), which must not run concurrently with the kernels.
+ * Pointers: rows need no particular alignment (blocks are read byte-wise or with
+ * unaligned loads); src and dst must not overlap.
+ */
+#ifndef MOE_QUANT_H
+#define MOE_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe-status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#define MOE_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define MOE_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+/*
+ * Element types of quantized tensors. The numeric values are STABLE: they are
+ * written into the bundle file format, and they are equal to ggml's `enum
+ * ggml_type` (= gguf's GGMLQuantizationType), so a type id can be copied to or
+ * from a GGUF tensor header unchanged. Values not listed are not supported here
+ * (ggml's q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_1 = 9, the IQ types, ...); never
+ * reuse them for something else.
+ *
+ *   value  name   block  bytes  bits/weight  layout
+ *   0      f32        1      4  32           IEEE binary32
+ *   1      f16        1      2  16           IEEE binary16
+ *   2      q4_0      32     18  4.5          f16 d; 4-bit q, w = d*(q-8)
+ *   8      q8_0      32     34  8.5          f16 d; int8 q, w = d*q
+ *   10     q2_k     256     84  2.625        16 sub-blocks of 16, 4-bit scale+min
+ *   11     q3_k     256    110  3.4375       16 sub-blocks of 16, 6-bit scales
+ *   12     q4_k     256    144  4.5          8 sub-blocks of 32, 6-bit scale+min
+ *   13     q5_k     256    176  5.5          as q4_k plus one high bit per weight
+ *   14     q6_k     256    210  6.5625       16 sub-blocks of 16, int8 scales
+ *   15     q8_k     256    292  9.125        f32 d; int8 q; int16 sums of 16
+ *   30     bf16       1      2  16           bfloat16 (upper half of binary32)
+ *
+ * q8_k is ggml's activation-side type for integer k-quant dot products; it is
+ * here for that later use and is not meant for weights.
+ */
+enum moe_qtype {
+    MOE_QTYPE_F32 = 0,
+    MOE_QTYPE_F16 = 1,
+    MOE_QTYPE_Q4_0 = 2,
+    MOE_QTYPE_Q8_0 = 8,
+    MOE_QTYPE_Q2_K = 10,
+    MOE_QTYPE_Q3_K = 11,
+    MOE_QTYPE_Q4_K = 12,
+    MOE_QTYPE_Q5_K = 13,
+    MOE_QTYPE_Q6_K = 14,
+    MOE_QTYPE_Q8_K = 15,
+    MOE_QTYPE_BF16 = 30,
+};
+/* One past the largest value: a bound for tables indexed by type. */
+#define MOE_QTYPE_LIMIT 31
+
+/* Elements per block. */
+#define MOE_QK4_0 32
+#define MOE_QK8_0 32
+#define MOE_QK_K 256
+#define MOE_K_SCALE_SIZE 12
+
+typedef uint16_t moe_f16_bits; /* IEEE binary16, stored as its bit pattern */
+
+/* q4_0: w[j] = d * (q[j] - 8); qs[j] holds q[j] (low nibble) and q[j+16] (high). */
+typedef struct moe_block_q4_0 {
+    moe_f16_bits d;
+    uint8_t qs[MOE_QK4_0 / 2];
+} moe_block_q4_0;
+MOE_STATIC_ASSERT(sizeof(moe_block_q4_0) == 18, "q4_0 block size");
+
+/* q8_0: w[j] = d * qs[j]. */
+typedef struct moe_block_q8_0 {
+    moe_f16_bits d;
+    int8_t qs[MOE_QK8_0];
+} moe_block_q8_0;
+MOE_STATIC_ASSERT(sizeof(moe_block_q8_0) == 34, "q8_0 block size");
+
+/*
+ * q2_k: 256 weights in 16 sub-blocks of 16. scales[s] = scale (low nibble) and
+ * min (high nibble) of sub-block s. Weight w = 128*h + 32*j + l (h 0..1, j 0..3,
+ * l 0..31) has q = (qs[32*h + l] >> 2*j) & 3 and lies in sub-block s = w/16;
+ * w = (d*sc[s])*q - dmin*m[s].
+ */
+typedef struct moe_block_q2_K {
+    uint8_t scales[MOE_QK_K / 16];
+    uint8_t qs[MOE_QK_K / 4];
+    moe_f16_bits d;
+    moe_f16_bits dmin;
+} moe_block_q2_K;
+MOE_STATIC_ASSERT(sizeof(moe_block_q2_K) == 84, "q2_K block size");
+
+/*
+ * q3_k: weight w = 128*h + 32*j + l has low bits (qs[32*h + l] >> 2*j) & 3 and
+ * high bit (hmask[l] >> (w/32)) & 1; q = low - (high ? 0 : 4), in -4..3. The 16
+ * 6-bit scales are packed in scales[12]: scale s has low nibble
+ * (s < 8 ? scales[s] & 15 : scales[s-8] >> 4), high two bits
+ * (scales[8 + s%4] >> 2*(s/4)) & 3, and value (6-bit - 32);
+ * w = (d*scale[w/16])*q.
+ */
+typedef struct moe_block_q3_K {
+    uint8_t hmask[MOE_QK_K / 8];
+    uint8_t qs[MOE_QK_K / 4];
+    uint8_t scales[12];
+    moe_f16_bits d;
+} moe_block_q3_K;
+MOE_STATIC_ASSERT(sizeof(moe_block_q3_K) == 110, "q3_K block size");
+
+/*
+ * q4_k: 8 sub-blocks of 32, each with a 6-bit scale sc and 6-bit min m packed in
+ * scales[12] (moe_q4k_scale_min). Chunk c (0..3) of 64 weights uses qs[32c..32c+31]:
+ * weight 64c + l is the low nibble (sub-block 2c), 64c + 32 + l the high nibble
+ * (sub-block 2c+1); w = (d*sc)*q - dmin*m.
+ */
+typedef struct moe_block_q4_K {
+    moe_f16_bits d;
+    moe_f16_bits dmin;
+    uint8_t scales[MOE_K_SCALE_SIZE];
+    uint8_t qs[MOE_QK_K / 2];
+} moe_block_q4_K;
+MOE_STATIC_ASSERT(sizeof(moe_block_q4_K) == 144, "q4_K block size");
+
+/* q5_k: as q4_k; weight w additionally gets +16 if qh[w % 32] bit (w/32) is set. */
+typedef struct moe_block_q5_K {
+    moe_f16_bits d;
+    moe_f16_bits dmin;
+    uint8_t scales[MOE_K_SCALE_SIZE];
+    uint8_t qh[MOE_QK_K / 8];
+    uint8_t qs[MOE_QK_K / 2];
+} moe_block_q5_K;
+MOE_STATIC_ASSERT(sizeof(moe_block_q5_K) == 176, "q5_K block size");
+
+/*
+ * q6_k: 16 sub-blocks of 16 with int8 scales. Half h (128 weights) uses
+ * ql[64h..64h+63] and qh[32h..32h+31]; for l in 0..31 and k in 0..3, weight
+ * 128h + 32k + l has low nibble of ql[64h + 32*(k&1) + l] (>> 4 when k >= 2) and
+ * high bits (qh[32h + l] >> 2k) & 3; q = 6-bit - 32; w = (d*scales[w/16])*q.
+ */
+typedef struct moe_block_q6_K {
+    uint8_t ql[MOE_QK_K / 2];
+    uint8_t qh[MOE_QK_K / 4];
+    int8_t scales[MOE_QK_K / 16];
+    moe_f16_bits d;
+} moe_block_q6_K;
+MOE_STATIC_ASSERT(sizeof(moe_block_q6_K) == 210, "q6_K block size");
+
+/* q8_k: w = d * qs[j] with a float32 d; bsums[s] = sum of qs[16s..16s+15]. */
+typedef struct moe_block_q8_K {
+    float d;
+    int8_t qs[MOE_QK_K];
+    int16_t bsums[MOE_QK_K / 16];
+} moe_block_q8_K;
+MOE_STATIC_ASSERT(sizeof(moe_block_q8_K) == 292, "q8_K block size");
+
+/* moe_q4k_scale_min: unpack the 6-bit scale and min of sub-block j (0..7) from the
+ * 12 packed bytes shared by q4_k and q5_k. */
+static inline void moe_q4k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* moe_q3k_scale: the signed scale (-32..31) of sub-block s (0..15) of a q3_k block. */
+static inline int moe_q3k_scale(int s, const uint8_t *scales) {
+    int lo = s < 8 ? (scales[s] & 15) : (scales[s - 8] >> 4);
+    int hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* ---- type table -------------------------------------------------------- */
+
+/* moe_qtype_valid: 1 if t is one of the enum values above, else 0. */
+int moe_qtype_valid(enum moe_qtype t);
+
+/* moe_qtype_name: ggml's lower-case name ("q4_k", "bf16", ...); "?" if invalid. */
+const char *moe_qtype_name(enum moe_qtype t);
+
+/* moe_qtype_from_name: parse a name (case-insensitive: "q4_k", "Q4_K"). Returns
+ * MOE_ERR_INVALID (and logs) for NULL or unknown names; *out is set only on OK. */
+enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out);
+
+/* moe_qtype_block_size: elements per block (1 for f32/f16/bf16); 0 if invalid. */
+int moe_qtype_block_size(enum moe_qtype t);
+
+/* moe_qtype_block_bytes: bytes per block; 0 if invalid. */
+size_t moe_qtype_block_bytes(enum moe_qtype t);
+
+/* moe_qtype_row_bytes: bytes of a row of n elements. Returns 0 if t is invalid,
+ * n < 0, n is not a multiple of the block size, or the size overflows. */
+size_t moe_qtype_row_bytes(enum moe_qtype t, int64_t n);
+
+/* moe_qtype_bits_per_weight: 8 * block bytes / block size (q4_k 4.5, q2_k 2.625);
+ * 0 if invalid. */
+double moe_qtype_bits_per_weight(enum moe_qtype t);
+
+/* ---- conversions ------------------------------------------------------- */
+
+/*
+ * moe_quantize_row: quantize n floats at src into moe_qtype_row_bytes(t, n) bytes
+ * at dst. Scalar reference code (the specification; no SIMD path). Returns
+ * MOE_ERR_INVALID (and logs) for an invalid type, NULL pointers, n < 0, or n not
+ * a multiple of the block size; dst is untouched then. Non-finite inputs never
+ * crash and give a well-formed block, but its values are unspecified (they match
+ * gguf/ggml where those are deterministic). n = 0 is OK and writes nothing.
+ */
+enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, int64_t n);
+
+/*
+ * moe_dequantize_row: expand a quantized row into n floats. Every ISA path gives
+ * the same bits (tested); they equal gguf.quants.dequantize. Any input bytes are
+ * accepted (a NaN scale gives NaNs). Errors as for moe_quantize_row.
+ */
+enum moe_status moe_dequantize_row(enum moe_qtype t, const void *src, float *dst, int64_t n);
+
+/*
+ * moe_vec_dot: dot product of a quantized row w (n elements) with float32 x.
+ *
+ * Definition (the scalar path, which is the specification): with v = the row as
+ * moe_dequantize_row gives it, the result is (float)(sum over i = 0..n-1, in
+ * index order, of (double)v[i] * (double)x[i]) accumulated in double. Every
+ * product is exact, so this is the real dot product of v and x up to about
+ * n * 2^-53 relative, rounded once to float.
+ *
+ * SIMD paths (AVX2+FMA, AVX-512) dequantize in registers to exactly the same v[i]
+ * and accumulate with FMA in float lanes. They are tested to satisfy
+ *     |simd - scalar| <= (n/32 + 10) * 2^-24 * sum_i |v[i] * x[i]|
+ * (at most 8.3e-6 of sum|v x| for n <= 4096), which covers the worst-case
+ * rounding of their accumulation order (each lane chain adds at most ceil(n/32)
+ * products, then at most 6 levels of pairwise reduction) plus the final rounding
+ * of the scalar result. Typical differences are far smaller (about 1e-7 of
+ * sum|v x|).
+ *
+ * Returns NaN (and logs) for an invalid type, NULL pointers, n < 0, or n not a
+ * multiple of the block size; 0 for n = 0.
+ */
+float moe_vec_dot(enum moe_qtype t, const void *w, const float *x, int64_t n);
+
+/* ---- instruction-set selection ---------------------------------------- */
+
+/*
+ * Kernels are chosen at run time. On first use the best ISA the CPU (and OS)
+ * supports is picked, unless the environment variable MOE_QUANT_ISA names one
+ * ("scalar", "avx2", "avx512"). The SIMD code is compiled with per-function target
+ * attributes, so the default build needs no -march flags.
+ *   avx2   = AVX2 + FMA + F16C
+ *   avx512 = AVX-512 F + BW + VL (plus the avx2 set)
+ */
+enum moe_quant_isa {
+    MOE_QUANT_ISA_SCALAR = 0,
+    MOE_QUANT_ISA_AVX2 = 1,
+    MOE_QUANT_ISA_AVX512 = 2,
+    MOE_QUANT_ISA_AUTO = 3, /* for moe_quant_set_isa: the best supported */
+};
+
+/* moe_quant_isa_supported: 1 if this build has the ISA's kernels and the CPU can
+ * run them (scalar: always 1). */
+int moe_quant_isa_supported(enum moe_quant_isa isa);
+
+/* moe_quant_set_isa: force an ISA (for tests and benchmarks). Returns
+ * MOE_ERR_UNSUPPORTED (and logs) if it is not supported here; the selection is
+ * then unchanged. Not thread-safe against running kernels. */
+enum moe_status moe_quant_set_isa(enum moe_quant_isa isa);
+
+/* moe_quant_get_isa: the ISA the kernels use now (never AUTO). */
+enum moe_quant_isa moe_quant_get_isa(void);
+
+/* moe_quant_isa_name: name of the ISA in use now: "scalar", "avx2" or "avx512". */
+const char *moe_quant_isa_name(void);
+
+/* moe_quant_isa_str: name of a given ISA value ("auto" for AUTO, "?" if invalid). */
+const char *moe_quant_isa_str(enum moe_quant_isa isa);
+
+/* ---- internal: the per-ISA kernel table (formats/quant*.c only) --------- */
+#ifdef MOE_QUANT_INTERNAL
+/* A dot kernel gets whole blocks (nb of them; for f32/f16/bf16 nb = n elements). */
+typedef float (*moe_dot_fn)(const void *w, const float *x, int64_t nb);
+typedef void (*moe_dequant_fn)(const void *w, float *y, int64_t nb);
+struct moe_quant_kernels {
+    moe_dot_fn dot[MOE_QTYPE_LIMIT];
+    moe_dequant_fn dequant[MOE_QTYPE_LIMIT];
+};
+/* Fill the table entries an ISA implements (leaves others untouched). */
+void moe_quant_kernels_avx2(struct moe_quant_kernels *k);
+void moe_quant_kernels_avx512(struct moe_quant_kernels *k);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,332 @@
+/*
+ * quant-avx512.c - AVX-512 (F, BW, VL) kernels: dot products and dequantization.
+ *
+ * Same structure and guarantees as quant-avx2.c with 16-lane vectors: blocks are
+ * dequantized in registers to exactly the scalar reference's floats; dot
+ * products accumulate with FMA into four 16-lane accumulators (each lane adds at
+ * most ceil(n/64) products, then 6 levels of reduction). BW and VL are needed for
+ * the masked 16-bit loads of f16/bf16 row tails. Compiled with per-function target
+ * attributes; only called after quant.c has checked __builtin_cpu_supports.
+ */
+#define MOE_QUANT_INTERNAL 1
+#include "moe-quant.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* f16 field at p to float (exact; hardware conversion). */
+INL float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+INL __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+/* 16 bytes at p, zero-extended to 16 int32 lanes. */
+INL __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(ld16(p)); }
+
+/* Logical right shift of each lane by a run-time count. */
+INL __m512i srl(__m512i v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+
+/* Hand 16 dequantized weights on: store them at y, or accumulate w*x into *acc.
+ * `store` is a constant after inlining, so the branch disappears. */
+INL void emit(int store, __m512 w, const float *x, float *y, __m512 *acc) {
+    if (store)
+        _mm512_storeu_ps(y, w);
+    else
+        *acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x), *acc);
+}
+
+/* w = dl*q - ml on 16 lanes, as two separately rounded operations. */
+INL __m512 affine(__m512i q, float dl, float ml) {
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)), _mm512_set1_ps(ml));
+}
+INL __m512 scaled(__m512i q, float dl) { return _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)); }
+
+/* Block functions get valid x, y and acc in both modes (the unused ones are
+ * dummies), so that all pointer arithmetic is defined. */
+#define XO(k) (x + (k))
+#define YO(k) (y + (k))
+#define ACC(k) (&acc[(k) & 3])
+
+/* Sum of the four accumulators' 64 lanes. */
+INL float hsum(const __m512 *acc) {
+    const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(s);
+}
+
+/* ---- one block of each type (x/y/acc: see emit) ------------------------- */
+
+/* Blocks of 32 use acc[0] and acc[1]; the row loop passes acc or acc + 2. */
+INL void blk_q4_0(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    const float d = h2f(b);
+    const __m128i v = ld16(b + 2), m = _mm_set1_epi8(15);
+    const __m512i eight = _mm512_set1_epi32(8);
+    const __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
+    const __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
+    emit(store, scaled(_mm512_sub_epi32(lo, eight), d), XO(0), YO(0), ACC(0));
+    emit(store, scaled(_mm512_sub_epi32(hi, eight), d), XO(16), YO(16), ACC(1));
+}
+
+INL void blk_q8_0(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    const float d = h2f(b);
+    emit(store, scaled(_mm512_cvtepi8_epi32(ld16(b + 2)), d), XO(0), YO(0), ACC(0));
+    emit(store, scaled(_mm512_cvtepi8_epi32(ld16(b + 18)), d), XO(16), YO(16), ACC(1));
+}
+
+INL void blk_q2_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    const float d = h2f(b + offsetof(moe_block_q2_K, d));
+    const float dmin = h2f(b + offsetof(moe_block_q2_K, dmin));
+    const uint8_t *sc = b + offsetof(moe_block_q2_K, scales);
+    const uint8_t *qs = b + offsetof(moe_block_q2_K, qs);
+    const __m512i three = _mm512_set1_epi32(3);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+        for (int part = 0; part < 2; part++) {
+            const __m512i u = u8x16(qs + 32 * h + 16 * part);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int s = 8 * h + 2 * j + part, o = 16 * s;
+                const float dl = d * (float)(sc[s] & 15), ml = dmin * (float)(sc[s] >> 4);
+                emit(store, affine(_mm512_and_si512(srl(u, 2 * j), three), dl, ml), XO(o), YO(o), ACC(j));
+            }
+        }
+    }
+}
+
+INL void blk_q3_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    const float d = h2f(b + offsetof(moe_block_q3_K, d));
+    const uint8_t *hm = b + offsetof(moe_block_q3_K, hmask);
+    const uint8_t *qs = b + offsetof(moe_block_q3_K, qs);
+    const uint8_t *sc = b + offsetof(moe_block_q3_K, scales);
+    const __m512i three = _mm512_set1_epi32(3), one = _mm512_set1_epi32(1), four = _mm512_set1_epi32(4);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+        for (int part = 0; part < 2; part++) {
+            const __m512i u = u8x16(qs + 32 * h + 16 * part);
+            const __m512i hb = u8x16(hm + 16 * part);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int s = 8 * h + 2 * j + part, o = 16 * s;
+                const float dl = d * (float)moe_q3k_scale(s, sc);
+                const __m512i lo = _mm512_and_si512(srl(u, 2 * j), three);
+                const __m512i hi = _mm512_and_si512(srl(hb, 4 * h + j), one);
+                const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 2)), four);
+                emit(store, scaled(q, dl), XO(o), YO(o), ACC(j));
+            }
+        }
+    }
+}
+
+/* q4_k (qh == NULL) and q5_k. */
+INL void blk_k_asym(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, const float *x, float *y,
+                    __m512 *acc, int store) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const __m128i m = _mm_set1_epi8(15);
+    const __m512i one = _mm512_set1_epi32(1);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        uint8_t sc0, m0, sc1, m1;
+        moe_q4k_scale_min(2 * c, b + 4, &sc0, &m0);
+        moe_q4k_scale_min(2 * c + 1, b + 4, &sc1, &m1);
+        const float dl0 = d * (float)sc0, ml0 = dmin * (float)m0;
+        const float dl1 = d * (float)sc1, ml1 = dmin * (float)m1;
+#pragma GCC unroll 2
+        for (int part = 0; part < 2; part++) {
+            const __m128i v = ld16(qs + 32 * c + 16 * part);
+            __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
+            __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
+            if (qh) {
+                const __m512i hb = u8x16(qh + 16 * part);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(srl(hb, 2 * c), one), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(srl(hb, 2 * c + 1), one), 4));
+            }
+            const int o = 64 * c + 16 * part;
+            emit(store, affine(lo, dl0, ml0), XO(o), YO(o), ACC(part));
+            emit(store, affine(hi, dl1, ml1), XO(o + 32), YO(o + 32), ACC(part + 2));
+        }
+    }
+}
+
+INL void blk_q4_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    blk_k_asym(b, b + offsetof(moe_block_q4_K, qs), NULL, x, y, acc, store);
+}
+INL void blk_q5_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    blk_k_asym(b, b + offsetof(moe_block_q5_K, qs), b + offsetof(moe_block_q5_K, qh), x, y, acc, store);
+}
+
+INL void blk_q6_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    const float d = h2f(b + offsetof(moe_block_q6_K, d));
+    const int8_t *sc = (const int8_t *)(b + offsetof(moe_block_q6_K, scales));
+    const __m512i mask4 = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3);
+    const __m512i k32 = _mm512_set1_epi32(32);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + offsetof(moe_block_q6_K, ql) + 64 * h;
+        const uint8_t *qh = b + offsetof(moe_block_q6_K, qh) + 32 * h;
+#pragma GCC unroll 2
+        for (int gl = 0; gl < 2; gl++) {
+#pragma GCC unroll 2
+            for (int part = 0; part < 2; part++) {
+                const __m512i u = u8x16(ql + 32 * gl + 16 * part);
+                const __m512i hq = u8x16(qh + 16 * part);
+#pragma GCC unroll 2
+                for (int g = gl; g < 4; g += 2) {
+                    const __m512i lo = g < 2 ? _mm512_and_si512(u, mask4) : srl(u, 4);
+                    const __m512i hi = _mm512_and_si512(srl(hq, 2 * g), three);
+                    const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), k32);
+                    const int o = 128 * h + 32 * g + 16 * part;
+                    emit(store, scaled(q, d * (float)sc[o / 16]), XO(o), YO(o), ACC(2 * (g >> 1) + part));
+                }
+            }
+        }
+    }
+}
+
+INL void blk_q8_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
+    float d;
+    memcpy(&d, b, 4);
+    const uint8_t *qs = b + offsetof(moe_block_q8_K, qs);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++)
+        emit(store, scaled(_mm512_cvtepi8_epi32(ld16(qs + 16 * k)), d), XO(16 * k), YO(16 * k), ACC(k));
+}
+
+/* ---- row kernels for the block types ------------------------------------ */
+
+#define ZERO4 {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}
+
+/* 256-element blocks: 16 vectors per block, spread over the four accumulators.
+ * dot: y is a dummy (never written); dequantize: x and acc are dummies. */
+#define K_KERNELS(T, BYTES)                                                             \
+    static TGT float dot_##T(const void *w, const float *x, int64_t nb) {              \
+        const uint8_t *b = w;                                                           \
+        __m512 acc[4] = ZERO4;                                                          \
+        for (int64_t i = 0; i < nb; i++) {                                              \
+            const float *xi = x + MOE_QK_K * i;                                         \
+            blk_##T(b + (BYTES) * i, xi, (float *)xi, acc, 0);                          \
+        }                                                                               \
+        return hsum(acc);                                                               \
+    }                                                                                   \
+    DEQ_KERNEL(T, BYTES, MOE_QK_K)
+
+#define DEQ_KERNEL(T, BYTES, BS)                                                        \
+    static TGT void deq_##T(const void *w, float *y, int64_t nb) {                     \
+        const uint8_t *b = w;                                                           \
+        __m512 dummy[4];                                                                \
+        for (int64_t i = 0; i < nb; i++) {                                              \
+            float *yi = y + (BS) * i;                                                   \
+            blk_##T(b + (BYTES) * i, yi, yi, dummy, 1);                                 \
+        }                                                                               \
+    }
+
+/* 32-element blocks: two vectors per block; pairs of blocks use acc 0-1 and 2-3. */
+#define B32_KERNELS(T, BYTES)                                                           \
+    static TGT float dot_##T(const void *w, const float *x, int64_t nb) {              \
+        const uint8_t *b = w;                                                           \
+        __m512 acc[4] = ZERO4;                                                          \
+        int64_t i = 0;                                                                  \
+        for (; i + 2 <= nb; i += 2) {                                                   \
+            const float *x0 = x + 32 * i, *x1 = x0 + 32;                                \
+            blk_##T(b + (BYTES) * i, x0, (float *)x0, acc, 0);                          \
+            blk_##T(b + (BYTES) * (i + 1), x1, (float *)x1, acc + 2, 0);                \
+        }                                                                               \
+        if (i < nb) blk_##T(b + (BYTES) * i, x + 32 * i, (float *)(x + 32 * i), acc, 0); \
+        return hsum(acc);                                                               \
+    }                                                                                   \
+    DEQ_KERNEL(T, BYTES, 32)
+
+B32_KERNELS(q4_0, sizeof(moe_block_q4_0))
+B32_KERNELS(q8_0, sizeof(moe_block_q8_0))
+K_KERNELS(q2_K, sizeof(moe_block_q2_K))
+K_KERNELS(q3_K, sizeof(moe_block_q3_K))
+K_KERNELS(q4_K, sizeof(moe_block_q4_K))
+K_KERNELS(q5_K, sizeof(moe_block_q5_K))
+K_KERNELS(q6_K, sizeof(moe_block_q6_K))
+K_KERNELS(q8_K, sizeof(moe_block_q8_K))
+
+/* ---- f32 / f16 / bf16 rows (any n) -------------------------------------- */
+
+/* The first `cnt` (0..16) weights from p of type t (0 = f32, 1 = f16, 2 = bf16);
+ * lanes past cnt are zero and their memory is not touched. */
+INL __m512 load16(int t, const uint8_t *p, int cnt) {
+    const __mmask16 k = cnt >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cnt) - 1);
+    if (t == 0) return _mm512_maskz_loadu_ps(k, p);
+    const __m256i h = _mm256_maskz_loadu_epi16(k, p);
+    if (t == 1) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INL __m512 loadx(const float *x, int cnt) {
+    const __mmask16 k = cnt >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cnt) - 1);
+    return _mm512_maskz_loadu_ps(k, x);
+}
+
+/* Dot of a plain row: 64 elements per step into four accumulators, then up to
+ * three more vectors and a masked tail, each into a different accumulator. */
+INL float dot_plain(int t, const uint8_t *p, const float *x, int64_t n) {
+    const int es = t == 0 ? 4 : 2;
+    __m512 acc[4] = ZERO4;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm512_fmadd_ps(load16(t, p + es * (i + 16 * k), 16), _mm512_loadu_ps(x + i + 16 * k), acc[k]);
+    }
+    /* n - i < 64 here: at most four (partial) vectors, one per accumulator */
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const int64_t left = n - i;
+        if (left <= 0) break;
+        const int cnt = left >= 16 ? 16 : (int)left;
+        acc[k] = _mm512_fmadd_ps(load16(t, p + es * i, cnt), loadx(x + i, cnt), acc[k]);
+        i += cnt;
+    }
+    return hsum(acc);
+}
+
+INL void deq_plain(int t, const uint8_t *p, float *y, int64_t n) {
+    const int es = t == 0 ? 4 : 2;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, load16(t, p + es * i, 16));
+    if (i < n) {
+        const int cnt = (int)(n - i);
+        _mm512_mask_storeu_ps(y + i, (__mmask16)((1u << cnt) - 1), load16(t, p + es * i, cnt));
+    }
+}
+
+static TGT float dot_f32(const void *w, const float *x, int64_t n) { return dot_plain(0, w, x, n); }
+static TGT float dot_f16(const void *w, const float *x, int64_t n) { return dot_plain(1, w, x, n); }
+static TGT float dot_bf16(const void *w, const float *x, int64_t n) { return dot_plain(2, w, x, n); }
+static TGT void deq_f16(const void *w, float *y, int64_t n) { deq_plain(1, w, y, n); }
+static TGT void deq_bf16(const void *w, float *y, int64_t n) { deq_plain(2, w, y, n); }
+
+#define SET(T, N)                                                              \
+    do {                                                                       \
+        k->dot[MOE_QTYPE_##T] = dot_##N;                                       \
+        k->dequant[MOE_QTYPE_##T] = deq_##N;                                   \
+    } while (0)
+
+void moe_quant_kernels_avx512(struct moe_quant_kernels *k) {
+    k->dot[MOE_QTYPE_F32] = dot_f32; /* f32 dequantize stays a memcpy */
+    SET(F16, f16);
+    SET(BF16, bf16);
+    SET(Q4_0, q4_0);
+    SET(Q8_0, q8_0);
+    SET(Q2_K, q2_K);
+    SET(Q3_K, q3_K);
+    SET(Q4_K, q4_K);
+    SET(Q5_K, q5_K);
+    SET(Q6_K, q6_K);
+    SET(Q8_K, q8_K);
+}
+
+#else /* not x86: no AVX-512 kernels; quant.c never reports the ISA as supported */
+void moe_quant_kernels_avx512(struct moe_quant_kernels *k) { (void)k; }
+#endif

@@ -1,0 +1,717 @@
+/*
+ * eval.c - `moe-prep eval`: perplexity of a model on a text and, against a
+ * reference model, the KL divergence of their next-token distributions: the
+ * figures llama.cpp's llama-perplexity prints (plain and --kl-divergence
+ * modes), computed the same way so they can be compared.
+ *
+ * The first half of the file is the measurement (declared in eval.h, usable by
+ * other tools); the second half is the command: argument parsing and printing.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "eval.h"
+#include "moe-mmap.h"
+#include "moe-prep.h"
+#include "moe-session.h"
+#include "moe-tokenizer.h"
+
+/* Logit rows computed per forward call in the scored half of a chunk: bounds
+ * memory (rows x n_vocab floats per model) whatever --ctx is. */
+#define EVAL_ROWS 128
+
+/* Largest dataset file read (the text is held in memory with its ids). */
+#define EVAL_MAX_TEXT ((size_t)1 << 31)
+
+const double moe_eval_pct[MOE_EVAL_N_PCT] = {0, .001, .01, .05, .10, .5, .90, .95, .99, .999, 1};
+
+struct moe_eval_params moe_eval_default_params(void) {
+    struct moe_eval_params p = {0};
+    p.n_ctx = 512;
+    p.bos = -1;
+    return p;
+}
+
+/* moe_eval_text_load: see eval.h. */
+enum moe_status moe_eval_text_load(const char *path, char **text, size_t *len) {
+    enum moe_status st = moe_read_file(path, EVAL_MAX_TEXT, text, len);
+    if (st) return st;
+    if (*len == 0) {
+        MOE_LOGE("%s: the dataset is empty", path);
+        free(*text);
+        *text = NULL;
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* moe_eval_bos: see eval.h. Asks the post-processor itself (encode "a" with
+ * and without special tokens) rather than trusting bos_token alone: OLMoE
+ * names a bos_token that its template never adds. */
+int32_t moe_eval_bos(const struct moe_tokenizer *tok) {
+    int32_t bos = tok ? moe_tokenizer_bos(tok) : -1, *plain = NULL, *special = NULL;
+    size_t n_plain = 0, n_special = 0;
+    if (bos < 0) return -1;
+    int adds = moe_tokenizer_encode(tok, "a", 1, 0, &plain, &n_plain) == MOE_OK &&
+               moe_tokenizer_encode(tok, "a", 1, 1, &special, &n_special) == MOE_OK &&
+               n_special > n_plain && special[0] == bos;
+    free(plain);
+    free(special);
+    return adds ? bos : -1;
+}
+
+/* encode_stream: [BOS] + ids of text without special tokens. */
+static enum moe_status encode_stream(const struct moe_tokenizer *tok, const char *text, size_t len,
+                                     int32_t **ids, size_t *n_ids) {
+    int32_t bos = moe_eval_bos(tok), *t = NULL;
+    size_t n = 0;
+    enum moe_status st = moe_tokenizer_encode(tok, text, len, 0, &t, &n);
+    if (st) return st;
+    if (bos >= 0) {
+        int32_t *b = realloc(t, sizeof(int32_t) * (n + 1));
+        if (!b) {
+            free(t);
+            return MOE_ERR_NOMEM;
+        }
+        memmove(b + 1, b, sizeof(int32_t) * n);
+        b[0] = bos;
+        t = b;
+        n++;
+    }
+    *ids = t;
+    *n_ids = n;
+    return MOE_OK;
+}
+
+/* moe_eval_tokenize: see eval.h. */
+enum moe_status moe_eval_tokenize(const struct moe_model *model, const struct moe_model *ref,
+                                  const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (!model->tok) {
+        MOE_LOGE("%s has no tokenizer; eval needs one to tokenize the dataset", model->path);
+        return MOE_ERR_INVALID;
+    }
+    if (ref && ref->cfg.n_vocab != model->cfg.n_vocab) {
+        MOE_LOGE("vocabulary sizes differ: %s has %d tokens, the reference %s has %d; "
+                 "KL divergence needs the same vocabulary", model->path, model->cfg.n_vocab,
+                 ref->path, ref->cfg.n_vocab);
+        return MOE_ERR_INVALID;
+    }
+    int32_t *rids = NULL;
+    size_t n_rids = 0;
+    enum moe_status st = encode_stream(model->tok, text, len, ids, n_ids);
+    if (st || !ref || !ref->tok) return st;
+    if ((st = encode_stream(ref->tok, text, len, &rids, &n_rids))) goto fail;
+    size_t i = 0;
+    while (i < n_rids && i < *n_ids && rids[i] == (*ids)[i]) i++;
+    if (i < n_rids || i < *n_ids) {
+        MOE_LOGE("the tokenizers of %s and the reference %s differ (%zu vs %zu tokens, first "
+                 "difference at token %zu)", model->path, ref->path, *n_ids, n_rids, i);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
+    free(rids);
+    return MOE_OK;
+fail:
+    free(rids);
+    free(*ids);
+    *ids = NULL;
+    *n_ids = 0;
+    return st;
+}
+
+/* ---- scoring ---- */
+
+/* One model's part of the run: its session and a buffer of EVAL_ROWS logit rows. */
+struct eval_side {
+    const struct moe_model *m;
+    struct moe_session *s;
+    float *logits; /* [EVAL_ROWS x n_vocab] */
+};
+
+/* Per-position results, one entry per scored position (4 doubles at most). */
+struct eval_acc {
+    double *nll, *ref_nll, *kld, *dp; /* [n_scored]; the last three only with a reference */
+    int64_t n, n_same_top;
+};
+
+/* log_sum_exp: log(sum exp(l)) of one logit row in double, and its argmax
+ * (lowest id on ties, as the greedy sampler). */
+static double log_sum_exp(const float *l, int V, int *top) {
+    float mx = l[0];
+    int arg = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > mx) {
+            mx = l[i];
+            arg = i;
+        }
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp((double)l[i] - mx);
+    *top = arg;
+    return mx + log(s);
+}
+
+/* kl_row: KL(P_ref || P_model) = sum p_ref (log p_ref - log p_model), over the
+ * whole vocabulary (llama-perplexity skips p_ref < e^-16, a rounding it needs
+ * for its 16-bit stored log-probs; we have the exact rows). Bit-identical rows
+ * give exactly 0. */
+static double kl_row(const float *lr, double lse_r, const float *lm, double lse_m, int V) {
+    double kl = 0;
+    for (int i = 0; i < V; i++) {
+        double a = (double)lr[i] - lse_r, b = (double)lm[i] - lse_m;
+        kl += exp(a) * (a - b);
+    }
+    return kl;
+}
+
+/* score_row: one scored position: logits of model (and ref) and the true next token. */
+static void score_row(struct eval_acc *acc, const float *lm, const float *lr, int V, int32_t next) {
+    int top_m, top_r;
+    double lse_m = log_sum_exp(lm, V, &top_m), nll = lse_m - (double)lm[next];
+    int64_t k = acc->n++;
+    acc->nll[k] = nll;
+    if (!lr) return;
+    double lse_r = log_sum_exp(lr, V, &top_r), ref_nll = lse_r - (double)lr[next];
+    acc->ref_nll[k] = ref_nll;
+    acc->kld[k] = kl_row(lr, lse_r, lm, lse_m, V);
+    acc->dp[k] = exp(-nll) - exp(-ref_nll);
+    acc->n_same_top += top_m == top_r;
+}
+
+/* eval_chunk: one chunk of n_ctx tokens through fresh sessions of the model and
+ * the reference. The first half is context only (no LM head); logits of the
+ * scored half come EVAL_ROWS rows at a time, the model's and the reference's
+ * for the same positions side by side. The last token is only a target. */
+static enum moe_status eval_chunk(struct eval_side *side, int n_side, const int32_t *chunk, int n_ctx,
+                                  struct eval_acc *acc) {
+    const int first = n_ctx / 2, V = side[0].m->cfg.n_vocab;
+    enum moe_status st;
+    for (int k = 0; k < n_side; k++) {
+        moe_session_reset(side[k].s);
+        if ((st = moe_session_forward(side[k].s, chunk, first, NULL, 0))) return st;
+    }
+    for (int p = first; p < n_ctx - 1; p += EVAL_ROWS) {
+        int n = n_ctx - 1 - p < EVAL_ROWS ? n_ctx - 1 - p : EVAL_ROWS;
+        for (int k = 0; k < n_side; k++)
+            if ((st = moe_session_forward(side[k].s, chunk + p, n, side[k].logits, 1))) return st;
+        for (int r = 0; r < n; r++)
+            score_row(acc, side[0].logits + (size_t)r * V,
+                      n_side > 1 ? side[1].logits + (size_t)r * V : NULL, V, chunk[p + r + 1]);
+    }
+    return MOE_OK;
+}
+
+/* ---- statistics, as llama-perplexity computes them ---- */
+
+/* mean_err: mean and its standard error sqrt(var / (n - 1)), var the
+ * population variance (two-pass). */
+static struct moe_eval_figure mean_err(const double *x, int64_t n) {
+    struct moe_eval_figure f = {0, 0};
+    if (n < 1) return f;
+    for (int64_t i = 0; i < n; i++) f.val += x[i];
+    f.val /= (double)n;
+    if (n < 2) return f;
+    double v = 0;
+    for (int64_t i = 0; i < n; i++) v += (x[i] - f.val) * (x[i] - f.val);
+    f.err = sqrt(v / (double)n / (double)(n - 1));
+    return f;
+}
+
+/* cov_of_means: covariance of the two sample means, cov(x, y) / (n - 1). */
+static double cov_of_means(const double *x, double mx, const double *y, double my, int64_t n) {
+    if (n < 2) return 0;
+    double c = 0;
+    for (int64_t i = 0; i < n; i++) c += (x[i] - mx) * (y[i] - my);
+    return c / (double)n / (double)(n - 1);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* percentiles: sort a copy of x into tmp; llama-perplexity's definition
+ * (linear interpolation between order statistics; 0.5 = the median). */
+static void percentiles(const double *x, int64_t n, double *tmp, double out[MOE_EVAL_N_PCT]) {
+    memcpy(tmp, x, sizeof(double) * (size_t)n);
+    qsort(tmp, (size_t)n, sizeof(double), cmp_double);
+    for (int i = 0; i < MOE_EVAL_N_PCT; i++) {
+        double p = moe_eval_pct[i] * (double)(n - 1);
+        int64_t ip = (int64_t)p;
+        if (ip >= n - 1) {
+            out[i] = tmp[n - 1];
+            continue;
+        }
+        p -= (double)ip;
+        out[i] = (1 - p) * tmp[ip] + p * tmp[ip + 1];
+    }
+}
+
+/* finish_ref: the reference-model figures of r from the per-position values. */
+static enum moe_status finish_ref(const struct eval_acc *a, struct moe_eval_result *r) {
+    const int64_t n = a->n;
+    double *tmp = malloc(sizeof(double) * (size_t)n);
+    if (!tmp) return MOE_ERR_NOMEM;
+    r->ref_nll = mean_err(a->ref_nll, n);
+    r->ref_ppl = (struct moe_eval_figure){exp(r->ref_nll.val), exp(r->ref_nll.val) * r->ref_nll.err};
+    double cov = cov_of_means(a->nll, r->nll.val, a->ref_nll, r->ref_nll.val, n);
+    double den = r->nll.err * r->ref_nll.err;
+    r->nll_cor = den > 0 ? cov / den : NAN;
+    /* llama-perplexity's errors sqrt(se_a^2 + se_b^2 - 2 cov) are the standard
+     * errors of per-position differences; taking those directly avoids the
+     * cancellation (a model against itself gives exactly 0). */
+    for (int64_t i = 0; i < n; i++) tmp[i] = a->nll[i] - a->ref_nll[i];
+    double ln_err = mean_err(tmp, n).err;
+    r->ln_ppl_ratio = (struct moe_eval_figure){r->nll.val - r->ref_nll.val, ln_err};
+    double ratio = exp(r->ln_ppl_ratio.val);
+    r->ppl_ratio = (struct moe_eval_figure){ratio, ratio * ln_err};
+    for (int64_t i = 0; i < n; i++) tmp[i] = r->ppl.val * a->nll[i] - r->ref_ppl.val * a->ref_nll[i];
+    r->ppl_diff = (struct moe_eval_figure){r->ppl.val - r->ref_ppl.val, mean_err(tmp, n).err};
+    r->kld = mean_err(a->kld, n);
+    percentiles(a->kld, n, tmp, r->kld_pct);
+    r->dp = mean_err(a->dp, n);
+    percentiles(a->dp, n, tmp, r->dp_pct);
+    for (int64_t i = 0; i < n; i++) tmp[i] = a->dp[i] * a->dp[i];
+    struct moe_eval_figure ms = mean_err(tmp, n);
+    double rms = sqrt(ms.val);
+    r->dp_rms = (struct moe_eval_figure){rms, rms > 0 ? 0.5 / rms * ms.err : 0};
+    double same = (double)a->n_same_top / (double)n;
+    r->same_top = (struct moe_eval_figure){same, n > 1 ? sqrt(same * (1 - same) / (double)(n - 1)) : 0};
+    free(tmp);
+    return MOE_OK;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* check_run: the run's preconditions, each failure logged once. */
+static enum moe_status check_run(const struct moe_model *model, const struct moe_model *ref,
+                                 const int32_t *ids, size_t n_ids, const struct moe_eval_params *p) {
+    if (p->n_ctx < 4 || p->max_chunks < 0 || p->bos >= model->cfg.n_vocab) {
+        MOE_LOGE("bad parameters: chunk length %d (at least 4), max_chunks %d, BOS id %d", p->n_ctx,
+                 p->max_chunks, p->bos);
+        return MOE_ERR_INVALID;
+    }
+    for (int k = 0; k < 1 + (ref != NULL); k++) {
+        const struct moe_model *m = k ? ref : model;
+        if (p->n_ctx > m->cfg.max_pos) {
+            MOE_LOGE("a context of %d exceeds the %d positions of %s (max_position_embeddings)",
+                     p->n_ctx, m->cfg.max_pos, m->path);
+            return MOE_ERR_RANGE;
+        }
+    }
+    if (ref && ref->cfg.n_vocab != model->cfg.n_vocab) {
+        MOE_LOGE("vocabulary sizes differ: %d (%s) vs %d (reference %s)", model->cfg.n_vocab,
+                 model->path, ref->cfg.n_vocab, ref->path);
+        return MOE_ERR_INVALID;
+    }
+    for (size_t i = 0; i < n_ids; i++) /* targets are never fed, so the session cannot check them */
+        if (ids[i] < 0 || ids[i] >= model->cfg.n_vocab) {
+            MOE_LOGE("token %zu has id %d, outside the vocabulary [0, %d) of %s", i, ids[i],
+                     model->cfg.n_vocab, model->path);
+            return MOE_ERR_INVALID;
+        }
+    if (n_ids < 2 * (size_t)p->n_ctx) {
+        MOE_LOGE("the text has %zu tokens; a context of %d needs at least %zu (2 x ctx)", n_ids,
+                 p->n_ctx, 2 * (size_t)p->n_ctx);
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* moe_eval_run: see eval.h. */
+enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_model *ref,
+                             const int32_t *ids, size_t n_ids, const struct moe_eval_params *params,
+                             struct moe_eval_result *out) {
+    struct moe_eval_params p = params ? *params : moe_eval_default_params();
+    memset(out, 0, sizeof *out);
+    enum moe_status st = check_run(model, ref, ids, n_ids, &p);
+    if (st) return st;
+    const int n_ctx = p.n_ctx, n_side = ref ? 2 : 1;
+    int n_chunks = (int)(n_ids / (size_t)n_ctx);
+    if (p.max_chunks > 0 && p.max_chunks < n_chunks) n_chunks = p.max_chunks;
+    const int64_t n_scored = (int64_t)n_chunks * (n_ctx - 1 - n_ctx / 2);
+    const size_t V = (size_t)model->cfg.n_vocab;
+
+    struct eval_side side[2] = {{model, NULL, NULL}, {ref, NULL, NULL}};
+    struct eval_acc acc = {0};
+    int32_t *chunk = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    acc.nll = malloc(sizeof(double) * (size_t)n_scored);
+    if (ref) {
+        acc.ref_nll = malloc(sizeof(double) * (size_t)n_scored);
+        acc.kld = malloc(sizeof(double) * (size_t)n_scored);
+        acc.dp = malloc(sizeof(double) * (size_t)n_scored);
+    }
+    st = MOE_ERR_NOMEM;
+    if (!chunk || !acc.nll || (ref && (!acc.ref_nll || !acc.kld || !acc.dp))) goto done;
+    struct moe_session_params sp = moe_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_threads = p.n_threads;
+    for (int k = 0; k < n_side; k++) {
+        if ((st = moe_session_create(side[k].m, &sp, &side[k].s))) goto done;
+        st = MOE_ERR_NOMEM;
+        if (!(side[k].logits = malloc(sizeof(float) * V * EVAL_ROWS))) goto done;
+    }
+    out->bos = p.bos;
+    double t0 = now_s();
+    for (int c = 0; c < n_chunks; c++) {
+        memcpy(chunk, ids + (size_t)c * (size_t)n_ctx, sizeof(int32_t) * (size_t)n_ctx);
+        if (p.bos >= 0) chunk[0] = p.bos; /* replaces a token, as llama-perplexity does */
+        if ((st = eval_chunk(side, n_side, chunk, n_ctx, &acc))) goto done;
+        if (p.on_chunk) p.on_chunk(c + 1, n_chunks, now_s() - t0, p.user);
+    }
+    out->seconds = now_s() - t0;
+    MOE_ASSERT(acc.n == n_scored);
+    out->n_ctx = n_ctx;
+    out->n_tokens = (int64_t)n_ids;
+    out->n_chunks = n_chunks;
+    out->n_scored = n_scored;
+    out->nll = mean_err(acc.nll, n_scored);
+    out->ppl = (struct moe_eval_figure){exp(out->nll.val), exp(out->nll.val) * out->nll.err};
+    out->has_ref = ref != NULL;
+    st = ref ? finish_ref(&acc, out) : MOE_OK;
+done:
+    for (int k = 0; k < n_side; k++) {
+        moe_session_free(side[k].s);
+        free(side[k].logits);
+    }
+    free(chunk);
+    free(acc.nll);
+    free(acc.ref_nll);
+    free(acc.kld);
+    free(acc.dp);
+    return st;
+}
+
+/* ==== the command ==== */
+
+static void eval_usage(FILE *f) {
+    fprintf(f,
+"usage: moe-prep eval MODEL --dataset FILE [--ref REF] [options]\n"
+"\n"
+"Perplexity of MODEL on a text and, with --ref, the KL divergence of its\n"
+"next-token distributions from REF's: the figures of llama.cpp's\n"
+"llama-perplexity (and its --kl-divergence mode), measured the same way.\n"
+"MODEL and REF are Hugging Face checkpoint directories or .moeb bundles.\n"
+"\n"
+"The text is tokenized once (no special tokens, after a BOS if the tokenizer\n"
+"adds one) and cut into consecutive chunks of --ctx tokens; the BOS also\n"
+"replaces the first token of each chunk. Only the second half of each chunk\n"
+"is scored (positions ctx/2 .. ctx-2 predicting the next token), so the text\n"
+"must hold at least 2 * ctx tokens.\n"
+"\n"
+"  --dataset FILE            UTF-8 text file to score (required)\n"
+"  --ref REF                 reference model (same vocabulary and tokenizer):\n"
+"                            adds KL(P_ref || P_model), top-1 agreement, delta-p\n"
+"                            and PPL ratio / difference\n"
+"  --ctx N                   tokens per chunk (default 512, at most the models'\n"
+"                            max_position_embeddings)\n"
+"  --max-chunks N            score at most N chunks (default: all)\n"
+"  --expert-precision P      bundles: stored expert precision of MODEL to use\n"
+"                            (e.g. q4_k); REF always loads with its defaults\n"
+"  -t, --threads N           CPU threads per model (default: all)\n"
+"  --json                    one JSON object on stdout instead of the table\n"
+"  -h, --help                this help\n"
+"\n"
+"Progress goes to stderr when it is a terminal; a summary line always does.\n"
+"\n"
+"examples:\n"
+"  moe-prep eval ./Mixtral-8x7B-v0.1 --dataset wiki.test.raw\n"
+"  moe-prep eval mixtral-q4.moeb --ref ./Mixtral-8x7B-v0.1 --dataset wiki.test.raw \\\n"
+"      --ctx 512 --max-chunks 40 --json\n"
+"  moe-prep eval tests/fixtures/models/mixtral-bf16 --ref tests/fixtures/models/mixtral-f32 \\\n"
+"      --dataset notes.txt --ctx 32\n");
+}
+
+struct eval_args {
+    const char *model, *ref, *dataset, *precision;
+    int n_ctx, max_chunks, n_threads, json;
+};
+
+/* parse_int: strict decimal integer in [lo, hi]. */
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "moe-prep eval: %s expects an integer in [%ld, %ld], got \"%s\"\n", opt, lo, hi, s);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+/* parse_args: 0 ok, 1 help printed, 2 usage error (reported). */
+static int parse_args(int argc, char **argv, struct eval_args *a) {
+    memset(a, 0, sizeof *a);
+    a->n_ctx = 512;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v;
+#define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "moe-prep eval: %s needs a value\n", o), (char *)NULL))
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            eval_usage(stdout);
+            return 1;
+        } else if (!strcmp(o, "--dataset")) {
+            if (!(a->dataset = NEXT())) return 2;
+        } else if (!strcmp(o, "--ref")) {
+            if (!(a->ref = NEXT())) return 2;
+        } else if (!strcmp(o, "--expert-precision")) {
+            if (!(a->precision = NEXT())) return 2;
+        } else if (!strcmp(o, "--ctx")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 4, 1 << 24, &a->n_ctx)) return 2;
+        } else if (!strcmp(o, "--max-chunks")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 30, &a->max_chunks)) return 2;
+        } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 1, 256, &a->n_threads)) return 2;
+        } else if (!strcmp(o, "--json")) {
+            a->json = 1;
+        } else if (o[0] == '-') {
+            fprintf(stderr, "moe-prep eval: unknown option \"%s\" (see moe-prep eval --help)\n", o);
+            return 2;
+        } else if (!a->model) {
+            a->model = o;
+        } else {
+            fprintf(stderr, "moe-prep eval: one MODEL only (\"%s\" and \"%s\"); the reference goes "
+                            "after --ref\n", a->model, o);
+            return 2;
+        }
+#undef NEXT
+    }
+    if (!a->model || !a->dataset) {
+        fprintf(stderr, "moe-prep eval: %s (see moe-prep eval --help)\n",
+                !a->model ? "no MODEL given" : "no --dataset FILE given");
+        return 2;
+    }
+    return 0;
+}
+
+/* progress: chunk i/N, speed and ETA, rewritten in place (stderr is a terminal). */
+static void progress(int done, int total, double seconds, void *user) {
+    const struct eval_args *a = user;
+    double rate = seconds > 0 ? (double)done * a->n_ctx / seconds : 0;
+    double eta = done > 0 ? seconds / done * (total - done) : 0;
+    fprintf(stderr, "\rmoe-prep eval: chunk %d/%d, %.1f tok/s, ETA %dm%02ds   ", done, total, rate,
+            (int)(eta / 60), (int)fmod(eta, 60));
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* print_json_string: s as a JSON string literal, or null. */
+static void print_json_string(const char *s) {
+    if (!s) {
+        fputs("null", stdout);
+        return;
+    }
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+/* json_num: a number with round-trip precision; null if not finite. */
+static void json_num(double x) {
+    if (isfinite(x))
+        printf("%.17g", x);
+    else
+        fputs("null", stdout);
+}
+
+static void json_figure(const char *key, struct moe_eval_figure f, const char *val, const char *err) {
+    printf(", \"%s\": {\"%s\": ", key, val);
+    json_num(f.val);
+    printf(", \"%s\": ", err);
+    json_num(f.err);
+    putchar('}');
+}
+
+/* json_dist: mean, error and percentiles of a per-position distribution. */
+static void json_dist(const char *key, struct moe_eval_figure f, const double pct[MOE_EVAL_N_PCT]) {
+    static const char *const names[MOE_EVAL_N_PCT] = {"min", "p0.1", "p1", "p5", "p10", "median",
+                                                      "p90", "p95", "p99", "p99.9", "max"};
+    printf(", \"%s\": {\"mean\": ", key);
+    json_num(f.val);
+    printf(", \"stderr\": ");
+    json_num(f.err);
+    for (int i = 0; i < MOE_EVAL_N_PCT; i++) {
+        printf(", \"%s\": ", names[i]);
+        json_num(pct[i]);
+    }
+    putchar('}');
+}
+
+static void print_json(const struct eval_args *a, int n_threads, const struct moe_eval_result *r) {
+    printf("{\"model\": ");
+    print_json_string(a->model);
+    printf(", \"ref\": ");
+    print_json_string(a->ref);
+    printf(", \"dataset\": ");
+    print_json_string(a->dataset);
+    printf(", \"ctx\": %d, \"max_chunks\": ", r->n_ctx);
+    if (a->max_chunks) printf("%d", a->max_chunks); else fputs("null", stdout);
+    printf(", \"expert_precision\": ");
+    print_json_string(a->precision);
+    printf(", \"threads\": %d, \"bos\": ", n_threads);
+    if (r->bos >= 0) printf("%d", r->bos); else fputs("null", stdout);
+    printf(", \"dataset_tokens\": %lld, \"chunks\": %d, \"tokens_scored\": %lld, \"seconds\": ",
+           (long long)r->n_tokens, r->n_chunks, (long long)r->n_scored);
+    json_num(r->seconds);
+    json_figure("ppl", r->ppl, "value", "stderr");
+    json_figure("nll", r->nll, "mean", "stderr");
+    if (r->has_ref) {
+        json_figure("ref_ppl", r->ref_ppl, "value", "stderr");
+        json_figure("ref_nll", r->ref_nll, "mean", "stderr");
+        printf(", \"nll_correlation\": ");
+        json_num(r->nll_cor);
+        json_figure("ln_ppl_ratio", r->ln_ppl_ratio, "value", "stderr");
+        json_figure("ppl_ratio", r->ppl_ratio, "value", "stderr");
+        json_figure("ppl_diff", r->ppl_diff, "value", "stderr");
+        json_dist("kld", r->kld, r->kld_pct);
+        json_dist("delta_p", r->dp, r->dp_pct);
+        json_figure("delta_p_rms", r->dp_rms, "value", "stderr");
+        json_figure("same_top", r->same_top, "value", "stderr");
+    }
+    printf("}\n");
+}
+
+/* print_pct_rows: llama-perplexity's percentile block (maximum down to minimum). */
+static void print_pct_rows(const char *what, const double pct[MOE_EVAL_N_PCT], double scale, const char *unit) {
+    static const char *const names[MOE_EVAL_N_PCT] = {"Minimum", " 0.1%  ", " 1.0%  ", " 5.0%  ",
+                                                      "10.0%  ", "Median ", "90.0%  ", "95.0%  ",
+                                                      "99.0%  ", "99.9%  ", "Maximum"};
+    for (int i = MOE_EVAL_N_PCT - 1; i >= 0; i--)
+        printf("%s %s: %10.6f%s\n", names[i], what, scale * pct[i], unit);
+}
+
+static void print_table(const struct eval_args *a, const struct moe_eval_result *r) {
+    printf("model    %s\n", a->model);
+    if (a->ref) printf("ref      %s\n", a->ref);
+    printf("dataset  %s: %lld tokens; %d chunks of %d", a->dataset, (long long)r->n_tokens, r->n_chunks,
+           r->n_ctx);
+    if (r->bos >= 0) printf(" (each starting with BOS %d)", r->bos);
+    printf(", %lld positions scored (second half of each chunk)\n\n", (long long)r->n_scored);
+    if (!r->has_ref) {
+        printf("PPL = %.4f ± %.5f   (mean NLL %.6f ± %.6f nats/token)\n", r->ppl.val, r->ppl.err,
+               r->nll.val, r->nll.err);
+        return;
+    }
+    printf("====== Perplexity statistics ======\n");
+    printf("Mean PPL(model)                 : %10.6f ± %10.6f\n", r->ppl.val, r->ppl.err);
+    printf("Mean PPL(ref)                   : %10.6f ± %10.6f\n", r->ref_ppl.val, r->ref_ppl.err);
+    if (isfinite(r->nll_cor))
+        printf("Cor(ln(PPL(model)), ln(PPL(ref))): %6.2f%%\n", 100.0 * r->nll_cor);
+    else
+        printf("Cor(ln(PPL(model)), ln(PPL(ref))):    n/a\n");
+    printf("Mean ln(PPL(model)/PPL(ref))    : %10.6f ± %10.6f\n", r->ln_ppl_ratio.val, r->ln_ppl_ratio.err);
+    printf("Mean PPL(model)/PPL(ref)        : %10.6f ± %10.6f\n", r->ppl_ratio.val, r->ppl_ratio.err);
+    printf("Mean PPL(model)-PPL(ref)        : %10.6f ± %10.6f\n\n", r->ppl_diff.val, r->ppl_diff.err);
+    printf("====== KL divergence statistics: KL(ref || model), nats ======\n");
+    printf("Mean    KLD: %10.6f ± %10.6f\n", r->kld.val, r->kld.err);
+    print_pct_rows("KLD", r->kld_pct, 1.0, "");
+    printf("\n====== Token probability statistics: Δp = p_model - p_ref of the next token ======\n");
+    printf("Mean    Δp: %6.3f ± %5.3f %%\n", 100.0 * r->dp.val, 100.0 * r->dp.err);
+    print_pct_rows("Δp", r->dp_pct, 100.0, " %");
+    printf("RMS Δp    : %6.3f ± %5.3f %%\n", 100.0 * r->dp_rms.val, 100.0 * r->dp_rms.err);
+    printf("Same top p: %6.3f ± %5.3f %%\n", 100.0 * r->same_top.val, 100.0 * r->same_top.err);
+}
+
+/* load: one model; reports a failure naming the role. */
+static int load(const char *path, const char *precision, const char *role, struct moe_model **out) {
+    struct moe_model_params mp = moe_model_default_params();
+    mp.expert_precision = precision;
+    if (moe_model_load(path, &mp, out) == MOE_OK) return 1;
+    fprintf(stderr, "moe-prep eval: cannot load the %s from %s (see the message above)\n", role, path);
+    return 0;
+}
+
+/* check_ctx: --ctx against a model's positions, with the flag's name in the message. */
+static int check_ctx(const struct eval_args *a, const struct moe_model *m, const char *path) {
+    if (a->n_ctx <= m->cfg.max_pos) return 1;
+    fprintf(stderr, "moe-prep eval: --ctx %d exceeds the context of %s (max_position_embeddings %d); "
+                    "use --ctx %d or less\n", a->n_ctx, path, m->cfg.max_pos, m->cfg.max_pos);
+    return 0;
+}
+
+int moe_prep_eval(int argc, char **argv) {
+    struct eval_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : 2;
+    moe_log_set_level(MOE_LOG_WARN);
+    struct moe_model *model = NULL, *ref = NULL;
+    char *text = NULL;
+    size_t len = 0, n_ids = 0;
+    int32_t *ids = NULL;
+    int status = 1;
+
+    if (moe_eval_text_load(a.dataset, &text, &len)) {
+        fprintf(stderr, "moe-prep eval: cannot read the dataset %s\n", a.dataset);
+        goto done;
+    }
+    if (a.precision && moe_is_dir(a.model))
+        fprintf(stderr, "moe-prep eval: --expert-precision applies to bundles; %s is a checkpoint "
+                        "directory, so it is ignored\n", a.model);
+    if (!load(a.model, a.precision, "model", &model) || !check_ctx(&a, model, a.model)) goto done;
+    if (a.ref && (!load(a.ref, NULL, "reference", &ref) || !check_ctx(&a, ref, a.ref))) goto done;
+    if (moe_eval_tokenize(model, ref, text, len, &ids, &n_ids)) {
+        fprintf(stderr, "moe-prep eval: cannot tokenize %s for this evaluation (see the message above)\n",
+                a.dataset);
+        goto done;
+    }
+    if (n_ids < 2 * (size_t)a.n_ctx) {
+        fprintf(stderr, "moe-prep eval: %s tokenizes to %zu tokens%s, but --ctx %d needs at least %zu "
+                        "(2 x ctx); use a longer text or a smaller --ctx\n", a.dataset, n_ids,
+                moe_eval_bos(model->tok) >= 0 ? " (with BOS)" : "", a.n_ctx, 2 * (size_t)a.n_ctx);
+        goto done;
+    }
+    struct moe_eval_params ep = moe_eval_default_params();
+    ep.n_ctx = a.n_ctx;
+    ep.max_chunks = a.max_chunks;
+    ep.n_threads = a.n_threads;
+    ep.bos = moe_eval_bos(model->tok);
+    if (isatty(STDERR_FILENO)) {
+        ep.on_chunk = progress;
+        ep.user = &a;
+    }
+    struct moe_eval_result r;
+    if (moe_eval_run(model, ref, ids, n_ids, &ep, &r)) {
+        fprintf(stderr, "moe-prep eval: evaluation failed (see the message above)\n");
+        goto done;
+    }
+    int n_threads = a.n_threads;
+    if (!n_threads) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n < 1 ? 1 : n > 256 ? 256 : (int)n;
+    }
+    if (a.json)
+        print_json(&a, n_threads, &r);
+    else
+        print_table(&a, &r);
+    fflush(stdout);
+    fprintf(stderr, "moe-prep eval: %d chunks of %d tokens, %lld scored, in %.2f s (%.1f tok/s%s); PPL %.4f",
+            r.n_chunks, r.n_ctx, (long long)r.n_scored, r.seconds,
+            r.seconds > 0 ? (double)r.n_chunks * r.n_ctx / r.seconds : 0.0, ref ? ", model + ref" : "",
+            r.ppl.val);
+    if (ref) fprintf(stderr, ", mean KLD %.6f, same top %.2f %%", r.kld.val, 100.0 * r.same_top.val);
+    fputc('\n', stderr);
+    status = 0;
+done:
+    free(ids);
+    free(text);
+    moe_model_free(ref);
+    moe_model_free(model);
+    return status;
+}
