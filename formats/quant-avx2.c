@@ -13,6 +13,13 @@
 #define MOE_QUANT_INTERNAL 1
 #include "moe-quant.h"
 
+/* Never fuse a*b+c: the results must match the reference rounding step by step
+ * (the build passes -ffp-contract=off; GCC in ISO C mode does not contract
+ * anyway, and clang honours the standard pragma). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <string.h>

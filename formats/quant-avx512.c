@@ -2,7 +2,8 @@
  * quant-avx512.c - AVX-512 (F, BW, VL) kernels: dot products and dequantization.
  *
  * Same structure and guarantees as quant-avx2.c with 16-lane vectors: blocks are
- * dequantized in registers to exactly the scalar reference's floats; dot
+ * dequantized in registers to exactly the scalar reference's floats (for q2_k,
+ * q3_k, q4_0, q4_k and q5_k by table lookup, see table()); dot
  * products accumulate with FMA into four 16-lane accumulators (each lane adds at
  * most ceil(n/64) products, then 6 levels of reduction). BW and VL are needed for
  * the masked 16-bit loads of f16/bf16 row tails. Compiled with per-function target
@@ -10,6 +11,13 @@
  */
 #define MOE_QUANT_INTERNAL 1
 #include "moe-quant.h"
+
+/* Never fuse a*b+c: the results must match the reference rounding step by step
+ * (the build passes -ffp-contract=off; GCC in ISO C mode does not contract
+ * anyway, and clang honours the standard pragma). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -29,8 +37,39 @@ INL __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p);
 /* 16 bytes at p, zero-extended to 16 int32 lanes. */
 INL __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(ld16(p)); }
 
-/* Logical right shift of each lane by a run-time count. */
+/* Logical shifts of each lane by a run-time count; shl_to moves bit `from` of
+ * each lane to bit `to` (other bits move along and are ignored by the callers). */
 INL __m512i srl(__m512i v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+INL __m512i sll(__m512i v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n)); }
+INL __m512i shl_to(__m512i v, int from, int to) { return from >= to ? srl(v, from - to) : sll(v, to - from); }
+
+/* Bitwise select: bits of a where mask c is 1, bits of b elsewhere. */
+INL __m512i bitsel(__m512i a, __m512i b, __m512i c) { return _mm512_ternarylogic_epi32(a, b, c, 0xE4); }
+
+/*
+ * Table lookup instead of convert-multiply-subtract: for a (sub-)block with
+ * scale dl and offset ml, the 16 or 32 possible weights fl(fl(dl*q) - ml) are
+ * computed once, exactly as the reference computes each weight, and then every
+ * weight is one vpermps (vpermt2ps for 32 entries) with its quant as the index.
+ * vpermps reads only the low 4 bits of an index (vpermt2ps: 5), so neighbouring
+ * bits need no masking when the table repeats with that period.
+ */
+INL __m512 iota(int k) { /* lane i = value table k holds at index i */
+    static const float t[5][16] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+        {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31},
+        {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7},  /* q4_0: q - 8 */
+        {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3},  /* q3_k: (i & 7) - 4 */
+        {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},          /* q2_k: i & 3 */
+    };
+    return _mm512_loadu_ps(t[k]);
+}
+/* Tables: t[i] = fl(fl(dl * q[i]) - ml), or fl(dl * q[i]) without offset. */
+INL __m512 vtable(__m512 dl, __m512 ml, __m512 q) { return _mm512_sub_ps(_mm512_mul_ps(dl, q), ml); }
+INL __m512 table0(float dl, __m512 q) { return _mm512_mul_ps(_mm512_set1_ps(dl), q); }
+
+/* Lane k of v in all lanes (k is a constant after unrolling). */
+INL __m512 lane(__m512 v, int k) { return _mm512_permutexvar_ps(_mm512_set1_epi32(k), v); }
 
 /* Hand 16 dequantized weights on: store them at y, or accumulate w*x into *acc.
  * `store` is a constant after inlining, so the branch disappears. */
@@ -41,10 +80,7 @@ INL void emit(int store, __m512 w, const float *x, float *y, __m512 *acc) {
         *acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x), *acc);
 }
 
-/* w = dl*q - ml on 16 lanes, as two separately rounded operations. */
-INL __m512 affine(__m512i q, float dl, float ml) {
-    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)), _mm512_set1_ps(ml));
-}
+/* w = dl*q on 16 lanes. */
 INL __m512 scaled(__m512i q, float dl) { return _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)); }
 
 /* Block functions get valid x, y and acc in both modes (the unused ones are
@@ -63,13 +99,10 @@ INL float hsum(const __m512 *acc) {
 
 /* Blocks of 32 use acc[0] and acc[1]; the row loop passes acc or acc + 2. */
 INL void blk_q4_0(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
-    const float d = h2f(b);
-    const __m128i v = ld16(b + 2), m = _mm_set1_epi8(15);
-    const __m512i eight = _mm512_set1_epi32(8);
-    const __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
-    const __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
-    emit(store, scaled(_mm512_sub_epi32(lo, eight), d), XO(0), YO(0), ACC(0));
-    emit(store, scaled(_mm512_sub_epi32(hi, eight), d), XO(16), YO(16), ACC(1));
+    const __m512 t = table0(h2f(b), iota(2));
+    const __m512i u = u8x16(b + 2); /* low nibble: weight j, high nibble: weight j + 16 */
+    emit(store, _mm512_permutexvar_ps(u, t), XO(0), YO(0), ACC(0));
+    emit(store, _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), t), XO(16), YO(16), ACC(1));
 }
 
 INL void blk_q8_0(const uint8_t *b, const float *x, float *y, __m512 *acc, int store) {
@@ -83,7 +116,11 @@ INL void blk_q2_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int s
     const float dmin = h2f(b + offsetof(moe_block_q2_K, dmin));
     const uint8_t *sc = b + offsetof(moe_block_q2_K, scales);
     const uint8_t *qs = b + offsetof(moe_block_q2_K, qs);
-    const __m512i three = _mm512_set1_epi32(3);
+    const __m512 q4 = iota(4);
+    /* lane s: d*(sc[s] & 15) and dmin*(sc[s] >> 4), as the reference computes them */
+    const __m512i sv = u8x16(sc);
+    const __m512 dlv = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_and_si512(sv, _mm512_set1_epi32(15))));
+    const __m512 mlv = _mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(_mm512_srli_epi32(sv, 4)));
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 2
@@ -92,8 +129,8 @@ INL void blk_q2_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int s
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const int s = 8 * h + 2 * j + part, o = 16 * s;
-                const float dl = d * (float)(sc[s] & 15), ml = dmin * (float)(sc[s] >> 4);
-                emit(store, affine(_mm512_and_si512(srl(u, 2 * j), three), dl, ml), XO(o), YO(o), ACC(j));
+                const __m512 t = vtable(lane(dlv, s), lane(mlv, s), q4);
+                emit(store, _mm512_permutexvar_ps(srl(u, 2 * j), t), XO(o), YO(o), ACC(j));
             }
         }
     }
@@ -104,7 +141,20 @@ INL void blk_q3_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int s
     const uint8_t *hm = b + offsetof(moe_block_q3_K, hmask);
     const uint8_t *qs = b + offsetof(moe_block_q3_K, qs);
     const uint8_t *sc = b + offsetof(moe_block_q3_K, scales);
-    const __m512i three = _mm512_set1_epi32(3), one = _mm512_set1_epi32(1), four = _mm512_set1_epi32(4);
+    const __m512 q3 = iota(3);
+    const __m512i low2 = _mm512_set1_epi32(3);
+    /* lane s: d * scale_s (moe_q3k_scale): low nibble from byte s % 8 (>> 4 for
+     * s >= 8), high 2 bits from byte 8 + s % 4 at bit 2*(s/4) */
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, sc, 8);
+    memcpy(&hi4, sc + 8, 4);
+    const __m512i lob = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)((lo8 >> 4) & 0x0f0f0f0f0f0f0f0full),
+                                                            (long long)(lo8 & 0x0f0f0f0f0f0f0f0full)));
+    const __m512i hsh = _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30);
+    const __m512i hib = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)hi4), hsh), low2);
+    const __m512i s6 = _mm512_sub_epi32(_mm512_or_si512(lob, _mm512_slli_epi32(hib, 4)), _mm512_set1_epi32(32));
+    const __m512 dlv = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(s6));
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 2
@@ -114,11 +164,10 @@ INL void blk_q3_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int s
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const int s = 8 * h + 2 * j + part, o = 16 * s;
-                const float dl = d * (float)moe_q3k_scale(s, sc);
-                const __m512i lo = _mm512_and_si512(srl(u, 2 * j), three);
-                const __m512i hi = _mm512_and_si512(srl(hb, 4 * h + j), one);
-                const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 2)), four);
-                emit(store, scaled(q, dl), XO(o), YO(o), ACC(j));
+                const __m512 t = _mm512_mul_ps(lane(dlv, s), q3);
+                /* index bits 0-1: the low 2 bits; bit 2: the high bit (hmask bit 4h + j) */
+                const __m512i idx = bitsel(srl(u, 2 * j), shl_to(hb, 4 * h + j, 2), low2);
+                emit(store, _mm512_permutexvar_ps(idx, t), XO(o), YO(o), ACC(j));
             }
         }
     }
@@ -128,28 +177,40 @@ INL void blk_q3_K(const uint8_t *b, const float *x, float *y, __m512 *acc, int s
 INL void blk_k_asym(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, const float *x, float *y,
                     __m512 *acc, int store) {
     const float d = h2f(b), dmin = h2f(b + 2);
-    const __m128i m = _mm_set1_epi8(15);
-    const __m512i one = _mm512_set1_epi32(1);
+    const __m512 lo16 = iota(0), hi16 = iota(1);
+    const __m512i low4 = _mm512_set1_epi32(15);
+    /* the 8 scales and 8 mins (moe_q4k_scale_min) with 32-bit word operations:
+     * lanes 0-7 = d*sc[j], lanes 8-15 = dmin*m[j] */
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    const uint32_t sc03 = w[0] & 0x3f3f3f3fu, m03 = w[1] & 0x3f3f3f3fu;
+    const uint32_t sc47 = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t m47 = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    const __m512i smv = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47));
+    const __m512 dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin));
+    const __m512 sm = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(smv));
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-        uint8_t sc0, m0, sc1, m1;
-        moe_q4k_scale_min(2 * c, b + 4, &sc0, &m0);
-        moe_q4k_scale_min(2 * c + 1, b + 4, &sc1, &m1);
-        const float dl0 = d * (float)sc0, ml0 = dmin * (float)m0;
-        const float dl1 = d * (float)sc1, ml1 = dmin * (float)m1;
+        const __m512 dl0 = lane(sm, 2 * c), ml0 = lane(sm, 8 + 2 * c);
+        const __m512 dl1 = lane(sm, 2 * c + 1), ml1 = lane(sm, 9 + 2 * c);
+        const __m512 t0 = vtable(dl0, ml0, lo16), t1 = vtable(dl1, ml1, lo16);
+        __m512 t0h = t0, t1h = t1;
+        if (qh) t0h = vtable(dl0, ml0, hi16), t1h = vtable(dl1, ml1, hi16);
 #pragma GCC unroll 2
         for (int part = 0; part < 2; part++) {
-            const __m128i v = ld16(qs + 32 * c + 16 * part);
-            __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
-            __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
-            if (qh) {
-                const __m512i hb = u8x16(qh + 16 * part);
-                lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(srl(hb, 2 * c), one), 4));
-                hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(srl(hb, 2 * c + 1), one), 4));
-            }
+            const __m512i u = u8x16(qs + 32 * c + 16 * part);
+            const __m512i un = _mm512_srli_epi32(u, 4);
             const int o = 64 * c + 16 * part;
-            emit(store, affine(lo, dl0, ml0), XO(o), YO(o), ACC(part));
-            emit(store, affine(hi, dl1, ml1), XO(o + 32), YO(o + 32), ACC(part + 2));
+            if (qh) { /* index bit 4 = the high bit: qh bit 2c (low nibble) or 2c+1 (high) */
+                const __m512i hb = u8x16(qh + 16 * part);
+                const __m512i i0 = bitsel(u, shl_to(hb, 2 * c, 4), low4);
+                const __m512i i1 = bitsel(un, shl_to(hb, 2 * c + 1, 4), low4);
+                emit(store, _mm512_permutex2var_ps(t0, i0, t0h), XO(o), YO(o), ACC(part));
+                emit(store, _mm512_permutex2var_ps(t1, i1, t1h), XO(o + 32), YO(o + 32), ACC(part + 2));
+            } else {
+                emit(store, _mm512_permutexvar_ps(u, t0), XO(o), YO(o), ACC(part));
+                emit(store, _mm512_permutexvar_ps(un, t1), XO(o + 32), YO(o + 32), ACC(part + 2));
+            }
         }
     }
 }

@@ -15,6 +15,13 @@
 #define MOE_QUANT_INTERNAL 1
 #include "moe-quant.h"
 
+/* Never fuse a*b+c: the results must match the reference rounding step by step
+ * (the build passes -ffp-contract=off; GCC in ISO C mode does not contract
+ * anyway, and clang honours the standard pragma). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,6 +29,10 @@
 #include <strings.h>
 
 #include "moe-dtype.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -37,7 +48,29 @@ static inline float rdf32(const uint8_t *p) {
     memcpy(&v, p, 4);
     return v;
 }
-static inline float f16v(const uint8_t *p) { return moe_f16_to_f32(rd16(p)); }
+
+/* IEEE half to float, exact, inline and branch-light: the same results as
+ * moe_f16_to_f32 (test-quant checks all 65536 inputs), but without a call, which
+ * would make the scalar dot products keep their running sum in memory. */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13); /* inf / NaN (payload kept) */
+    } else if (e != 0) {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    } else if (m == 0) {
+        u = sign;
+    } else { /* subnormal: m * 2^-24 with top bit p: exponent p - 24 */
+        const int p = 31 - __builtin_clz(m);
+        u = sign | ((uint32_t)(p + 103) << 23) | ((m << (23 - p)) & 0x7fffffu);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float f16v(const uint8_t *p) { return half_to_float(rd16(p)); }
 
 /*
  * Round to the nearest integer, ties to even, for |v| < 2^22: adding 1.5*2^23
@@ -764,6 +797,9 @@ static void deq_q8_0(const void *w, float *y, int64_t nb) {
     }
 }
 
+/* q2_k, q3_k and q6_k dequantize per sub-block s of 16 weights (k = 16s + l):
+ * s = 8h + 2j + (l0 / 16) with half h, 2-bit field (or q6_k group) j, and
+ * l0 + l the byte index within the half, as in the layouts in moe-quant.h. */
 static void deq_q2_K(const void *w, float *y, int64_t nb) {
     const uint8_t *b = w;
     for (int64_t i = 0; i < nb; i++, b += sizeof(moe_block_q2_K), y += MOE_QK_K) {
@@ -771,11 +807,11 @@ static void deq_q2_K(const void *w, float *y, int64_t nb) {
         const float dmin = f16v(b + offsetof(moe_block_q2_K, dmin));
         const uint8_t *sc = b + offsetof(moe_block_q2_K, scales);
         const uint8_t *qs = b + offsetof(moe_block_q2_K, qs);
-        for (int k = 0; k < MOE_QK_K; k++) {
-            const int s = k / 16;
+        for (int s = 0; s < 16; s++) {
             const float dl = d * (float)(sc[s] & 15), ml = dmin * (float)(sc[s] >> 4);
-            const int q = (qs[32 * (k / 128) + k % 32] >> (2 * ((k % 128) / 32))) & 3;
-            y[k] = dl * (float)q - ml;
+            const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s % 2);
+            const uint8_t *q = qs + 32 * h + l0;
+            for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)((q[l] >> (2 * j)) & 3) - ml;
         }
     }
 }
@@ -787,11 +823,14 @@ static void deq_q3_K(const void *w, float *y, int64_t nb) {
         const uint8_t *sc = b + offsetof(moe_block_q3_K, scales);
         const uint8_t *hm = b + offsetof(moe_block_q3_K, hmask);
         const uint8_t *qs = b + offsetof(moe_block_q3_K, qs);
-        for (int k = 0; k < MOE_QK_K; k++) {
-            const float dl = d * (float)moe_q3k_scale(k / 16, sc);
-            const int lo = (qs[32 * (k / 128) + k % 32] >> (2 * ((k % 128) / 32))) & 3;
-            const int hi = (hm[k % 32] >> (k / 32)) & 1;
-            y[k] = dl * (float)(lo - (hi ? 0 : 4));
+        for (int s = 0; s < 16; s++) {
+            const float dl = d * (float)moe_q3k_scale(s, sc);
+            const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s % 2), hbit = s / 2; /* = k / 32 */
+            for (int l = 0; l < 16; l++) {
+                const int lo = (qs[32 * h + l0 + l] >> (2 * j)) & 3;
+                const int hi = (hm[l0 + l] >> hbit) & 1;
+                y[16 * s + l] = dl * (float)(lo - (hi ? 0 : 4));
+            }
         }
     }
 }
@@ -831,12 +870,15 @@ static void deq_q6_K(const void *w, float *y, int64_t nb) {
         const uint8_t *ql = b + offsetof(moe_block_q6_K, ql);
         const uint8_t *qh = b + offsetof(moe_block_q6_K, qh);
         const int8_t *sc = (const int8_t *)(b + offsetof(moe_block_q6_K, scales));
-        for (int k = 0; k < MOE_QK_K; k++) {
-            const int h = k / 128, g = (k % 128) / 32, l = k % 32;
-            const int lo = (ql[64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 15;
-            const int hi = (qh[32 * h + l] >> (2 * g)) & 3;
-            const float dl = d * (float)sc[k / 16];
-            y[k] = dl * (float)((lo | (hi << 4)) - 32);
+        for (int s = 0; s < 16; s++) {
+            const float dl = d * (float)sc[s];
+            const int h = s / 8, g = (s % 8) / 2, l0 = 16 * (s % 2);
+            const uint8_t *lq = ql + 64 * h + 32 * (g & 1) + l0, *hq = qh + 32 * h + l0;
+            for (int l = 0; l < 16; l++) {
+                const int lo = (lq[l] >> (4 * (g >> 1))) & 15;
+                const int hi = (hq[l] >> (2 * g)) & 3;
+                y[16 * s + l] = dl * (float)((lo | (hi << 4)) - 32);
+            }
         }
     }
 }
@@ -852,8 +894,10 @@ static void deq_q8_K(const void *w, float *y, int64_t nb) {
 
 /* ==== reference dot products ============================================ */
 
-/* Block types: dequantize one block at a time (the reference dequantizer above),
- * then accumulate exact double products in index order. */
+/* Dequantize one block (or 256 elements of a plain row) at a time with the
+ * reference dequantizer, then accumulate exact double products in index order.
+ * (The running sum is copied into a local for the inner loop so that it stays in
+ * a register; the sequence of additions is the same.) */
 static float dot_blocks(moe_dequant_fn deq, size_t bytes, int bs, const void *w, const float *x,
                         int64_t nb) {
     const uint8_t *b = w;
@@ -861,7 +905,9 @@ static float dot_blocks(moe_dequant_fn deq, size_t bytes, int bs, const void *w,
     double acc = 0.0;
     for (int64_t i = 0; i < nb; i++, b += bytes, x += bs) {
         deq(b, v, 1);
-        for (int j = 0; j < bs; j++) acc += (double)v[j] * (double)x[j];
+        double a = acc;
+        for (int j = 0; j < bs; j++) a += (double)v[j] * (double)x[j];
+        acc = a;
     }
     return (float)acc;
 }
@@ -879,26 +925,26 @@ DOT_REF(q5_K, moe_block_q5_K, MOE_QK_K)
 DOT_REF(q6_K, moe_block_q6_K, MOE_QK_K)
 DOT_REF(q8_K, moe_block_q8_K, MOE_QK_K)
 
-static float dot_ref_f32(const void *w, const float *x, int64_t n) {
-    const uint8_t *p = w;
+/* Plain rows: chunks of 256 elements through dot_blocks, then the rest. */
+static float dot_plain(moe_dequant_fn deq, size_t es, const void *w, const float *x, int64_t n) {
+    const int64_t nc = n / MOE_QK_K, rest = n % MOE_QK_K;
     double acc = 0.0;
-    for (int64_t i = 0; i < n; i++) acc += (double)rdf32(p + 4 * i) * (double)x[i];
+    const uint8_t *p = w;
+    float v[MOE_QK_K];
+    for (int64_t c = 0; c <= nc; c++, p += es * MOE_QK_K, x += MOE_QK_K) {
+        const int len = c < nc ? MOE_QK_K : (int)rest;
+        if (len == 0) break;
+        deq(p, v, len);
+        double a = acc;
+        for (int j = 0; j < len; j++) a += (double)v[j] * (double)x[j];
+        acc = a;
+    }
     return (float)acc;
 }
 
-static float dot_ref_f16(const void *w, const float *x, int64_t n) {
-    const uint8_t *p = w;
-    double acc = 0.0;
-    for (int64_t i = 0; i < n; i++) acc += (double)f16v(p + 2 * i) * (double)x[i];
-    return (float)acc;
-}
-
-static float dot_ref_bf16(const void *w, const float *x, int64_t n) {
-    const uint8_t *p = w;
-    double acc = 0.0;
-    for (int64_t i = 0; i < n; i++) acc += (double)moe_bf16_to_f32(rd16(p + 2 * i)) * (double)x[i];
-    return (float)acc;
-}
+static float dot_ref_f32(const void *w, const float *x, int64_t n) { return dot_plain(deq_f32, 4, w, x, n); }
+static float dot_ref_f16(const void *w, const float *x, int64_t n) { return dot_plain(deq_f16, 2, w, x, n); }
+static float dot_ref_bf16(const void *w, const float *x, int64_t n) { return dot_plain(deq_bf16, 2, w, x, n); }
 
 /* ==== kernel tables and ISA selection =================================== */
 
@@ -939,9 +985,11 @@ static void init_once(void) {
     g_supported[MOE_QUANT_ISA_SCALAR] = 1;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
+    /* F16C via cpuid: not every compiler's __builtin_cpu_supports knows "f16c" */
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     g_supported[MOE_QUANT_ISA_AVX2] = __builtin_cpu_supports("avx2") &&
-                                      __builtin_cpu_supports("fma") &&
-                                      __builtin_cpu_supports("f16c");
+                                      __builtin_cpu_supports("fma") && f16c;
     g_supported[MOE_QUANT_ISA_AVX512] = g_supported[MOE_QUANT_ISA_AVX2] &&
                                         __builtin_cpu_supports("avx512f") &&
                                         __builtin_cpu_supports("avx512bw") &&

@@ -16,6 +16,7 @@ struct subcommand {
 
 static const struct subcommand k_commands[] = {
     {"quantize", moe_prep_quantize, "pack a checkpoint into a multi-precision bundle (.moeb)"},
+    {"inspect", moe_prep_inspect, "what a bundle holds; --verify checks every checksum"},
     {"check", moe_prep_check, "validate a Hugging Face checkpoint and summarise it"},
     {"eval", moe_prep_eval, "perplexity on a text; KL divergence against a reference model"},
 };

@@ -1,0 +1,201 @@
+/*
+ * bench-quant.c - throughput of the quantization kernels (a benchmark, not a test).
+ *
+ * Prints three tables, single-threaded:
+ *   1. memory bandwidth of this machine: a streaming sum over a large f32 array;
+ *   2. matrix-vector products y = W x with moe_vec_dot, per type and per ISA, on
+ *      a weight matrix larger than the caches (default 128 MB of weight bytes,
+ *      rows of 4096), in GB/s of weight bytes, Gweights/s and % of the streaming
+ *      bandwidth; plus moe_dequantize_row throughput over the same matrix;
+ *   3. moe_quantize_row (the scalar reference) in MB/s of f32 input.
+ *
+ * Usage: bench-quant [--mb N] [--reps N] [--types q4_k,q8_0,...] [--no-quantize] [--csv]
+ * Example: ./build/tests/bench-quant --mb 128 --reps 3
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "moe-quant.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static float rnd_normal(void) {
+    double u[2];
+    for (int k = 0; k < 2; k++) {
+        g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+        u[k] = ((double)(g_rng >> 11) + 0.5) * 0x1p-53;
+    }
+    return (float)(sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
+}
+
+/* Sum of n floats, read once front to back (SSE2, which every x86-64 has). */
+static float stream_sum(const float *a, size_t n) {
+#if defined(__SSE2__)
+    __m128 s0 = _mm_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm_add_ps(s0, _mm_load_ps(a + i));
+        s1 = _mm_add_ps(s1, _mm_load_ps(a + i + 4));
+        s2 = _mm_add_ps(s2, _mm_load_ps(a + i + 8));
+        s3 = _mm_add_ps(s3, _mm_load_ps(a + i + 12));
+    }
+    float t[4];
+    _mm_storeu_ps(t, _mm_add_ps(_mm_add_ps(s0, s1), _mm_add_ps(s2, s3)));
+    float s = t[0] + t[1] + t[2] + t[3];
+#else
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) s0 += a[i], s1 += a[i + 1], s2 += a[i + 2], s3 += a[i + 3];
+    float s = s0 + s1 + s2 + s3;
+#endif
+    for (; i < n; i++) s += a[i];
+    return s;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: bench-quant [--mb N] [--reps N] [--types LIST] [--no-quantize] [--csv]\n"
+               "  --mb N        weight bytes per matrix in MiB (default 128; use > the L3 cache)\n"
+               "  --reps N      timed repetitions, best kept (default 3)\n"
+               "  --types LIST  comma-separated types (default: all)\n"
+               "  --no-quantize skip the quantize table\n"
+               "  --csv         machine-readable output\n"
+               "example: bench-quant --mb 128 --reps 3\n");
+}
+
+int main(int argc, char **argv) {
+    size_t mb = 128;
+    int reps = 3, csv = 0, do_quant = 1;
+    const char *types = "f32,f16,bf16,q8_0,q6_k,q5_k,q4_k,q4_0,q3_k,q2_k,q8_k";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--types") && i + 1 < argc) types = argv[++i];
+        else if (!strcmp(argv[i], "--no-quantize")) do_quant = 0;
+        else if (!strcmp(argv[i], "--csv")) csv = 1;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+        else { usage(stderr); return 2; }
+    }
+    if (mb < 1 || mb > 8192 || reps < 1) { usage(stderr); return 2; }
+    const int64_t n = 4096;
+    const size_t bytes = mb << 20;
+
+    /* 1. streaming read bandwidth over a buffer of the same size as the matrices */
+    float *buf = aligned_alloc(64, bytes + 64);
+    if (!buf) { fprintf(stderr, "bench-quant: out of memory\n"); return 1; }
+    const size_t nf = bytes / 4;
+    for (size_t i = 0; i < nf; i++) buf[i] = (float)(i & 1023) * 1e-3f;
+    double best = 1e30;
+    volatile float sink = 0;
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = now();
+        sink += stream_sum(buf, nf);
+        double dt = now() - t0;
+        if (r > 0 && dt < best) best = dt;
+    }
+    const double stream_gbs = (double)bytes / best / 1e9;
+    if (csv)
+        printf("table,type,bpw,isa,ms,gb_per_s,gweights_per_s,pct_stream,dequant_gweights_per_s,"
+               "quantize_mb_per_s\n"
+               "stream,f32,32,sse2,%.3f,%.2f,%.3f,100,,\n", best * 1e3, stream_gbs, (double)nf / best / 1e9);
+    else
+        printf("memory bandwidth (streaming f32 sum over %zu MiB, 1 thread): %.2f GB/s\n\n", mb, stream_gbs);
+
+    /* 2. matvec per type and ISA */
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4), *tmp = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_normal();
+    if (!csv) {
+        printf("matvec y = W x with moe_vec_dot, rows of %lld, about %zu MiB of weights, best of %d, 1 thread\n",
+               (long long)n, mb, reps);
+        printf("%-5s %7s  %-6s %9s %8s %8s %8s   %s\n", "type", "bits/w", "ISA", "ms", "GB/s", "Gw/s",
+               "%stream", "dequant Gw/s");
+    }
+    char list[256];
+    snprintf(list, sizeof list, "%s", types);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        enum moe_qtype t;
+        if (moe_qtype_from_name(tok, &t) != MOE_OK) return 2;
+        const size_t rb = moe_qtype_row_bytes(t, n);
+        const int64_t rows = (int64_t)(bytes / rb);
+        uint8_t *w = (uint8_t *)buf;
+        /* 64 distinct realistic rows, repeated over the matrix */
+        enum { TEMPLATES = 64 };
+        uint8_t *tpl = malloc(rb * TEMPLATES);
+        for (int k = 0; k < TEMPLATES; k++) {
+            for (int64_t i = 0; i < n; i++) tmp[i] = rnd_normal() * 0.02f;
+            moe_quantize_row(t, tmp, tpl + rb * k, n);
+        }
+        for (int64_t r = 0; r < rows; r++) memcpy(w + rb * r, tpl + rb * (r % TEMPLATES), rb);
+        free(tpl);
+        for (int isa = 0; isa < 3; isa++) {
+            if (!moe_quant_isa_supported((enum moe_quant_isa)isa)) continue;
+            moe_quant_set_isa((enum moe_quant_isa)isa);
+            double bt = 1e30, bd = 1e30;
+            for (int r = 0; r < reps + 1; r++) {
+                double t0 = now();
+                float s = 0;
+                for (int64_t row = 0; row < rows; row++) s += moe_vec_dot(t, w + rb * row, x, n);
+                double dt = now() - t0;
+                sink += s;
+                if (r > 0 && dt < bt) bt = dt;
+            }
+            for (int r = 0; r < reps; r++) {
+                double t0 = now();
+                for (int64_t row = 0; row < rows; row++) moe_dequantize_row(t, w + rb * row, y, n);
+                double dt = now() - t0;
+                sink += y[7];
+                if (dt < bd) bd = dt;
+            }
+            const double wb = (double)(rb * (size_t)rows), nw = (double)rows * (double)n;
+            if (csv)
+                printf("matvec,%s,%.4f,%s,%.3f,%.2f,%.3f,%.1f,%.3f,\n", moe_qtype_name(t),
+                       moe_qtype_bits_per_weight(t), moe_quant_isa_name(), bt * 1e3, wb / bt / 1e9, nw / bt / 1e9,
+                       100.0 * wb / bt / 1e9 / stream_gbs, nw / bd / 1e9);
+            else
+                printf("%-5s %7.4g  %-6s %9.2f %8.2f %8.3f %7.0f%%   %.3f\n", moe_qtype_name(t),
+                       moe_qtype_bits_per_weight(t), moe_quant_isa_name(), bt * 1e3, wb / bt / 1e9, nw / bt / 1e9,
+                       100.0 * wb / bt / 1e9 / stream_gbs, nw / bd / 1e9);
+        }
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+
+    /* 3. quantize throughput (scalar reference) */
+    if (do_quant) {
+        const int64_t qrows = 256; /* 4 MiB of f32 */
+        float *src = malloc((size_t)(qrows * n) * 4);
+        uint8_t *dst = malloc(moe_qtype_row_bytes(MOE_QTYPE_F32, qrows * n));
+        for (int64_t i = 0; i < qrows * n; i++) src[i] = rnd_normal() * 0.02f;
+        if (!csv) printf("\nmoe_quantize_row (scalar reference), %lld rows of %lld f32, best of %d\n%-5s %10s\n",
+                         (long long)qrows, (long long)n, reps, "type", "MB/s in");
+        snprintf(list, sizeof list, "%s", types);
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+            enum moe_qtype t;
+            moe_qtype_from_name(tok, &t);
+            double bq = 1e30;
+            for (int r = 0; r < reps; r++) {
+                double t0 = now();
+                for (int64_t row = 0; row < qrows; row++)
+                    moe_quantize_row(t, src + row * n, dst + moe_qtype_row_bytes(t, n) * row, n);
+                double dt = now() - t0;
+                if (dt < bq) bq = dt;
+            }
+            const double mbs = (double)(qrows * n * 4) / bq / 1e6;
+            if (csv) printf("quantize,%s,%.4f,scalar,,,,,,%.1f\n", moe_qtype_name(t), moe_qtype_bits_per_weight(t), mbs);
+            else printf("%-5s %10.1f\n", moe_qtype_name(t), mbs);
+        }
+        free(src), free(dst);
+    }
+    free(buf), free(x), free(y), free(tmp);
+    return sink == 12345.0f ? 3 : 0;
+}

@@ -1,0 +1,714 @@
+/*
+ * test-quant.c - quantization formats (formats/quant*.c).
+ *
+ *   1. Type table: names, ids, block sizes, bits per weight, row sizes.
+ *   2. Oracle fixtures (tests/fixtures/quant, made by
+ *      tests/oracle/make_quant_fixtures.py): moe_quantize_row must give exactly
+ *      gguf's bytes (f16, bf16, q8_0, q4_0) or ggml's reference bytes (k-quants),
+ *      and moe_dequantize_row exactly gguf's floats, on every ISA this CPU runs.
+ *      The scalar moe_vec_dot must equal its definition, (float) of the double
+ *      sum of v[i]*x[i] over the oracle's floats v, bit for bit.
+ *      Bulk: 64 rows x 4096 per type, generated identically here and in the
+ *      generator, checked against hashes of the oracle's bytes and floats.
+ *   3. SIMD vs scalar on random rows of many lengths: dequantize bit-identical,
+ *      dot within (n/32 + 10) * 2^-24 * sum|v x| (see moe-quant.h).
+ *   4. Error bounds: relative RMSE of dequantize(quantize(x)) on N(0,1) rows and
+ *      on real weights stays below the bounds in ERR_BOUND.
+ *   5. Malformed input: bad lengths, types, NULL pointers, non-finite values and
+ *      garbage blocks return errors or well-defined results, never crash.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe-dtype.h"
+#include "moe-quant.h"
+
+#ifndef MOE_FIXTURES
+#define MOE_FIXTURES "tests/fixtures"
+#endif
+
+#include "moe-test.h"
+
+/* CHECK from moe-test.h, also counting the checks made for the summary line. */
+static int checks;
+#define QCHECK(...)         \
+    do {                    \
+        checks++;           \
+        CHECK(__VA_ARGS__); \
+    } while (0)
+
+static const enum moe_qtype ALL[] = {MOE_QTYPE_F32,  MOE_QTYPE_F16,  MOE_QTYPE_BF16, MOE_QTYPE_Q8_0,
+                                     MOE_QTYPE_Q4_0, MOE_QTYPE_Q2_K, MOE_QTYPE_Q3_K, MOE_QTYPE_Q4_K,
+                                     MOE_QTYPE_Q5_K, MOE_QTYPE_Q6_K, MOE_QTYPE_Q8_K};
+#define NTYPES (int)(sizeof ALL / sizeof ALL[0])
+
+/*
+ * Relative RMSE bounds of dequantize(quantize(x)), rms(err)/rms(x), checked on
+ * N(0,1) rows and on the real-weight rows of the fixture (stories260K). Measured
+ * (identical for ggml's reference quantizers, which give the same bytes; the
+ * real-row figures are in tests/fixtures/quant/stats.txt):
+ *   type   N(0,1), 64 x 4096   real rows, 4 x 512   bound
+ *   q8_0   0.0054              0.0053-0.0056        0.0060
+ *   q4_0   0.086               0.084-0.091          0.095
+ *   q2_k   0.296               0.306-0.357          0.37
+ *   q3_k   0.151               0.151-0.190          0.20
+ *   q4_k   0.071               0.070-0.086          0.090
+ *   q5_k   0.036               0.037-0.044          0.046
+ *   q6_k   0.018               0.017-0.022          0.024
+ *   q8_k   0.0070              0.0061-0.0090        0.0095
+ *   f16    0.00021             -                    0.00025
+ *   bf16   0.0017              -                    0.0020
+ */
+static double err_bound(enum moe_qtype t) {
+    switch (t) {
+    case MOE_QTYPE_F32: return 0.0;
+    case MOE_QTYPE_F16: return 2.5e-4;
+    case MOE_QTYPE_BF16: return 2.0e-3;
+    case MOE_QTYPE_Q8_0: return 0.0060;
+    case MOE_QTYPE_Q4_0: return 0.095;
+    case MOE_QTYPE_Q2_K: return 0.37;
+    case MOE_QTYPE_Q3_K: return 0.20;
+    case MOE_QTYPE_Q4_K: return 0.090;
+    case MOE_QTYPE_Q5_K: return 0.046;
+    case MOE_QTYPE_Q6_K: return 0.024;
+    case MOE_QTYPE_Q8_K: return 0.0095;
+    }
+    return 0.0;
+}
+
+/* ---- deterministic random numbers --------------------------------------- */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd64(void) {
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 0x2545f4914f6cdd1dull;
+}
+static double rnd_unit(void) { return (double)(rnd64() >> 11) * 0x1p-53; }
+static float rnd_normal(void) {
+    double u = rnd_unit(), v = rnd_unit();
+    if (u < 1e-300) u = 1e-300;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+static void fill_normal(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_normal() * scale;
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static const enum moe_quant_isa ISAS[] = {MOE_QUANT_ISA_SCALAR, MOE_QUANT_ISA_AVX2, MOE_QUANT_ISA_AVX512};
+
+/* Bitwise float comparison; NaNs compare equal to NaNs (payloads may differ). */
+static int64_t count_bit_diffs(const float *a, const float *b, int64_t n, int64_t *first) {
+    int64_t d = 0;
+    *first = -1;
+    if (n <= 0) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ua, ub;
+        memcpy(&ua, a + i, 4);
+        memcpy(&ub, b + i, 4);
+        if (ua == ub || (isnan(a[i]) && isnan(b[i]))) continue;
+        if (*first < 0) *first = i;
+        d++;
+    }
+    return d;
+}
+
+/* The definition of moe_vec_dot applied to already dequantized floats v. */
+static float dot_definition(const float *v, const float *x, int64_t n, double *sum_abs) {
+    double acc = 0.0, sa = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        acc += (double)v[i] * (double)x[i];
+        sa += fabs((double)v[i] * (double)x[i]);
+    }
+    if (sum_abs) *sum_abs = sa;
+    return (float)acc;
+}
+
+static double dot_tolerance(int64_t n, double sum_abs) {
+    return ((double)n / 32.0 + 10.0) * 0x1p-24 * sum_abs;
+}
+
+static double rel_rmse(const float *x, const float *y, int64_t n) {
+    double se = 0, sx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+        sx += (double)x[i] * x[i];
+    }
+    return sx > 0 ? sqrt(se / sx) : sqrt(se / (double)(n ? n : 1));
+}
+
+static int g_logs;
+static void count_log(enum moe_log_level level, const char *msg, void *user) {
+    (void)level, (void)msg, (void)user;
+    g_logs++;
+}
+
+/* ---- 1. type table ------------------------------------------------------- */
+
+static void test_table(void) {
+    static const struct {
+        enum moe_qtype t;
+        int id;
+        const char *name;
+        int block;
+        size_t bytes;
+        double bpw;
+    } want[] = {
+        {MOE_QTYPE_F32, 0, "f32", 1, 4, 32},        {MOE_QTYPE_F16, 1, "f16", 1, 2, 16},
+        {MOE_QTYPE_Q4_0, 2, "q4_0", 32, 18, 4.5},   {MOE_QTYPE_Q8_0, 8, "q8_0", 32, 34, 8.5},
+        {MOE_QTYPE_Q2_K, 10, "q2_k", 256, 84, 2.625}, {MOE_QTYPE_Q3_K, 11, "q3_k", 256, 110, 3.4375},
+        {MOE_QTYPE_Q4_K, 12, "q4_k", 256, 144, 4.5}, {MOE_QTYPE_Q5_K, 13, "q5_k", 256, 176, 5.5},
+        {MOE_QTYPE_Q6_K, 14, "q6_k", 256, 210, 6.5625}, {MOE_QTYPE_Q8_K, 15, "q8_k", 256, 292, 9.125},
+        {MOE_QTYPE_BF16, 30, "bf16", 1, 2, 16},
+    };
+    int nvalid = 0;
+    for (int t = -3; t < MOE_QTYPE_LIMIT + 3; t++) nvalid += moe_qtype_valid((enum moe_qtype)t);
+    QCHECK(nvalid == (int)(sizeof want / sizeof want[0]), "%d valid types", nvalid);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        enum moe_qtype t = want[i].t, back;
+        QCHECK((int)t == want[i].id, "%s has id %d", want[i].name, (int)t);
+        QCHECK(strcmp(moe_qtype_name(t), want[i].name) == 0, "name of %d", want[i].id);
+        QCHECK(moe_qtype_from_name(want[i].name, &back) == MOE_OK && back == t, "parse %s", want[i].name);
+        char upper[16];
+        for (int k = 0; k < 16; k++) {
+            char c = want[i].name[k];
+            upper[k] = (char)(c >= 'a' && c <= 'z' ? c - 32 : c);
+            if (!c) break;
+        }
+        QCHECK(moe_qtype_from_name(upper, &back) == MOE_OK && back == t, "parse %s", upper);
+        QCHECK(moe_qtype_block_size(t) == want[i].block, "%s block", want[i].name);
+        QCHECK(moe_qtype_block_bytes(t) == want[i].bytes, "%s bytes", want[i].name);
+        QCHECK(moe_qtype_bits_per_weight(t) == want[i].bpw, "%s bpw %g", want[i].name,
+              moe_qtype_bits_per_weight(t));
+        QCHECK(moe_qtype_row_bytes(t, 4096) == 4096 / want[i].block * want[i].bytes, "%s row", want[i].name);
+        QCHECK(moe_qtype_row_bytes(t, 0) == 0, "%s empty row", want[i].name);
+        QCHECK(moe_qtype_row_bytes(t, -want[i].block) == 0, "%s negative row", want[i].name);
+        if (want[i].block > 1)
+            QCHECK(moe_qtype_row_bytes(t, want[i].block + 1) == 0, "%s ragged row", want[i].name);
+    }
+    QCHECK(moe_qtype_row_bytes(MOE_QTYPE_Q4_K, INT64_MAX - INT64_MAX % 256) != 0 ||
+              sizeof(size_t) < 8,
+          "huge row fits");
+    QCHECK(moe_qtype_row_bytes(MOE_QTYPE_F32, INT64_MAX) == 0, "overflowing row");
+    for (int bad = -1; bad < 40; bad++) {
+        if (moe_qtype_valid((enum moe_qtype)bad)) continue;
+        QCHECK(moe_qtype_block_size((enum moe_qtype)bad) == 0 && moe_qtype_block_bytes((enum moe_qtype)bad) == 0 &&
+                  moe_qtype_row_bytes((enum moe_qtype)bad, 256) == 0 &&
+                  moe_qtype_bits_per_weight((enum moe_qtype)bad) == 0 &&
+                  strcmp(moe_qtype_name((enum moe_qtype)bad), "?") == 0,
+              "invalid type %d", bad);
+    }
+    enum moe_qtype out = MOE_QTYPE_F32;
+    moe_log_set(count_log, NULL);
+    g_logs = 0;
+    QCHECK(moe_qtype_from_name("q4_1", &out) == MOE_ERR_INVALID && out == MOE_QTYPE_F32, "q4_1 unknown");
+    QCHECK(moe_qtype_from_name("", &out) == MOE_ERR_INVALID, "empty name");
+    QCHECK(moe_qtype_from_name(NULL, &out) == MOE_ERR_INVALID, "NULL name");
+    QCHECK(moe_qtype_from_name("q8_0", NULL) == MOE_ERR_INVALID, "NULL out");
+    QCHECK(g_logs == 4, "each error logged once (%d)", g_logs);
+    moe_log_set(NULL, NULL);
+}
+
+/* ---- 2. oracle fixtures ------------------------------------------------- */
+
+struct blob {
+    uint8_t *p;
+    size_t n, off;
+    int bad;
+};
+
+static int read_file(const char *path, struct blob *b) {
+    memset(b, 0, sizeof *b);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    b->p = malloc(sz > 0 ? (size_t)sz : 1);
+    b->n = b->p && sz > 0 && fread(b->p, 1, (size_t)sz, f) == (size_t)sz ? (size_t)sz : 0;
+    fclose(f);
+    return b->n ? 0 : -1;
+}
+
+/* Next k bytes of the blob, or NULL (and b->bad) if it is too short. */
+static const uint8_t *take(struct blob *b, size_t k) {
+    if (b->bad || k > b->n - b->off) {
+        b->bad = 1;
+        return NULL;
+    }
+    const uint8_t *p = b->p + b->off;
+    b->off += k;
+    return p;
+}
+static uint32_t take_u32(struct blob *b) {
+    const uint8_t *p = take(b, 4);
+    uint32_t v = 0;
+    if (p) memcpy(&v, p, 4);
+    return v;
+}
+
+#define MAX_INPUTS 64
+static struct {
+    char name[33];
+    int64_t n;
+    const float *x; /* points into g_inputs.p (may be unaligned: copied before use) */
+} g_in[MAX_INPUTS];
+static int g_nin;
+static struct blob g_inputs;
+
+static int load_inputs(void) {
+    if (read_file(MOE_FIXTURES "/quant/inputs.bin", &g_inputs) != 0) return -1;
+    const uint8_t *magic = take(&g_inputs, 8);
+    uint32_t n = take_u32(&g_inputs);
+    if (!magic || memcmp(magic, "MOEQIN01", 8) != 0 || n > MAX_INPUTS) return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *name = take(&g_inputs, 32);
+        uint32_t len = take_u32(&g_inputs);
+        const uint8_t *x = take(&g_inputs, (size_t)len * 4);
+        if (!name || !x) return -1;
+        memcpy(g_in[i].name, name, 32);
+        g_in[i].name[32] = 0;
+        g_in[i].n = len;
+        g_in[i].x = (const float *)x;
+    }
+    g_nin = (int)n;
+    return g_inputs.off == g_inputs.n ? 0 : -1;
+}
+
+struct fixture_stats {
+    int cases, quant_rows, deq_rows;
+    int64_t quant_bytes, deq_values;
+};
+
+/* One case: quantize (if an oracle made the bytes), dequantize and dot on every
+ * supported ISA, error bound on the normal and real rows. */
+static void check_case(enum moe_qtype t, const char *name, int row, int64_t n, uint32_t qorigin,
+                       const uint8_t *qref, const float *yref_u, struct fixture_stats *st) {
+    const size_t qb = moe_qtype_row_bytes(t, n);
+    float *yref = malloc((size_t)n * 4), *y = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
+    float *in = malloc((size_t)n * 4);
+    uint8_t *q = malloc(qb + 1);
+    memcpy(yref, yref_u, (size_t)n * 4);
+    st->cases++;
+    if (row >= 0) memcpy(in, g_in[row].x, (size_t)n * 4);
+    if (row >= 0 && qorigin != 0) { /* 1 = gguf, 2 = ggml reference */
+        QCHECK(moe_quantize_row(t, in, q, n) == MOE_OK, "quantize %s", name);
+        int64_t diff = 0, first = -1;
+        for (size_t i = 0; i < qb; i++)
+            if (q[i] != qref[i]) {
+                if (first < 0) first = (int64_t)i;
+                diff++;
+            }
+        QCHECK(diff == 0, "%s %s: quantized bytes differ from %s at %lld bytes (first at %lld: %02x vs %02x)",
+              moe_qtype_name(t), name, qorigin == 1 ? "gguf" : "ggml", (long long)diff, (long long)first,
+              first >= 0 ? q[first] : 0, first >= 0 ? qref[first] : 0);
+        st->quant_rows++;
+        st->quant_bytes += (int64_t)qb;
+    }
+    fill_normal(x, n, 1.0f);
+    double sum_abs;
+    const float def = dot_definition(yref, x, n, &sum_abs);
+    for (int k = 0; k < 3; k++) {
+        if (!moe_quant_isa_supported(ISAS[k])) continue;
+        moe_quant_set_isa(ISAS[k]);
+        QCHECK(moe_dequantize_row(t, qref, y, n) == MOE_OK, "dequantize");
+        int64_t first = -1;
+        int64_t d = count_bit_diffs(y, yref, n, &first);
+        QCHECK(d == 0, "%s %s [%s]: %lld dequantized values differ from gguf (first at %lld: %.9g vs %.9g)",
+              moe_qtype_name(t), name, moe_quant_isa_name(), (long long)d, (long long)first,
+              first >= 0 ? y[first] : 0.0, first >= 0 ? yref[first] : 0.0);
+        st->deq_rows++;
+        st->deq_values += n;
+        const float got = moe_vec_dot(t, qref, x, n);
+        if (ISAS[k] == MOE_QUANT_ISA_SCALAR) {
+            QCHECK(memcmp(&got, &def, 4) == 0 || (isnan(got) && isnan(def)),
+                  "%s %s: scalar dot %.9g != definition %.9g", moe_qtype_name(t), name, got, def);
+        } else if (isfinite(def) && isfinite(sum_abs)) {
+            QCHECK(fabs((double)got - def) <= dot_tolerance(n, sum_abs), "%s %s [%s]: dot %.9g vs %.9g",
+                  moe_qtype_name(t), name, moe_quant_isa_name(), got, def);
+        }
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    if (row >= 0 && (strcmp(name, "normal") == 0 || strncmp(name, "real:", 5) == 0)) {
+        const double e = rel_rmse(in, yref, n);
+        QCHECK(e <= err_bound(t), "%s %s: relative RMSE %.5f > bound %.5f", moe_qtype_name(t), name, e,
+              err_bound(t));
+    }
+    free(yref), free(y), free(x), free(in), free(q);
+}
+
+static void test_fixture_type(enum moe_qtype t, struct fixture_stats *st) {
+    char path[512];
+    snprintf(path, sizeof path, MOE_FIXTURES "/quant/%s.bin", moe_qtype_name(t));
+    struct blob b;
+    if (read_file(path, &b) != 0) {
+        QCHECK(0, "cannot read %s", path);
+        return;
+    }
+    const uint8_t *magic = take(&b, 8);
+    uint32_t type = take_u32(&b), ncases = take_u32(&b);
+    QCHECK(magic && memcmp(magic, "MOEQFX01", 8) == 0 && type == (uint32_t)t, "%s header", path);
+    for (uint32_t c = 0; c < ncases && !b.bad; c++) {
+        const uint8_t *name = take(&b, 32);
+        int32_t row = (int32_t)take_u32(&b);
+        uint32_t n = take_u32(&b), qorigin = take_u32(&b), dorigin = take_u32(&b);
+        (void)dorigin;
+        const size_t qb = moe_qtype_row_bytes(t, n);
+        const uint8_t *q = take(&b, qb);
+        const uint8_t *yref = take(&b, (size_t)n * 4);
+        if (!name || !q || !yref || qb == 0 || row >= g_nin || (row >= 0 && n > g_in[row].n)) {
+            QCHECK(0, "%s: case %u is malformed", path, c);
+            break;
+        }
+        char nm[33];
+        memcpy(nm, name, 32);
+        nm[32] = 0;
+        check_case(t, nm, row, n, qorigin, q, (const float *)yref, st);
+    }
+    QCHECK(!b.bad && b.off == b.n, "%s: trailing or missing bytes", path);
+    free(b.p);
+}
+
+static void test_fixtures(void) {
+    if (load_inputs() != 0) {
+        QCHECK(0, "cannot read " MOE_FIXTURES "/quant/inputs.bin");
+        return;
+    }
+    printf("fixture cases (quantize: bytes identical to the oracle; dequantize: values identical to gguf, per ISA)\n");
+    for (int i = 0; i < NTYPES; i++) {
+        enum moe_qtype t = ALL[i];
+        if (t == MOE_QTYPE_F32) continue;
+        struct fixture_stats st = {0};
+        const int f0 = fails;
+        test_fixture_type(t, &st);
+        printf("  %-5s %2d cases  quantize %2d rows / %6lld bytes  dequantize %3d rows / %6lld values  %s\n",
+               moe_qtype_name(t), st.cases, st.quant_rows, (long long)st.quant_bytes, st.deq_rows,
+               (long long)st.deq_values, fails == f0 ? "ok" : "FAILED");
+    }
+    /* f16 and bf16: every bit pattern dequantizes like moe_f16_to_f32 / moe_bf16_to_f32 */
+    {
+        static uint16_t h[65536];
+        static float y[65536], want[65536];
+        for (int k = 0; k < 2; k++) {
+            const enum moe_qtype t = k ? MOE_QTYPE_BF16 : MOE_QTYPE_F16;
+            for (uint32_t i = 0; i < 65536; i++) {
+                h[i] = (uint16_t)i;
+                want[i] = k ? moe_bf16_to_f32((uint16_t)i) : moe_f16_to_f32((uint16_t)i);
+            }
+            for (int a = 0; a < 3; a++) {
+                if (!moe_quant_isa_supported(ISAS[a])) continue;
+                moe_quant_set_isa(ISAS[a]);
+                int64_t first = -1;
+                QCHECK(moe_dequantize_row(t, h, y, 65536) == MOE_OK && count_bit_diffs(y, want, 65536, &first) == 0,
+                      "%s [%s]: all 65536 patterns: first difference at 0x%04llx", moe_qtype_name(t),
+                      moe_quant_isa_name(), (long long)first);
+            }
+            moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+        }
+    }
+    /* f32 is the identity both ways */
+    for (int r = 0; r < g_nin; r++) {
+        const int64_t n = g_in[r].n;
+        float *in = malloc((size_t)n * 4), *q = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+        memcpy(in, g_in[r].x, (size_t)n * 4);
+        QCHECK(moe_quantize_row(MOE_QTYPE_F32, in, q, n) == MOE_OK && memcmp(q, in, (size_t)n * 4) == 0, "f32 q");
+        QCHECK(moe_dequantize_row(MOE_QTYPE_F32, q, y, n) == MOE_OK && memcmp(y, in, (size_t)n * 4) == 0, "f32 dq");
+        free(in), free(q), free(y);
+    }
+    free(g_inputs.p);
+}
+
+/* Bulk check (fixture bulk.txt): 64 rows x 4096 generated identically here and
+ * in the generator; only 64-bit hashes of the oracle's bytes and floats are
+ * committed. See tests/fixtures/quant/README.md. */
+#define GOLDEN 0x9E3779B97F4A7C15ull
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float bulk_value(uint64_t seed, uint64_t idx, int64_t n) {
+    float u[4];
+    for (int k = 0; k < 4; k++) u[k] = (float)(mix64(seed + (4 * idx + (uint64_t)k) * GOLDEN) >> 40) * 0x1p-24f;
+    float v = ((u[0] + u[1]) + u[2]) + u[3] - 2.0f;
+    v = v * ldexpf(1.0f, (int)((int64_t)(idx / (uint64_t)n) % 16) - 8);
+    if (idx % 61 == 0) v = v * 8.0f;
+    return v;
+}
+
+static uint64_t bulk_hash(const void *p, size_t len) {
+    const uint8_t *b = p;
+    uint64_t h = 0;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, b + i, len - i < 8 ? len - i : 8);
+        h += mix64(w + (uint64_t)(i / 8) * GOLDEN);
+    }
+    return h;
+}
+
+static void test_bulk(void) {
+    FILE *f = fopen(MOE_FIXTURES "/quant/bulk.txt", "r");
+    QCHECK(f != NULL, "cannot read bulk.txt");
+    if (!f) return;
+    char line[256];
+    int lines = 0;
+    printf("bulk rows (hashes of the oracle's output):");
+    while (fgets(line, sizeof line, f)) {
+        char tn[16];
+        long long rows, n, seed;
+        unsigned long long hq, hd;
+        if (line[0] == '#') continue;
+        if (sscanf(line, "%15s %lld %lld %lld %llx %llx", tn, &rows, &n, &seed, &hq, &hd) != 6) {
+            QCHECK(0, "bulk.txt: bad line '%s'", line);
+            continue;
+        }
+        enum moe_qtype t;
+        if (moe_qtype_from_name(tn, &t) != MOE_OK || rows <= 0 || rows > 1024 || n <= 0 || n > 65536) {
+            QCHECK(0, "bulk.txt: bad type or size in '%s'", line);
+            continue;
+        }
+        const int64_t total = rows * n;
+        const size_t qb = moe_qtype_row_bytes(t, total);
+        float *x = malloc((size_t)total * 4), *y = malloc((size_t)total * 4);
+        uint8_t *q = malloc(qb);
+        for (int64_t i = 0; i < total; i++) x[i] = bulk_value((uint64_t)seed, (uint64_t)i, n);
+        for (int64_t r = 0; r < rows; r++)
+            moe_quantize_row(t, x + r * n, q + r * moe_qtype_row_bytes(t, n), n);
+        QCHECK(bulk_hash(q, qb) == hq, "%s bulk: quantized bytes differ from the oracle", tn);
+        for (int k = 0; k < 3; k++) {
+            if (!moe_quant_isa_supported(ISAS[k])) continue;
+            moe_quant_set_isa(ISAS[k]);
+            moe_dequantize_row(t, q, y, total);
+            QCHECK(bulk_hash(y, (size_t)total * 4) == hd, "%s bulk [%s]: dequantized floats differ from gguf", tn,
+                  moe_quant_isa_name());
+        }
+        moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+        printf(" %s", tn);
+        lines++;
+        free(x), free(y), free(q);
+    }
+    fclose(f);
+    printf(": %d types x %d rows x %d\n", lines, 64, 4096);
+    QCHECK(lines == NTYPES - 1, "bulk.txt covers every type but f32 (%d)", lines);
+}
+
+/* ---- 3. SIMD vs scalar -------------------------------------------------- */
+
+/* A quantized row of type t and length n from N(0, scale) data (with a few
+ * outliers), so that every code path sees realistic blocks. */
+static void make_row(enum moe_qtype t, int64_t n, uint8_t *q, float *tmp) {
+    fill_normal(tmp, n, 0.05f);
+    for (int64_t i = 0; i < n; i += 97) tmp[i] *= 20.0f;
+    MOE_ASSERT(moe_quantize_row(t, tmp, q, n) == MOE_OK);
+}
+
+static void test_simd(void) {
+    static const int64_t lens_block[] = {1, 2, 3, 5, 8, 16};               /* in blocks */
+    static const int64_t lens_plain[] = {1, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 255, 1000, 4095, 4096};
+    double worst[NTYPES][3] = {{0}};
+    int64_t compared = 0;
+    for (int ti = 0; ti < NTYPES; ti++) {
+        const enum moe_qtype t = ALL[ti];
+        const int bs = moe_qtype_block_size(t);
+        const int nl = bs == 1 ? 16 : 6;
+        for (int li = 0; li < nl; li++) {
+            const int64_t n = bs == 1 ? lens_plain[li] : lens_block[li] * bs;
+            for (int rep = 0; rep < 3; rep++) {
+                /* rep 2 of the 32-blocks: longer rows (up to 4096) */
+                const int64_t nn = rep == 2 && bs == 32 ? 8 * n : n;
+                const size_t qb = moe_qtype_row_bytes(t, nn);
+                uint8_t *q = malloc(qb + 1), *qu = malloc(qb + 1);
+                float *x = malloc((size_t)nn * 4 + 4), *ref = malloc((size_t)nn * 4), *y = malloc((size_t)nn * 4);
+                make_row(t, nn, q, y);
+                memcpy(qu + 1, q, qb); /* an unaligned copy of the row */
+                fill_normal(x + 1, nn, 1.0f);
+                if (rep == 1)
+                    for (int64_t i = 0; i < nn; i++) x[1 + i] = fabsf(x[1 + i]); /* no cancellation */
+                moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+                moe_dequantize_row(t, q, ref, nn);
+                double sum_abs;
+                const float def = dot_definition(ref, x + 1, nn, &sum_abs);
+                const float sdot = moe_vec_dot(t, q, x + 1, nn);
+                QCHECK(memcmp(&sdot, &def, 4) == 0, "%s n=%lld: scalar dot %.9g != definition %.9g",
+                      moe_qtype_name(t), (long long)nn, sdot, def);
+                for (int k = 1; k < 3; k++) {
+                    if (!moe_quant_isa_supported(ISAS[k])) continue;
+                    moe_quant_set_isa(ISAS[k]);
+                    int64_t first = -1;
+                    QCHECK(moe_dequantize_row(t, qu + 1, y, nn) == MOE_OK &&
+                              count_bit_diffs(y, ref, nn, &first) == 0,
+                          "%s n=%lld [%s]: dequantize differs from scalar at %lld", moe_qtype_name(t),
+                          (long long)nn, moe_quant_isa_name(), (long long)first);
+                    const float d1 = moe_vec_dot(t, q, x + 1, nn);
+                    const float d2 = moe_vec_dot(t, qu + 1, x + 1, nn); /* unaligned w and x */
+                    const double err = fabs((double)d1 - def);
+                    QCHECK(err <= dot_tolerance(nn, sum_abs), "%s n=%lld [%s]: dot %.9g vs scalar %.9g (tol %.3g)",
+                          moe_qtype_name(t), (long long)nn, moe_quant_isa_name(), d1, def,
+                          dot_tolerance(nn, sum_abs));
+                    QCHECK(memcmp(&d1, &d2, 4) == 0, "%s: alignment changes the result", moe_qtype_name(t));
+                    if (sum_abs > 0 && err / sum_abs > worst[ti][k]) worst[ti][k] = err / sum_abs;
+                    compared++;
+                }
+                free(q), free(qu), free(x), free(ref), free(y);
+            }
+        }
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    printf("SIMD vs scalar: %lld dot/dequantize comparisons; dequantize bit-identical; worst |dot - scalar| / sum|v x|:\n",
+           (long long)compared);
+    for (int k = 1; k < 3; k++) {
+        if (!moe_quant_isa_supported(ISAS[k])) {
+            printf("  %-6s not run: this CPU lacks it (code compiled, UNTESTED here)\n", moe_quant_isa_str(ISAS[k]));
+            continue;
+        }
+        printf("  %-6s", moe_quant_isa_str(ISAS[k]));
+        for (int ti = 0; ti < NTYPES; ti++) printf(" %s %.1e", moe_qtype_name(ALL[ti]), worst[ti][k]);
+        printf("\n");
+    }
+}
+
+/* ---- 4. error bounds on N(0,1) data ------------------------------------- */
+
+static void test_error_bounds(void) {
+    const int64_t rows = 64, n = 4096;
+    float *x = malloc((size_t)(rows * n) * 4), *y = malloc((size_t)n * 4);
+    uint8_t *q = malloc(moe_qtype_row_bytes(MOE_QTYPE_F32, n));
+    fill_normal(x, rows * n, 1.0f);
+    printf("relative RMSE of dequantize(quantize(x)), x ~ N(0,1), %lld x %lld:\n ", (long long)rows, (long long)n);
+    for (int ti = 0; ti < NTYPES; ti++) {
+        const enum moe_qtype t = ALL[ti];
+        double se = 0, sx = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * n;
+            moe_quantize_row(t, xr, q, n);
+            moe_dequantize_row(t, q, y, n);
+            for (int64_t i = 0; i < n; i++) {
+                se += ((double)y[i] - xr[i]) * ((double)y[i] - xr[i]);
+                sx += (double)xr[i] * xr[i];
+            }
+        }
+        const double e = sqrt(se / sx);
+        printf(" %s %.5f", moe_qtype_name(t), e);
+        QCHECK(e <= err_bound(t), "%s: relative RMSE %.5f > bound %.5f", moe_qtype_name(t), e, err_bound(t));
+        if (t == MOE_QTYPE_F32) QCHECK(e == 0, "f32 is exact");
+    }
+    printf("\n");
+    free(x), free(y), free(q);
+}
+
+/* ---- 5. malformed input -------------------------------------------------- */
+
+static void test_malformed(void) {
+    float x[1024], y[1024];
+    uint8_t q[2048];
+    fill_normal(x, 1024, 1.0f);
+    moe_log_set(count_log, NULL);
+    g_logs = 0;
+    int expected_logs = 0;
+    for (int ti = 0; ti < NTYPES; ti++) {
+        const enum moe_qtype t = ALL[ti];
+        const int bs = moe_qtype_block_size(t);
+        if (bs > 1) {
+            memset(q, 0xAB, sizeof q);
+            QCHECK(moe_quantize_row(t, x, q, bs + 1) == MOE_ERR_INVALID, "%s ragged quantize", moe_qtype_name(t));
+            QCHECK(q[0] == 0xAB && q[sizeof q - 1] == 0xAB, "%s: dst untouched on error", moe_qtype_name(t));
+            QCHECK(moe_dequantize_row(t, q, y, bs - 1) == MOE_ERR_INVALID, "%s ragged dequantize", moe_qtype_name(t));
+            QCHECK(isnan(moe_vec_dot(t, q, x, bs + 16)), "%s ragged dot", moe_qtype_name(t));
+            expected_logs += 3;
+        }
+        QCHECK(moe_quantize_row(t, x, q, -bs) == MOE_ERR_INVALID, "%s negative n", moe_qtype_name(t));
+        QCHECK(moe_quantize_row(t, NULL, q, bs) == MOE_ERR_INVALID, "%s NULL src", moe_qtype_name(t));
+        QCHECK(moe_quantize_row(t, x, NULL, bs) == MOE_ERR_INVALID, "%s NULL dst", moe_qtype_name(t));
+        QCHECK(moe_dequantize_row(t, NULL, y, bs) == MOE_ERR_INVALID, "%s NULL src", moe_qtype_name(t));
+        QCHECK(isnan(moe_vec_dot(t, NULL, x, bs)), "%s NULL w", moe_qtype_name(t));
+        QCHECK(isnan(moe_vec_dot(t, q, NULL, bs)), "%s NULL x", moe_qtype_name(t));
+        QCHECK(isnan(moe_vec_dot(t, q, x, -1)), "%s negative n", moe_qtype_name(t));
+        expected_logs += 7;
+        /* n = 0 is a valid, empty row */
+        QCHECK(moe_quantize_row(t, x, q, 0) == MOE_OK && moe_dequantize_row(t, q, y, 0) == MOE_OK &&
+                  moe_vec_dot(t, q, x, 0) == 0.0f,
+              "%s empty row", moe_qtype_name(t));
+    }
+    static const int bad_types[] = {-1, 3, 4, 5, 6, 7, 9, 16, 29, 31, 1000};
+    for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
+        const enum moe_qtype t = (enum moe_qtype)bad_types[i];
+        QCHECK(moe_quantize_row(t, x, q, 256) == MOE_ERR_INVALID, "type %d quantize", bad_types[i]);
+        QCHECK(moe_dequantize_row(t, q, y, 256) == MOE_ERR_INVALID, "type %d dequantize", bad_types[i]);
+        QCHECK(isnan(moe_vec_dot(t, q, x, 256)), "type %d dot", bad_types[i]);
+        expected_logs += 3;
+    }
+    QCHECK(moe_quant_set_isa((enum moe_quant_isa)7) == MOE_ERR_UNSUPPORTED, "bad ISA");
+    QCHECK(moe_quant_set_isa((enum moe_quant_isa)-1) == MOE_ERR_UNSUPPORTED, "bad ISA");
+    expected_logs += 2;
+    QCHECK(g_logs == expected_logs, "every error logged once (%d logs, %d errors)", g_logs, expected_logs);
+    moe_log_set(NULL, NULL);
+    QCHECK(moe_quant_set_isa(MOE_QUANT_ISA_AUTO) == MOE_OK, "auto ISA");
+    QCHECK(strcmp(moe_quant_isa_str((enum moe_quant_isa)9), "?") == 0, "ISA name of a bad value");
+
+    /* non-finite and extreme inputs: well-formed output, no crash, on every path */
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 3.4e38f, -3.4e38f, 1e-45f, -0.0f, 65520.0f};
+    for (int s = 0; s < 8; s++) {
+        for (int i = 0; i < 1024; i++) x[i] = (i % 7 == s % 7) ? specials[s] : rnd_normal();
+        if (s == 7) fill_normal(x, 1024, 1e30f); /* every scale overflows f16 */
+        for (int ti = 0; ti < NTYPES; ti++) {
+            const enum moe_qtype t = ALL[ti];
+            const int64_t n = moe_qtype_row_bytes(t, 512) <= sizeof q ? 512 : 256;
+            QCHECK(moe_quantize_row(t, x, q, n) == MOE_OK, "%s special %d", moe_qtype_name(t), s);
+            float ref[512];
+            moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+            moe_dequantize_row(t, q, ref, n);
+            (void)moe_vec_dot(t, q, x, n);
+            for (int k = 1; k < 3; k++) {
+                if (!moe_quant_isa_supported(ISAS[k])) continue;
+                moe_quant_set_isa(ISAS[k]);
+                int64_t first = -1;
+                moe_dequantize_row(t, q, y, n);
+                QCHECK(count_bit_diffs(y, ref, n, &first) == 0, "%s special %d [%s] differs at %lld",
+                      moe_qtype_name(t), s, moe_quant_isa_name(), (long long)first);
+                (void)moe_vec_dot(t, q, x, n);
+            }
+        }
+    }
+    /* garbage blocks (any bytes, NaN/inf scales included): same floats on every ISA */
+    for (int rep = 0; rep < 50; rep++) {
+        for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)rnd64();
+        for (int ti = 0; ti < NTYPES; ti++) {
+            const enum moe_qtype t = ALL[ti];
+            const int64_t n = moe_qtype_row_bytes(t, 512) <= sizeof q ? 512 : 256;
+            float ref[512];
+            moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+            moe_dequantize_row(t, q, ref, n);
+            for (int k = 1; k < 3; k++) {
+                if (!moe_quant_isa_supported(ISAS[k])) continue;
+                moe_quant_set_isa(ISAS[k]);
+                int64_t first = -1;
+                moe_dequantize_row(t, q, y, n);
+                QCHECK(count_bit_diffs(y, ref, n, &first) == 0, "%s garbage [%s] differs at %lld",
+                      moe_qtype_name(t), moe_quant_isa_name(), (long long)first);
+                (void)moe_vec_dot(t, q, x, n);
+            }
+        }
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+}
+
+int main(void) {
+    printf("ISAs: scalar yes, avx2 %s, avx512 %s; in use: %s\n",
+           moe_quant_isa_supported(MOE_QUANT_ISA_AVX2) ? "yes" : "no (untested)",
+           moe_quant_isa_supported(MOE_QUANT_ISA_AVX512) ? "yes" : "no (untested)", moe_quant_isa_name());
+    test_table();
+    test_fixtures();
+    test_bulk();
+    test_simd();
+    test_error_bounds();
+    test_malformed();
+    printf("test-quant: %d passed, %d failed\n", checks - fails, fails);
+    return fails != 0;
+}
