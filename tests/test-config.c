@@ -11,6 +11,7 @@
 
 #include "moe-model.h"
 #include "moe-test.h"
+#include "moe-test-model.h"
 
 static char last_log[4096];
 
@@ -160,12 +161,6 @@ static void test_errors(void) {
 
 /* --- model binding on a synthetic checkpoint ------------------------------ */
 
-struct tensor_spec {
-    char name[96];
-    int n_dims;
-    long long d[2];
-};
-
 /* write_checkpoint: config.json and an all-zero F32 model.safetensors in dir. */
 static void write_checkpoint(const char *dir, const struct tensor_spec *ts, int n) {
     char path[512];
@@ -173,60 +168,8 @@ static void write_checkpoint(const char *dir, const struct tensor_spec *ts, int 
     FILE *f = fopen(path, "w");
     fprintf(f, "{" MIXTRAL_BASE "}");
     fclose(f);
-    char *hdr = malloc(65536);
-    size_t off = 0, len = 0;
-    len += (size_t)sprintf(hdr + len, "{");
-    for (int i = 0; i < n; i++) {
-        long long elems = 1;
-        for (int k = 0; k < ts[i].n_dims; k++) elems *= ts[i].d[k];
-        len += (size_t)sprintf(hdr + len, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[", i ? "," : "", ts[i].name);
-        for (int k = 0; k < ts[i].n_dims; k++) len += (size_t)sprintf(hdr + len, "%s%lld", k ? "," : "", ts[i].d[k]);
-        len += (size_t)sprintf(hdr + len, "],\"data_offsets\":[%zu,%zu]}", off, off + (size_t)elems * 4);
-        off += (size_t)elems * 4;
-    }
-    len += (size_t)sprintf(hdr + len, "}");
-    while (len % 8) hdr[len++] = ' ';
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    f = fopen(path, "wb");
-    unsigned char n8[8];
-    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((unsigned long long)len >> (8 * i));
-    fwrite(n8, 1, 8, f);
-    fwrite(hdr, 1, len, f);
-    char zero[4096] = {0};
-    while (off > 0) {
-        size_t k = off < sizeof zero ? off : sizeof zero;
-        fwrite(zero, 1, k, f);
-        off -= k;
-    }
-    fclose(f);
-    free(hdr);
-}
-
-static int mixtral_specs(struct tensor_spec *ts) {
-    int n = 0;
-#define T1(nm, a) (snprintf(ts[n].name, 96, "%s", nm), ts[n].n_dims = 1, ts[n].d[0] = a, n++)
-#define T2(nm, a, b) (snprintf(ts[n].name, 96, "%s", nm), ts[n].n_dims = 2, ts[n].d[0] = a, ts[n].d[1] = b, n++)
-    T2("model.embed_tokens.weight", 32, 8);
-    T1("model.norm.weight", 8);
-    T2("lm_head.weight", 32, 8);
-    char nm[96];
-    for (int l = 0; l < 2; l++) {
-        snprintf(nm, 96, "model.layers.%d.input_layernorm.weight", l), T1(nm, 8);
-        snprintf(nm, 96, "model.layers.%d.post_attention_layernorm.weight", l), T1(nm, 8);
-        snprintf(nm, 96, "model.layers.%d.self_attn.q_proj.weight", l), T2(nm, 8, 8);
-        snprintf(nm, 96, "model.layers.%d.self_attn.k_proj.weight", l), T2(nm, 4, 8);
-        snprintf(nm, 96, "model.layers.%d.self_attn.v_proj.weight", l), T2(nm, 4, 8);
-        snprintf(nm, 96, "model.layers.%d.self_attn.o_proj.weight", l), T2(nm, 8, 8);
-        snprintf(nm, 96, "model.layers.%d.block_sparse_moe.gate.weight", l), T2(nm, 3, 8);
-        for (int e = 0; e < 3; e++) {
-            snprintf(nm, 96, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e), T2(nm, 6, 8);
-            snprintf(nm, 96, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e), T2(nm, 8, 6);
-            snprintf(nm, 96, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e), T2(nm, 6, 8);
-        }
-    }
-#undef T1
-#undef T2
-    return n;
+    CHECK(moe_test_write_safetensors(path, ts, n, 0) == 0, "write %s", path);
 }
 
 static void test_binding(void) {
@@ -236,7 +179,7 @@ static void test_binding(void) {
         return;
     }
     struct tensor_spec ts[128];
-    int n = mixtral_specs(ts);
+    int n = moe_test_mixtral_specs(ts, 2, 3, 8, 6, 32, 2, 1);
     struct moe_model *m = NULL;
 
     write_checkpoint(dir, ts, n);
