@@ -28,9 +28,10 @@
  *     [A-Za-z0-9_.+-]{1,63}, unique; 1..4 parts each of 1 or more bytes, the
  *     laid-out size fits in 64 bits; every entry is either absent (all zero) or
  *     present (flags 1, compression 0 or 1, raw size = the precision's laid-out
- *     size, stored size = raw size when uncompressed and >= 1 when compressed,
- *     data on a 4096 boundary inside the data region); a layer is either all
- *     present or all absent (dense);
+ *     size, stored size and stored checksum = raw size and raw checksum when
+ *     uncompressed, stored size >= 1 when compressed, data on a 4096 boundary
+ *     inside the data region); a layer is either all present or all absent
+ *     (dense);
  *   - no two tensors or blobs overlap;
  *   tuning slots (A at 512, B at 1024)
  *   - a slot of 64 zero bytes is empty; otherwise magic "MOEBTUNE" and the slot
@@ -89,7 +90,7 @@ static const uint64_t slot_offset[2] = {512, 1024};
 #define PRECISION_FIXED 8u
 #define PART_BYTES 32u
 #define EXPERT_FIXED 16u
-#define ENTRY_BYTES 40u
+#define ENTRY_BYTES 48u
 #define ENTRY_PRESENT 1u
 #define MAX_LAYERS (1u << 20)
 #define MAX_EXPERTS (1u << 20)
@@ -938,8 +939,14 @@ static enum moe_status kv_decode(const uint8_t *p, uint64_t n, uint64_t base, co
                      (unsigned long long)at, type);
             goto fail;
         }
-        if (need(&c, klen, "key") != MOE_OK || need(&c, (uint64_t)klen + vlen, "value") != MOE_OK)
+        if (need(&c, klen, "key") != MOE_OK) goto fail;
+        if (vlen > c.n - c.pos - klen) { /* not klen + vlen: that sum can wrap */
+            MOE_LOGE("%s: %s: entry at file offset %llu: value of %llu bytes runs past the "
+                     "section (%llu bytes remain)",
+                     label, what, (unsigned long long)at, (unsigned long long)vlen,
+                     (unsigned long long)(c.n - c.pos - klen));
             goto fail;
+        }
         const uint8_t *k = c.p + c.pos;
         if (!name_ok(k, klen, MOE_BUNDLE_MAX_KEY)) {
             MOE_LOGE("%s: %s: entry at file offset %llu: key is not UTF-8 without control "
@@ -1154,7 +1161,7 @@ static const char *slot_bounds(const struct slot *s, uint64_t dir_end, uint64_t 
 /* reader                                                                     */
 
 struct bundle_entry {
-    uint64_t offset, stored, raw, checksum;
+    uint64_t offset, stored, raw, checksum, stored_checksum;
     uint32_t compression, flags;
 };
 
@@ -1368,7 +1375,8 @@ static enum moe_status parse_precisions(struct moe_bundle *b, struct cur *c) {
 static const char *check_entry(const struct moe_bundle *b, const struct bundle_entry *x,
                                const struct moe_bundle_precision *p) {
     if (!(x->flags & ENTRY_PRESENT)) {
-        if (x->flags || x->offset || x->stored || x->raw || x->checksum || x->compression)
+        if (x->flags || x->offset || x->stored || x->raw || x->checksum || x->stored_checksum ||
+            x->compression)
             return "absent entry is not all zero";
         return NULL;
     }
@@ -1377,6 +1385,8 @@ static const char *check_entry(const struct moe_bundle *b, const struct bundle_e
     if (x->raw != p->raw_size) return "raw size differs from the precision's laid-out size";
     if (x->compression == MOE_BUNDLE_COMP_NONE && x->stored != x->raw)
         return "stored size differs from raw size of an uncompressed blob";
+    if (x->compression == MOE_BUNDLE_COMP_NONE && x->stored_checksum != x->checksum)
+        return "stored checksum differs from raw checksum of an uncompressed blob";
     if (x->compression == MOE_BUNDLE_COMP_ZSTD && x->stored == 0) return "compressed blob is empty";
     if (!in_data(b, x->offset, x->stored))
         return "data is not a 4096-aligned range inside the data region";
@@ -1427,6 +1437,7 @@ static enum moe_status parse_experts(struct moe_bundle *b, const uint8_t *e, uin
                 t->stored = take64(&c);
                 t->raw = take64(&c);
                 t->checksum = take64(&c);
+                t->stored_checksum = take64(&c);
                 t->compression = take32(&c);
                 t->flags = take32(&c);
                 const char *why = check_entry(b, t, &b->precisions[p]);
@@ -1849,6 +1860,7 @@ enum moe_status moe_bundle_expert(const struct moe_bundle *b, uint32_t layer, ui
     out->raw_size = x->raw;
     out->compression = x->compression;
     out->checksum = x->checksum;
+    out->stored_checksum = x->stored_checksum;
     return MOE_OK;
 }
 
@@ -1930,6 +1942,10 @@ static const char *blob_check(const struct moe_bundle_blob *x, const void *store
         } else {
             h = hash(stored, (size_t)x->raw_size);
         }
+    } else if (hash(stored, (size_t)x->stored_size) != x->stored_checksum) {
+        /* a flipped bit can leave a zstd frame decoding to the same output, so
+         * the stored bytes carry their own checksum (checked before decoding) */
+        return "checksum mismatch of the stored (compressed) bytes";
     } else if ((r = zstd_frame_check(stored, x->stored_size, x->raw_size)) != NULL) {
         return r;
     } else if (dst) {
@@ -2458,6 +2474,7 @@ enum moe_status moe_bundle_writer_add_expert(struct moe_bundle_writer *w, uint32
     struct bundle_entry x = {0};
     x.raw = raw_size;
     x.checksum = hash(raw, raw_size);
+    x.stored_checksum = x.checksum;
     x.flags = ENTRY_PRESENT;
     void *packed = NULL;
     size_t packed_n = 0;
@@ -2469,6 +2486,7 @@ enum moe_status moe_bundle_writer_add_expert(struct moe_bundle_writer *w, uint32
         return MOE_ERR_NOMEM;
     }
     x.compression = packed ? MOE_BUNDLE_COMP_ZSTD : MOE_BUNDLE_COMP_NONE;
+    if (packed) x.stored_checksum = hash(packed, packed_n);
     x.stored = packed ? packed_n : raw_size;
     size_t at = w_index(w, layer, expert, precision);
     pthread_mutex_lock(&w->mu);
@@ -2583,6 +2601,7 @@ static void encode_directory(const struct moe_bundle_writer *w, struct wbuf *d) 
         wb_u64(d, x->stored);
         wb_u64(d, x->raw);
         wb_u64(d, x->checksum);
+        wb_u64(d, x->stored_checksum);
         wb_u32(d, x->compression);
         wb_u32(d, x->flags);
     }

@@ -99,7 +99,7 @@ void moe_bundle_kv_free(struct moe_bundle_kv *kv);
  * (of any type). Keys are 1..MOE_BUNDLE_MAX_KEY bytes of UTF-8 without control
  * characters; strings must be UTF-8 (MOE_ERR_INVALID otherwise, logged). On
  * any error the set is unchanged. Arrays may be empty (n = 0, pointer may be
- * NULL); so may bytes. */
+ * NULL); so may bytes. A NULL string value is stored as "". */
 enum moe_status moe_bundle_kv_set_str(struct moe_bundle_kv *kv, const char *key, const char *value);
 enum moe_status moe_bundle_kv_set_i64(struct moe_bundle_kv *kv, const char *key, int64_t value);
 enum moe_status moe_bundle_kv_set_f64(struct moe_bundle_kv *kv, const char *key, double value);
@@ -301,6 +301,7 @@ struct moe_bundle_blob {
     uint64_t raw_size;    /* == desc->raw_size */
     uint32_t compression; /* enum moe_bundle_compression */
     uint64_t checksum;    /* XXH3-64 of the raw (decompressed) bytes */
+    uint64_t stored_checksum; /* XXH3-64 of the stored bytes (== checksum when uncompressed) */
 };
 
 /* Facts about the file, for `inspect`. */
