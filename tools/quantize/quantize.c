@@ -521,6 +521,7 @@ int moe_prep_quantize(int argc, char **argv) {
     if ((st = moe_bundle_writer_set_meta_str_array(j.w, "quant.fallbacks", j.fallbacks, (size_t)j.n_fallbacks)))
         goto fail;
     if ((st = moe_bundle_writer_finish(j.w))) goto fail;
+    moe_bundle_writer_free(j.w);
     j.w = NULL;
     g_tmp_path[0] = 0;
 
