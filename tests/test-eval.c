@@ -22,6 +22,7 @@
 
 #include "moe-model.h"
 #include "moe-session.h"
+#include "moe-mmap.h"
 #include "moe-test.h"
 #include "moe-tokenizer.h"
 
@@ -223,6 +224,84 @@ static void check_ppl(const char *name, int max_chunks) {
     cJSON_Delete(j);
 }
 
+/* count_route: the test's own router observer (token-slots per layer x expert). */
+static int64_t g_load[64][64];
+static void count_route(const struct moe_route_event *ev, void *user) {
+    for (int i = 0; i < ev->n_tokens * ev->k; i++) g_load[ev->layer][ev->experts[i]]++;
+}
+
+/* check_extras: --unigram and --routing agree with an independent count: the
+ * unigram perplexity from the stream's own token counts (add-one), and the
+ * expert load from a router observer over the same tokens eval feeds (the
+ * first ctx-1 tokens of each chunk). */
+static void check_extras(const char *name) {
+    char dir[512], *text = NULL;
+    size_t len = 0;
+    snprintf(dir, sizeof dir, "%s/models/%s", MOE_FIXTURES, name);
+    struct moe_model *m = NULL;
+    if (moe_model_load_hf(dir, &m) != MOE_OK || moe_read_file(text_path, 1 << 24, &text, &len) != MOE_OK) {
+        CHECK(0, "%s: setup", name);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n_text = 0;
+    moe_tokenizer_encode(m->tok, text, len, 0, &ids, &n_text);
+    CHECK(m->cfg.bos_id < 0, "%s: check_extras expects a model without BOS", name);
+    const int V = m->cfg.n_vocab, n_chunks = (int)(n_text / CTX);
+    int64_t *count = calloc((size_t)V, sizeof *count);
+    for (size_t i = 0; i < n_text; i++) count[ids[i]]++;
+    double nll = 0;
+    int n = 0;
+    memset(g_load, 0, sizeof g_load);
+    struct moe_session_params sp = moe_session_default_params();
+    sp.n_ctx = CTX;
+    sp.n_threads = 1;
+    sp.on_route = count_route;
+    struct moe_session *s = NULL;
+    moe_session_create(m, &sp, &s);
+    for (int c = 0; c < n_chunks; c++) {
+        const int32_t *chunk = ids + (size_t)c * CTX;
+        for (int i = CTX / 2; i < CTX - 1; i++, n++) nll -= log((count[chunk[i + 1]] + 1.0) / ((double)n_text + V));
+        moe_session_reset(s);
+        CHECK(moe_session_forward(s, chunk, CTX - 1, NULL, 0) == MOE_OK, "%s: forward", name);
+    }
+    cJSON *j = eval_json(name, NULL, "--unigram --routing");
+    if (j) {
+        double want = exp(nll / n), got = num(j, "unigram_ppl", NULL);
+        CHECK(fabs(got - want) <= 1e-9 * want, "%s: unigram PPL %.9f, expected %.9f", name, got, want);
+        CHECK(fabs(num(j, "ppl_over_unigram", NULL) - num(j, "ppl", "value") / want) <= 1e-9 * got,
+              "%s: PPL / unigram ratio", name);
+        const cJSON *r = cJSON_GetObjectItem(j, "routing"), *layer;
+        int n_layers = 0;
+        cJSON_ArrayForEach(layer, r) {
+            int l = (int)num(layer, "layer", NULL), top = (int)num(layer, "top_expert", NULL), e = 0;
+            const cJSON *v;
+            int64_t best = -1, total = 0;
+            cJSON_ArrayForEach(v, cJSON_GetObjectItem(layer, "load")) {
+                CHECK((int64_t)v->valuedouble == g_load[l][e], "%s: layer %d expert %d load %g, expected %lld", name,
+                      l, e, v->valuedouble, (long long)g_load[l][e]);
+                if (g_load[l][e] > best) best = g_load[l][e];
+                total += g_load[l][e];
+                e++;
+            }
+            CHECK(e == m->cfg.n_expert && g_load[l][top] == best, "%s: layer %d top expert", name, l);
+            CHECK(total == (int64_t)n_chunks * (CTX - 1) * m->cfg.n_expert_used, "%s: layer %d token-slots", name, l);
+            double h = num(layer, "load_entropy_ratio", NULL);
+            CHECK(h > 0 && h <= 1, "%s: layer %d entropy ratio %g", name, l, h);
+            n_layers++;
+        }
+        int n_moe = 0;
+        for (int l = 0; l < m->cfg.n_layer; l++) n_moe += m->cfg.layer_moe[l];
+        CHECK(n_layers == n_moe, "%s: %d routing rows for %d MoE layers", name, n_layers, n_moe);
+        cJSON_Delete(j);
+    }
+    moe_session_free(s);
+    free(count);
+    free(ids);
+    free(text);
+    moe_model_free(m);
+}
+
 /* check_self: a model against itself. */
 static void check_self(const char *name) {
     cJSON *j = eval_json(name, name, NULL);
@@ -293,6 +372,7 @@ int main(int argc, char **argv) {
     check_ppl("mixtral-f32", 0);   /* BOS 1 replaces each chunk's first token */
     check_ppl("qwen2_moe-f32", 0); /* no BOS */
     check_ppl("phimoe-f32", 3);    /* --max-chunks */
+    check_extras("qwen2_moe-f32"); /* --unigram, --routing (one dense layer) */
 
     char args[1024];
     const char *mix = MOE_FIXTURES "/models/mixtral-f32";

@@ -207,6 +207,48 @@ static enum moe_status eval_chunk(struct eval_side *side, int n_side, const int3
     return MOE_OK;
 }
 
+/* count_route: router observer adding each token's selected experts to the load table. */
+static void count_route(const struct moe_route_event *ev, void *user) {
+    struct moe_eval_result *r = user;
+    int64_t *row = r->expert_load + (size_t)ev->layer * (size_t)r->n_expert;
+    for (int i = 0; i < ev->n_tokens * ev->k; i++) row[ev->experts[i]]++;
+}
+
+/* unigram_ppl: add-one smoothed unigram model counted over the stream, scored
+ * on the positions the models score (targets ctx/2+1 .. ctx-1 of each chunk). */
+static double unigram_ppl(const int32_t *ids, size_t n_ids, int n_chunks, int n_ctx, int V) {
+    int64_t *count = calloc((size_t)V, sizeof *count);
+    if (!count) return NAN;
+    for (size_t i = 0; i < n_ids; i++) count[ids[i]]++;
+    double nll = 0, denom = (double)n_ids + V;
+    int64_t n = 0;
+    for (int c = 0; c < n_chunks; c++)
+        for (int p = n_ctx / 2; p < n_ctx - 1; p++, n++)
+            nll -= log((double)(count[ids[(size_t)c * n_ctx + p + 1]] + 1) / denom);
+    free(count);
+    return n ? exp(nll / (double)n) : NAN;
+}
+
+void moe_eval_result_clear(struct moe_eval_result *r) {
+    free(r->expert_load);
+    r->expert_load = NULL;
+}
+
+double moe_eval_load_entropy(const struct moe_eval_result *r, int layer, int *top) {
+    const int64_t *row = r->expert_load + (size_t)layer * (size_t)r->n_expert;
+    int64_t total = 0;
+    *top = 0;
+    for (int e = 0; e < r->n_expert; e++) {
+        total += row[e];
+        if (row[e] > row[*top]) *top = e;
+    }
+    if (total == 0 || r->n_expert < 2) return -1;
+    double h = 0;
+    for (int e = 0; e < r->n_expert; e++)
+        if (row[e]) h -= (double)row[e] / (double)total * log((double)row[e] / (double)total);
+    return h / log((double)r->n_expert);
+}
+
 /* ---- statistics, as llama-perplexity computes them ---- */
 
 /* mean_err: mean and its standard error sqrt(var / (n - 1)), var the
@@ -356,8 +398,18 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     struct moe_session_params sp = moe_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_threads = p.n_threads;
+    if (p.routing) {
+        out->n_layer = model->cfg.n_layer;
+        out->n_expert = model->cfg.n_expert;
+        if (!(out->expert_load = calloc((size_t)out->n_layer * (size_t)out->n_expert, sizeof(int64_t)))) goto done;
+    }
     for (int k = 0; k < n_side; k++) {
-        if ((st = moe_session_create(side[k].m, &sp, &side[k].s))) goto done;
+        struct moe_session_params spk = sp;
+        if (k == 0 && p.routing) {
+            spk.on_route = count_route;
+            spk.route_user = out;
+        }
+        if ((st = moe_session_create(side[k].m, &spk, &side[k].s))) goto done;
         st = MOE_ERR_NOMEM;
         if (!(side[k].logits = malloc(sizeof(float) * V * EVAL_ROWS))) goto done;
     }
@@ -378,8 +430,13 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     out->nll = mean_err(acc.nll, n_scored);
     out->ppl = (struct moe_eval_figure){exp(out->nll.val), exp(out->nll.val) * out->nll.err};
     out->has_ref = ref != NULL;
+    if (p.unigram) {
+        out->has_unigram = 1;
+        out->unigram_ppl = unigram_ppl(ids, n_ids, n_chunks, n_ctx, (int)V);
+    }
     st = ref ? finish_ref(&acc, out) : MOE_OK;
 done:
+    if (st) moe_eval_result_clear(out);
     for (int k = 0; k < n_side; k++) {
         moe_session_free(side[k].s);
         free(side[k].logits);
@@ -418,6 +475,10 @@ static void eval_usage(FILE *f) {
 "  --max-chunks N            score at most N chunks (default: all)\n"
 "  --expert-precision P      bundles: stored expert precision of MODEL to use\n"
 "                            (e.g. q4_k); REF always loads with its defaults\n"
+"  --unigram                 also the perplexity of an add-one unigram model\n"
+"                            counted on the same text (a baseline) and the ratio\n"
+"  --routing                 also the model's expert load per MoE layer: its\n"
+"                            entropy / log(experts) and the most-used expert\n"
 "  -t, --threads N           CPU threads per model (default: all)\n"
 "  --json                    one JSON object on stdout instead of the table\n"
 "  -h, --help                this help\n"
@@ -434,7 +495,7 @@ static void eval_usage(FILE *f) {
 
 struct eval_args {
     const char *model, *ref, *dataset, *precision;
-    int n_ctx, max_chunks, n_threads, json;
+    int n_ctx, max_chunks, n_threads, json, unigram, routing;
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -474,6 +535,10 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 256, &a->n_threads)) return 2;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
+        } else if (!strcmp(o, "--unigram")) {
+            a->unigram = 1;
+        } else if (!strcmp(o, "--routing")) {
+            a->routing = 1;
         } else if (o[0] == '-') {
             fprintf(stderr, "moe-prep eval: unknown option \"%s\" (see moe-prep eval --help)\n", o);
             return 2;
@@ -585,6 +650,29 @@ static void print_json(const struct eval_args *a, int n_threads, const struct mo
         json_figure("delta_p_rms", r->dp_rms, "value", "stderr");
         json_figure("same_top", r->same_top, "value", "stderr");
     }
+    if (r->has_unigram) {
+        printf(", \"unigram_ppl\": ");
+        json_num(r->unigram_ppl);
+        printf(", \"ppl_over_unigram\": ");
+        json_num(r->ppl.val / r->unigram_ppl);
+    }
+    if (r->expert_load) {
+        printf(", \"routing\": [");
+        int first = 1;
+        for (int l = 0; l < r->n_layer; l++) {
+            int top;
+            double h = moe_eval_load_entropy(r, l, &top);
+            if (h < 0) continue; /* dense layer */
+            const int64_t *row = r->expert_load + (size_t)l * (size_t)r->n_expert;
+            printf("%s{\"layer\": %d, \"load_entropy_ratio\": ", first ? "" : ", ", l);
+            json_num(h);
+            printf(", \"top_expert\": %d, \"load\": [", top);
+            for (int e = 0; e < r->n_expert; e++) printf("%s%lld", e ? ", " : "", (long long)row[e]);
+            printf("]}");
+            first = 0;
+        }
+        printf("]");
+    }
     printf("}\n");
 }
 
@@ -597,6 +685,25 @@ static void print_pct_rows(const char *what, const double pct[MOE_EVAL_N_PCT], d
         printf("%s %s: %10.6f%s\n", names[i], what, scale * pct[i], unit);
 }
 
+/* print_extras: the unigram baseline and the routing table, when asked for. */
+static void print_extras(const struct moe_eval_result *r) {
+    if (r->has_unigram)
+        printf("unigram PPL (add-one, counted on this text) = %.4f; PPL / unigram PPL = %.4f\n", r->unigram_ppl,
+               r->ppl.val / r->unigram_ppl);
+    if (!r->expert_load) return;
+    printf("\nexpert load per MoE layer (token-slots over all processed tokens)\n");
+    printf("layer  entropy/log(E)  top expert (share)\n");
+    for (int l = 0; l < r->n_layer; l++) {
+        int top;
+        double h = moe_eval_load_entropy(r, l, &top);
+        if (h < 0) continue;
+        const int64_t *row = r->expert_load + (size_t)l * (size_t)r->n_expert;
+        int64_t total = 0;
+        for (int e = 0; e < r->n_expert; e++) total += row[e];
+        printf("%5d  %14.3f  %3d (%.1f %%)\n", l, h, top, 100.0 * (double)row[top] / (double)total);
+    }
+}
+
 static void print_table(const struct eval_args *a, const struct moe_eval_result *r) {
     printf("model    %s\n", a->model);
     if (a->ref) printf("ref      %s\n", a->ref);
@@ -607,6 +714,7 @@ static void print_table(const struct eval_args *a, const struct moe_eval_result 
     if (!r->has_ref) {
         printf("PPL = %.4f ± %.5f   (mean NLL %.6f ± %.6f nats/token)\n", r->ppl.val, r->ppl.err,
                r->nll.val, r->nll.err);
+        print_extras(r);
         return;
     }
     printf("====== Perplexity statistics ======\n");
@@ -627,6 +735,7 @@ static void print_table(const struct eval_args *a, const struct moe_eval_result 
     print_pct_rows("Δp", r->dp_pct, 100.0, " %");
     printf("RMS Δp    : %6.3f ± %5.3f %%\n", 100.0 * r->dp_rms.val, 100.0 * r->dp_rms.err);
     printf("Same top p: %6.3f ± %5.3f %%\n", 100.0 * r->same_top.val, 100.0 * r->same_top.err);
+    print_extras(r);
 }
 
 /* load: one model; reports a failure naming the role. */
@@ -682,6 +791,8 @@ int moe_prep_eval(int argc, char **argv) {
     ep.max_chunks = a.max_chunks;
     ep.n_threads = a.n_threads;
     ep.bos = moe_eval_bos(model->tok);
+    ep.unigram = a.unigram;
+    ep.routing = a.routing;
     if (isatty(STDERR_FILENO)) {
         ep.on_chunk = progress;
         ep.user = &a;
@@ -706,7 +817,9 @@ int moe_prep_eval(int argc, char **argv) {
             r.seconds > 0 ? (double)r.n_chunks * r.n_ctx / r.seconds : 0.0, ref ? ", model + ref" : "",
             r.ppl.val);
     if (ref) fprintf(stderr, ", mean KLD %.6f, same top %.2f %%", r.kld.val, 100.0 * r.same_top.val);
+    if (r.has_unigram) fprintf(stderr, ", unigram PPL %.4f (ratio %.3f)", r.unigram_ppl, r.ppl.val / r.unigram_ppl);
     fputc('\n', stderr);
+    moe_eval_result_clear(&r);
     status = 0;
 done:
     free(ids);

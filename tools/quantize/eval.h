@@ -46,6 +46,8 @@ struct moe_eval_params {
      * thread: chunks done, chunks in all, seconds since the first chunk began. */
     void (*on_chunk)(int done, int total, double seconds, void *user);
     void *user;
+    int unigram; /* also compute the unigram baseline */
+    int routing; /* also count the model's expert load per layer */
 };
 
 struct moe_eval_params moe_eval_default_params(void);
@@ -81,7 +83,28 @@ struct moe_eval_result {
     double dp_pct[MOE_EVAL_N_PCT];
     struct moe_eval_figure dp_rms;       /* sqrt(mean dp^2) */
     struct moe_eval_figure same_top;     /* share of positions whose argmax agrees (lowest id on ties) */
+
+    /* Unigram baseline (params.unigram): token frequencies counted over the
+     * whole evaluated stream, add-one smoothed, scored on the same positions.
+     * Fitted on the text itself, it is a harder baseline than one fitted on
+     * training data. */
+    int has_unigram;
+    double unigram_ppl;
+
+    /* Routing of the model over every token it processed (context and scored
+     * halves): token-slots per (MoE layer, expert), row-major [n_layer x
+     * n_expert]; NULL unless params.routing. Free with moe_eval_result_clear(). */
+    int64_t *expert_load;
+    int n_layer, n_expert;
 };
+
+/* moe_eval_result_clear: free what a result owns (expert_load). */
+void moe_eval_result_clear(struct moe_eval_result *r);
+
+/* moe_eval_load_entropy: entropy of layer l's expert load divided by
+ * log(n_expert) (1 = uniform, 0 = one expert takes all); -1 for a layer
+ * without routed tokens. *top receives the most-used expert. */
+double moe_eval_load_entropy(const struct moe_eval_result *r, int layer, int *top);
 
 /* moe_eval_text_load: the dataset as one UTF-8 text: for now the whole content
  * of a plain text file (JSONL / CSV readers and dataset cards come later and
