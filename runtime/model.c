@@ -96,30 +96,19 @@ static enum moe_status bind_weight(const struct bind *b, struct moe_weight *w, i
     return role == MOE_ROLE_EXPERT ? MOE_OK : record(b, name, role, 2, *w);
 }
 
-/* bind_matrix: a weight matrix named by a format string (recorded as MATRIX). */
-static enum moe_status bind_matrix(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
-                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static enum moe_status bind_matrix(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
-                                   const char *fmt, ...) {
+/* bind_named: a weight matrix named by a format string, recorded with `role`
+ * (MATRIX: quantized to the dense type; ROUTER: kept at float32). */
+static enum moe_status bind_named(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                  enum moe_tensor_role role, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static enum moe_status bind_named(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
+                                  enum moe_tensor_role role, const char *fmt, ...) {
     char name[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return bind_weight(b, w, n_out, n_in, name, MOE_ROLE_MATRIX);
-}
-
-/* bind_router: like bind_matrix, recorded as ROUTER (kept at float32 by quantize). */
-static enum moe_status bind_router(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
-                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static enum moe_status bind_router(const struct bind *b, struct moe_weight *w, int64_t n_out, int64_t n_in,
-                                   const char *fmt, ...) {
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    return bind_weight(b, w, n_out, n_in, name, MOE_ROLE_ROUTER);
+    return bind_weight(b, w, n_out, n_in, name, role);
 }
 
 /* bind_vector: a float32 copy of a 1-D tensor of n elements. Optional vectors
@@ -197,7 +186,7 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
     snprintf(probe, sizeof probe, "%sgate.weight", prefix);
     if (mixtral_names && !has_tensor(b, probe)) /* v5-native spelling */
         snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.", l);
-    if ((st = bind_router(b, &L->router, c->n_expert, c->n_embd, "%sgate.weight", prefix))) return st;
+    if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%sgate.weight", prefix))) return st;
     L->experts = calloc((size_t)c->n_expert, sizeof *L->experts);
     if (!L->experts) return MOE_ERR_NOMEM;
     snprintf(probe, sizeof probe, "%sexperts.gate_up_proj", prefix);
@@ -222,7 +211,7 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
         if ((st = bind_ffn(b, &L->shared, c->n_embd, c->n_ff_shared, sp, "gate_proj", "up_proj",
                            "down_proj", 0)))
             return st;
-        if ((st = bind_router(b, &L->shared_gate, 1, c->n_embd, "%sshared_expert_gate.weight", prefix)))
+        if ((st = bind_named(b, &L->shared_gate, 1, c->n_embd, MOE_ROLE_ROUTER, "%sshared_expert_gate.weight", prefix)))
             return st;
     }
     return MOE_OK;
@@ -243,10 +232,10 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
         if ((st = bind_vector(b, &L->ffn_norm_b, H, 0, "%s.%d.post_attention_layernorm.bias", p, l)))
             return st;
     }
-    if ((st = bind_matrix(b, &L->wq, q, H, "%s.%d.self_attn.q_proj.weight", p, l))) return st;
-    if ((st = bind_matrix(b, &L->wk, kv, H, "%s.%d.self_attn.k_proj.weight", p, l))) return st;
-    if ((st = bind_matrix(b, &L->wv, kv, H, "%s.%d.self_attn.v_proj.weight", p, l))) return st;
-    if ((st = bind_matrix(b, &L->wo, H, q, "%s.%d.self_attn.o_proj.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wq, q, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wk, kv, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wv, kv, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wo, H, q, MOE_ROLE_MATRIX, "%s.%d.self_attn.o_proj.weight", p, l))) return st;
     if (c->attn_qkv_bias) {
         if ((st = bind_vector(b, &L->bq, q, 0, "%s.%d.self_attn.q_proj.bias", p, l))) return st;
         if ((st = bind_vector(b, &L->bk, kv, 0, "%s.%d.self_attn.k_proj.bias", p, l))) return st;
@@ -271,13 +260,13 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
 static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
     const struct moe_config *c = &m->cfg;
     enum moe_status st;
-    if ((st = bind_matrix(b, &m->tok_embd, c->n_vocab, c->n_embd, "model.embed_tokens.weight"))) return st;
+    if ((st = bind_named(b, &m->tok_embd, c->n_vocab, c->n_embd, MOE_ROLE_MATRIX, "model.embed_tokens.weight"))) return st;
     if ((st = bind_vector(b, &m->out_norm, c->n_embd, 0, "model.norm.weight"))) return st;
     if (c->norm == MOE_NORM_LAYER && (st = bind_vector(b, &m->out_norm_b, c->n_embd, 0, "model.norm.bias")))
         return st;
     if (c->tie_embeddings && !has_tensor(b, "lm_head.weight")) {
         m->lm_head = m->tok_embd;
-    } else if ((st = bind_matrix(b, &m->lm_head, c->n_vocab, c->n_embd, "lm_head.weight"))) {
+    } else if ((st = bind_named(b, &m->lm_head, c->n_vocab, c->n_embd, MOE_ROLE_MATRIX, "lm_head.weight"))) {
         return st;
     }
     if (c->lm_head_bias && (st = bind_vector(b, &m->lm_head_b, c->n_vocab, 0, "lm_head.bias"))) return st;

@@ -10,6 +10,7 @@
 #include "moe-prep.h"
 #include "moe-safetensors.h"
 #include "moe-tokenizer.h"
+#include "tool-util.h"
 
 static void check_usage(FILE *f) {
     fprintf(f, "usage: moe-prep check MODEL_DIR [--json]\n\n"
@@ -26,20 +27,6 @@ static long long expert_params(const struct moe_model *m) {
         if (m->cfg.layer_moe[l])
             n += (long long)m->cfg.n_expert * 3 * m->cfg.n_embd * m->cfg.n_ff_expert;
     return n;
-}
-
-/* print_json_string: s as a JSON string literal. */
-static void print_json_string(const char *s) {
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
 }
 
 int moe_prep_check(int argc, char **argv) {
@@ -76,7 +63,7 @@ int moe_prep_check(int argc, char **argv) {
     long long np = (long long)moe_model_n_params(m), ne = expert_params(m);
     if (json) {
         printf("{\"path\": ");
-        print_json_string(dir);
+        moe_tool_json_string(stdout, dir);
         printf(", \"architecture\": \"%s\", \"arch\": \"%s\", \"vocab\": %d, "
                "\"hidden\": %d, \"layers\": %d, \"moe_layers\": %d, \"heads\": %d, \"kv_heads\": %d, "
                "\"head_dim\": %d, \"experts\": %d, \"experts_per_token\": %d, \"expert_ffn\": %d, "

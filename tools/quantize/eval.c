@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "eval.h"
+#include "tool-util.h"
 #include "moe-mmap.h"
 #include "moe-prep.h"
 #include "moe-session.h"
@@ -570,23 +571,6 @@ static void progress(int done, int total, double seconds, void *user) {
     fflush(stderr);
 }
 
-/* print_json_string: s as a JSON string literal, or null. */
-static void print_json_string(const char *s) {
-    if (!s) {
-        fputs("null", stdout);
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
 
 /* json_num: a number with round-trip precision; null if not finite. */
 static void json_num(double x) {
@@ -621,15 +605,15 @@ static void json_dist(const char *key, struct moe_eval_figure f, const double pc
 
 static void print_json(const struct eval_args *a, int n_threads, const struct moe_eval_result *r) {
     printf("{\"model\": ");
-    print_json_string(a->model);
+    moe_tool_json_string(stdout, a->model);
     printf(", \"ref\": ");
-    print_json_string(a->ref);
+    moe_tool_json_string(stdout, a->ref);
     printf(", \"dataset\": ");
-    print_json_string(a->dataset);
+    moe_tool_json_string(stdout, a->dataset);
     printf(", \"ctx\": %d, \"max_chunks\": ", r->n_ctx);
     if (a->max_chunks) printf("%d", a->max_chunks); else fputs("null", stdout);
     printf(", \"expert_precision\": ");
-    print_json_string(a->precision);
+    moe_tool_json_string(stdout, a->precision);
     printf(", \"threads\": %d, \"bos\": ", n_threads);
     if (r->bos >= 0) printf("%d", r->bos); else fputs("null", stdout);
     printf(", \"dataset_tokens\": %lld, \"chunks\": %d, \"tokens_scored\": %lld, \"seconds\": ",
