@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "eval.h"
+#include "moe-dataset.h"
 #include "tool-util.h"
 #include "moe-mmap.h"
 #include "moe-prep.h"
@@ -39,11 +40,14 @@ struct moe_eval_params moe_eval_default_params(void) {
 }
 
 /* moe_eval_text_load: see eval.h. */
-enum moe_status moe_eval_text_load(const char *path, char **text, size_t *len) {
-    enum moe_status st = moe_read_file(path, EVAL_MAX_TEXT, text, len);
+enum moe_status moe_eval_text_load(const char *spec, const struct moe_dataset_params *params, char **text,
+                                   size_t *len) {
+    struct moe_dataset_params p = params ? *params : moe_dataset_default_params();
+    if (p.max_bytes <= 0 || p.max_bytes > (int64_t)EVAL_MAX_TEXT) p.max_bytes = (int64_t)EVAL_MAX_TEXT;
+    enum moe_status st = moe_dataset_read_text(spec, &p, text, len);
     if (st) return st;
     if (*len == 0) {
-        MOE_LOGE("%s: the dataset is empty", path);
+        MOE_LOGE("%s: the dataset is empty", spec);
         free(*text);
         *text = NULL;
         return MOE_ERR_INVALID;
@@ -454,7 +458,7 @@ done:
 
 static void eval_usage(FILE *f) {
     fprintf(f,
-"usage: moe-prep eval MODEL --dataset FILE [--ref REF] [options]\n"
+"usage: moe-prep eval MODEL --dataset SPEC [--ref REF] [options]\n"
 "\n"
 "Perplexity of MODEL on a text and, with --ref, the KL divergence of its\n"
 "next-token distributions from REF's: the figures of llama.cpp's\n"
@@ -467,7 +471,9 @@ static void eval_usage(FILE *f) {
 "is scored (positions ctx/2 .. ctx-2 predicting the next token), so the text\n"
 "must hold at least 2 * ctx tokens.\n"
 "\n"
-"  --dataset FILE            UTF-8 text file to score (required)\n"
+"  --dataset SPEC            the text to score (required): a dataset card or a\n"
+"                            file with a format and fields (see below)\n"
+"  --skip-bad                skip malformed records (counted) instead of failing\n"
 "  --ref REF                 reference model (same vocabulary and tokenizer):\n"
 "                            adds KL(P_ref || P_model), top-1 agreement, delta-p\n"
 "                            and PPL ratio / difference\n"
@@ -486,17 +492,22 @@ static void eval_usage(FILE *f) {
 "\n"
 "Progress goes to stderr when it is a terminal; a summary line always does.\n"
 "\n"
+"%s"
+"\n"
 "examples:\n"
 "  moe-prep eval ./Mixtral-8x7B-v0.1 --dataset wiki.test.raw\n"
 "  moe-prep eval mixtral-q4.moeb --ref ./Mixtral-8x7B-v0.1 --dataset wiki.test.raw \\\n"
 "      --ctx 512 --max-chunks 40 --json\n"
 "  moe-prep eval tests/fixtures/models/mixtral-bf16 --ref tests/fixtures/models/mixtral-f32 \\\n"
-"      --dataset notes.txt --ctx 32\n");
+"      --dataset notes.txt --ctx 32\n"
+"  moe-prep eval model.moeb --dataset jsonl:gsm8k/test.jsonl:question,answer --ctx 256\n"
+"  moe-prep eval model.moeb --dataset wikitext2-test --unigram --routing\n",
+            moe_dataset_spec_help());
 }
 
 struct eval_args {
     const char *model, *ref, *dataset, *precision;
-    int n_ctx, max_chunks, n_threads, json, unigram, routing;
+    int n_ctx, max_chunks, n_threads, json, unigram, routing, skip_bad;
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -536,6 +547,8 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 256, &a->n_threads)) return 2;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
+        } else if (!strcmp(o, "--skip-bad")) {
+            a->skip_bad = 1;
         } else if (!strcmp(o, "--unigram")) {
             a->unigram = 1;
         } else if (!strcmp(o, "--routing")) {
@@ -750,7 +763,9 @@ int moe_prep_eval(int argc, char **argv) {
     int32_t *ids = NULL;
     int status = 1;
 
-    if (moe_eval_text_load(a.dataset, &text, &len)) {
+    struct moe_dataset_params dp = moe_dataset_default_params();
+    dp.skip_bad = a.skip_bad;
+    if (moe_eval_text_load(a.dataset, &dp, &text, &len)) {
         fprintf(stderr, "moe-prep eval: cannot read the dataset %s\n", a.dataset);
         goto done;
     }

@@ -106,11 +106,14 @@ void moe_eval_result_clear(struct moe_eval_result *r);
  * without routed tokens. *top receives the most-used expert. */
 double moe_eval_load_entropy(const struct moe_eval_result *r, int layer, int *top);
 
-/* moe_eval_text_load: the dataset as one UTF-8 text: for now the whole content
- * of a plain text file (JSONL / CSV readers and dataset cards come later and
- * plug in here). *text is malloc'd and NUL-terminated; caller frees. An empty
- * file is an error (MOE_ERR_INVALID); errors are logged with the path. */
-enum moe_status moe_eval_text_load(const char *path, char **text, size_t *len);
+struct moe_dataset_params;
+
+/* moe_eval_text_load: the dataset named by a dataset spec (a card, or a file
+ * with a format and fields; see docs/cli.md, "Datasets") as one UTF-8 text, records
+ * joined by a blank line. *text is malloc'd and NUL-terminated; caller frees.
+ * An empty dataset is an error (MOE_ERR_INVALID); errors are logged. */
+enum moe_status moe_eval_text_load(const char *spec, const struct moe_dataset_params *params, char **text,
+                                   size_t *len);
 
 /* moe_eval_bos: the id the tokenizer's post-processor puts first (its BOS), or
  * -1 if it adds none (e.g. Qwen, OLMoE) or tok is NULL. */
