@@ -2,7 +2,7 @@
  * moe-dataset.h - readers for the datasets users bring to calibration, eval and
  * profiling: plain text, JSON Lines, JSON arrays of objects (Alpaca, ShareGPT),
  * CSV/TSV with a header row, each optionally gzip-compressed; named on the
- * command line by one string (a "dataset spec", grammar in datasets/SPEC.md and
+ * command line by one string (a "dataset spec", grammar in docs/cli.md ("Datasets") and
  * moe_dataset_spec_help()), either a dataset card (datasets/cards/<name>.json)
  * or a file with a format and a field selection.
  *
@@ -64,7 +64,7 @@ enum moe_dataset_text_mode {
 struct moe_dataset_spec {
     enum moe_dataset_format format;
     enum moe_dataset_text_mode text_mode; /* MOE_DATASET_TEXT only */
-    char *path;                  /* the data file, resolved (see SPEC.md) */
+    char *path;                  /* the data file, resolved (see docs/cli.md) */
     int n_fields;                /* selected fields / columns; 0 for text */
     char **fields;               /* their names, without the trailing '?' */
     unsigned char *optional;     /* optional[i] != 0: fields[i] was written "name?" */
@@ -82,7 +82,7 @@ struct moe_dataset_spec {
     int64_t expected_bytes;      /* "bytes", -1 when absent */
 };
 
-/* moe_dataset_spec_parse: parse one dataset spec (the grammar of SPEC.md). Card
+/* moe_dataset_spec_parse: parse one dataset spec (the grammar of docs/cli.md, "Datasets"). Card
  * specs read and validate the card (and resolve its file); nothing else touches
  * the file system except the existence checks of bare names and of ".json"
  * paths. Returns MOE_ERR_INVALID (bad grammar, unknown format, unguessable

@@ -1,5 +1,5 @@
 /*
- * spec.c - dataset specs: the one-string grammar users type (datasets/SPEC.md),
+ * spec.c - dataset specs: the one-string grammar users type (docs/cli.md ("Datasets")),
  * dataset cards (datasets/cards/<name>.json) and the field-selection lists.
  * Parsing a spec reads a card when one is named, but never the data file.
  */
@@ -425,7 +425,7 @@ static enum moe_status file_spec(const char *path, size_t path_len, enum moe_dat
     return MOE_OK;
 }
 
-/* Parse a spec string; the grammar is in SPEC.md and moe_dataset_spec_help(). */
+/* Parse a spec string; the grammar is in docs/cli.md ("Datasets") and moe_dataset_spec_help(). */
 enum moe_status moe_dataset_spec_parse(const char *text, struct moe_dataset_spec **out) {
     *out = NULL;
     if (!text || !*text) {
@@ -520,7 +520,7 @@ enum moe_status ds_spec_from_format(const char *format, const char *label, struc
     return file_spec(label, strlen(label), f, colon ? colon + 1 : NULL, where, out);
 }
 
-/* The grammar for --help (kept in step with SPEC.md). */
+/* The grammar for --help (kept in step with docs/cli.md). */
 const char *moe_dataset_spec_help(void) {
     return "Dataset spec (one argument):\n"
            "  NAME                   a dataset card: NAME.json in a dir of $MOE_DATASET_CARDS (':'-separated;\n"
