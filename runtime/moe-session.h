@@ -33,12 +33,29 @@ struct moe_route_event {
 
 typedef void (*moe_route_fn)(const struct moe_route_event *ev, void *user);
 
+/* One routed expert's work in a batch: its (unweighted) outputs E(x) for the
+ * tokens routed to it. Borrowed for the duration of the callback only. */
+struct moe_expert_event {
+    int layer, expert;
+    int pos0;               /* position of the first token of the batch */
+    int n;                  /* tokens routed to this expert */
+    const int32_t *tokens;  /* [n] indices into the batch */
+    const float *weights;   /* [n] gate weights applied to the outputs */
+    const float *outputs;   /* [n x n_embd] E(x), before the gate weight */
+};
+
+typedef void (*moe_expert_fn)(const struct moe_expert_event *ev, void *user);
+
 struct moe_session_params {
     int n_ctx;          /* KV cache length in tokens (0 = min(max_position_embeddings, 4096)) */
     int n_batch;        /* tokens per forward chunk (0 = 256) */
     int n_threads;      /* 0 = all online CPUs */
     moe_route_fn on_route; /* optional observer (profiling); NULL = none */
     void *route_user;
+    moe_expert_fn on_expert; /* optional observer of expert outputs; NULL = none */
+    void *expert_user;
+    int n_expert_used;  /* experts per token; 0 = the model's top-k. MoBiLE's
+                         * "little" model runs with k/2 (sparsemixer: 1 or 2) */
 };
 
 struct moe_session_params moe_session_default_params(void);

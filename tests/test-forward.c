@@ -211,6 +211,86 @@ static void check_short_prompt(const char *dir, const char *name) {
     cJSON_Delete(j);
 }
 
+/* Observer state for check_observers. */
+struct obs {
+    int k_seen;
+    int64_t route_slots, expert_slots;
+    double route_w, expert_w; /* sums of gate weights seen by each observer */
+    int bad_norm;
+};
+
+static void obs_route(const struct moe_route_event *ev, void *user) {
+    struct obs *o = user;
+    o->k_seen = ev->k;
+    o->route_slots += (int64_t)ev->n_tokens * ev->k;
+    for (int i = 0; i < ev->n_tokens * ev->k; i++) o->route_w += ev->weights[i];
+}
+
+static void obs_expert(const struct moe_expert_event *ev, void *user) {
+    struct obs *o = user;
+    o->expert_slots += ev->n;
+    for (int i = 0; i < ev->n; i++) {
+        o->expert_w += ev->weights[i];
+        if (!(ev->outputs[i] == ev->outputs[i])) o->bad_norm = 1; /* NaN */
+    }
+}
+
+/* check_observers: the router and expert observers see every routed slot with
+ * the same gate weights; a session with k/2 experts (MoBiLE's little model)
+ * routes to k/2 per token and gives different logits; asking for the model's
+ * own k explicitly changes nothing. */
+static void check_observers(const char *dir, const char *name) {
+    struct moe_model *m = NULL;
+    if (moe_model_load_hf(dir, &m) != MOE_OK) return;
+    const int V = m->cfg.n_vocab, K = m->cfg.n_expert_used, n = 12;
+    int32_t ids[12];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 5) % V);
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    struct obs o = {0};
+    struct moe_session_params p = moe_session_default_params();
+    p.n_ctx = 32;
+    p.on_route = obs_route;
+    p.route_user = &o;
+    p.on_expert = obs_expert;
+    p.expert_user = &o;
+    struct moe_session *s = NULL;
+    CHECK(moe_session_create(m, &p, &s) == MOE_OK && moe_session_forward(s, ids, n, a, 0) == MOE_OK, "%s: obs", name);
+    int n_moe = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) n_moe += m->cfg.layer_moe[l];
+    CHECK(o.k_seen == K && o.route_slots == (int64_t)n * K * n_moe && o.expert_slots == o.route_slots,
+          "%s: observers saw %lld routed and %lld expert slots, expected %d", name, (long long)o.route_slots,
+          (long long)o.expert_slots, n * K * n_moe);
+    CHECK(fabs(o.route_w - o.expert_w) < 1e-4 && !o.bad_norm, "%s: gate weights differ between observers", name);
+    moe_session_free(s);
+    s = NULL;
+    struct moe_session_params q = moe_session_default_params();
+    q.n_ctx = 32;
+    q.n_expert_used = K;
+    CHECK(moe_session_create(m, &q, &s) == MOE_OK && moe_session_forward(s, ids, n, b, 0) == MOE_OK, "%s: k", name);
+    CHECK(max_abs_diff(a, b, (size_t)V) == 0, "%s: explicit k changed the logits", name);
+    moe_session_free(s);
+    s = NULL;
+    if (K >= 2) {
+        struct obs o2 = {0};
+        q.n_expert_used = K / 2;
+        q.on_route = obs_route;
+        q.route_user = &o2;
+        CHECK(moe_session_create(m, &q, &s) == MOE_OK && moe_session_forward(s, ids, n, c, 0) == MOE_OK,
+              "%s: k/2", name);
+        CHECK(o2.k_seen == K / 2 && max_abs_diff(a, c, (size_t)V) > 1e-3, "%s: k/2 session", name);
+        moe_session_free(s);
+        s = NULL;
+    }
+    q.n_expert_used = m->cfg.n_expert + 1;
+    moe_log_set(quiet, NULL);
+    CHECK(moe_session_create(m, &q, &s) == MOE_ERR_INVALID && !s, "%s: too many experts accepted", name);
+    moe_log_set(NULL, NULL);
+    free(a);
+    free(b);
+    free(c);
+    moe_model_free(m);
+}
+
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int main(int argc, char **argv) {
@@ -240,6 +320,7 @@ int main(int argc, char **argv) {
         snprintf(p, sizeof p, "%s/%s", root, names[i]);
         check_model(p, names[i]);
         check_short_prompt(p, names[i]);
+        check_observers(p, names[i]);
         free(names[i]);
     }
     printf("test-forward: %d models, %s\n", n, fails ? "FAILED" : "ok");

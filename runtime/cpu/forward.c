@@ -297,8 +297,8 @@ static void ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, 
 
 /* route_softmax_topk: softmax over experts, top-k (ties to the lower index),
  * optional renormalisation — Mixtral, Qwen2/3-MoE, OLMoE. */
-static void route_softmax_topk(const struct moe_config *c, const float *logits, int32_t *sel, float *w) {
-    int E = c->n_expert, K = c->n_expert_used;
+static void route_softmax_topk(const struct moe_config *c, int K, const float *logits, int32_t *sel, float *w) {
+    int E = c->n_expert;
     float mx = -INFINITY, sum = 0;
     float probs[E];
     for (int e = 0; e < E; e++) mx = fmaxf(mx, logits[e]);
@@ -344,12 +344,14 @@ static void sparsemixer_pick(const float *scores, const float *masked, int E, fl
     *w = gates[ind] / sum;
 }
 
-/* route_sparsemixer: Phi-MoE top-2 routing (weights are not renormalised). */
-static void route_sparsemixer(const struct moe_config *c, const float *logits, int32_t *sel, float *w) {
+/* route_sparsemixer: Phi-MoE top-2 routing (weights are not renormalised);
+ * K = 1 keeps the first pick only. */
+static void route_sparsemixer(const struct moe_config *c, int K, const float *logits, int32_t *sel, float *w) {
     int E = c->n_expert;
     float masked[E];
     memcpy(masked, logits, sizeof masked);
     sparsemixer_pick(logits, masked, E, c->router_jitter, &sel[0], &w[0]);
+    if (K < 2) return;
     masked[sel[0]] = -INFINITY;
     sparsemixer_pick(logits, masked, E, c->router_jitter, &sel[1], &w[1]);
 }
@@ -358,15 +360,15 @@ static void route_sparsemixer(const struct moe_config *c, const float *logits, i
 static void moe_block(struct moe_session *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
-    const int E = c->n_expert, K = c->n_expert_used;
+    const int E = c->n_expert, K = s->p.n_expert_used;
     const int64_t H = c->n_embd;
     matmul(s, &L->router, NULL, s->xn, H, s->router_logits, E, n_tok);
     for (int t = 0; t < n_tok; t++) {
         const float *lg = s->router_logits + (size_t)t * E;
         if (c->router == MOE_ROUTER_SPARSEMIXER)
-            route_sparsemixer(c, lg, s->sel + (size_t)t * K, s->sel_w + (size_t)t * K);
+            route_sparsemixer(c, K, lg, s->sel + (size_t)t * K, s->sel_w + (size_t)t * K);
         else
-            route_softmax_topk(c, lg, s->sel + (size_t)t * K, s->sel_w + (size_t)t * K);
+            route_softmax_topk(c, K, lg, s->sel + (size_t)t * K, s->sel_w + (size_t)t * K);
     }
     if (s->p.on_route) {
         struct moe_route_event ev = {l, pos0, n_tok, E, K, s->xn, s->router_logits, s->sel, s->sel_w};
@@ -385,6 +387,10 @@ static void moe_block(struct moe_session *s, int l, int pos0, int n_tok) {
                 }
         if (n == 0) continue;
         ffn(s, &L->experts[e], s->xe, s->ye, n);
+        if (s->p.on_expert) {
+            struct moe_expert_event ev = {l, e, pos0, n, s->tok_idx, s->tok_w, s->ye};
+            s->p.on_expert(&ev, s->p.expert_user);
+        }
         for (int i = 0; i < n; i++) {
             float *dst = s->tmp + (size_t)s->tok_idx[i] * H;
             const float *src = s->ye + (size_t)i * H;
@@ -418,6 +424,14 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     s->p = params ? *params : moe_session_default_params();
     if (s->p.n_ctx <= 0) s->p.n_ctx = c->max_pos < 4096 ? c->max_pos : 4096;
     if (s->p.n_batch <= 0) s->p.n_batch = 256;
+    if (s->p.n_expert_used <= 0) s->p.n_expert_used = c->n_expert_used;
+    if (s->p.n_expert_used > c->n_expert ||
+        (c->router == MOE_ROUTER_SPARSEMIXER && s->p.n_expert_used > 2)) {
+        MOE_LOGE("%d experts per token requested; the model routes to at most %d", s->p.n_expert_used,
+                 c->router == MOE_ROUTER_SPARSEMIXER ? 2 : c->n_expert);
+        free(s);
+        return MOE_ERR_INVALID;
+    }
     enum moe_status st = moe_pool_create(s->p.n_threads, &s->pool);
     if (st) {
         free(s);
@@ -444,8 +458,8 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     ALLOC(s->tmp, B * H);
     ALLOC(s->moe_out, B * H);
     ALLOC(s->router_logits, B * c->n_expert);
-    ALLOC(s->sel, B * c->n_expert_used);
-    ALLOC(s->sel_w, B * c->n_expert_used);
+    ALLOC(s->sel, B * s->p.n_expert_used);
+    ALLOC(s->sel_w, B * s->p.n_expert_used);
     ALLOC(s->xe, B * H);
     ALLOC(s->ge, B * s->max_ff);
     ALLOC(s->ue, B * s->max_ff);
