@@ -35,15 +35,24 @@ echo "== 3. inspect and verify the bundle"
 build/moe-prep inspect "$work/model.moeb" --verify
 echo
 echo "== 4. each expert precision against the original checkpoint ($text)"
+ppl_summary=""
 for p in ${experts//,/ }; do
-  printf '%-5s ' "$p"
-  build/moe-prep eval "$work/model.moeb" --expert-precision "$p" --ref "$model" --dataset "$text" \
-      --ctx 256 --max-chunks 8 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //'
+  line=$(build/moe-prep eval "$work/model.moeb" --expert-precision "$p" --ref "$model" --dataset "$text" \
+      --ctx 256 --max-chunks 8 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //')
+  printf '%-5s %s\n' "$p" "$line"
+  ppl_summary+=$(echo "$line" | sed -n 's/.*PPL \([0-9.]*\), mean KLD \([0-9.]*\), same top \([0-9.]*\) %.*/'"$p"' PPL \1, KL \2, same top \3 %;  /p')
 done
 echo
 low=${experts##*,}
 echo "== 5. generate from the bundle ($low experts, greedy, 40 tokens)"
-build/moe-run -m "$work/model.moeb" --expert-precision "$low" -p "The function returns" -n 40
+build/moe-run -m "$work/model.moeb" --expert-precision "$low" -p "The function returns" -n 40 \
+    >"$work/sample.txt" 2>"$work/speed.txt"
+cat "$work/sample.txt"
+cat "$work/speed.txt"
 echo
-echo "summary: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}') checkpoint ->" \
-     "$(stat -c %s "$work/model.moeb" | awk '{printf "%.2f MB", $1/1e6}') bundle holding expert precisions $experts"
+echo "== summary"
+echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}')" \
+     "checkpoint -> $(stat -c %s "$work/model.moeb" | awk '{printf "%.2f MB", $1/1e6}') bundle holding experts at $experts"
+echo "quality    $(basename "$text"), against the checkpoint: $ppl_summary"
+echo "sample     $low experts: $(tr '\n' ' ' < "$work/sample.txt" | cut -c1-110)..."
+echo "speed      $(sed 's/^moe-run: //' "$work/speed.txt")"

@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test-model-quality: no %s\n", held);
         return 1;
     }
-    char names[MAX_DOMAINS][128];
+    char names[MAX_DOMAINS][256];
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) && n < MAX_DOMAINS)

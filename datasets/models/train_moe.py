@@ -182,6 +182,15 @@ def save_tokenizer(tok, out):
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS,
                                  model_max_length=1024)
     hf.save_pretrained(out)
+    # transformers 5 writes its own class name (TokenizersBackend), which transformers 4 cannot
+    # resolve; PreTrainedTokenizerFast loads the same tokenizer in both.
+    p = os.path.join(out, "tokenizer_config.json")
+    with open(p) as f:
+        tc = json.load(f)
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(p, "w") as f:
+        json.dump(tc, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 # ---------------------------------------------------------------- batches
@@ -476,6 +485,8 @@ def write_readme(out, m):
     w(f"- Wall time of the whole run: **{m['wall_time_s'] / 60:.1f} min** (tokenizer "
       f"{m['tokenizer_time_s']:.0f} s, training {tr['train_time_s'] / 60:.1f} min at "
       f"{tr['tokens_per_s']:.0f} tokens/s, final save and evaluation the rest).")
+    if m.get("run_notes"):
+        w(f"- Note on this run: {m['run_notes']}")
     w(f"- Tokens seen: **{tr['tokens_seen']:,}** ({tr['steps']} steps × batch {tr['batch']} × "
       f"sequence {tr['seq_len']}); per domain: "
       + ", ".join(f"{d} {tr['tokens_seen_per_domain'][d]:,} ({tr['epochs_per_domain'][d]:.2f} epochs)"
@@ -647,6 +658,8 @@ def main():
     ap.add_argument("--moe-prep", default=None,
                     help="moe-prep binary: also run `moe-prep eval` on each held-out file")
     ap.add_argument("--moe-prep-note", default="", help="how the moe-prep binary was built (README)")
+    ap.add_argument("--run-notes", default=None, help="free text for the README's recipe (kept in "
+                    "training_metrics.json; with --report-only, replaces the stored note)")
     args = ap.parse_args()
     global T_START
 
@@ -668,6 +681,8 @@ def main():
             m = json.load(f)
         uni = np.load(os.path.join(work, "unigram_counts.npy"))
         m["final"] = final_metrics(out, uni, m["eval_ctx"])
+        if args.run_notes is not None:
+            m["run_notes"] = args.run_notes
         if args.moe_prep:
             m["moe_prep"] = moe_prep_record(args, out, m["eval_ctx"])
         with open(metrics_path, "w") as f:
@@ -884,7 +899,7 @@ def main():
                   "threads": args.threads, "lr": args.lr, "betas": list(betas), "eps": eps,
                   "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
                   "warmup": args.warmup, "min_lr_ratio": args.min_lr_ratio},
-        "curve": curve,
+        "curve": curve, "run_notes": args.run_notes,
     }
     del model
     m["final"] = final_metrics(out, unigram, args.eval_ctx)
