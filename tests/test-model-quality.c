@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test-model-quality MOE-PREP MODEL\n");
         return 2;
     }
-    char held[1024];
+    char held[2048];
     snprintf(held, sizeof held, "%s/heldout", argv[2]);
     DIR *d = opendir(held);
     if (!d) {
@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     int n_layers = 0;
     static char out[1 << 20];
     for (int i = 0; i < n; i++) {
-        char cmd[4096];
+        char cmd[8192];
         snprintf(cmd, sizeof cmd, "%s eval %s --dataset %s/%s --ctx 256 --unigram --routing --json 2>/dev/null",
                  argv[1], argv[2], held, names[i]);
         FILE *p = popen(cmd, "r");
