@@ -44,7 +44,7 @@ static int has_tensor(const struct bind *b, const char *name) {
 static enum moe_status record(const struct bind *b, const char *name, enum moe_tensor_role role, int n_dims,
                               struct moe_weight w) {
     struct moe_model *m = b->m;
-    if ((m->n_refs & (m->n_refs - 1)) == 0) { /* grow at powers of two */
+    if (m->n_refs == 0 || (m->n_refs >= 16 && (m->n_refs & (m->n_refs - 1)) == 0)) { /* 16, 32, 64, ... */
         struct moe_tensor_ref *r = realloc(m->refs, sizeof *r * (size_t)(m->n_refs ? 2 * m->n_refs : 16));
         if (!r) return MOE_ERR_NOMEM;
         m->refs = r;
