@@ -34,6 +34,7 @@
 
 #include "moe-dataset.h"
 #include "moe-mmap.h"
+#include "moe-test-log.h"
 
 #define FIX MOE_FIXTURES "/datasets/"
 #define REPO_CARDS MOE_FIXTURES "/../../datasets/cards"
@@ -51,36 +52,6 @@ static int g_checks, g_failed;
         }                                                                    \
     } while (0)
 
-/* ------------------------------------------------------------------------- */
-/* log capture                                                               */
-
-static char g_err[16384], g_warn[16384];
-static int g_n_err, g_n_warn;
-
-/* Append msg to a capture buffer (truncating when full). */
-static void append(char *dst, size_t cap, const char *msg) {
-    size_t n = strlen(dst);
-    snprintf(dst + n, cap - n, "%s%s", n ? "\n" : "", msg);
-}
-
-/* Log callback: keep errors and warnings (MOE_TEST_VERBOSE=1 prints all). */
-static void capture(enum moe_log_level level, const char *msg, void *user) {
-    (void)user;
-    if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "  log[%d] %s\n", (int)level, msg);
-    if (level >= MOE_LOG_ERROR) {
-        g_n_err++;
-        append(g_err, sizeof g_err, msg);
-    } else if (level == MOE_LOG_WARN) {
-        g_n_warn++;
-        append(g_warn, sizeof g_warn, msg);
-    }
-}
-
-/* Clear captured messages before a case. */
-static void log_reset(void) {
-    g_err[0] = g_warn[0] = 0;
-    g_n_err = g_n_warn = 0;
-}
 
 /* ------------------------------------------------------------------------- */
 /* reading helpers                                                           */

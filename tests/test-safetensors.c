@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "moe-safetensors.h"
+#include "moe-test-log.h"
 
 static int g_checks, g_failed;
 
@@ -38,38 +39,6 @@ static int g_checks, g_failed;
         }                                                                  \
     } while (0)
 
-/* ------------------------------------------------------------------------- */
-/* log capture                                                                */
-
-static char g_err[8192]; /* error messages since the last log_reset(), joined by '\n' */
-static char g_warn[4096];
-static int g_n_err, g_n_warn;
-
-/* Appends msg to one of the capture buffers (truncating when full). */
-static void append(char *dst, size_t cap, const char *msg) {
-    size_t n = strlen(dst);
-    snprintf(dst + n, cap - n, "%s%s", n ? "\n" : "", msg);
-}
-
-/* Log callback: keeps errors and warnings for the checks, drops the rest
- * (MOE_TEST_VERBOSE=1 also prints every message). */
-static void capture(enum moe_log_level level, const char *msg, void *user) {
-    (void)user;
-    if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "  log[%d] %s\n", (int)level, msg);
-    if (level >= MOE_LOG_ERROR) {
-        g_n_err++;
-        append(g_err, sizeof g_err, msg);
-    } else if (level == MOE_LOG_WARN) {
-        g_n_warn++;
-        append(g_warn, sizeof g_warn, msg);
-    }
-}
-
-/* Clears the captured messages before a case. */
-static void log_reset(void) {
-    g_err[0] = g_warn[0] = 0;
-    g_n_err = g_n_warn = 0;
-}
 
 /* ------------------------------------------------------------------------- */
 /* building images                                                            */
