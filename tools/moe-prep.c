@@ -19,6 +19,7 @@ static const struct subcommand k_commands[] = {
     {"inspect", moe_prep_inspect, "what a bundle holds; --verify checks every checksum"},
     {"check", moe_prep_check, "validate a Hugging Face checkpoint and summarise it"},
     {"eval", moe_prep_eval, "perplexity on a text; KL divergence against a reference model"},
+    {"profile", moe_prep_profile, "record routing over a text; placement, HOBBIT, prefetch, path statistics"},
 };
 
 static void usage(FILE *f) {

@@ -7,5 +7,6 @@ int moe_prep_check(int argc, char **argv);
 int moe_prep_quantize(int argc, char **argv);
 int moe_prep_inspect(int argc, char **argv);
 int moe_prep_eval(int argc, char **argv);
+int moe_prep_profile(int argc, char **argv);
 
 #endif
