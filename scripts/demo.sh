@@ -50,6 +50,9 @@ build/moe-run -m "$work/model.moeb" --expert-precision "$low" -p "The function r
 cat "$work/sample.txt"
 cat "$work/speed.txt"
 echo
+echo "== 6. profile the routing on held-out text (HOBBIT thresholds, popular experts, prefetch accuracy)"
+build/moe-prep profile "$work/model.moeb" --dataset "$text" -o "$work/profile.h5" --ctx 256
+echo
 echo "== summary"
 echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}')" \
      "checkpoint -> $(stat -c %s "$work/model.moeb" | awk '{printf "%.2f MB", $1/1e6}') bundle holding experts at $experts"
