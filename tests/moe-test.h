@@ -1,20 +1,23 @@
-/* moe-test.h - the CHECK macro shared by the C tests: a failed check prints
- * its location and message and counts; main() returns fails != 0. */
+/* moe-test.h - the CHECK macro shared by the C tests: every check is counted
+ * (checks); a failed one prints its location, the condition and the message
+ * and is counted too (fails); main() returns fails != 0. */
 #ifndef MOE_TEST_H
 #define MOE_TEST_H
 
 #include <stdio.h>
 
 static int fails;
+static int checks __attribute__((unused));
 
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fails++;                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        checks++;                                                            \
+        if (!(cond)) {                                                       \
+            fails++;                                                         \
+            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fputc('\n', stderr);                                             \
+        }                                                                    \
     } while (0)
 
 #endif

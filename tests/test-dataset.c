@@ -34,23 +34,12 @@
 
 #include "moe-dataset.h"
 #include "moe-mmap.h"
+#include "moe-test.h"
 #include "moe-test-log.h"
 
 #define FIX MOE_FIXTURES "/datasets/"
 #define REPO_CARDS MOE_FIXTURES "/../../datasets/cards"
 
-static int g_checks, g_failed;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        g_checks++;                                                          \
-        if (!(cond)) {                                                       \
-            g_failed++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
-    } while (0)
 
 
 /* ------------------------------------------------------------------------- */
@@ -1098,6 +1087,6 @@ int main(void) {
     test_options();
     test_cards();
     test_real_data();
-    printf("test-dataset: %d checks, %d failed\n", g_checks, g_failed);
-    return g_failed != 0;
+    printf("test-dataset: %d checks, %d failed\n", checks, fails);
+    return fails != 0;
 }

@@ -24,20 +24,9 @@
 #include <unistd.h>
 
 #include "moe-safetensors.h"
+#include "moe-test.h"
 #include "moe-test-log.h"
 
-static int g_checks, g_failed;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        g_checks++;                                                        \
-        if (!(cond)) {                                                     \
-            g_failed++;                                                    \
-            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
 
 
 /* ------------------------------------------------------------------------- */
@@ -926,7 +915,7 @@ int main(void) {
     test_files();
     int stories = test_stories260k();
     moe_log_set(NULL, NULL);
-    printf("test-safetensors: %d checks, %d failed (%zu malformed rows%s)\n", g_checks, g_failed,
+    printf("test-safetensors: %d checks, %d failed (%zu malformed rows%s)\n", checks, fails,
            sizeof bad_rows / sizeof bad_rows[0], stories ? ", stories260K checked" : ", stories260K skipped");
-    return g_failed ? 1 : 0;
+    return fails ? 1 : 0;
 }
