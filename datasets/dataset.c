@@ -454,24 +454,37 @@ static int chunk_next(struct moe_dataset *d) {
     return 1;
 }
 
+/* next_nonblank_line: the next non-blank, complete line in d->work (length in
+ * *n, line number in *ln), counting it as seen; over-long lines and a line cut
+ * off by a truncated gzip stream are malformed records. 1 = a line, 0 = end,
+ * -1 = error. */
+static int next_nonblank_line(struct moe_dataset *d, int64_t *ln, size_t *n) {
+    for (;;) {
+        int had_nl, r = ds_read_line(d, ln);
+        if (r <= 0) return r;
+        if (r == 2) {
+            d->n_seen++;
+            if (ds_bad(d, *ln, "line longer than %zu bytes", d->p.max_record_bytes) < 0) return -1;
+            continue;
+        }
+        *n = line_len(d, &had_nl);
+        if (is_blank(d->work.p, *n)) continue;
+        d->n_seen++;
+        if (!had_nl && d->truncated) {
+            if (ds_cut_off(d, *ln, "the gzip stream ends inside this line") < 0) return -1;
+            continue;
+        }
+        return 1;
+    }
+}
+
 /* MOE_TEXT_LINE: the next non-blank line, without its line end. */
 static int line_next(struct moe_dataset *d) {
     for (;;) {
         int64_t ln;
-        int had_nl, r = ds_read_line(d, &ln);
+        size_t n;
+        int r = next_nonblank_line(d, &ln, &n);
         if (r <= 0) return r;
-        if (r == 2) {
-            d->n_seen++;
-            if (ds_bad(d, ln, "line longer than %zu bytes", d->p.max_record_bytes) < 0) return -1;
-            continue;
-        }
-        size_t n = line_len(d, &had_nl);
-        if (is_blank(d->work.p, n)) continue;
-        d->n_seen++;
-        if (!had_nl && d->truncated) {
-            if (ds_cut_off(d, ln, "the gzip stream ends inside this line") < 0) return -1;
-            continue;
-        }
         d->rec.len = 0;
         if (ds_buf_append(&d->rec, d->work.p, n)) {
             d->err = MOE_ERR_NOMEM;
@@ -534,20 +547,9 @@ static int para_next(struct moe_dataset *d) {
 static int jsonl_next(struct moe_dataset *d) {
     for (;;) {
         int64_t ln;
-        int had_nl, r = ds_read_line(d, &ln);
+        size_t n;
+        int r = next_nonblank_line(d, &ln, &n);
         if (r <= 0) return r;
-        if (r == 2) {
-            d->n_seen++;
-            if (ds_bad(d, ln, "line longer than %zu bytes", d->p.max_record_bytes) < 0) return -1;
-            continue;
-        }
-        size_t n = line_len(d, &had_nl);
-        if (is_blank(d->work.p, n)) continue;
-        d->n_seen++;
-        if (!had_nl && d->truncated) {
-            if (ds_cut_off(d, ln, "the gzip stream ends inside this line") < 0) return -1;
-            continue;
-        }
         char *s = d->work.p;
         s[n] = 0;
         const char *end = NULL;
