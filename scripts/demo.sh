@@ -50,8 +50,20 @@ build/moe-run -m "$work/model.moeb" --expert-precision "$low" -p "The function r
 cat "$work/sample.txt"
 cat "$work/speed.txt"
 echo
-echo "== 6. profile the routing on held-out text (HOBBIT thresholds, popular experts, prefetch accuracy)"
-build/moe-prep profile "$work/model.moeb" --dataset "$text" -o "$work/profile.h5" --ctx 256
+echo "== 6. profile the routing on held-out text (HOBBIT thresholds, popular experts, prefetch accuracy, big-little)"
+build/moe-prep profile "$work/model.moeb" --dataset "$text" -o "$work/profile.h5" --ctx 256 --csv-dir "$work/profile-csv" |
+    tee "$work/profile.txt"
+build/moe-prep profile report "$work/profile.h5" -o "$work/profile.html"
+echo
+text2="$model/heldout/wordnet.txt"
+echo "== 7. profile a second domain ($(basename "$text2")) in two shards, as on two machines, and merge them"
+for i in 1 2; do
+    build/moe-prep profile "$work/model.moeb" --dataset "$text2" -o "$work/shard$i.h5" --ctx 256 --shard $i/2 \
+        >/dev/null
+done
+build/moe-prep profile merge "$work/shard1.h5" "$work/shard2.h5" -o "$work/profile2.h5" >"$work/profile2.txt"
+grep -E "^profile of|^  [0-9]+ MoE|^HOBBIT|^big-little|suggested gamma" "$work/profile2.txt"
+build/moe-prep profile report "$work/profile2.h5" -o "$work/profile2.html"
 echo
 echo "== summary"
 echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}')" \
@@ -59,3 +71,8 @@ echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END 
 echo "quality    $(basename "$text"), against the checkpoint: $ppl_summary"
 echo "sample     $low experts: $(tr '\n' ' ' < "$work/sample.txt" | cut -c1-110)..."
 echo "speed      $(sed 's/^moe-run: //' "$work/speed.txt")"
+echo "profile    $(grep '^HOBBIT' "$work/profile.txt" | sed 's/^HOBBIT thresholds //')"
+echo "           top experts: $(grep -A1 '^most used experts' "$work/profile.txt" | tail -1 | sed 's/^ *//')"
+echo "           next-layer prefetch (stacked gate): $(awk '/^stacked-gate/ {getline; getline; print "top-1 " $3 ", top-K recall " $4; exit}' "$work/profile.txt")"
+echo "           big-little: $(grep 'suggested gamma' "$work/profile.txt" | sed 's/^ *//')"
+echo "           report $work/profile.html, CSV in $work/profile-csv, tuning written into $work/model.moeb"

@@ -12,6 +12,15 @@
  *   - every derived array is present with its shape; stacked-gate accuracy and
  *     similarities are in range, NaN exactly where model layer l+j is dense or
  *     absent;
+ *   - the big-little pass: its histogram counts every token of the sampled
+ *     sequences, and big_little_summary is consistent with it;
+ *   - three shards (--shard i/3), merged in any order, give the same trace,
+ *     counts, sums and derived results as the single run; gaps, overlaps,
+ *     text files and foreign HDF5 files are refused with exit 1;
+ *   - profiling a bundle writes T1/T2, the placement order, the path
+ *     dictionaries (checked against counts taken here) and gamma into its
+ *     tuning section; --csv-dir writes the CSV files; `profile report` renders
+ *     the merged profile;
  *   - a missing dataset or a bad model exits 1, a usage error 2, --help 0.
  * argv[1] is the moe-prep binary.
  */
@@ -22,11 +31,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
+#include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-model.h"
 #include "moe-session.h"
 #include "moe-test.h"
 #include "profile-h5.h"
+#include "profile-results.h"
 #include "quantize/eval.h"
 #include "routing-stats.h"
 
@@ -262,6 +275,216 @@ static void check_model(const char *name) {
     moe_profile_free(p);
 }
 
+/* same_arrays: derived array `nm` equal in a and b (f64 within rel, else exact). */
+static int same_array(const struct moe_profile *a, const struct moe_profile *b, const char *nm, double rel) {
+    int na = 0, nb = 0;
+    int64_t da[MOE_PROFILE_MAX_DIMS], db[MOE_PROFILE_MAX_DIMS];
+    const double *x = NULL, *y = NULL;
+    const int64_t *u = NULL, *v = NULL;
+    const int32_t *g = NULL, *h = NULL;
+    int64_t n = 1;
+    if (!moe_profile_get_f64(a, nm, &na, da, &x) && !moe_profile_get_f64(b, nm, &nb, db, &y)) {
+        if (na != nb) return 0;
+        for (int d = 0; d < na; d++) n *= da[d];
+        for (int64_t i = 0; i < n; i++)
+            if (!(isnan(x[i]) && isnan(y[i])) && !(fabs(x[i] - y[i]) <= rel * fmax(1, fabs(x[i])))) return 0;
+        return 1;
+    }
+    if (!moe_profile_get_i64(a, nm, &na, da, &u) && !moe_profile_get_i64(b, nm, &nb, db, &v)) {
+        for (int d = 0; d < na; d++) n *= da[d];
+        return na == nb && !memcmp(u, v, (size_t)n * 8);
+    }
+    if (!moe_profile_get_i32(a, nm, &na, da, &g) && !moe_profile_get_i32(b, nm, &nb, db, &h)) {
+        for (int d = 0; d < na; d++) n *= da[d];
+        return na == nb && !memcmp(g, h, (size_t)n * 4);
+    }
+    return 0;
+}
+
+/* write_foreign_h5: an HDF5 file that is not a profile (one dataset). */
+static void write_foreign_h5(const char *path) {
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t dim = 4;
+    hid_t sp = H5Screate_simple(1, &dim, NULL);
+    hid_t ds = H5Dcreate2(f, "data", H5T_NATIVE_INT, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int v[4] = {1, 2, 3, 4};
+    H5Dwrite(ds, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(ds);
+    H5Sclose(sp);
+    H5Fclose(f);
+}
+
+/* check_tuning: the bundle's tuning holds what the profile derived; the
+ * order-1 dictionary's first entry per layer agrees with counts taken here. */
+static void check_tuning(const char *bundle, const struct moe_profile *p) {
+    struct moe_bundle *b = NULL;
+    CHECK(moe_bundle_open(bundle, &b) == MOE_OK, "open %s", bundle);
+    if (!b) return;
+    const struct moe_bundle_kv *kv = moe_bundle_tuning(b);
+    double t1 = NAN, t2 = NAN, gamma = NAN;
+    const double *thr = NULL, *bl = NULL;
+    const int32_t *order = NULL;
+    CHECK(!moe_profile_get_f64(p, "hobbit_thresholds", NULL, NULL, &thr) &&
+              !moe_profile_get_i32(p, "placement_order", NULL, NULL, &order) &&
+              !moe_profile_get_f64(p, "big_little_summary", NULL, NULL, &bl),
+          "tuning: the profile's results");
+    CHECK(!moe_bundle_kv_f64(kv, "hobbit.t1", &t1) && !moe_bundle_kv_f64(kv, "hobbit.t2", &t2) && thr &&
+              t1 == thr[0] && t2 == thr[1],
+          "tuning: hobbit.t1/t2 %g %g", t1, t2);
+    CHECK(!moe_bundle_kv_f64(kv, "mobile.gamma", &gamma) && bl && gamma == bl[1], "tuning: mobile.gamma %g", gamma);
+    size_t n = 0;
+    const int64_t *ord = moe_bundle_kv_i64_array(kv, "twiddler.placement_order", &n);
+    int same = ord && order && n == (size_t)p->n_layers * p->n_experts;
+    for (size_t i = 0; same && i < n; i++) same = ord[i] == order[i];
+    CHECK(same, "tuning: twiddler.placement_order");
+    size_t nl = 0, nk = 0, nn = 0, np = 0, nt = 0;
+    const int64_t *layer = moe_bundle_kv_i64_array(kv, "edgemoe.path1.layer", &nl);
+    const int64_t *keys = moe_bundle_kv_i64_array(kv, "edgemoe.path1.keys", &nk);
+    const int64_t *next = moe_bundle_kv_i64_array(kv, "edgemoe.path1.next", &nn);
+    const int64_t *tot = moe_bundle_kv_i64_array(kv, "edgemoe.path1.totals", &nt);
+    const double *prob = moe_bundle_kv_f64_array(kv, "edgemoe.path1.prob", &np);
+    int64_t top = 0, key_len = 0;
+    CHECK(!moe_bundle_kv_i64(kv, "edgemoe.path1.top", &top) && !moe_bundle_kv_i64(kv, "edgemoe.path1.key_len", &key_len) &&
+              key_len == p->k && top >= 1 && layer && keys && next && prob && tot && nl > 0 && nk == nl * key_len &&
+              nn == nl * top && np == nn && nt == nl,
+          "tuning: edgemoe.path1 arrays (%zu keys)", nl);
+    if (!(layer && keys && next && prob && tot && nl && nk == nl * key_len && nn == nl * top)) goto done;
+    /* the first entry: count here the tokens whose sorted layer-(l-1) set is the key */
+    const int L = p->n_layers, K = p->k, E = p->n_experts;
+    int l = (int)layer[0];
+    int64_t count = 0, c[64] = {0};
+    for (int64_t t = 0; t < moe_profile_n_tokens(p); t++) {
+        int16_t prev[8];
+        memcpy(prev, p->experts + ((size_t)t * L + l - 1) * K, (size_t)K * 2);
+        for (int i = 1; i < K; i++) /* sort */
+            for (int j = i; j > 0 && prev[j - 1] > prev[j]; j--) {
+                int16_t x = prev[j];
+                prev[j] = prev[j - 1], prev[j - 1] = x;
+            }
+        int match = 1;
+        for (int j = 0; j < K; j++) match &= prev[j] == keys[j];
+        if (!match) continue;
+        count++;
+        for (int j = 0; j < K; j++) c[p->experts[((size_t)t * L + l) * K + j]]++;
+    }
+    int best = 0;
+    for (int e = 1; e < E; e++)
+        if (c[e] > c[best]) best = e;
+    CHECK(count == tot[0] && next[0] == best && fabs(prob[0] - (double)c[best] / count) < 1e-12,
+          "tuning: first path entry: %lld tokens (want %lld), next %lld p %g (want %d, %g)", (long long)tot[0],
+          (long long)count, (long long)next[0], prob[0], best, count ? (double)c[best] / count : 0.0);
+done:
+    moe_bundle_free(b);
+}
+
+/* check_shards: three shards merged equal one run; tuning, CSV, report, errors. */
+static void check_shards(void) {
+    char dir[512], cmd[4096], bundle[600], p1[600], s[3][600], merged[600], csv[600], html[600], tmpdir[64];
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/test-profile-dir-XXXXXX");
+    if (!mkdtemp(tmpdir)) return;
+    snprintf(dir, sizeof dir, "%s/models/mixtral-f32", MOE_FIXTURES);
+    snprintf(bundle, sizeof bundle, "%s/m.moeb", tmpdir);
+    snprintf(p1, sizeof p1, "%s/single.h5", tmpdir);
+    snprintf(merged, sizeof merged, "%s/merged.h5", tmpdir);
+    snprintf(csv, sizeof csv, "%s/csv", tmpdir);
+    snprintf(html, sizeof html, "%s/report.html", tmpdir);
+    for (int i = 0; i < 3; i++) snprintf(s[i], sizeof s[i], "%s/s%d.h5", tmpdir, i + 1);
+    const char *opts = "--ctx 32 --max-tokens 180 -t 2 --heldout 0.34 --big-little-every 2";
+    snprintf(cmd, sizeof cmd, "%s quantize %s -o %s --experts q8_0,q4_0 >/dev/null 2>&1", moe_prep, dir, bundle);
+    CHECK(run(cmd) == 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s -o %s %s --csv-dir %s >/dev/null 2>&1", moe_prep, bundle,
+             text_path, p1, opts, csv);
+    CHECK(run(cmd) == 0, "%s", cmd);
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s -o %s %s --shard %d/3 >/dev/null 2>&1", moe_prep, bundle,
+                 text_path, s[i], opts, i + 1);
+        CHECK(run(cmd) == 0, "%s", cmd);
+    }
+    snprintf(cmd, sizeof cmd, "%s profile merge %s %s %s -o %s >/dev/null 2>&1", moe_prep, s[2], s[0], s[1], merged);
+    CHECK(run(cmd) == 0, "%s", cmd);
+    struct moe_profile *a = NULL, *b = NULL;
+    CHECK(moe_profile_read(p1, &a) == MOE_OK && moe_profile_read(merged, &b) == MOE_OK, "read single and merged");
+    if (a && b) {
+        const int64_t n = moe_profile_n_tokens(a), le = (int64_t)a->n_layers * a->n_experts;
+        int same = a->n_seq == b->n_seq && n == moe_profile_n_tokens(b) &&
+                   !memcmp(a->seq_start, b->seq_start, (size_t)(a->n_seq + 1) * 8) &&
+                   !memcmp(a->experts, b->experts, (size_t)(n * a->n_layers * a->k) * 2) &&
+                   !memcmp(a->weights, b->weights, (size_t)(n * a->n_layers * a->k) * 4);
+        CHECK(same, "merged trace equals the single run's");
+        CHECK(!memcmp(a->popularity, b->popularity, (size_t)le * 8) &&
+                  !memcmp(a->seq_popularity, b->seq_popularity, (size_t)(a->n_seq * le) * 8) &&
+                  !memcmp(a->hobbit_hist, b->hobbit_hist, (size_t)a->k * a->n_bins * 8),
+              "merged counts (popularity, per sequence, HOBBIT scores) equal the single run's");
+        static const char *const exact[] = {"sum.big_little_maxprob", "config.record", "shard", "placement_order",
+                                            "placement_hit_rate", "hobbit_thresholds", "path_accuracy_order1",
+                                            "path_accuracy_order2", "path_key_coverage", "reuse", "reuse_chance",
+                                            "split_sequences", "big_little", "big_little_summary", "targets"};
+        for (size_t i = 0; i < sizeof exact / sizeof *exact; i++)
+            CHECK(same_array(a, b, exact[i], 0), "merged %s equals the single run's", exact[i]);
+        /* sums of floats were added in another order */
+        static const char *const near[] = {"sum.pearson", "sum.stacked", "gate_output_pearson", "layer_similarity",
+                                           "stacked_top1", "stacked_recall"};
+        for (size_t i = 0; i < sizeof near / sizeof *near; i++)
+            CHECK(same_array(a, b, near[i], 1e-9), "merged %s equals the single run's", near[i]);
+        /* the big-little histogram counts every token of sequences 0, 2, 4 */
+        const int64_t *h = NULL;
+        int64_t hn = 0;
+        if (!moe_profile_get_i64(a, "sum.big_little_maxprob", NULL, NULL, &h))
+            for (int i = 0; i < 2 * MOE_PROFILE_BL_BINS; i++) hn += h[i];
+        CHECK(hn == 3 * CTX, "big-little tokens %lld, want %d", (long long)hn, 3 * CTX);
+        check_tuning(bundle, a);
+    }
+    moe_profile_free(a);
+    moe_profile_free(b);
+
+    /* CSV */
+    char path[700], line[256];
+    snprintf(path, sizeof path, "%s/popularity.csv", csv);
+    FILE *f = fopen(path, "r");
+    int rows = 0;
+    CHECK(f && fgets(line, sizeof line, f) && !strncmp(line, "layer,model_layer,expert,count", 30), "popularity.csv");
+    while (f && fgets(line, sizeof line, f)) rows++;
+    if (f) fclose(f);
+    CHECK(rows == 2 * 8, "popularity.csv: %d rows, want 2 layers x 8 experts", rows); /* mixtral-f32 */
+    static const char *const files[] = {"placement.csv", "hobbit.csv", "hobbit_hist.csv", "stacked.csv",
+                                        "paths.csv",     "reuse.csv",  "big_little.csv"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", csv, files[i]);
+        CHECK(access(path, R_OK) == 0, "%s written", files[i]);
+    }
+
+    /* report of the merged profile */
+    snprintf(cmd, sizeof cmd, "%s profile report %s -o %s >/dev/null 2>&1 && grep -q '<svg' %s", moe_prep, merged, html,
+             html);
+    CHECK(run(cmd) == 0, "%s", cmd);
+
+    /* what merge refuses */
+    snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>/dev/null", moe_prep, s[0], s[2], merged);
+    CHECK(run(cmd) == 1, "merge with a gap: want exit 1");
+    snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>/dev/null", moe_prep, s[0], s[0], merged);
+    CHECK(run(cmd) == 1, "merge of overlapping shards: want exit 1");
+    snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>/dev/null", moe_prep, s[0], text_path, merged);
+    CHECK(run(cmd) == 1, "merge of a text file: want exit 1");
+    snprintf(path, sizeof path, "%s/foreign.h5", tmpdir);
+    write_foreign_h5(path);
+    snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>&1 | grep -q 'not a moe-profile'", moe_prep, s[0], path,
+             merged);
+    CHECK(run(cmd) == 0, "merge of a foreign HDF5 file: want a clear message");
+    snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>/dev/null", moe_prep, s[0], path, merged);
+    CHECK(run(cmd) == 1, "merge of a foreign HDF5 file: want exit 1");
+    snprintf(cmd, sizeof cmd, "%s profile report %s -o %s 2>/dev/null", moe_prep, path, html);
+    CHECK(run(cmd) == 1, "report of a foreign HDF5 file: want exit 1");
+    snprintf(cmd, sizeof cmd, "%s profile report %s -o %s 2>/dev/null", moe_prep, text_path, html);
+    CHECK(run(cmd) == 1, "report of a text file: want exit 1");
+    snprintf(cmd, sizeof cmd, "%s profile merge -o %s 2>/dev/null", moe_prep, merged);
+    CHECK(run(cmd) == 2, "merge without inputs: want exit 2");
+    snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s -o %s --shard 4/3 2>/dev/null", moe_prep, bundle, text_path,
+             merged);
+    CHECK(run(cmd) == 2, "--shard 4/3: want exit 2");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    run(cmd);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test-profile MOE_PREP\n");
@@ -274,6 +497,7 @@ int main(int argc, char **argv) {
 
     check_model("qwen2_moe-f32");
     check_model("mixtral-f32");
+    check_shards();
 
     /* failures and usage */
     char cmd[2048];
@@ -295,6 +519,6 @@ int main(int argc, char **argv) {
 
     unlink(text_path);
     unlink(out_path);
-    if (!fails) printf("test-profile: ok\n");
+    if (!fails) printf("test-profile: ok (%d checks)\n", checks);
     return fails != 0;
 }

@@ -1,8 +1,8 @@
 /*
  * test-routing-stats.c - routing statistics on a hand-made trace whose answers
  * are worked out by hand in the comments: popularity and placement, HOBBIT
- * thresholds for target shares, path-dictionary probabilities and preload
- * accuracy, reuse, and merging dictionaries of two shards.
+ * thresholds for target shares, path-dictionary probabilities, export and
+ * preload accuracy, reuse, and merging dictionaries of two shards.
  */
 #include <math.h>
 #include <stdio.h>
@@ -77,6 +77,31 @@ int main(void) {
           acc.recall[0], acc.recall[1], acc.recall[2]);
     CHECK(NEAR(acc.popular[0], 0.5) && NEAR(acc.popular[1], 0.8) && NEAR(acc.popular[2], 0.9), "popular %g %g %g",
           acc.popular[0], acc.popular[1], acc.popular[2]);
+
+    /* export, most frequent key first: {0,1} (3 tokens: e2 3/3, e3 3/3), then
+     * {0,2} (e0, e2) and {0,3} (e1, e2), one token each */
+    struct moe_path_export ex;
+    CHECK(moe_path_dict_export(d, 1, 2, 1, 100, &ex) == MOE_OK && ex.n == 3 && ex.key_len == 2 && ex.top == 2,
+          "export: %zu keys", ex.n);
+    if (ex.n == 3) {
+        static const int16_t want_keys[6] = {0, 1, 0, 2, 0, 3}, want_next[6] = {2, 3, 0, 2, 1, 2};
+        static const int64_t want_tot[3] = {3, 1, 1};
+        CHECK(!memcmp(ex.keys, want_keys, sizeof want_keys) && !memcmp(ex.totals, want_tot, sizeof want_tot) &&
+                  !memcmp(ex.next, want_next, sizeof want_next),
+              "export keys, totals and next experts");
+        int ok = 1;
+        for (int i = 0; i < 6; i++) ok &= NEAR(ex.prob[i], 1.0);
+        CHECK(ok, "export probabilities");
+    }
+    moe_path_export_free(&ex);
+    CHECK(moe_path_dict_export(d, 1, 1, 2, 100, &ex) == MOE_OK && ex.n == 1 && ex.next[0] == 2, "min_count 2");
+    moe_path_export_free(&ex);
+    CHECK(moe_path_dict_export(d, 1, 1, 1, 2, &ex) == MOE_OK && ex.n == 2, "max_keys 2");
+    moe_path_export_free(&ex);
+    CHECK(moe_path_dict_export(d, 0, 1, 1, 100, &ex) == MOE_OK && ex.n == 0, "layer 0 has no keys");
+    moe_path_export_free(&ex);
+    CHECK(moe_path_dict_export(d, 1, 5, 1, 100, &ex) == MOE_ERR_INVALID, "top > experts rejected");
+    CHECK(moe_path_dict_export(d, 2, 1, 1, 100, &ex) == MOE_ERR_INVALID, "layer out of range rejected");
 
     /* shards: a dictionary of each sequence, merged, equals the whole one */
     const int64_t s0[2] = {0, 3}, s1[2] = {0, 2};

@@ -320,6 +320,113 @@ enum moe_status moe_profile_get_i32(const struct moe_profile *p, const char *nam
 
 /* ------------------------------------------------------------------ merge */
 
+/* array_elems: elements of a derived array (shapes were checked when stored). */
+static int64_t array_elems(const struct moe_profile_array *a) {
+    int64_t n = 1;
+    for (int d = 0; d < a->ndims; d++) n *= a->dims[d];
+    return n;
+}
+
+static int has_prefix(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+/* same_shape: equal element type and shape. */
+static int same_shape(const struct moe_profile_array *a, const struct moe_profile_array *b) {
+    if (a->dtype != b->dtype || a->ndims != b->ndims) return 0;
+    for (int d = 0; d < a->ndims; d++)
+        if (a->dims[d] != b->dims[d]) return 0;
+    return 1;
+}
+
+/* check_mergeable_arrays: every "sum." and "config." array of either profile
+ * is in the other with the same type and shape, and "config." arrays are equal
+ * bit for bit (shards recorded with other settings do not add up). */
+static enum moe_status check_mergeable_arrays(const struct moe_profile *dst, const struct moe_profile *src) {
+    for (int pass = 0; pass < 2; pass++) {
+        const struct moe_profile *x = pass ? src : dst, *y = pass ? dst : src;
+        for (int i = 0; i < x->n_derived; i++) {
+            const struct moe_profile_array *a = &x->derived[i];
+            int sum = has_prefix(a->name, MOE_PROFILE_SUM_PREFIX), cfg = has_prefix(a->name, MOE_PROFILE_CONFIG_PREFIX);
+            if (!sum && !cfg) continue;
+            int j = find_derived(y, a->name);
+            if (j < 0 || !same_shape(a, &y->derived[j])) {
+                MOE_LOGE("derived array \"%s\" is %s in one profile: they were not recorded the same way", a->name,
+                         j < 0 ? "missing" : "of another shape");
+                return MOE_ERR_INVALID;
+            }
+            if (cfg && memcmp(a->data, y->derived[j].data, (size_t)array_elems(a) * DTYPE_SIZE[a->dtype]) != 0) {
+                MOE_LOGE("the profiles were recorded with different settings (\"%s\" differs)", a->name);
+                return MOE_ERR_INVALID;
+            }
+        }
+    }
+    return MOE_OK;
+}
+
+/* sums_overflow: 1 if adding n int64 (or int32) counts of b to a would overflow. */
+static int sums_overflow(const void *a, const void *b, int64_t n, int wide) {
+    for (int64_t i = 0; i < n; i++) {
+        if (wide) {
+            int64_t r;
+            if (__builtin_add_overflow(((const int64_t *)a)[i], ((const int64_t *)b)[i], &r)) return 1;
+        } else {
+            int32_t r;
+            if (__builtin_add_overflow(((const int32_t *)a)[i], ((const int32_t *)b)[i], &r)) return 1;
+        }
+    }
+    return 0;
+}
+
+/* check_no_overflow: the counts and integer sums of src can be added to dst's
+ * (files are untrusted: two counts near INT64_MAX must not wrap). */
+static enum moe_status check_no_overflow(const struct moe_profile *dst, const struct moe_profile *src) {
+    int64_t le = (int64_t)dst->n_layers * dst->n_experts, tok;
+    int bad = sums_overflow(dst->popularity, src->popularity, le, 1) ||
+              sums_overflow(dst->hobbit_hist, src->hobbit_hist, (int64_t)dst->k * dst->n_bins, 1) ||
+              __builtin_add_overflow(moe_profile_n_tokens(dst), moe_profile_n_tokens(src), &tok) ||
+              dst->n_seq > INT32_MAX - src->n_seq;
+    for (int i = 0; !bad && i < dst->n_derived; i++) {
+        const struct moe_profile_array *a = &dst->derived[i];
+        if (!has_prefix(a->name, MOE_PROFILE_SUM_PREFIX) || a->dtype == MOE_PROFILE_F64) continue;
+        const struct moe_profile_array *b = &src->derived[find_derived(src, a->name)];
+        bad = sums_overflow(a->data, b->data, array_elems(a), a->dtype == MOE_PROFILE_I64);
+    }
+    if (bad) {
+        MOE_LOGE("the profiles' counts are too large to add (damaged files?)");
+        return MOE_ERR_RANGE;
+    }
+    return MOE_OK;
+}
+
+/* add_sums_keep_config: dst's "sum." arrays += src's (shapes checked); drop every other
+ * derived array of dst except "config." ones. */
+static void add_sums_keep_config(struct moe_profile *dst, const struct moe_profile *src) {
+    int w = 0;
+    for (int i = 0; i < dst->n_derived; i++) {
+        struct moe_profile_array *a = &dst->derived[i];
+        if (has_prefix(a->name, MOE_PROFILE_SUM_PREFIX)) {
+            const struct moe_profile_array *b = &src->derived[find_derived(src, a->name)];
+            int64_t n = array_elems(a);
+            for (int64_t q = 0; q < n; q++) {
+                if (a->dtype == MOE_PROFILE_F64)
+                    ((double *)a->data)[q] += ((const double *)b->data)[q];
+                else if (a->dtype == MOE_PROFILE_I64)
+                    ((int64_t *)a->data)[q] += ((const int64_t *)b->data)[q];
+                else
+                    ((int32_t *)a->data)[q] += ((const int32_t *)b->data)[q];
+            }
+        } else if (!has_prefix(a->name, MOE_PROFILE_CONFIG_PREFIX)) {
+            free(a->data);
+            continue;
+        }
+        dst->derived[w++] = *a;
+    }
+    dst->n_derived = w;
+    if (w == 0) {
+        free(dst->derived);
+        dst->derived = NULL;
+    }
+}
+
 enum moe_status moe_profile_merge(struct moe_profile *dst, const struct moe_profile *src) {
     if (dst->n_layers != src->n_layers || dst->n_experts != src->n_experts || dst->k != src->k ||
         dst->n_bins != src->n_bins || dst->logits != src->logits) {
@@ -337,10 +444,12 @@ enum moe_status moe_profile_merge(struct moe_profile *dst, const struct moe_prof
         MOE_LOGE("moe_layer_index differs between the profiles");
         return MOE_ERR_INVALID;
     }
+    enum moe_status st = check_mergeable_arrays(dst, src);
+    if (st) return st;
+    if ((st = check_no_overflow(dst, src))) return st;
     int64_t old_tok = moe_profile_n_tokens(dst), src_tok = moe_profile_n_tokens(src);
     int64_t row = (int64_t)dst->n_layers * dst->k, le = (int64_t)dst->n_layers * dst->n_experts;
-    enum moe_status st = reserve(dst, src->n_seq, src_tok);
-    if (st) return st;
+    if ((st = reserve(dst, src->n_seq, src_tok))) return st;
     memcpy(dst->experts + old_tok * row, src->experts, (size_t)(src_tok * row) * sizeof(int16_t));
     memcpy(dst->weights + old_tok * row, src->weights, (size_t)(src_tok * row) * sizeof(float));
     if (dst->logits)
@@ -352,7 +461,7 @@ enum moe_status moe_profile_merge(struct moe_profile *dst, const struct moe_prof
     dst->n_seq += src->n_seq;
     for (int64_t i = 0; i < le; i++) dst->popularity[i] += src->popularity[i];
     for (int64_t i = 0; i < (int64_t)dst->k * dst->n_bins; i++) dst->hobbit_hist[i] += src->hobbit_hist[i];
-    moe_profile_clear_derived(dst);
+    add_sums_keep_config(dst, src);
     return MOE_OK;
 }
 
@@ -398,14 +507,16 @@ static hid_t fapl_strong(void) {
     return fapl;
 }
 
-/* write_str_attr: a variable-length UTF-8 string attribute (h5py gives a str). */
+/* write_str_attr: a fixed-length, NUL-terminated UTF-8 string attribute (h5py
+ * gives numpy.bytes_; .decode() for a str). Not variable-length: see read_str_attr. */
 static int write_str_attr(hid_t obj, const char *name, const char *value) {
     int ok = 0;
     hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR), attr = -1;
-    if (type < 0 || space < 0 || H5Tset_size(type, H5T_VARIABLE) < 0 || H5Tset_cset(type, H5T_CSET_UTF8) < 0)
+    if (type < 0 || space < 0 || H5Tset_size(type, strlen(value) + 1) < 0 ||
+        H5Tset_strpad(type, H5T_STR_NULLTERM) < 0 || H5Tset_cset(type, H5T_CSET_UTF8) < 0)
         goto done;
     attr = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-    ok = attr >= 0 && H5Awrite(attr, type, &value) >= 0;
+    ok = attr >= 0 && H5Awrite(attr, type, value) >= 0;
 done:
     if (attr >= 0) H5Aclose(attr);
     if (space >= 0) H5Sclose(space);
@@ -590,10 +701,10 @@ static enum moe_status read_str_attr(const char *path, hid_t obj, const char *na
     H5T_cset_t cset = H5Tget_cset(type); /* HDF5 converts no ASCII <-> UTF-8: read in the file's */
     if (var < 0 || cset < 0 || (mtype = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_cset(mtype, cset) < 0) goto fail;
     if (var) {
-        char *vs = NULL;
-        if (H5Tset_size(mtype, H5T_VARIABLE) < 0 || H5Aread(attr, mtype, &vs) < 0 || !vs) goto fail_read;
-        buf = dup_str(vs);
-        H5free_memory(vs);
+        /* variable-length strings live in HDF5's global heap, whose reader
+         * (libhdf5 1.10) overruns on damaged heaps: refuse them, unread */
+        MOE_LOGE("%s: attribute \"%s\" is a variable-length string; profiles store fixed-length ones", path, name);
+        goto fail;
     } else {
         size_t n = H5Tget_size(type);
         if (n == 0 || n > (1 << 20)) goto fail_read;
@@ -650,6 +761,24 @@ fail:
     return st;
 }
 
+/* storage_plausible: a dataset of n elements of esize bytes could be stored
+ * in what the file holds for it. The shape comes from untrusted metadata: a
+ * damaged dimension must not make the reader allocate gigabytes. Storage may
+ * be deflated (our trace datasets are), so up to 1100x the stored bytes
+ * (deflate's limit is about 1032:1) is accepted; the stored bytes cannot
+ * exceed the file. */
+static int storage_plausible(hid_t ds, int64_t n, size_t esize) {
+    if (n <= 0) return 1;
+    hid_t fid = H5Iget_file_id(ds);
+    hsize_t fsize = 0;
+    int ok = fid >= 0 && H5Fget_filesize(fid, &fsize) >= 0;
+    if (fid >= 0) H5Fclose(fid);
+    hsize_t stored = H5Dget_storage_size(ds);
+    if (!ok || stored > fsize) return 0;
+    double need = (double)n * (double)esize, room = 1100.0 * (double)(stored > 4096 ? stored : 4096);
+    return need <= room;
+}
+
 /* open_ds: open dataset `name` and check its element class and shape. A
  * negative expected dim accepts any size and reports it in got[]. */
 static enum moe_status open_ds(const char *path, hid_t loc, const char *name, H5T_class_t cls, int ndims,
@@ -681,6 +810,13 @@ static enum moe_status open_ds(const char *path, hid_t loc, const char *name, H5
             goto fail;
         }
         if (got) got[d] = (int64_t)hd[d];
+    }
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++)
+        if (!mul_ok(n, (int64_t)hd[d], &n)) n = INT64_MAX;
+    if (!storage_plausible(ds, n, H5Tget_size(type))) {
+        MOE_LOGE("%s: dataset \"%s\" claims more elements than the file stores (damaged shape)", path, name);
+        goto fail;
     }
     if (esize) *esize = H5Tget_size(type);
     *out_ds = ds;
@@ -758,6 +894,11 @@ static enum moe_status read_derived(const char *path, hid_t f, struct moe_profil
             goto fail;
         }
         hid_t mt = dt == MOE_PROFILE_F64 ? H5T_NATIVE_DOUBLE : dt == MOE_PROFILE_I64 ? H5T_NATIVE_INT64 : H5T_NATIVE_INT32;
+        if (!storage_plausible(ds, n, es)) {
+            MOE_LOGE("%s: /derived/%s claims more elements than the file stores (damaged shape)", path, name);
+            st = MOE_ERR_SHAPE;
+            goto fail;
+        }
         if (!(buf = xalloc(n, DTYPE_SIZE[dt]))) {
             st = MOE_ERR_NOMEM;
             goto fail;

@@ -29,6 +29,8 @@
 #define MOE_PROFILE_MAX_NAME 63     /* of a derived array: [A-Za-z0-9_.-], no '/' */
 #define MOE_PROFILE_DEFAULT_BINS 1000
 #define MOE_PROFILE_MAX_ELEMS ((int64_t)1 << 36) /* per dataset; larger is rejected as damaged */
+#define MOE_PROFILE_SUM_PREFIX "sum."       /* derived arrays that merge by addition */
+#define MOE_PROFILE_CONFIG_PREFIX "config." /* derived arrays that must be equal to merge */
 
 /* How router logits are kept, if at all. */
 enum moe_profile_logits {
@@ -148,9 +150,13 @@ enum moe_status moe_profile_read(const char *path, struct moe_profile **out);
 /* moe_profile_merge: add shard src into dst. Requires the same arch,
  * model_path, n_layers, n_experts, k, n_bins, logits mode and
  * moe_layer_index (MOE_ERR_INVALID otherwise; dataset and tool_version are not
- * compared, dst keeps its own). The sequences of src are appended, counts and
- * histograms added, and dst's derived arrays cleared (the caller recomputes
- * them). On error dst is unchanged. */
+ * compared, dst keeps its own). Derived arrays named "sum.*" (sums gathered
+ * while recording, which only the run itself could compute) must be in both
+ * with the same type and shape, and are added; "config.*" arrays (the
+ * settings of the run) must be in both and equal, and are kept; every other
+ * derived array of dst is dropped (the caller recomputes them). The sequences
+ * of src are appended and counts and histograms added. On error dst is
+ * unchanged. */
 enum moe_status moe_profile_merge(struct moe_profile *dst, const struct moe_profile *src);
 
 #endif

@@ -1,40 +1,11 @@
 /*
  * profile.c - `moe-prep profile`: record the routing of a model over a text
- * and derive what the runtime techniques need (../shared/papers/ALGORITHMS.md):
- * Twiddler's placement order and its hit rate, HOBBIT's thresholds, gate/output
- * correlation and stacked-gate prefetch accuracy, EdgeMoE's path dictionaries,
- * and expert reuse between consecutive tokens.
- *
- * The runtime is observed only through the session's callbacks (on_route,
- * on_expert); the statistics are routing-stats, the file is profile-h5.
- *
- * Derived arrays written under /derived (L = MoE layers, K = experts per token,
- * E = experts per layer; "all" = every recorded token, "held-out" = the last
- * --heldout share of the sequences, with counts taken on the others):
- *   placement_order      i32 [L*E]  (layer*E + expert), most used first, all
- *   placement_hit_rate   f64 [3 x 3] rows: 25 %, 50 %, 75 % of the pairs
- *                        resident; columns: fraction resident, hit rate on the
- *                        held-out sequences of the popularity order counted on
- *                        the others, random expectation (= that fraction)
- *   hobbit_thresholds    f64 [5]   T1, T2, high, low, skip shares (all)
- *   gate_output_pearson  f64 [1]   Pearson r of g and ||g E(x)|| over every
- *                        routed (layer, expert, token), g as the model applied it
- *   layer_similarity     f64 [L x 4] mean cosine of the gate inputs of MoE
- *                        layer l and model layer l+j, j = 1..4 (column j-1);
- *                        NaN where model layer l+j is dense or absent
- *   stacked_top1         f64 [L x 4] share of tokens whose predicted top-1 at
- *                        l+j (top-K of softmax(W_router[l+j] x_l)) is among
- *                        the experts actually chosen there; NaN as above
- *   stacked_recall       f64 [L x 4] mean |predicted top-K & actual| / K
- *   path_accuracy_order1 f64 [2 x 3] row 0: dictionary keyed on l-1, recall
- *                        with 1, 2, 3 experts preloaded; row 1: preloading
- *                        the 1..3 most popular; held-out (NaN without one)
- *   path_accuracy_order2 f64 [2 x 3] the same keyed on (l-2, l-1)
- *   path_key_coverage    f64 [2]   share of held-out (token, layer) keys seen, order 1, 2
- *   reuse                f64 [L x K] share of tokens whose expert at rank r
- *                        is used again by the next token (all)
- *   reuse_chance         f64 [1]   K / E
- *   split_sequences      i64 [2]   sequences counted, sequences held out
+ * (runtime observed only through the session's on_route / on_expert
+ * callbacks), optionally run MoBiLE's little model beside it, and store the
+ * trace, counts and sums in a profile (profile-h5); the results are derived
+ * from the profile alone (profile-derive.c), so `profile merge` of shards gives
+ * what one run gives. Also dispatches `profile merge` and `profile report`.
+ * The derived arrays are listed in profile-results.h.
  */
 #include <math.h>
 #include <stdio.h>
@@ -45,27 +16,32 @@
 
 #include "quantize/eval.h"
 #include "moe-dataset.h"
+#include "moe-mmap.h"
 #include "moe-prep.h"
 #include "moe-quant.h"
 #include "moe-session.h"
+#include "profile-cli.h"
 #include "profile-h5.h"
+#include "profile-results.h"
+#include "report.h"
 #include "routing-stats.h"
 #include "tool-util.h"
 
-#define MAX_DIST 4 /* stacked-gate distances j = 1..MAX_DIST */
-
-static const double k_resident[3] = {0.25, 0.50, 0.75};
+#define MAX_DIST MOE_PROFILE_MAX_DIST
 
 struct profile_args {
-    const char *model, *dataset, *out;
+    const char *model, *dataset, *out, *csv_dir;
     int n_ctx;
     long long max_tokens; /* 0 = all */
-    double target_low, target_skip, heldout;
-    int n_threads, json;
+    struct moe_profile_targets targets;
+    int n_threads, json, no_tuning;
+    int big_little_every; /* run the little model on every Nth sequence; 0 = never */
+    int shard_i, shard_n; /* this run is shard shard_i (1-based) of shard_n */
+    enum moe_profile_logits logits;
 };
 
-/* What the observers record. Per sequence: the trace rows and gate inputs;
- * over the run: the Pearson sums and the stacked-gate sums. */
+/* What the observers record. Per sequence: the trace rows, gate inputs and
+ * router logits; over the run: the Pearson sums. */
 struct recorder {
     int L, E, K, n_embd, n_layer;
     const int *moe_index;   /* [n_layer] model layer -> MoE layer, -1 if dense */
@@ -74,36 +50,55 @@ struct recorder {
     int16_t *experts;       /* [n_ctx x L x K] current sequence */
     float *weights;         /* [n_ctx x L x K] */
     float *gate_in;         /* [L x n_ctx x n_embd] */
+    float *logits;          /* [n_ctx x L x E] router logits, or NULL when not kept */
     unsigned char *seen;    /* [L x n_ctx] a route event covered this row */
     int bad;                /* an event did not fit (logged once) */
-    double pn, sg, sy, sgg, syy, sgy; /* Pearson sums */
+    double pearson[6];      /* n, sum g, sum y, sum g^2, sum y^2, sum g y */
 };
 
 static void profile_usage(FILE *f) {
     fprintf(f,
             "usage: moe-prep profile MODEL --dataset SPEC -o PROFILE.h5 [options]\n"
+            "       moe-prep profile merge SHARD.h5... -o PROFILE.h5 [options]\n"
+            "       moe-prep profile report PROFILE.h5 -o REPORT.html\n"
             "\n"
-            "Runs MODEL (checkpoint directory or .moeb bundle) over a text, records the\n"
-            "routing of every token at every MoE layer and writes it with derived results\n"
-            "(placement order and hit rate, HOBBIT thresholds, stacked-gate prefetch\n"
-            "accuracy, path dictionaries, reuse) to an HDF5 profile; prints a summary.\n"
+            "Runs MODEL (checkpoint directory or .moeb bundle) over a text in batched\n"
+            "prefill, records the routing of every token at every MoE layer and writes it,\n"
+            "with what follows from it, to an HDF5 profile: placement order and hit rate\n"
+            "(Twiddler), HOBBIT thresholds T1/T2 and stacked-gate prefetch accuracy,\n"
+            "activation-path dictionaries (EdgeMoE), expert reuse, and MoBiLE's\n"
+            "big-little fallback ratio against gamma. When MODEL is a bundle, T1/T2, the\n"
+            "popularity order, the path dictionaries and gamma are also written into its\n"
+            "tuning section for moe-run. Prints a summary.\n"
             "\n"
             "options:\n"
-            "  --dataset SPEC      text to profile on (dataset card or file; see docs/cli.md)\n"
-            "  -o, --out FILE      profile file to write (HDF5)\n"
-            "  --ctx N             tokens per sequence, one forward pass each (default 256)\n"
-            "  --max-tokens N      stop after N tokens (default: every whole sequence)\n"
-            "  --target-low X      HOBBIT: share of loads at low precision (default 0.30)\n"
-            "  --target-skip X     HOBBIT: share of loads skipped (default 0.03)\n"
-            "  --heldout X         share of the last sequences held out for hit rates and\n"
-            "                      path-dictionary accuracy (default 0.2; 0 = none)\n"
-            "  -t, --threads N     CPU threads (default: all online CPUs)\n"
-            "  --json              summary as JSON on stdout\n"
-            "  -h, --help          this text\n"
+            "  --dataset SPEC        text to profile on (dataset card or file; see docs/cli.md)\n"
+            "  -o, --out FILE        profile file to write (HDF5; replaced atomically)\n"
+            "  --ctx N               tokens per sequence, one forward pass each (default 256)\n"
+            "  --max-tokens N        stop after N tokens (default: every whole sequence)\n"
+            "  --target-low X        HOBBIT: share of loads at low precision (default 0.30)\n"
+            "  --target-skip X       HOBBIT: share of loads skipped (default 0.03)\n"
+            "  --target-fallback X   MoBiLE: fallback ratio the suggested gamma gives (default 0.2)\n"
+            "  --big-little-every N  run the little model (K/2 experts) on every Nth sequence\n"
+            "                        (default 8; 1 = all; 0 = never)\n"
+            "  --heldout X           share of the last sequences held out for hit rates and\n"
+            "                        path-dictionary accuracy (default 0.2; 0 = none)\n"
+            "  --router-logits TYPE  also keep every router logit in the trace: f16 or f32\n"
+            "  --shard I/N           profile only the I-th of N slices of the sequences (I from\n"
+            "                        1); combine the shards with `moe-prep profile merge`\n"
+            "  --csv-dir DIR         also write the summaries as CSV files into DIR\n"
+            "  --no-tuning           do not write the results into the bundle's tuning section\n"
+            "  -t, --threads N       CPU threads (default: all online CPUs)\n"
+            "  --json                summary as JSON on stdout\n"
+            "  -h, --help            this text\n"
             "\n"
             "examples:\n"
-            "  moe-prep profile ./Mixtral-8x7B-v0.1 --dataset wikitext.txt -o mixtral.h5\n"
-            "  moe-prep profile model.moeb --dataset c4.txt -o p.h5 --ctx 128 --max-tokens 20000 --json\n");
+            "  moe-prep profile model.moeb --dataset wikitext.txt -o p.h5\n"
+            "  moe-prep profile model.moeb --dataset c4.txt -o p.h5 --ctx 128 --max-tokens 20000 --json\n"
+            "  moe-prep profile model.moeb --dataset c4.txt -o s1.h5 --shard 1/2   # on one machine\n"
+            "  moe-prep profile model.moeb --dataset c4.txt -o s2.h5 --shard 2/2   # on another\n"
+            "  moe-prep profile merge s1.h5 s2.h5 -o p.h5 --bundle model.moeb\n"
+            "  moe-prep profile report p.h5 -o p.html\n");
 }
 
 static int parse_num(const char *o, const char *v, double lo, double hi, double *out) {
@@ -128,13 +123,28 @@ static int parse_ll(const char *o, const char *v, long long lo, long long hi, lo
     return 1;
 }
 
+/* parse_shard: "I/N" with 1 <= I <= N. */
+static int parse_shard(const char *v, int *i, int *n) {
+    char *end;
+    long a = strtol(v, &end, 10), b;
+    if (end == v || *end != '/') goto bad;
+    const char *q = end + 1;
+    b = strtol(q, &end, 10);
+    if (end == q || *end || b < 1 || b > 1000000 || a < 1 || a > b) goto bad;
+    *i = (int)a, *n = (int)b;
+    return 1;
+bad:
+    fprintf(stderr, "moe-prep profile: --shard wants I/N with 1 <= I <= N (e.g. 2/4), not \"%s\"\n", v);
+    return 0;
+}
+
 /* parse_args: 0 ok, 1 help printed, 2 usage error (reported). */
 static int parse_args(int argc, char **argv, struct profile_args *a) {
     memset(a, 0, sizeof *a);
     a->n_ctx = 256;
-    a->target_low = 0.30;
-    a->target_skip = 0.03;
-    a->heldout = 0.2;
+    a->targets = moe_profile_default_targets();
+    a->big_little_every = 8;
+    a->shard_i = a->shard_n = 1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
         long long n;
@@ -146,17 +156,38 @@ static int parse_args(int argc, char **argv, struct profile_args *a) {
             if (!(a->dataset = NEXT())) return 2;
         } else if (!strcmp(o, "-o") || !strcmp(o, "--out")) {
             if (!(a->out = NEXT())) return 2;
+        } else if (!strcmp(o, "--csv-dir")) {
+            if (!(a->csv_dir = NEXT())) return 2;
         } else if (!strcmp(o, "--ctx")) {
             if (!(v = NEXT()) || !parse_ll(o, v, 2, 1 << 20, &n)) return 2;
             a->n_ctx = (int)n;
         } else if (!strcmp(o, "--max-tokens")) {
             if (!(v = NEXT()) || !parse_ll(o, v, 1, (long long)1 << 40, &a->max_tokens)) return 2;
         } else if (!strcmp(o, "--target-low")) {
-            if (!(v = NEXT()) || !parse_num(o, v, 0, 1, &a->target_low)) return 2;
+            if (!(v = NEXT()) || !parse_num(o, v, 0, 1, &a->targets.low)) return 2;
         } else if (!strcmp(o, "--target-skip")) {
-            if (!(v = NEXT()) || !parse_num(o, v, 0, 1, &a->target_skip)) return 2;
+            if (!(v = NEXT()) || !parse_num(o, v, 0, 1, &a->targets.skip)) return 2;
+        } else if (!strcmp(o, "--target-fallback")) {
+            if (!(v = NEXT()) || !parse_num(o, v, 0, 1, &a->targets.fallback)) return 2;
         } else if (!strcmp(o, "--heldout")) {
-            if (!(v = NEXT()) || !parse_num(o, v, 0, 0.9, &a->heldout)) return 2;
+            if (!(v = NEXT()) || !parse_num(o, v, 0, 0.9, &a->targets.heldout)) return 2;
+        } else if (!strcmp(o, "--big-little-every")) {
+            if (!(v = NEXT()) || !parse_ll(o, v, 0, 1 << 30, &n)) return 2;
+            a->big_little_every = (int)n;
+        } else if (!strcmp(o, "--router-logits")) {
+            if (!(v = NEXT())) return 2;
+            if (!strcmp(v, "f16"))
+                a->logits = MOE_PROFILE_LOGITS_F16;
+            else if (!strcmp(v, "f32"))
+                a->logits = MOE_PROFILE_LOGITS_F32;
+            else {
+                fprintf(stderr, "moe-prep profile: --router-logits wants f16 or f32, not \"%s\"\n", v);
+                return 2;
+            }
+        } else if (!strcmp(o, "--shard")) {
+            if (!(v = NEXT()) || !parse_shard(v, &a->shard_i, &a->shard_n)) return 2;
+        } else if (!strcmp(o, "--no-tuning")) {
+            a->no_tuning = 1;
         } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
             if (!(v = NEXT()) || !parse_ll(o, v, 1, 256, &n)) return 2;
             a->n_threads = (int)n;
@@ -178,7 +209,7 @@ static int parse_args(int argc, char **argv, struct profile_args *a) {
                 !a->model ? "no MODEL given" : !a->dataset ? "no --dataset SPEC given" : "no -o FILE given");
         return 2;
     }
-    if (a->target_low + a->target_skip > 1) {
+    if (a->targets.low + a->targets.skip > 1) {
         fprintf(stderr, "moe-prep profile: --target-low + --target-skip exceed 1\n");
         return 2;
     }
@@ -207,6 +238,9 @@ static void on_route(const struct moe_route_event *ev, void *user) {
         }
         memcpy(r->gate_in + ((size_t)li * r->n_ctx + pos) * r->n_embd, ev->gate_input + (size_t)t * r->n_embd,
                (size_t)r->n_embd * sizeof(float));
+        if (r->logits)
+            memcpy(r->logits + ((size_t)pos * L + li) * r->E, ev->router_logits + (size_t)t * r->E,
+                   (size_t)r->E * sizeof(float));
         r->seen[(size_t)li * r->n_ctx + pos] = 1;
     }
 }
@@ -218,21 +252,12 @@ static void on_expert(const struct moe_expert_event *ev, void *user) {
         double ss = 0;
         for (int d = 0; d < r->n_embd; d++) ss += (double)y[d] * y[d];
         double g = ev->weights[i], m = fabs(g) * sqrt(ss); /* ||g E(x)|| */
-        r->pn += 1;
-        r->sg += g;
-        r->sy += m;
-        r->sgg += g * g;
-        r->syy += m * m;
-        r->sgy += g * m;
+        double *q = r->pearson;
+        q[0] += 1, q[1] += g, q[2] += m, q[3] += g * g, q[4] += m * m, q[5] += g * m;
     }
 }
 
 /* ---- stacked gating ---- */
-
-struct stacked_sums {
-    double sim[MAX_DIST], top1[MAX_DIST], recall[MAX_DIST];
-    int64_t n[MAX_DIST];
-};
 
 /* top_k: indices of the k largest of x[n], largest first, lower index on ties. */
 static void top_k(const float *x, int n, int k, int *out) {
@@ -250,8 +275,10 @@ static void top_k(const float *x, int n, int k, int *out) {
 /* stacked_add: after a sequence of n tokens, add for every MoE layer l and
  * distance j the cosine of the gate inputs (l, l+j) and whether the router of
  * l+j applied to x_l predicts the experts actually chosen at l+j. Top-K of the
- * logits is top-K of their softmax. routers: [L x E x n_embd] dequantized. */
-static void stacked_add(const struct recorder *r, const float *routers, int n, struct stacked_sums *sums,
+ * logits is top-K of their softmax. routers: [L x E x n_embd] dequantized;
+ * sums as sum.stacked [L x MAX_DIST x 4]: cosine, top-1 hits, top-K recall,
+ * tokens. */
+static void stacked_add(const struct recorder *r, const float *routers, int n, double *sums,
                         float *logits, int *pred) {
     const int L = r->L, E = r->E, K = r->K, D = r->n_embd;
     for (int li = 0; li < L; li++)
@@ -259,7 +286,7 @@ static void stacked_add(const struct recorder *r, const float *routers, int n, s
             int lj = r->layer_of[li] + j;
             if (lj >= r->n_layer || r->moe_index[lj] < 0) continue;
             int mj = r->moe_index[lj];
-            struct stacked_sums *s = &sums[li];
+            double *q = sums + ((size_t)li * MAX_DIST + (j - 1)) * 4;
             for (int t = 0; t < n; t++) {
                 const float *x = r->gate_in + ((size_t)li * r->n_ctx + t) * D;
                 const float *y = r->gate_in + ((size_t)mj * r->n_ctx + t) * D;
@@ -269,7 +296,7 @@ static void stacked_add(const struct recorder *r, const float *routers, int n, s
                     xx += (double)x[d] * x[d];
                     yy += (double)y[d] * y[d];
                 }
-                s->sim[j - 1] += xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 0;
+                q[0] += xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 0;
                 const float *w = routers + (size_t)mj * E * D;
                 for (int e = 0; e < E; e++) {
                     double acc = 0;
@@ -283,9 +310,9 @@ static void stacked_add(const struct recorder *r, const float *routers, int n, s
                     hit1 |= act[a] == pred[0];
                     for (int b = 0; b < K; b++) hits += act[a] == pred[b];
                 }
-                s->top1[j - 1] += hit1;
-                s->recall[j - 1] += (double)hits / K;
-                s->n[j - 1]++;
+                q[1] += hit1;
+                q[2] += (double)hits / K;
+                q[3] += 1;
             }
         }
 }
@@ -310,308 +337,31 @@ fail:
     return NULL;
 }
 
-/* ---- derived results ---- */
+/* ---- big-little (MoBiLE) ---- */
 
-struct derived {
-    int L, E, K;
-    int n_train, n_held;
-    double hit[3][3];
-    struct moe_hobbit_split split;
-    double pearson;
-    double *sim, *top1, *recall; /* [L x MAX_DIST] */
-    double path[2][2][3];        /* order-1: [dict|popular][m] */
-    double coverage[2];
-    double *reuse;               /* [L x K] */
-    double reuse_chance;
-};
-
-static double div_or_nan(double a, int64_t n) { return n ? a / (double)n : NAN; }
-
-/* derive: every derived result from the profile's trace (and the sums the
- * observers gathered), stored into p and kept in d for printing. */
-static enum moe_status derive(struct moe_profile *p, const struct profile_args *a, const struct recorder *rec,
-                              const struct stacked_sums *sums, struct derived *d) {
-    const int L = p->n_layers, E = p->n_experts, K = p->k;
-    enum moe_status st = MOE_ERR_NOMEM;
-    struct moe_trace all, train, held;
-    moe_profile_trace(p, &all);
-    const int64_t n_tok = moe_trace_n_tokens(&all);
-    int32_t *order = malloc((size_t)L * E * sizeof *order), *order_train = malloc((size_t)L * E * sizeof *order);
-    int64_t *pop_train = calloc((size_t)L * E, sizeof *pop_train), *held_start = NULL;
-    float *s = malloc((size_t)(n_tok ? n_tok : 1) * L * K * sizeof *s);
-    struct moe_path_dict *pd = NULL;
-    d->sim = malloc((size_t)L * MAX_DIST * sizeof(double));
-    d->top1 = malloc((size_t)L * MAX_DIST * sizeof(double));
-    d->recall = malloc((size_t)L * MAX_DIST * sizeof(double));
-    d->reuse = malloc((size_t)L * K * sizeof(double));
-    if (!order || !order_train || !pop_train || !s || !d->sim || !d->top1 || !d->recall || !d->reuse) goto done;
-    d->L = L, d->E = E, d->K = K;
-
-    /* the split: the last --heldout share of the sequences, if both parts are non-empty */
-    int n_held = (int)floor(a->heldout * p->n_seq + 0.5);
-    if (a->heldout > 0 && n_held < 1) n_held = 1;
-    if (n_held >= p->n_seq) n_held = p->n_seq - 1;
-    if (a->heldout <= 0 || p->n_seq < 2) n_held = 0;
-    d->n_held = n_held, d->n_train = p->n_seq - n_held;
-    train = all;
-    train.n_seq = d->n_train;
-    held = all;
-    held.n_seq = n_held;
-    if (!(held_start = malloc((size_t)(n_held + 1) * sizeof *held_start))) goto done;
-    const int64_t off = all.seq_start[d->n_train];
-    for (int i = 0; i <= n_held; i++) held_start[i] = all.seq_start[d->n_train + i] - off;
-    held.seq_start = held_start;
-    held.experts = all.experts + (size_t)off * L * K;
-    held.weights = all.weights + (size_t)off * L * K;
-
-    /* popularity and placement (Twiddler) */
-    moe_placement_order(p->popularity, L, E, order);
-    moe_popularity_count(&train, pop_train);
-    moe_placement_order(pop_train, L, E, order_train);
-    for (int i = 0; i < 3; i++) {
-        int n_res = (int)floor(k_resident[i] * L * E + 0.5);
-        d->hit[i][0] = k_resident[i];
-        d->hit[i][1] = n_held ? moe_placement_hit_rate(&held, order_train, n_res) : NAN;
-        d->hit[i][2] = (double)n_res / (L * E);
-    }
-
-    /* HOBBIT: thresholds, gate/output correlation, stacked gating */
-    moe_hobbit_scores(&all, s);
-    if ((st = moe_hobbit_thresholds(s, (size_t)n_tok * L * K, a->target_low, a->target_skip, &d->split))) goto done;
-    st = MOE_ERR_NOMEM;
-    double vg = rec->pn * rec->sgg - rec->sg * rec->sg, vy = rec->pn * rec->syy - rec->sy * rec->sy;
-    d->pearson = vg > 0 && vy > 0 ? (rec->pn * rec->sgy - rec->sg * rec->sy) / sqrt(vg * vy) : NAN;
-    for (int l = 0; l < L; l++)
-        for (int j = 0; j < MAX_DIST; j++) {
-            const struct stacked_sums *q = &sums[l];
-            d->sim[l * MAX_DIST + j] = div_or_nan(q->sim[j], q->n[j]);
-            d->top1[l * MAX_DIST + j] = div_or_nan(q->top1[j], q->n[j]);
-            d->recall[l * MAX_DIST + j] = div_or_nan(q->recall[j], q->n[j]);
-        }
-
-    /* activation paths (EdgeMoE), counted on the training part, measured on the held-out one */
-    for (int o = 1; o <= 2; o++) {
-        struct moe_preload_accuracy acc = {0};
-        int ok = n_held && L > o && E >= K && !moe_path_dict_new(L, E, K, o, &pd) && !moe_path_dict_add(pd, &train) &&
-                 !moe_path_dict_accuracy(pd, pop_train, &held, &acc) && acc.n > 0;
-        moe_path_dict_free(pd);
-        pd = NULL;
-        for (int m = 0; m < 3; m++) {
-            d->path[o - 1][0][m] = ok && m < E ? acc.recall[m] : NAN;
-            d->path[o - 1][1][m] = ok && m < E ? acc.popular[m] : NAN;
-        }
-        d->coverage[o - 1] = ok ? acc.key_coverage : NAN;
-    }
-
-    /* reuse */
-    moe_reuse(&all, d->reuse, &d->reuse_chance);
-
-    /* store */
-    int64_t dims[2];
-    double thr[5] = {d->split.t1, d->split.t2, d->split.high, d->split.low, d->split.skip};
-    int64_t split_seq[2] = {d->n_train, d->n_held};
-    dims[0] = (int64_t)L * E;
-    if ((st = moe_profile_put_i32(p, "placement_order", 1, dims, order))) goto done;
-    dims[0] = 3, dims[1] = 3;
-    if ((st = moe_profile_put_f64(p, "placement_hit_rate", 2, dims, &d->hit[0][0]))) goto done;
-    dims[0] = 5;
-    if ((st = moe_profile_put_f64(p, "hobbit_thresholds", 1, dims, thr))) goto done;
-    dims[0] = 1;
-    if ((st = moe_profile_put_f64(p, "gate_output_pearson", 1, dims, &d->pearson))) goto done;
-    if ((st = moe_profile_put_f64(p, "reuse_chance", 1, dims, &d->reuse_chance))) goto done;
-    dims[0] = L, dims[1] = MAX_DIST;
-    if ((st = moe_profile_put_f64(p, "layer_similarity", 2, dims, d->sim))) goto done;
-    if ((st = moe_profile_put_f64(p, "stacked_top1", 2, dims, d->top1))) goto done;
-    if ((st = moe_profile_put_f64(p, "stacked_recall", 2, dims, d->recall))) goto done;
-    dims[0] = 2, dims[1] = 3;
-    if ((st = moe_profile_put_f64(p, "path_accuracy_order1", 2, dims, &d->path[0][0][0]))) goto done;
-    if ((st = moe_profile_put_f64(p, "path_accuracy_order2", 2, dims, &d->path[1][0][0]))) goto done;
-    dims[0] = 2;
-    if ((st = moe_profile_put_f64(p, "path_key_coverage", 1, dims, d->coverage))) goto done;
-    if ((st = moe_profile_put_i64(p, "split_sequences", 1, dims, split_seq))) goto done;
-    dims[0] = L, dims[1] = K;
-    if ((st = moe_profile_put_f64(p, "reuse", 2, dims, d->reuse))) goto done;
-    st = MOE_OK;
-done:
-    free(order);
-    free(order_train);
-    free(pop_train);
-    free(held_start);
-    free(s);
-    return st;
+/* argmax_row: index of the largest of x[n] (lower index on ties). */
+static int argmax_row(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
 }
 
-static void derived_clear(struct derived *d) {
-    free(d->sim);
-    free(d->top1);
-    free(d->recall);
-    free(d->reuse);
-}
-
-/* ---- output ---- */
-
-static void json_num(double x) {
-    if (isfinite(x))
-        printf("%.17g", x);
-    else
-        fputs("null", stdout);
-}
-
-static void json_array(const char *key, const double *x, int n) {
-    printf(", \"%s\": [", key);
-    for (int i = 0; i < n; i++) {
-        if (i) putchar(',');
-        json_num(x[i]);
-    }
-    putchar(']');
-}
-
-/* mean_col: mean over the layers of column j of a [L x w] array, skipping NaN. */
-static double mean_col(const double *x, int L, int w, int j) {
-    double s = 0;
-    int n = 0;
-    for (int l = 0; l < L; l++)
-        if (isfinite(x[l * w + j])) s += x[l * w + j], n++;
-    return n ? s / n : NAN;
-}
-
-static void print_json(const struct profile_args *a, const struct moe_profile *p, const struct derived *d,
-                       double seconds) {
-    const int L = d->L, K = d->K;
-    printf("{\"model\": ");
-    moe_tool_json_string(stdout, a->model);
-    printf(", \"dataset\": ");
-    moe_tool_json_string(stdout, a->dataset);
-    printf(", \"out\": ");
-    moe_tool_json_string(stdout, a->out);
-    printf(", \"arch\": ");
-    moe_tool_json_string(stdout, p->arch);
-    printf(", \"moe_layers\": %d, \"experts\": %d, \"k\": %d, \"ctx\": %d, \"sequences\": %d, \"tokens\": %lld"
-           ", \"train_sequences\": %d, \"heldout_sequences\": %d, \"seconds\": %.3f",
-           L, d->E, K, a->n_ctx, p->n_seq, (long long)moe_profile_n_tokens(p), d->n_train, d->n_held, seconds);
-    printf(", \"hobbit\": {\"t1\": ");
-    json_num(d->split.t1);
-    printf(", \"t2\": ");
-    json_num(d->split.t2);
-    printf(", \"high\": ");
-    json_num(d->split.high);
-    printf(", \"low\": ");
-    json_num(d->split.low);
-    printf(", \"skip\": ");
-    json_num(d->split.skip);
-    printf("}, \"gate_output_pearson\": ");
-    json_num(d->pearson);
-    printf(", \"placement\": [");
-    for (int i = 0; i < 3; i++) {
-        printf("%s{\"resident\": ", i ? ", " : "");
-        json_num(d->hit[i][0]);
-        printf(", \"hit_rate\": ");
-        json_num(d->hit[i][1]);
-        printf(", \"random\": ");
-        json_num(d->hit[i][2]);
-        putchar('}');
-    }
-    printf("], \"stacked\": [");
-    for (int j = 0; j < MAX_DIST; j++) {
-        printf("%s{\"distance\": %d, \"similarity\": ", j ? ", " : "", j + 1);
-        json_num(mean_col(d->sim, L, MAX_DIST, j));
-        printf(", \"top1\": ");
-        json_num(mean_col(d->top1, L, MAX_DIST, j));
-        printf(", \"recall\": ");
-        json_num(mean_col(d->recall, L, MAX_DIST, j));
-        putchar('}');
-    }
-    printf("], \"paths\": [");
-    for (int o = 0; o < 2; o++) {
-        printf("%s{\"order\": %d", o ? ", " : "", o + 1);
-        json_array("dict", d->path[o][0], 3);
-        json_array("popular", d->path[o][1], 3);
-        printf(", \"key_coverage\": ");
-        json_num(d->coverage[o]);
-        putchar('}');
-    }
-    printf("]");
-    json_array("reuse", d->reuse, L * K);
-    printf(", \"reuse_chance\": ");
-    json_num(d->reuse_chance);
-    printf("}\n");
-}
-
-static void pct(double x) {
-    if (isfinite(x))
-        printf(" %6.1f%%", 100 * x);
-    else
-        printf(" %7s", "-");
-}
-
-static void print_summary(const struct profile_args *a, const struct moe_profile *p, const struct derived *d,
-                          double seconds) {
-    const int L = d->L, E = d->E, K = d->K;
-    printf("profile of %s (%s) on %s -> %s\n", a->model, p->arch, a->dataset, a->out);
-    printf("  %d MoE layers x %d experts, top-%d; %d sequences of <= %d tokens, %lld tokens (%d counted, %d "
-           "held out); %.2f s\n\n",
-           L, E, K, p->n_seq, a->n_ctx, (long long)moe_profile_n_tokens(p), d->n_train, d->n_held, seconds);
-    printf("HOBBIT thresholds (targets low %.0f %%, skip %.0f %%): T1 %.4f  T2 %.4f -> high %.1f %%, low %.1f %%, "
-           "skip %.1f %%\n",
-           100 * a->target_low, 100 * a->target_skip, d->split.t1, d->split.t2, 100 * d->split.high,
-           100 * d->split.low, 100 * d->split.skip);
-    printf("gate weight vs ||g E(x)||: Pearson r = %.4f\n\n", d->pearson);
-
-    printf("most used experts per layer (share of the layer's token-slots):\n");
-    for (int l = 0; l < L; l++) {
-        const int64_t *c = p->popularity + (size_t)l * E;
-        int64_t tot = 0;
-        for (int e = 0; e < E; e++) tot += c[e];
-        printf("  layer %3d (model %3d):", l, p->moe_layer_index[l]);
-        int top[3] = {-1, -1, -1}, m = E < 3 ? E : 3;
-        for (int j = 0; j < m; j++) {
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int q = 0; q < j; q++) taken |= top[q] == e;
-                if (!taken && (top[j] < 0 || c[e] > c[top[j]])) top[j] = e;
-            }
-            printf("  e%-3d %5.1f %%", top[j], tot ? 100.0 * c[top[j]] / tot : 0.0);
-        }
-        putchar('\n');
-    }
-
-    printf("\nplacement by popularity, hit rate on the held-out sequences:\n  resident ");
-    for (int i = 0; i < 3; i++) printf("   %4.0f %%", 100 * d->hit[i][0]);
-    printf("\n  hit rate ");
-    for (int i = 0; i < 3; i++) pct(d->hit[i][1]);
-    printf("\n  random   ");
-    for (int i = 0; i < 3; i++) pct(d->hit[i][2]);
-
-    printf("\n\nstacked-gate prefetch (router of l+j on the gate input of l), mean over layers:\n"
-           "  distance   cosine    top-1  top-%d recall\n", K);
-    for (int j = 0; j < MAX_DIST; j++) {
-        printf("  %8d  ", j + 1);
-        double c = mean_col(d->sim, L, MAX_DIST, j);
-        if (isfinite(c))
-            printf("%7.4f", c);
-        else
-            printf("%7s", "-");
-        pct(mean_col(d->top1, L, MAX_DIST, j));
-        pct(mean_col(d->recall, L, MAX_DIST, j));
-        putchar('\n');
-    }
-
-    printf("\nactivation-path dictionaries, recall of the preloaded experts (held out):\n"
-           "  key          preload 1  preload 2  preload 3   keys seen\n");
-    for (int o = 0; o < 2; o++) {
-        printf("  %-12s", o ? "l-2, l-1" : "l-1");
-        for (int m = 0; m < 3; m++) printf("   "), pct(d->path[o][0][m]);
-        printf("   "), pct(d->coverage[o]);
-        printf("\n  %-12s", "  popular");
-        for (int m = 0; m < 3; m++) printf("   "), pct(d->path[o][1][m]);
-        putchar('\n');
-    }
-
-    printf("\nreuse by the next token, per rank (chance %.1f %%):\n", 100 * d->reuse_chance);
-    for (int l = 0; l < L; l++) {
-        printf("  layer %3d:", l);
-        for (int r = 0; r < K; r++) pct(d->reuse[l * K + r]);
-        putchar('\n');
+/* big_little_add: for each of n positions, the little model's largest output
+ * probability (softmax of its logits) into the histogram sum.big_little_maxprob
+ * [2 x BINS], row 0 if its top token is the big model's, row 1 if not. */
+static void big_little_add(const float *big, const float *little, int n, int V, int64_t *hist) {
+    const int B = MOE_PROFILE_BL_BINS;
+    for (int t = 0; t < n; t++) {
+        const float *x = little + (size_t)t * V;
+        int a = argmax_row(x, V), b = argmax_row(big + (size_t)t * V, V);
+        double z = 0;
+        for (int v = 0; v < V; v++) z += exp((double)x[v] - x[a]);
+        double pmax = 1.0 / z;
+        int bin = (int)(pmax * B);
+        if (bin >= B) bin = B - 1;
+        if (bin < 0) bin = 0;
+        hist[(a == b ? 0 : B) + bin]++;
     }
 }
 
@@ -623,18 +373,61 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* grow: make room for n more elements of size sz in *buf (capacity *cap). */
-static int grow(void **buf, size_t *cap, size_t used, size_t n, size_t sz) {
-    if (used + n <= *cap) return 1;
-    size_t c = *cap ? *cap : 1024;
-    while (c < used + n) c *= 2;
-    void *b = realloc(*buf, c * sz);
-    if (!b) return 0;
-    *buf = b, *cap = c;
-    return 1;
+/* run_forward: one sequence through a fresh session; logits NULL skips the LM head. */
+static enum moe_status run_forward(const struct moe_model *model, const struct moe_session_params *sp,
+                                   const int32_t *seq, int n, float *logits) {
+    struct moe_session *s = NULL;
+    enum moe_status st = moe_session_create(model, sp, &s);
+    if (!st) st = moe_session_forward(s, seq, n, logits, 1);
+    moe_session_free(s);
+    return st;
+}
+
+/* finish: derive the results from p, write the profile, the CSV files and
+ * the bundle's tuning, and print the summary. Shared by record and merge.
+ * tuning_bundle NULL = no tuning. Returns the exit status. */
+int moe_profile_finish(struct moe_profile *p, const struct moe_profile_targets *t, const char *out,
+                       const char *csv_dir, const char *tuning_bundle, int json,
+                       const struct moe_profile_labels *lb, const char *cmd) {
+    struct moe_profile_results r;
+    enum moe_status st;
+    int n_keys = 0;
+    if ((st = moe_profile_derive(p, t, &r))) {
+        fprintf(stderr, "moe-prep %s: cannot compute the derived results: %s\n", cmd, moe_status_str(st));
+        return 1;
+    }
+    int status = 1;
+    if ((st = moe_profile_write(p, out))) {
+        fprintf(stderr, "moe-prep %s: cannot write %s: %s\n", cmd, out, moe_status_str(st));
+        goto done;
+    }
+    if (csv_dir && (st = moe_profile_write_csv(csv_dir, p, &r))) {
+        fprintf(stderr, "moe-prep %s: cannot write the CSV files into %s: %s\n", cmd, csv_dir, moe_status_str(st));
+        goto done;
+    }
+    if (tuning_bundle && (st = moe_profile_write_tuning(tuning_bundle, p, &r, &n_keys))) {
+        fprintf(stderr, "moe-prep %s: cannot write the tuning section of %s: %s\n", cmd, tuning_bundle,
+                moe_status_str(st));
+        goto done;
+    }
+    if (json)
+        moe_profile_print_json(stdout, p, &r, lb);
+    else
+        moe_profile_print_summary(stdout, p, &r, lb);
+    fflush(stdout);
+    if (tuning_bundle)
+        fprintf(stderr, "moe-prep %s: wrote T1/T2, the placement order, the path dictionaries%s into the tuning "
+                        "section of %s (%d keys)\n", cmd, r.little_k ? " and gamma" : "", tuning_bundle, n_keys);
+    if (csv_dir) fprintf(stderr, "moe-prep %s: wrote CSV summaries into %s\n", cmd, csv_dir);
+    status = 0;
+done:
+    moe_profile_results_free(&r);
+    return status;
 }
 
 int moe_prep_profile(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "merge")) return moe_prep_profile_merge(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "report")) return moe_prep_profile_report(argc - 1, argv + 1);
     struct profile_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
@@ -646,15 +439,12 @@ int moe_prep_profile(int argc, char **argv) {
     size_t len = 0, n_ids = 0;
     int32_t *ids = NULL, *seq = NULL, *layer_of = NULL;
     int *moe_index = NULL;
-    float *routers = NULL, *logits = NULL;
+    float *routers = NULL, *logits = NULL, *big = NULL, *little = NULL;
     int *pred = NULL;
     struct recorder rec = {0};
-    struct stacked_sums *sums = NULL;
-    struct derived d = {0};
-    int16_t *all_e = NULL;
-    float *all_w = NULL;
-    int64_t *seq_start = NULL;
-    size_t cap_e = 0, cap_w = 0, cap_s = 0;
+    double *sums = NULL;
+    int64_t *bl_hist = NULL;
+    enum moe_status st;
 
     struct moe_dataset_params dp = moe_dataset_default_params();
     if (moe_eval_text_load(a.dataset, &dp, &text, &len)) {
@@ -684,6 +474,15 @@ int moe_prep_profile(int argc, char **argv) {
                         "longer text or a smaller --ctx\n", a.dataset, n_ids, a.n_ctx);
         goto done;
     }
+    const int n_seq_all = (int)((n_total + a.n_ctx - 1) / a.n_ctx);
+    if (a.shard_n > n_seq_all) {
+        fprintf(stderr, "moe-prep profile: --shard %d/%d: the text has only %d sequences of --ctx %d\n", a.shard_i,
+                a.shard_n, n_seq_all, a.n_ctx);
+        goto done;
+    }
+    /* this shard's sequences [seq0, seq1) */
+    const int seq0 = (int)((int64_t)(a.shard_i - 1) * n_seq_all / a.shard_n);
+    const int seq1 = (int)((int64_t)a.shard_i * n_seq_all / a.shard_n);
 
     /* model layer <-> MoE layer */
     int L = 0;
@@ -696,7 +495,13 @@ int moe_prep_profile(int argc, char **argv) {
     if (!(layer_of = malloc((size_t)L * sizeof *layer_of))) goto nomem;
     for (int l = 0; l < c->n_layer; l++)
         if (moe_index[l] >= 0) layer_of[moe_index[l]] = l;
-    const int E = c->n_expert, K = c->n_expert_used, D = c->n_embd;
+    const int E = c->n_expert, K = c->n_expert_used, D = c->n_embd, V = c->n_vocab;
+    const int little_k = K / 2;
+    if (a.big_little_every > 0 && little_k < 1) {
+        fprintf(stderr, "moe-prep profile: the model routes each token to 1 expert; no K/2 little model, "
+                        "skipping the big-little pass\n");
+        a.big_little_every = 0;
+    }
     if (!(routers = load_routers(model, layer_of, L))) goto done;
 
     rec = (struct recorder){.L = L, .E = E, .K = K, .n_embd = D, .n_layer = c->n_layer, .moe_index = moe_index,
@@ -705,11 +510,24 @@ int moe_prep_profile(int argc, char **argv) {
     rec.weights = malloc((size_t)a.n_ctx * L * K * sizeof *rec.weights);
     rec.gate_in = malloc((size_t)L * a.n_ctx * D * sizeof *rec.gate_in);
     rec.seen = malloc((size_t)L * a.n_ctx);
-    sums = calloc((size_t)L, sizeof *sums);
+    if (a.logits && !(rec.logits = malloc((size_t)a.n_ctx * L * E * sizeof *rec.logits))) goto nomem;
+    sums = calloc((size_t)L * MAX_DIST * 4, sizeof *sums);
+    bl_hist = calloc((size_t)2 * MOE_PROFILE_BL_BINS, sizeof *bl_hist);
     seq = malloc((size_t)a.n_ctx * sizeof *seq);
     logits = malloc((size_t)E * sizeof *logits);
     pred = malloc((size_t)K * sizeof *pred);
-    if (!rec.experts || !rec.weights || !rec.gate_in || !rec.seen || !sums || !seq || !logits || !pred) goto nomem;
+    if (!rec.experts || !rec.weights || !rec.gate_in || !rec.seen || !sums || !bl_hist || !seq || !logits || !pred)
+        goto nomem;
+    if (a.big_little_every > 0 && (!(big = malloc((size_t)a.n_ctx * V * sizeof *big)) ||
+                                   !(little = malloc((size_t)a.n_ctx * V * sizeof *little))))
+        goto nomem;
+
+    if ((st = moe_profile_new(L, E, K, 0, a.logits, &p)) ||
+        (st = moe_profile_set_meta(p, moe_arch_name(c->arch), a.model, a.dataset, MOE_VERSION))) {
+        fprintf(stderr, "moe-prep profile: cannot make the profile: %s\n", moe_status_str(st));
+        goto done;
+    }
+    memcpy(p->moe_layer_index, layer_of, (size_t)L * sizeof *layer_of);
 
     struct moe_session_params sp = moe_session_default_params();
     sp.n_ctx = a.n_ctx;
@@ -719,22 +537,23 @@ int moe_prep_profile(int argc, char **argv) {
     sp.route_user = &rec;
     sp.on_expert = on_expert;
     sp.expert_user = &rec;
-    const int n_seq = (int)((n_total + a.n_ctx - 1) / a.n_ctx);
+    struct moe_session_params sp_little = moe_session_default_params();
+    sp_little.n_ctx = a.n_ctx;
+    sp_little.n_batch = a.n_ctx;
+    sp_little.n_threads = a.n_threads;
+    sp_little.n_expert_used = little_k;
     const int tty = isatty(STDERR_FILENO);
     double t0 = now();
-    int64_t n_done = 0;
-    if (!grow((void **)&seq_start, &cap_s, 0, 1, sizeof *seq_start)) goto nomem;
-    seq_start[0] = 0;
-    for (int si = 0; si < n_seq; si++) {
-        int n = (int)(n_total - n_done < a.n_ctx ? n_total - n_done : a.n_ctx);
+    int64_t n_done = 0, seq_start[2] = {0, 0};
+    for (int si = seq0; si < seq1; si++) {
+        int n = (int)(n_total - (int64_t)si * a.n_ctx < a.n_ctx ? n_total - (int64_t)si * a.n_ctx : a.n_ctx);
         memcpy(seq, ids + (size_t)si * a.n_ctx, (size_t)n * sizeof *seq);
         if (bos >= 0) seq[0] = bos;
         memset(rec.seen, 0, (size_t)L * a.n_ctx);
-        struct moe_session *s = NULL;
-        enum moe_status st = moe_session_create(model, &sp, &s);
-        if (!st) st = moe_session_forward(s, seq, n, NULL, 0);
-        moe_session_free(s);
-        if (st) {
+        /* the big-little sample is chosen by the global sequence index, so shards agree with one run */
+        int bl = a.big_little_every > 0 && si % a.big_little_every == 0;
+        if ((st = run_forward(model, &sp, seq, n, bl ? big : NULL)) ||
+            (bl && (st = run_forward(model, &sp_little, seq, n, little)))) {
             fprintf(stderr, "moe-prep profile: forward pass of sequence %d failed: %s\n", si, moe_status_str(st));
             goto done;
         }
@@ -745,70 +564,66 @@ int moe_prep_profile(int argc, char **argv) {
                             "MoE layer\n", si);
             goto done;
         }
+        if (bl) big_little_add(big, little, n, V, bl_hist);
         stacked_add(&rec, routers, n, sums, logits, pred);
-        size_t slots = (size_t)n * L * K, used = (size_t)n_done * L * K;
-        if (!grow((void **)&all_e, &cap_e, used, slots, sizeof *all_e) ||
-            !grow((void **)&all_w, &cap_w, used, slots, sizeof *all_w) ||
-            !grow((void **)&seq_start, &cap_s, (size_t)si + 1, 1, sizeof *seq_start))
-            goto nomem;
-        memcpy(all_e + used, rec.experts, slots * sizeof *all_e);
-        memcpy(all_w + used, rec.weights, slots * sizeof *all_w);
+        seq_start[1] = n;
+        struct moe_trace t = {.n_layers = L, .n_experts = E, .k = K, .n_seq = 1, .seq_start = seq_start,
+                              .experts = rec.experts, .weights = rec.weights};
+        if ((st = moe_profile_add_trace(p, &t, rec.logits))) {
+            fprintf(stderr, "moe-prep profile: the trace of sequence %d is invalid: %s\n", si, moe_status_str(st));
+            goto done;
+        }
         n_done += n;
-        seq_start[si + 1] = n_done;
         if (tty) {
             double el = now() - t0;
-            fprintf(stderr, "\rmoe-prep profile: sequence %d/%d, %.1f tok/s, ETA %.0f s   ", si + 1, n_seq,
-                    el > 0 ? n_done / el : 0.0, el / (si + 1) * (n_seq - si - 1));
-            if (si + 1 == n_seq) fputc('\n', stderr);
+            int done_seq = si - seq0 + 1, all_seq = seq1 - seq0;
+            fprintf(stderr, "\rmoe-prep profile: sequence %d/%d, %.1f tok/s, ETA %.0f s   ", done_seq, all_seq,
+                    el > 0 ? n_done / el : 0.0, el / done_seq * (all_seq - done_seq));
+            if (done_seq == all_seq) fputc('\n', stderr);
         }
     }
     double seconds = now() - t0;
 
-    struct moe_trace t = {.n_layers = L, .n_experts = E, .k = K, .n_seq = n_seq, .seq_start = seq_start,
-                          .experts = all_e, .weights = all_w};
-    enum moe_status st;
-    if ((st = moe_profile_new(L, E, K, 0, MOE_PROFILE_LOGITS_NONE, &p)) ||
-        (st = moe_profile_set_meta(p, moe_arch_name(c->arch), a.model, a.dataset, MOE_VERSION))) {
-        fprintf(stderr, "moe-prep profile: cannot make the profile: %s\n", moe_status_str(st));
+    /* the sums only this run could gather, and its settings (merge checks them) */
+    int64_t d1[1], d3[3] = {L, MAX_DIST, 4}, d2[2] = {2, MOE_PROFILE_BL_BINS};
+    int64_t record[4] = {a.n_ctx, a.big_little_every, a.big_little_every ? little_k : 0, MAX_DIST};
+    int64_t shard[3] = {seq0, seq1, n_seq_all};
+    if ((d1[0] = 6, st = moe_profile_put_f64(p, MOE_PROFILE_SUM_PREFIX "pearson", 1, d1, rec.pearson)) ||
+        (st = moe_profile_put_f64(p, MOE_PROFILE_SUM_PREFIX "stacked", 3, d3, sums)) ||
+        (a.big_little_every &&
+         (st = moe_profile_put_i64(p, MOE_PROFILE_SUM_PREFIX "big_little_maxprob", 2, d2, bl_hist))) ||
+        (d1[0] = 4, st = moe_profile_put_i64(p, MOE_PROFILE_CONFIG_PREFIX "record", 1, d1, record)) ||
+        (d1[0] = 3, st = moe_profile_put_i64(p, "shard", 1, d1, shard))) {
+        fprintf(stderr, "moe-prep profile: cannot store the sums: %s\n", moe_status_str(st));
         goto done;
     }
-    memcpy(p->moe_layer_index, layer_of, (size_t)L * sizeof *layer_of);
-    if ((st = moe_profile_add_trace(p, &t, NULL))) {
-        fprintf(stderr, "moe-prep profile: the recorded trace is invalid: %s\n", moe_status_str(st));
-        goto done;
-    }
-    if ((st = derive(p, &a, &rec, sums, &d))) {
-        fprintf(stderr, "moe-prep profile: cannot compute the derived results: %s\n", moe_status_str(st));
-        goto done;
-    }
-    if ((st = moe_profile_write(p, a.out))) {
-        fprintf(stderr, "moe-prep profile: cannot write %s: %s\n", a.out, moe_status_str(st));
-        goto done;
-    }
-    if (a.json)
-        print_json(&a, p, &d, seconds);
-    else
-        print_summary(&a, p, &d, seconds);
-    fflush(stdout);
-    fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s); wrote %s\n", n_seq,
-            (long long)n_done, seconds, seconds > 0 ? n_done / seconds : 0.0, a.out);
-    status = 0;
+    const int whole = seq0 == 0 && seq1 == n_seq_all;
+    const char *tuning = !a.no_tuning && whole && !moe_is_dir(a.model) ? a.model : NULL;
+    struct moe_profile_labels lb = {a.model, a.dataset, a.out, a.n_ctx, seconds};
+    status = moe_profile_finish(p, &a.targets, a.out, a.csv_dir, tuning, a.json, &lb, "profile");
+    fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s)%s; wrote %s\n", seq1 - seq0,
+            (long long)n_done, seconds, seconds > 0 ? n_done / seconds : 0.0,
+            a.big_little_every ? " with the big-little pass" : "", a.out);
+    if (!whole && !status)
+        fprintf(stderr, "moe-prep profile: this is shard %d/%d (sequences %d..%d of %d); the bundle's tuning is "
+                        "written when the shards are merged (moe-prep profile merge ... --bundle MODEL)\n",
+                a.shard_i, a.shard_n, seq0, seq1 - 1, n_seq_all);
     goto done;
 nomem:
     fprintf(stderr, "moe-prep profile: out of memory\n");
 done:
-    derived_clear(&d);
     moe_profile_free(p);
-    free(all_e);
-    free(all_w);
-    free(seq_start);
     free(rec.experts);
     free(rec.weights);
     free(rec.gate_in);
+    free(rec.logits);
     free(rec.seen);
     free(sums);
+    free(bl_hist);
     free(seq);
     free(logits);
+    free(big);
+    free(little);
     free(pred);
     free(routers);
     free(layer_of);

@@ -341,6 +341,74 @@ static void top_m(const int64_t *counts, int E, int m, int *out) {
     }
 }
 
+/* Entry order for export: more tokens first, then the keys in numeric order. */
+struct export_ref {
+    const struct path_table *tb;
+    size_t slot;
+    int key_len;
+};
+
+static int cmp_export(const void *a, const void *b) {
+    const struct export_ref *x = a, *y = b;
+    int64_t tx = x->tb->totals[x->slot], ty = y->tb->totals[y->slot];
+    if (tx != ty) return tx > ty ? -1 : 1;
+    const int16_t *kx = x->tb->keys + x->slot * (size_t)x->key_len, *ky = y->tb->keys + y->slot * (size_t)y->key_len;
+    for (int i = 0; i < x->key_len; i++)
+        if (kx[i] != ky[i]) return kx[i] < ky[i] ? -1 : 1;
+    return 0;
+}
+
+enum moe_status moe_path_dict_export(const struct moe_path_dict *d, int layer, int top, int64_t min_count,
+                                     size_t max_keys, struct moe_path_export *out) {
+    memset(out, 0, sizeof *out);
+    if (layer < 0 || layer >= d->n_layers || top < 1 || top > d->n_experts) return MOE_ERR_INVALID;
+    const struct path_table *tb = &d->tables[layer];
+    struct export_ref *refs = malloc((tb->n ? tb->n : 1) * sizeof *refs);
+    if (!refs) return MOE_ERR_NOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < tb->cap; i++)
+        if (tb->used[i] && tb->totals[i] >= min_count) refs[n++] = (struct export_ref){tb, i, d->key_len};
+    qsort(refs, n, sizeof *refs, cmp_export);
+    if (n > max_keys) n = max_keys;
+    out->key_len = d->key_len;
+    out->top = top;
+    out->n = n;
+    out->keys = malloc((n ? n : 1) * (size_t)d->key_len * sizeof *out->keys);
+    out->totals = malloc((n ? n : 1) * sizeof *out->totals);
+    out->next = malloc((n ? n : 1) * (size_t)top * sizeof *out->next);
+    out->prob = malloc((n ? n : 1) * (size_t)top * sizeof *out->prob);
+    int *pred = malloc((size_t)top * sizeof *pred);
+    if (!out->keys || !out->totals || !out->next || !out->prob || !pred) {
+        free(pred);
+        free(refs);
+        moe_path_export_free(out);
+        return MOE_ERR_NOMEM;
+    }
+    for (size_t q = 0; q < n; q++) {
+        size_t i = refs[q].slot;
+        const int64_t *row = tb->counts + i * (size_t)d->n_experts;
+        memcpy(out->keys + q * (size_t)d->key_len, tb->keys + i * (size_t)d->key_len,
+               sizeof(int16_t) * (size_t)d->key_len);
+        out->totals[q] = tb->totals[i];
+        top_m(row, d->n_experts, top, pred);
+        for (int j = 0; j < top; j++) {
+            out->next[q * (size_t)top + j] = (int16_t)pred[j];
+            out->prob[q * (size_t)top + j] = tb->totals[i] ? (double)row[pred[j]] / (double)tb->totals[i] : 0;
+        }
+    }
+    free(pred);
+    free(refs);
+    return MOE_OK;
+}
+
+void moe_path_export_free(struct moe_path_export *e) {
+    free(e->keys);
+    free(e->totals);
+    free(e->next);
+    free(e->prob);
+    memset(e, 0, sizeof *e);
+}
+
 enum moe_status moe_path_dict_accuracy(const struct moe_path_dict *d, const int64_t *popularity,
                                        const struct moe_trace *t, struct moe_preload_accuracy *out) {
     memset(out, 0, sizeof *out);

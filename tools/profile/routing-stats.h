@@ -100,6 +100,26 @@ double moe_path_dict_prob(const struct moe_path_dict *d, const struct moe_trace 
 /* moe_path_dict_keys: distinct keys stored for layer l. */
 size_t moe_path_dict_keys(const struct moe_path_dict *d, int layer);
 
+/* An exported part of a dictionary (one layer): the most frequent keys, each
+ * with its m most probable experts. Arrays are owned; free with
+ * moe_path_export_free(). */
+struct moe_path_export {
+    int key_len;     /* order x k expert ids; each layer's set sorted ascending */
+    int top;         /* experts kept per key */
+    size_t n;        /* keys */
+    int16_t *keys;   /* [n x key_len] */
+    int64_t *totals; /* [n] tokens that had the key */
+    int16_t *next;   /* [n x top] most probable experts at the layer, most probable first (ties: lower id) */
+    double *prob;    /* [n x top] P(expert | key) = count / total */
+};
+
+/* moe_path_dict_export: the keys of `layer` seen at least min_count times,
+ * most frequent first (ties: key order), at most max_keys of them, with their
+ * `top` most probable experts. MOE_ERR_INVALID for a bad layer or top. */
+enum moe_status moe_path_dict_export(const struct moe_path_dict *d, int layer, int top, int64_t min_count,
+                                     size_t max_keys, struct moe_path_export *out);
+void moe_path_export_free(struct moe_path_export *e);
+
 /* Preload accuracy: for each token and layer that has a key (l >= order), the
  * m most probable experts are preloaded (unseen keys fall back to the most
  * popular experts of the layer); recall[m-1] is the share of the token's K

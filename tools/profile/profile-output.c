@@ -1,0 +1,523 @@
+/* profile-output.c - the derived results of a profile as a summary, JSON, CSV
+ * files and bundle tuning keys (see profile-results.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "moe-bundle.h"
+#include "profile-results.h"
+#include "tool-util.h"
+
+#define MEAN_COL moe_profile_results_mean_col
+
+/* top3: the up to 3 most used experts of a layer's counts (ties: lower id). */
+static int top3(const int64_t *c, int E, int *top) {
+    int m = E < 3 ? E : 3;
+    for (int j = 0; j < m; j++) {
+        top[j] = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= top[q] == e;
+            if (!taken && (top[j] < 0 || c[e] > c[top[j]])) top[j] = e;
+        }
+    }
+    return m;
+}
+
+/* ---- summary ---- */
+
+static void pct(FILE *f, double x) {
+    if (isfinite(x))
+        fprintf(f, " %6.1f%%", 100 * x);
+    else
+        fprintf(f, " %7s", "-");
+}
+
+void moe_profile_print_summary(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
+                               const struct moe_profile_labels *lb) {
+    const int L = r->L, E = r->E, K = r->K, D = MOE_PROFILE_MAX_DIST;
+    fprintf(f, "profile of %s (%s) on %s -> %s\n", lb->model, p->arch, lb->dataset, lb->out);
+    fprintf(f, "  %d MoE layers x %d experts, top-%d; %d sequences", L, E, K, p->n_seq);
+    if (lb->n_ctx > 0) fprintf(f, " of <= %d tokens", lb->n_ctx);
+    fprintf(f, ", %lld tokens (%d counted, %d held out)", (long long)moe_profile_n_tokens(p), r->n_train, r->n_held);
+    if (r->shard[0] != 0 || r->shard[1] != r->shard[2])
+        fprintf(f, "; sequences %lld..%lld of %lld", (long long)r->shard[0], (long long)r->shard[1] - 1,
+                (long long)r->shard[2]);
+    if (lb->seconds >= 0) fprintf(f, "; %.2f s", lb->seconds);
+    fprintf(f, "\n\n");
+    fprintf(f, "HOBBIT thresholds (targets low %.0f %%, skip %.0f %%): T1 %.4f  T2 %.4f -> high %.1f %%, low %.1f %%, "
+               "skip %.1f %%\n",
+            100 * r->targets.low, 100 * r->targets.skip, r->split.t1, r->split.t2, 100 * r->split.high,
+            100 * r->split.low, 100 * r->split.skip);
+    fprintf(f, "gate weight vs ||g E(x)||: Pearson r = %.4f\n\n", r->pearson);
+
+    fprintf(f, "most used experts per layer (share of the layer's token-slots):\n");
+    for (int l = 0; l < L; l++) {
+        const int64_t *c = p->popularity + (size_t)l * E;
+        int64_t tot = 0;
+        for (int e = 0; e < E; e++) tot += c[e];
+        fprintf(f, "  layer %3d (model %3d):", l, p->moe_layer_index[l]);
+        int top[3], m = top3(c, E, top);
+        for (int j = 0; j < m; j++) fprintf(f, "  e%-3d %5.1f %%", top[j], tot ? 100.0 * c[top[j]] / tot : 0.0);
+        fputc('\n', f);
+    }
+
+    fprintf(f, "\nplacement by popularity, hit rate on the held-out sequences:\n  resident ");
+    for (int i = 0; i < 3; i++) fprintf(f, "   %4.0f %%", 100 * r->hit[i][0]);
+    fprintf(f, "\n  hit rate ");
+    for (int i = 0; i < 3; i++) pct(f, r->hit[i][1]);
+    fprintf(f, "\n  random   ");
+    for (int i = 0; i < 3; i++) pct(f, r->hit[i][2]);
+
+    fprintf(f, "\n\nstacked-gate prefetch (router of l+j on the gate input of l), mean over layers:\n"
+               "  distance   cosine    top-1  top-%d recall\n", K);
+    for (int j = 0; j < D; j++) {
+        fprintf(f, "  %8d  ", j + 1);
+        double c = MEAN_COL(r->sim, L, D, j);
+        if (isfinite(c))
+            fprintf(f, "%7.4f", c);
+        else
+            fprintf(f, "%7s", "-");
+        pct(f, MEAN_COL(r->top1, L, D, j));
+        pct(f, MEAN_COL(r->recall, L, D, j));
+        fputc('\n', f);
+    }
+
+    fprintf(f, "\nactivation-path dictionaries, recall of the preloaded experts (held out):\n"
+               "  key          preload 1  preload 2  preload 3   keys seen\n");
+    for (int o = 0; o < 2; o++) {
+        fprintf(f, "  %-12s", o ? "l-2, l-1" : "l-1");
+        for (int m = 0; m < 3; m++) fprintf(f, "   "), pct(f, r->path[o][0][m]);
+        fprintf(f, "   "), pct(f, r->coverage[o]);
+        fprintf(f, "\n  %-12s", "  popular");
+        for (int m = 0; m < 3; m++) fprintf(f, "   "), pct(f, r->path[o][1][m]);
+        fputc('\n', f);
+    }
+
+    fprintf(f, "\nreuse by the next token, per rank (chance %.1f %%):\n", 100 * r->reuse_chance);
+    for (int l = 0; l < L; l++) {
+        fprintf(f, "  layer %3d:", l);
+        for (int q = 0; q < K; q++) pct(f, r->reuse[l * K + q]);
+        fputc('\n', f);
+    }
+
+    if (!r->little_k) {
+        fprintf(f, "\nbig-little (MoBiLE): not recorded\n");
+        return;
+    }
+    fprintf(f, "\nbig-little (MoBiLE): little model top-%d vs big top-%d on %lld tokens; same top token %.1f %%\n"
+               "  gamma  fallback  agreement\n",
+            r->little_k, K, (long long)r->bl_tokens, 100 * r->bl_little_agree);
+    for (int i = 1; i < MOE_PROFILE_BL_GAMMAS; i += 2) {
+        fprintf(f, "  %5.2f ", r->bl[i][0]);
+        pct(f, r->bl[i][1]);
+        fprintf(f, "  ");
+        pct(f, r->bl[i][2]);
+        fputc('\n', f);
+    }
+    fprintf(f, "  suggested gamma %.3f for a fallback ratio of %.0f %%: fallback %.1f %%, agreement %.1f %%\n",
+            r->bl_gamma, 100 * r->targets.fallback, 100 * r->bl_fallback, 100 * r->bl_agree);
+}
+
+/* ---- JSON ---- */
+
+static void json_num(FILE *f, double x) {
+    if (isfinite(x))
+        fprintf(f, "%.17g", x);
+    else
+        fputs("null", f);
+}
+
+static void json_array(FILE *f, const char *key, const double *x, int n) {
+    fprintf(f, ", \"%s\": [", key);
+    for (int i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        json_num(f, x[i]);
+    }
+    fputc(']', f);
+}
+
+static void json_key_num(FILE *f, const char *sep, const char *key, double x) {
+    fprintf(f, "%s\"%s\": ", sep, key);
+    json_num(f, x);
+}
+
+void moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
+                            const struct moe_profile_labels *lb) {
+    const int L = r->L, E = r->E, K = r->K, D = MOE_PROFILE_MAX_DIST;
+    fprintf(f, "{\"model\": ");
+    moe_tool_json_string(f, lb->model);
+    fprintf(f, ", \"dataset\": ");
+    moe_tool_json_string(f, lb->dataset);
+    fprintf(f, ", \"out\": ");
+    moe_tool_json_string(f, lb->out);
+    fprintf(f, ", \"arch\": ");
+    moe_tool_json_string(f, p->arch);
+    fprintf(f, ", \"moe_layers\": %d, \"experts\": %d, \"k\": %d, \"ctx\": %d, \"sequences\": %d, \"tokens\": %lld"
+               ", \"train_sequences\": %d, \"heldout_sequences\": %d, \"shard\": [%lld, %lld, %lld]",
+            L, E, K, lb->n_ctx, p->n_seq, (long long)moe_profile_n_tokens(p), r->n_train, r->n_held,
+            (long long)r->shard[0], (long long)r->shard[1], (long long)r->shard[2]);
+    json_key_num(f, ", ", "seconds", lb->seconds >= 0 ? lb->seconds : NAN);
+    fprintf(f, ", \"hobbit\": {");
+    json_key_num(f, "", "t1", r->split.t1);
+    json_key_num(f, ", ", "t2", r->split.t2);
+    json_key_num(f, ", ", "high", r->split.high);
+    json_key_num(f, ", ", "low", r->split.low);
+    json_key_num(f, ", ", "skip", r->split.skip);
+    json_key_num(f, ", ", "target_low", r->targets.low);
+    json_key_num(f, ", ", "target_skip", r->targets.skip);
+    fputc('}', f);
+    json_key_num(f, ", ", "gate_output_pearson", r->pearson);
+    fprintf(f, ", \"top_experts\": [");
+    for (int l = 0; l < L; l++) {
+        int top[3], m = top3(p->popularity + (size_t)l * E, E, top);
+        fprintf(f, "%s[", l ? ", " : "");
+        for (int j = 0; j < m; j++) fprintf(f, "%s%d", j ? ", " : "", top[j]);
+        fputc(']', f);
+    }
+    fprintf(f, "], \"placement\": [");
+    for (int i = 0; i < 3; i++) {
+        fprintf(f, "%s{", i ? ", " : "");
+        json_key_num(f, "", "resident", r->hit[i][0]);
+        json_key_num(f, ", ", "hit_rate", r->hit[i][1]);
+        json_key_num(f, ", ", "random", r->hit[i][2]);
+        fputc('}', f);
+    }
+    fprintf(f, "], \"stacked\": [");
+    for (int j = 0; j < D; j++) {
+        fprintf(f, "%s{\"distance\": %d", j ? ", " : "", j + 1);
+        json_key_num(f, ", ", "similarity", MEAN_COL(r->sim, L, D, j));
+        json_key_num(f, ", ", "top1", MEAN_COL(r->top1, L, D, j));
+        json_key_num(f, ", ", "recall", MEAN_COL(r->recall, L, D, j));
+        fputc('}', f);
+    }
+    fprintf(f, "], \"paths\": [");
+    for (int o = 0; o < 2; o++) {
+        fprintf(f, "%s{\"order\": %d", o ? ", " : "", o + 1);
+        json_array(f, "dict", r->path[o][0], 3);
+        json_array(f, "popular", r->path[o][1], 3);
+        json_key_num(f, ", ", "key_coverage", r->coverage[o]);
+        fputc('}', f);
+    }
+    fputc(']', f);
+    json_array(f, "reuse", r->reuse, L * K);
+    json_key_num(f, ", ", "reuse_chance", r->reuse_chance);
+    fprintf(f, ", \"big_little\": ");
+    if (!r->little_k) {
+        fputs("null", f);
+    } else {
+        fprintf(f, "{\"little_k\": %d, \"tokens\": %lld", r->little_k, (long long)r->bl_tokens);
+        json_key_num(f, ", ", "little_agreement", r->bl_little_agree);
+        json_key_num(f, ", ", "target_fallback", r->targets.fallback);
+        json_key_num(f, ", ", "gamma", r->bl_gamma);
+        json_key_num(f, ", ", "fallback", r->bl_fallback);
+        json_key_num(f, ", ", "agreement", r->bl_agree);
+        fprintf(f, ", \"grid\": [");
+        for (int i = 0; i < MOE_PROFILE_BL_GAMMAS; i++) {
+            fprintf(f, "%s{", i ? ", " : "");
+            json_key_num(f, "", "gamma", r->bl[i][0]);
+            json_key_num(f, ", ", "fallback", r->bl[i][1]);
+            json_key_num(f, ", ", "agreement", r->bl[i][2]);
+            fputc('}', f);
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "}\n");
+}
+
+/* ---- CSV ---- */
+
+/* A CSV file being written: to path.tmp.<pid>, renamed by csv_close. */
+struct csv_out {
+    FILE *f;
+    char path[4096], tmp[4200];
+};
+
+static int csv_open(struct csv_out *c, const char *dir, const char *name, const char *header) {
+    if (snprintf(c->path, sizeof c->path, "%s/%s", dir, name) >= (int)sizeof c->path) return 0;
+    snprintf(c->tmp, sizeof c->tmp, "%s.tmp.%ld", c->path, (long)getpid());
+    if (!(c->f = fopen(c->tmp, "w"))) {
+        MOE_LOGE("cannot create %s: %s", c->tmp, strerror(errno));
+        return 0;
+    }
+    fprintf(c->f, "%s\n", header);
+    return 1;
+}
+
+/* csv_close: flush, check and rename into place; on failure remove the temp file. */
+static int csv_close(struct csv_out *c) {
+    int ok = !ferror(c->f);
+    ok = (fflush(c->f) == 0) && ok;
+    ok = (fsync(fileno(c->f)) == 0) && ok;
+    ok = (fclose(c->f) == 0) && ok;
+    c->f = NULL;
+    if (ok && rename(c->tmp, c->path) != 0) ok = 0;
+    if (!ok) {
+        MOE_LOGE("cannot write %s: %s", c->path, strerror(errno));
+        unlink(c->tmp);
+    }
+    return ok;
+}
+
+/* csv_num: a number, empty when not finite (what CSV readers take as missing). */
+static void csv_num(FILE *f, double x) {
+    if (isfinite(x)) fprintf(f, "%.9g", x);
+}
+
+enum moe_status moe_profile_write_csv(const char *dir, const struct moe_profile *p,
+                                      const struct moe_profile_results *r) {
+    const int L = r->L, E = r->E, K = r->K, D = MOE_PROFILE_MAX_DIST;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        MOE_LOGE("cannot create the directory %s: %s", dir, strerror(errno));
+        return MOE_ERR_IO;
+    }
+    struct csv_out c = {0};
+    if (!csv_open(&c, dir, "popularity.csv", "layer,model_layer,expert,count,share,rank")) return MOE_ERR_IO;
+    for (int l = 0; l < L; l++) {
+        const int64_t *cnt = p->popularity + (size_t)l * E;
+        int64_t tot = 0;
+        for (int e = 0; e < E; e++) tot += cnt[e];
+        for (int e = 0; e < E; e++) {
+            int rank = 1; /* 1 = most used of the layer; ties share the better rank's order by id */
+            for (int q = 0; q < E; q++) rank += cnt[q] > cnt[e] || (cnt[q] == cnt[e] && q < e);
+            fprintf(c.f, "%d,%d,%d,%lld,", l, p->moe_layer_index[l], e, (long long)cnt[e]);
+            csv_num(c.f, tot ? (double)cnt[e] / tot : NAN);
+            fprintf(c.f, ",%d\n", rank);
+        }
+    }
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "placement.csv", "resident_fraction,hit_rate,random")) return MOE_ERR_IO;
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 3; j++) {
+            if (j) fputc(',', c.f);
+            csv_num(c.f, r->hit[i][j]);
+        }
+        fputc('\n', c.f);
+    }
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "hobbit.csv", "t1,t2,high,low,skip,target_low,target_skip,gate_output_pearson"))
+        return MOE_ERR_IO;
+    double h[8] = {r->split.t1, r->split.t2, r->split.high, r->split.low, r->split.skip, r->targets.low,
+                   r->targets.skip, r->pearson};
+    for (int i = 0; i < 8; i++) {
+        if (i) fputc(',', c.f);
+        csv_num(c.f, h[i]);
+    }
+    fputc('\n', c.f);
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "hobbit_hist.csv", "rank,score_lo,score_hi,count")) return MOE_ERR_IO;
+    for (int q = 0; q < K; q++)
+        for (int b = 0; b < p->n_bins; b++)
+            if (p->hobbit_hist[(size_t)q * p->n_bins + b])
+                fprintf(c.f, "%d,%.9g,%.9g,%lld\n", q, (double)b / p->n_bins, (double)(b + 1) / p->n_bins,
+                        (long long)p->hobbit_hist[(size_t)q * p->n_bins + b]);
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "stacked.csv", "layer,distance,similarity,top1,recall")) return MOE_ERR_IO;
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < D; j++) {
+            fprintf(c.f, "%d,%d,", l, j + 1);
+            csv_num(c.f, r->sim[l * D + j]);
+            fputc(',', c.f);
+            csv_num(c.f, r->top1[l * D + j]);
+            fputc(',', c.f);
+            csv_num(c.f, r->recall[l * D + j]);
+            fputc('\n', c.f);
+        }
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "paths.csv", "order,preload,dictionary_recall,popular_recall,key_coverage"))
+        return MOE_ERR_IO;
+    for (int o = 0; o < 2; o++)
+        for (int m = 0; m < 3; m++) {
+            fprintf(c.f, "%d,%d,", o + 1, m + 1);
+            csv_num(c.f, r->path[o][0][m]);
+            fputc(',', c.f);
+            csv_num(c.f, r->path[o][1][m]);
+            fputc(',', c.f);
+            csv_num(c.f, r->coverage[o]);
+            fputc('\n', c.f);
+        }
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "reuse.csv", "layer,rank,reuse,chance")) return MOE_ERR_IO;
+    for (int l = 0; l < L; l++)
+        for (int q = 0; q < K; q++) {
+            fprintf(c.f, "%d,%d,", l, q);
+            csv_num(c.f, r->reuse[l * K + q]);
+            fputc(',', c.f);
+            csv_num(c.f, r->reuse_chance);
+            fputc('\n', c.f);
+        }
+    if (!csv_close(&c)) return MOE_ERR_IO;
+
+    if (!csv_open(&c, dir, "big_little.csv", "gamma,fallback,agreement,little_k,suggested")) return MOE_ERR_IO;
+    if (r->little_k) {
+        for (int i = 0; i < MOE_PROFILE_BL_GAMMAS; i++) {
+            for (int j = 0; j < 3; j++) csv_num(c.f, r->bl[i][j]), fputc(',', c.f);
+            fprintf(c.f, "%d,0\n", r->little_k);
+        }
+        csv_num(c.f, r->bl_gamma), fputc(',', c.f);
+        csv_num(c.f, r->bl_fallback), fputc(',', c.f);
+        csv_num(c.f, r->bl_agree);
+        fprintf(c.f, ",%d,1\n", r->little_k);
+    }
+    if (!csv_close(&c)) return MOE_ERR_IO;
+    return MOE_OK;
+}
+
+/* ---- bundle tuning ---- */
+
+/* kv_copy_into: every item of src set into dst (other stages' keys survive). */
+static enum moe_status kv_copy_into(struct moe_bundle_kv *dst, const struct moe_bundle_kv *src) {
+    enum moe_status st = MOE_OK;
+    struct moe_bundle_kv_item it;
+    for (size_t i = 0; !st && !moe_bundle_kv_at(src, i, &it); i++) switch (it.type) {
+        case MOE_KV_STRING: st = moe_bundle_kv_set_str(dst, it.key, it.str); break;
+        case MOE_KV_I64: st = moe_bundle_kv_set_i64(dst, it.key, it.i64); break;
+        case MOE_KV_F64: st = moe_bundle_kv_set_f64(dst, it.key, it.f64); break;
+        case MOE_KV_BOOL: st = moe_bundle_kv_set_bool(dst, it.key, it.b); break;
+        case MOE_KV_BYTES: st = moe_bundle_kv_set_bytes(dst, it.key, it.bytes, it.count); break;
+        case MOE_KV_I64_ARRAY: st = moe_bundle_kv_set_i64_array(dst, it.key, it.i64s, it.count); break;
+        case MOE_KV_F64_ARRAY: st = moe_bundle_kv_set_f64_array(dst, it.key, it.f64s, it.count); break;
+        case MOE_KV_STR_ARRAY: st = moe_bundle_kv_set_str_array(dst, it.key, it.strs, it.count); break;
+        }
+    return st;
+}
+
+/* check_shape: the bundle's expert layout is the profile's model. */
+static int check_shape(const struct moe_bundle *b, const struct moe_profile *p) {
+    uint32_t nl = 0, ne = 0, np = 0;
+    moe_bundle_expert_layout(b, &nl, &ne, &np);
+    if ((int)ne != p->n_experts) return 0;
+    int moe_layers = 0;
+    for (uint32_t l = 0; l < nl; l++) moe_layers += moe_bundle_layer_has_experts(b, l);
+    if (moe_layers != p->n_layers) return 0;
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->moe_layer_index[l] < 0 || !moe_bundle_layer_has_experts(b, (uint32_t)p->moe_layer_index[l])) return 0;
+    return 1;
+}
+
+/* put_paths: the order-`o` dictionary over the whole trace, as edgemoe.path<o>.*:
+ * per MoE layer the keys seen at least twice (at most 4096 per layer, most
+ * frequent first) with their max(3, K) most probable experts. */
+static enum moe_status put_paths(struct moe_bundle_kv *kv, const struct moe_profile *p, int o) {
+    const int L = p->n_layers, E = p->n_experts, K = p->k, top = K > 3 ? (K < E ? K : E) : (E < 3 ? E : 3);
+    struct moe_trace t;
+    moe_profile_trace(p, &t);
+    struct moe_path_dict *pd = NULL;
+    int64_t *layer = NULL, *keys = NULL, *totals = NULL, *next = NULL;
+    double *prob = NULL;
+    size_t n = 0, cap = 0;
+    enum moe_status st = MOE_OK;
+    char name[64];
+    if (L > o) {
+        if ((st = moe_path_dict_new(L, E, K, o, &pd)) || (st = moe_path_dict_add(pd, &t))) goto done;
+        for (int l = o; l < L; l++) {
+            struct moe_path_export ex;
+            if ((st = moe_path_dict_export(pd, l, top, 2, 4096, &ex))) goto done;
+            if (n + ex.n > cap) {
+                size_t c = (n + ex.n) * 2;
+                int64_t *a = realloc(layer, c * sizeof *a), *b = realloc(keys, c * o * K * sizeof *b),
+                        *d = realloc(totals, c * sizeof *d), *e = realloc(next, c * top * sizeof *e);
+                double *f = realloc(prob, c * top * sizeof *f);
+                layer = a ? a : layer, keys = b ? b : keys, totals = d ? d : totals, next = e ? e : next;
+                prob = f ? f : prob;
+                if (!a || !b || !d || !e || !f) {
+                    moe_path_export_free(&ex);
+                    st = MOE_ERR_NOMEM;
+                    goto done;
+                }
+                cap = c;
+            }
+            for (size_t i = 0; i < ex.n; i++, n++) {
+                layer[n] = l;
+                totals[n] = ex.totals[i];
+                for (int j = 0; j < o * K; j++) keys[n * o * K + j] = ex.keys[i * ex.key_len + j];
+                for (int j = 0; j < top; j++) {
+                    next[n * top + j] = ex.next[i * top + j];
+                    prob[n * top + j] = ex.prob[i * top + j];
+                }
+            }
+            moe_path_export_free(&ex);
+        }
+    }
+#define KEY(suffix) (snprintf(name, sizeof name, "edgemoe.path%d." suffix, o), name)
+    if ((st = moe_bundle_kv_set_i64(kv, KEY("key_len"), (int64_t)o * K)) ||
+        (st = moe_bundle_kv_set_i64(kv, KEY("top"), top)) ||
+        (st = moe_bundle_kv_set_i64_array(kv, KEY("layer"), layer, n)) ||
+        (st = moe_bundle_kv_set_i64_array(kv, KEY("keys"), keys, n * o * K)) ||
+        (st = moe_bundle_kv_set_i64_array(kv, KEY("totals"), totals, n)) ||
+        (st = moe_bundle_kv_set_i64_array(kv, KEY("next"), next, n * top)) ||
+        (st = moe_bundle_kv_set_f64_array(kv, KEY("prob"), prob, n * top)))
+        goto done;
+#undef KEY
+done:
+    moe_path_dict_free(pd);
+    free(layer);
+    free(keys);
+    free(totals);
+    free(next);
+    free(prob);
+    return st;
+}
+
+enum moe_status moe_profile_write_tuning(const char *bundle, const struct moe_profile *p,
+                                         const struct moe_profile_results *r, int *n_keys) {
+    struct moe_bundle *b = NULL;
+    struct moe_bundle_kv *kv = NULL;
+    int64_t *order = NULL;
+    const int32_t *ord32 = NULL;
+    enum moe_status st;
+    if (n_keys) *n_keys = 0;
+    if ((st = moe_bundle_open(bundle, &b))) return st;
+    if (!check_shape(b, p)) {
+        MOE_LOGE("%s: the bundle's experts (layers, experts per layer) are not the profile's model", bundle);
+        st = MOE_ERR_INVALID;
+        goto done;
+    }
+    if ((st = moe_bundle_kv_new(&kv)) || (st = kv_copy_into(kv, moe_bundle_tuning(b)))) goto done;
+    moe_bundle_free(b); /* replace_tuning opens the file itself */
+    b = NULL;
+    const size_t le = (size_t)p->n_layers * p->n_experts;
+    if ((st = moe_profile_get_i32(p, "placement_order", NULL, NULL, &ord32))) goto done;
+    if (!(order = malloc(le * sizeof *order))) {
+        st = MOE_ERR_NOMEM;
+        goto done;
+    }
+    for (size_t i = 0; i < le; i++) order[i] = ord32[i];
+    if ((st = moe_bundle_kv_set_str(kv, "profile.dataset", p->dataset)) ||
+        (st = moe_bundle_kv_set_i64(kv, "profile.tokens", moe_profile_n_tokens(p))) ||
+        (st = moe_bundle_kv_set_str(kv, "profile.tool_version", p->tool_version)) ||
+        (st = moe_bundle_kv_set_f64(kv, "hobbit.t1", r->split.t1)) ||
+        (st = moe_bundle_kv_set_f64(kv, "hobbit.t2", r->split.t2)) ||
+        (st = moe_bundle_kv_set_f64(kv, "hobbit.target_low", r->targets.low)) ||
+        (st = moe_bundle_kv_set_f64(kv, "hobbit.target_skip", r->targets.skip)) ||
+        (st = moe_bundle_kv_set_i64_array(kv, "twiddler.placement_order", order, le)) ||
+        (st = put_paths(kv, p, 1)) || (st = put_paths(kv, p, 2)))
+        goto done;
+    if (r->little_k) {
+        if ((st = moe_bundle_kv_set_f64(kv, "mobile.gamma", r->bl_gamma)) ||
+            (st = moe_bundle_kv_set_f64(kv, "mobile.target_fallback", r->targets.fallback)) ||
+            (st = moe_bundle_kv_set_i64(kv, "mobile.little_k", r->little_k)))
+            goto done;
+    } else {
+        /* no big-little pass this time: a gamma from an older profile would not match */
+        moe_bundle_kv_remove(kv, "mobile.gamma");
+        moe_bundle_kv_remove(kv, "mobile.target_fallback");
+        moe_bundle_kv_remove(kv, "mobile.little_k");
+    }
+    if ((st = moe_bundle_replace_tuning(bundle, kv))) goto done;
+    if (n_keys) *n_keys = (int)moe_bundle_kv_count(kv);
+done:
+    moe_bundle_free(b);
+    moe_bundle_kv_free(kv);
+    free(order);
+    return st;
+}

@@ -1,0 +1,1363 @@
+/*
+ * report.c - `moe-prep profile report`: one self-contained HTML page from a
+ * routing profile (see report.h). The page is streamed to a FILE: CSS in one
+ * <style> block, charts as inline SVG written by the small helpers below
+ * (axes, multi-series line chart, histogram, grouped bar chart, heat map),
+ * which later stages reuse for their own plots.
+ *
+ * Two rules hold everywhere: every string from the file goes through esc(),
+ * and every number through num_*() (tables: an en dash for a non-finite
+ * value) or, in SVG coordinates, only after isfinite() (charts skip the
+ * point). So the page never contains "nan"/"inf", and the fixed text avoids
+ * words that contain them too (the tests search the whole page).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "profile-h5.h"
+#include "report.h"
+
+#define DASH "&#8211;"          /* shown for a missing or non-finite value */
+#define GAMMA "&#947;"
+#define MAX_BARS 50             /* histograms are rebinned to at most this many bars */
+#define MAX_RANK_CHARTS 16      /* HOBBIT histograms drawn (ranks 1..16) */
+#define MAX_HEAT_CELLS 65536    /* larger popularity maps are not drawn (page size) */
+#define MAX_LIST_VALUES 64      /* other arrays: values listed up to this many */
+#define HEAT_STEPS 32           /* colour classes of the heat map */
+#define MAX_CURVE_POINTS 65536  /* big_little rows (gamma values) drawn */
+#define MAX_HIST_BINS (1 << 24) /* bins of sum.big_little_maxprob, as n_bins */
+
+static const char *const k_palette[] = {"#0072b2", "#e69f00", "#009e73", "#cc79a7",
+                                        "#56b4e9", "#d55e00", "#999933", "#000000"};
+#define N_PALETTE 8
+
+/* ------------------------------------------------------------ text output */
+
+/* A formatted number; returned by value so it can be used inside one printf
+ * call (C11 keeps the temporary alive until the end of the full expression). */
+struct num {
+    char s[48];
+};
+
+/* num_f: x with `prec` decimals, or an en dash when x is not finite. */
+static struct num num_f(double x, int prec) {
+    struct num n;
+    if (isfinite(x)) snprintf(n.s, sizeof n.s, "%.*f", prec, x);
+    else snprintf(n.s, sizeof n.s, "%s", DASH);
+    return n;
+}
+
+/* num_g: x with 6 significant digits (arrays of unknown meaning). */
+static struct num num_g(double x) {
+    struct num n;
+    if (isfinite(x)) snprintf(n.s, sizeof n.s, "%.6g", x);
+    else snprintf(n.s, sizeof n.s, "%s", DASH);
+    return n;
+}
+
+/* num_pct: share x (0..1) as a percentage with `prec` decimals and " %". */
+static struct num num_pct(double x, int prec) {
+    struct num n;
+    if (isfinite(x)) snprintf(n.s, sizeof n.s, "%.*f %%", prec, 100.0 * x);
+    else snprintf(n.s, sizeof n.s, "%s", DASH);
+    return n;
+}
+
+/* esc_n: the first n bytes of s, HTML-escaped; control characters (which the
+ * page could not show anyway) become '?'. */
+static void esc_n(FILE *f, const char *s, size_t n) {
+    for (size_t i = 0; i < n && s[i]; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&#39;", f); break;
+        default: fputc(c < 0x20 || c == 0x7f ? '?' : c, f);
+        }
+    }
+}
+
+/* esc: s HTML-escaped (safe in text and in double-quoted attributes). */
+static void esc(FILE *f, const char *s) { esc_n(f, s, (size_t)-1); }
+
+/* ------------------------------------------------------- derived arrays */
+
+/* What the page shows, shared by the sections. */
+struct page {
+    FILE *f;
+    const struct moe_profile *p;
+    unsigned char *used; /* [n_derived] shown by a section (not repeated under "other arrays") */
+};
+
+/* has_prefix: s starts with prefix (the sum.* and config.* groups). */
+static int has_prefix(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+/* find: the derived array `name` whatever its type and shape, or NULL. */
+static const struct moe_profile_array *find(const struct page *g, const char *name) {
+    for (int i = 0; i < g->p->n_derived; i++)
+        if (strcmp(g->p->derived[i].name, name) == 0) return &g->p->derived[i];
+    return NULL;
+}
+
+/* take: the derived array `name` if it has ndims dimensions of sizes d0, d1
+ * (a negative size matches any size >= 1), marking it as shown; NULL when it
+ * is absent or shaped otherwise (then it is listed under "other arrays"). Any
+ * element type is accepted: values are read with aval(). */
+static const struct moe_profile_array *take(struct page *g, const char *name, int ndims, int64_t d0, int64_t d1) {
+    const struct moe_profile_array *a = find(g, name);
+    if (!a || a->ndims != ndims) return NULL;
+    int64_t want[2] = {d0, d1};
+    for (int d = 0; d < ndims && d < 2; d++)
+        if (want[d] >= 0 ? a->dims[d] != want[d] : a->dims[d] < 1) return NULL;
+    g->used[a - g->p->derived] = 1;
+    return a;
+}
+
+/* n_elems: elements of a derived array. */
+static int64_t n_elems(const struct moe_profile_array *a) {
+    int64_t n = 1;
+    for (int d = 0; d < a->ndims; d++) n *= a->dims[d];
+    return n;
+}
+
+/* aval: element i of a derived array of any type, as a double. */
+static double aval(const struct moe_profile_array *a, int64_t i) {
+    switch (a->dtype) {
+    case MOE_PROFILE_F64: return ((const double *)a->data)[i];
+    case MOE_PROFILE_I64: return (double)((const int64_t *)a->data)[i];
+    default: return (double)((const int32_t *)a->data)[i];
+    }
+}
+
+/* aint: element i of an integer array (exact, for counts). */
+static long long aint(const struct moe_profile_array *a, int64_t i) {
+    switch (a->dtype) {
+    case MOE_PROFILE_I64: return (long long)((const int64_t *)a->data)[i];
+    case MOE_PROFILE_I32: return (long long)((const int32_t *)a->data)[i];
+    default: return (long long)((const double *)a->data)[i];
+    }
+}
+
+/* dtype_name: the element type as the file's reader names it. */
+static const char *dtype_name(enum moe_profile_dtype t) {
+    return t == MOE_PROFILE_F64 ? "float64" : t == MOE_PROFILE_I64 ? "int64" : "int32";
+}
+
+/* put_shape: "[a x b x c]". */
+static void put_shape(FILE *f, const struct moe_profile_array *a) {
+    fputc('[', f);
+    for (int d = 0; d < a->ndims; d++) fprintf(f, "%s%lld", d ? " x " : "", (long long)a->dims[d]);
+    fputc(']', f);
+}
+
+/* put_values: the elements of a (rows of a 2-D array on separate lines). */
+static void put_values(FILE *f, const struct moe_profile_array *a) {
+    int64_t n = n_elems(a), row = a->ndims == 2 && a->dims[1] > 0 ? a->dims[1] : n;
+    for (int64_t i = 0; i < n; i++) {
+        if (i) fputs(i % row ? " " : "<br>", f);
+        if (a->dtype == MOE_PROFILE_F64) fputs(num_g(aval(a, i)).s, f);
+        else fprintf(f, "%lld", aint(a, i));
+    }
+}
+
+/* missing: the line shown for a derived array a section needs but cannot
+ * use: absent, or present with another shape (then listed under "other"). */
+static void missing(const struct page *g, const char *name, const char *expected) {
+    const struct moe_profile_array *a = find(g, name);
+    fprintf(g->f, "<p class=\"note\"><code>%s</code>: ", name);
+    if (!a) {
+        fputs("not in this profile.</p>\n", g->f);
+        return;
+    }
+    fputs("has shape ", g->f);
+    put_shape(g->f, a);
+    fprintf(g->f, " (%s), expected %s; listed under <a href=\"#other\">other arrays</a>.</p>\n",
+            dtype_name(a->dtype), expected);
+}
+
+/* --------------------------------------------------------------- SVG: axes */
+
+/* A chart: an SVG of w x h pixels whose plot area (inside fixed margins)
+ * maps the data range x0..x1, y0..y1. A range with x1 <= x0 (or y1 <= y0) is
+ * fitted to the data by the chart helpers. */
+struct plot {
+    int w, h;
+    double x0, x1, y0, y1;
+    const char *label;          /* what the chart shows (aria-label; plain text) */
+    const char *xlabel, *ylabel;/* axis titles (trusted markup: entities allowed) */
+    int y_pct;                  /* y tick labels as percentages of 1 */
+    int x_int;                  /* x ticks on integers only */
+};
+
+enum { M_LEFT = 58, M_RIGHT = 16, M_TOP = 30, M_BOTTOM = 42 };
+
+/* clampd: v limited to [lo, hi]; NaN becomes lo (never reaches the page). */
+static double clampd(double v, double lo, double hi) { return v > hi ? hi : v >= lo ? v : lo; }
+
+/* sx, sy: pixel coordinates of data x, y, kept inside the plot area. */
+static double sx(const struct plot *p, double x) {
+    double w = p->w - M_LEFT - M_RIGHT;
+    return clampd(M_LEFT + (x - p->x0) / (p->x1 - p->x0) * w, M_LEFT, M_LEFT + w);
+}
+
+static double sy(const struct plot *p, double y) {
+    double h = p->h - M_TOP - M_BOTTOM;
+    return clampd(p->h - M_BOTTOM - (y - p->y0) / (p->y1 - p->y0) * h, M_TOP, M_TOP + h);
+}
+
+/* nice_step: 1, 2 or 5 times a power of ten, giving about n ticks over span > 0. */
+static double nice_step(double span, int n) {
+    double raw = span / n, mag = pow(10, floor(log10(raw))), r = raw / mag;
+    return (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
+}
+
+/* step_decimals: decimals needed to print multiples of step. */
+static int step_decimals(double step) {
+    if (step >= 1) return 0;
+    int d = (int)ceil(-log10(step) - 1e-9);
+    return d > 12 ? 12 : d;
+}
+
+/* fit_range: make [*lo, *hi] a usable axis range: finite, non-empty. */
+static void fit_range(double *lo, double *hi) {
+    if (!isfinite(*lo) || !isfinite(*hi) || *lo > *hi) {
+        *lo = 0;
+        *hi = 1;
+    } else if (*lo == *hi) {
+        double d = fabs(*lo) > 0 ? fabs(*lo) * 0.1 : 0.5;
+        *lo -= d;
+        *hi += d;
+    }
+}
+
+/* plot_ready: p's ranges made usable whatever the data gave (finite,
+ * non-empty, not so narrow that ticks would not advance). */
+static void plot_ready(struct plot *p) {
+    double *r[2][2] = {{&p->x0, &p->x1}, {&p->y0, &p->y1}};
+    for (int i = 0; i < 2; i++) {
+        double *lo = r[i][0], *hi = r[i][1];
+        if (!isfinite(*hi - *lo) || *lo > *hi) *lo = 0, *hi = 1;
+        if (*hi - *lo <= 1e-9 * fmax(fabs(*lo), fabs(*hi))) {
+            double d = fmax(fabs(*lo) * 0.1, 0.5);
+            *lo -= d, *hi += d;
+        }
+    }
+}
+
+/* svg_open: the <svg> element of a chart, scalable with the page. */
+static void svg_open(FILE *f, int w, int h, const char *label) {
+    fprintf(f, "<svg viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"", w, h, w, h);
+    esc(f, label ? label : "chart");
+    fputs("\">\n", f);
+}
+
+/* svg_close: ends the chart svg_open began. */
+static void svg_close(FILE *f) { fputs("</svg>\n", f); }
+
+/* svg_axes: frame, grid and tick labels of p. With n_cat > 0 the x axis has
+ * n_cat categories (x0 = 0, x1 = n_cat) labelled cat[i]; otherwise numeric
+ * ticks. Axis titles are written as given (the callers pass fixed text). */
+static void svg_axes(FILE *f, const struct plot *p, int n_cat, const char *const *cat) {
+    const double left = M_LEFT, right = p->w - M_RIGHT, top = M_TOP, bottom = p->h - M_BOTTOM;
+    double ys = nice_step(p->y1 - p->y0, 5);
+    int yd = step_decimals(p->y_pct ? ys * 100 : ys);
+    double y_first = ceil(p->y0 / ys - 1e-9) * ys;
+    for (int i = 0; i <= 40 && y_first + i * ys <= p->y1 + ys * 1e-9; i++) {
+        double y = y_first + i * ys, v = fabs(y) < ys * 1e-9 ? 0 : y, py = sy(p, v);
+        fprintf(f, "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", left, right, py, py);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.*f%s</text>\n", left - 4, py + 4, yd,
+                p->y_pct ? 100 * v : v, p->y_pct ? "%" : "");
+    }
+    if (n_cat > 0) {
+        for (int i = 0; i < n_cat; i++)
+            if (cat && cat[i]) {
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", sx(p, i + 0.5), bottom + 14);
+                esc(f, cat[i]);
+                fputs("</text>\n", f);
+            }
+    } else {
+        double xs = nice_step(p->x1 - p->x0, 6);
+        if (p->x_int && xs < 1) xs = 1;
+        int xd = step_decimals(xs);
+        double x_first = ceil(p->x0 / xs - 1e-9) * xs;
+        for (int i = 0; i <= 40 && x_first + i * xs <= p->x1 + xs * 1e-9; i++) {
+            double x = x_first + i * xs, v = fabs(x) < xs * 1e-9 ? 0 : x, px = sx(p, v);
+            fprintf(f, "<line class=\"ax\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", px, px, bottom,
+                    bottom + 4);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.*f</text>\n", px, bottom + 15, xd, v);
+        }
+    }
+    fprintf(f, "<path class=\"ax\" d=\"M%.1f %.1fV%.1fH%.1f\"/>\n", left, top, bottom, right);
+    if (p->xlabel)
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", (left + right) / 2, p->h - 6,
+                p->xlabel);
+    if (p->ylabel)
+        fprintf(f, "<text transform=\"translate(13 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
+                (top + bottom) / 2, p->ylabel);
+}
+
+/* svg_legend: one row of coloured keys above the plot area (line or box). */
+static void svg_legend(FILE *f, const char *const *names, int n, int boxes) {
+    double x = M_LEFT;
+    for (int i = 0; i < n; i++) {
+        const char *c = k_palette[i % N_PALETTE];
+        if (boxes) fprintf(f, "<rect x=\"%.1f\" y=\"8\" width=\"12\" height=\"10\" fill=\"%s\"/>", x, c);
+        else fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"13\" y2=\"13\" stroke=\"%s\" stroke-width=\"2.5\"/>", x,
+                     x + 14, c);
+        fprintf(f, "<text x=\"%.1f\" y=\"17\">", x + 18);
+        esc(f, names[i]);
+        fputs("</text>\n", f);
+        x += 30 + 6.2 * (double)strlen(names[i]);
+    }
+}
+
+/* A dashed vertical line at x with a label (thresholds, a suggested value). */
+struct vmark {
+    double x;
+    const char *label; /* trusted markup */
+};
+
+/* svg_marks: the vertical markers inside the plot area; labels are staggered
+ * so two close markers stay readable, and anchored towards the middle. */
+static void svg_marks(FILE *f, const struct plot *p, const struct vmark *m, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(m[i].x) || m[i].x < p->x0 || m[i].x > p->x1) continue;
+        double x = sx(p, m[i].x), mid = (M_LEFT + p->w - M_RIGHT) / 2.0;
+        fprintf(f, "<line class=\"mark\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>", x, x, M_TOP,
+                p->h - M_BOTTOM);
+        fprintf(f, "<text class=\"mk\" x=\"%.1f\" y=\"%d\" text-anchor=\"%s\">%s</text>\n", x > mid ? x - 3 : x + 3,
+                M_TOP + 11 + 13 * i, x > mid ? "end" : "start", m[i].label ? m[i].label : "");
+    }
+}
+
+/* ---------------------------------------------------------- SVG: charts */
+
+/* One series of a line chart: n points (x[i], y[i]); a point with a
+ * non-finite coordinate is skipped and breaks the line. */
+struct series {
+    const char *name;
+    const double *x, *y;
+    int n;
+};
+
+/* svg_line_chart: the series on shared axes, with a legend, point tooltips
+ * and optional vertical markers (the general x-y plot: accuracy by distance,
+ * big-little against gamma, any later metric per setting and policy). Ranges
+ * left unset in p are fitted to the finite points (y always includes 0).
+ * Colours repeat after N_PALETTE series; only the first N_PALETTE are in the
+ * legend. */
+static void svg_line_chart(FILE *f, const struct plot *p0, const struct series *s, int n_series,
+                           const struct vmark *m, int n_marks) {
+    struct plot p = *p0;
+    double xl = INFINITY, xh = -INFINITY, yl = 0, yh = -INFINITY;
+    for (int k = 0; k < n_series; k++)
+        for (int i = 0; i < s[k].n; i++) {
+            double x = s[k].x[i], y = s[k].y[i];
+            if (!isfinite(x) || !isfinite(y)) continue;
+            xl = fmin(xl, x), xh = fmax(xh, x), yl = fmin(yl, y), yh = fmax(yh, y);
+        }
+    if (!(p.x1 > p.x0)) p.x0 = xl, p.x1 = xh, fit_range(&p.x0, &p.x1);
+    if (!(p.y1 > p.y0)) p.y0 = yl, p.y1 = yh + 0.05 * (yh - yl), fit_range(&p.y0, &p.y1);
+    plot_ready(&p);
+    svg_open(f, p.w, p.h, p.label);
+    svg_axes(f, &p, 0, NULL);
+    svg_marks(f, &p, m, n_marks);
+    const char *names[N_PALETTE];
+    for (int k = 0; k < n_series; k++) {
+        const char *c = k_palette[k % N_PALETTE];
+        if (k < N_PALETTE) names[k] = s[k].name;
+        fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\" d=\"", c);
+        int pen = 0;
+        for (int i = 0; i < s[k].n; i++) {
+            double x = s[k].x[i], y = s[k].y[i];
+            if (!isfinite(x) || !isfinite(y)) {
+                pen = 0;
+                continue;
+            }
+            fprintf(f, "%c%.1f %.1f", pen ? 'L' : 'M', sx(&p, x), sy(&p, y));
+            pen = 1;
+        }
+        fputs("\"/>\n", f);
+        for (int i = 0; i < s[k].n; i++) {
+            double x = s[k].x[i], y = s[k].y[i];
+            if (!isfinite(x) || !isfinite(y)) continue;
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>", sx(&p, x), sy(&p, y), c);
+            esc(f, s[k].name);
+            fprintf(f, ": %.4g at %.4g</title></circle>\n", y, x);
+        }
+    }
+    svg_legend(f, names, n_series < N_PALETTE ? n_series : N_PALETTE, 0);
+    svg_close(f);
+}
+
+/* A histogram: n_bars bars between increasing edges, n_series values per
+ * bar stacked in series order. */
+struct hist {
+    int n_bars, n_series;
+    const double *edges;      /* [n_bars + 1] */
+    const double *v;          /* [n_series x n_bars] bar heights; non-finite = none */
+    const int64_t *count;     /* [n_series x n_bars] counts for the tooltips, or NULL */
+    const char *const *names; /* [n_series] */
+};
+
+/* svg_histogram: the bars of h on a numeric x axis, with tooltips, a legend
+ * when there is more than one series, and optional vertical markers. */
+static void svg_histogram(FILE *f, const struct plot *p0, const struct hist *h, const struct vmark *m,
+                          int n_marks) {
+    struct plot p = *p0;
+    double top = 0;
+    for (int b = 0; b < h->n_bars; b++) {
+        double sum = 0;
+        for (int k = 0; k < h->n_series; k++) {
+            double v = h->v[(size_t)k * h->n_bars + b];
+            if (isfinite(v) && v > 0) sum += v;
+        }
+        top = fmax(top, sum);
+    }
+    if (!(p.x1 > p.x0)) p.x0 = h->edges[0], p.x1 = h->edges[h->n_bars], fit_range(&p.x0, &p.x1);
+    if (!(p.y1 > p.y0)) p.y0 = 0, p.y1 = top > 0 ? top * 1.08 : 1;
+    plot_ready(&p);
+    svg_open(f, p.w, p.h, p.label);
+    svg_axes(f, &p, 0, NULL);
+    for (int b = 0; b < h->n_bars; b++) {
+        double base = 0, x0 = sx(&p, h->edges[b]), x1 = sx(&p, h->edges[b + 1]);
+        double w = x1 - x0 > 1.5 ? x1 - x0 - 0.5 : x1 - x0;
+        for (int k = 0; k < h->n_series; k++) {
+            size_t i = (size_t)k * h->n_bars + b;
+            double v = h->v[i];
+            if (!isfinite(v) || v <= 0) continue;
+            double ya = sy(&p, base), yb = sy(&p, base + v);
+            base += v;
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>", x0, yb,
+                    w, ya - yb, k_palette[k % N_PALETTE]);
+            if (h->n_series > 1) {
+                esc(f, h->names[k]);
+                fputs(", ", f);
+            }
+            fprintf(f, "%.4g to %.4g: ", h->edges[b], h->edges[b + 1]);
+            if (h->count) fprintf(f, "%lld (", (long long)h->count[i]);
+            fputs(p.y_pct ? num_pct(v, 2).s : num_g(v).s, f);
+            fprintf(f, "%s</title></rect>\n", h->count ? ")" : "");
+        }
+    }
+    svg_marks(f, &p, m, n_marks);
+    if (h->n_series > 1) svg_legend(f, h->names, h->n_series, 1);
+    svg_close(f);
+}
+
+/* Grouped bars on a categorical x axis. */
+struct bar_groups {
+    int n_groups, n_series;
+    const char *const *groups; /* [n_groups] axis labels */
+    const char *const *names;  /* [n_series] legend */
+    const double *v;           /* [n_groups x n_series]; non-finite = no bar */
+};
+
+/* svg_bar_chart: the groups side by side, one coloured bar per series, with
+ * tooltips and a legend. y fitted from 0 unless p sets it. */
+static void svg_bar_chart(FILE *f, const struct plot *p0, const struct bar_groups *b) {
+    struct plot p = *p0;
+    double top = 0;
+    for (int i = 0; i < b->n_groups * b->n_series; i++)
+        if (isfinite(b->v[i])) top = fmax(top, b->v[i]);
+    p.x0 = 0, p.x1 = b->n_groups;
+    if (!(p.y1 > p.y0)) p.y0 = 0, p.y1 = top > 0 ? top * 1.08 : 1;
+    plot_ready(&p);
+    svg_open(f, p.w, p.h, p.label);
+    svg_axes(f, &p, b->n_groups, b->groups);
+    double gw = sx(&p, 1) - sx(&p, 0), bw = gw * 0.8 / (b->n_series > 0 ? b->n_series : 1);
+    for (int g = 0; g < b->n_groups; g++)
+        for (int k = 0; k < b->n_series; k++) {
+            double v = b->v[(size_t)g * b->n_series + k];
+            if (!isfinite(v)) continue;
+            double x = sx(&p, g) + gw * 0.1 + k * bw, y0 = sy(&p, 0), y1 = sy(&p, v);
+            if (y1 > y0) { double t = y0; y0 = y1; y1 = t; }
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>", x, y1,
+                    bw - 1, y0 - y1, k_palette[k % N_PALETTE]);
+            esc(f, b->groups[g]);
+            fputs(", ", f);
+            esc(f, b->names[k]);
+            fprintf(f, ": %s</title></rect>\n", p.y_pct ? num_pct(v, 1).s : num_g(v).s);
+        }
+    svg_legend(f, b->names, b->n_series, 1);
+    svg_close(f);
+}
+
+/* A heat map: rows x cols cells coloured by v on a sequential scale. */
+struct heat {
+    int rows, cols;
+    const double *v;          /* [rows x cols] colour values; non-finite = grey */
+    double lo, hi;            /* colour scale range (legend shows both) */
+    int pct;                  /* legend values as percentages of 1 */
+    const int32_t *row_name;  /* [rows] number shown for each row */
+    const char *label, *xlabel, *ylabel;
+    void (*tip)(FILE *f, int r, int c, const void *user); /* tooltip text of a cell (escaped by it) */
+    const void *user;
+};
+
+/* heat_class: colour class 0..HEAT_STEPS-1 of v on [lo, hi]. */
+static int heat_class(double v, double lo, double hi) {
+    if (!(hi > lo)) return HEAT_STEPS / 2;
+    int c = (int)floor((v - lo) / (hi - lo) * HEAT_STEPS);
+    return c < 0 ? 0 : c >= HEAT_STEPS ? HEAT_STEPS - 1 : c;
+}
+
+/* label_step: show every n-th label (n from 1, 2, 5 times powers of ten)
+ * so that labels `need` pixels apart fit cells `cell` pixels wide. */
+static int label_step(double cell, double need) {
+    static const int steps[] = {1, 2, 4, 5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 200, 256, 500, 1000,
+                                2000, 4096, 5000, 10000, 16384, 32768, 65536};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+        if (cell * steps[i] >= need) return steps[i];
+    return 65536;
+}
+
+/* svg_heat_map: the grid (cells scale with the map's size so a 64 x 256 map
+ * stays readable and small: one short unit-square <path> with a <title> per
+ * cell inside a scaled group, one group per row), row
+ * and column labels thinned to fit, and a colour legend with its min/max. */
+static void svg_heat_map(FILE *f, const struct heat *h) {
+    const int ml = 46, mt = 8, mb = 40, legend = 96;
+    double cw = clampd(880.0 / h->cols, 2, 28), ch = clampd(520.0 / h->rows, 3, 22);
+    int w = (int)ceil(ml + cw * h->cols + legend), ht = (int)ceil(mt + ch * h->rows + mb);
+    if (ht < 136) ht = 136; /* room for the legend */
+    svg_open(f, w, ht, h->label);
+    fprintf(f, "<g transform=\"translate(%d %d) scale(%.3f %.3f)\" shape-rendering=\"crispEdges\">\n", ml, mt, cw,
+            ch);
+    for (int r = 0; r < h->rows; r++) {
+        fprintf(f, "<g transform=\"translate(0 %d)\">", r);
+        for (int c = 0; c < h->cols; c++) {
+            double v = h->v[(size_t)r * h->cols + c];
+            if (isfinite(v)) fprintf(f, "<path d=\"M%d 0h1v1h-1z\" class=\"h%d\"><title>", c,
+                                     heat_class(v, h->lo, h->hi));
+            else fprintf(f, "<path d=\"M%d 0h1v1h-1z\" class=\"hx\"><title>", c);
+            h->tip(f, r, c, h->user);
+            fputs("</title></path>", f);
+        }
+        fputs("</g>\n", f);
+    }
+    fputs("</g>\n", f);
+    int rs = label_step(ch, 11), cs = label_step(cw, 24);
+    for (int r = 0; r < h->rows; r += rs)
+        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%d</text>", ml - 4, mt + ch * (r + 0.5) + 4,
+                (int)h->row_name[r]);
+    for (int c = 0; c < h->cols; c += cs)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>", ml + cw * (c + 0.5),
+                mt + ch * h->rows + 13, c);
+    fprintf(f, "\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>", ml + cw * h->cols / 2,
+            mt + ch * h->rows + 30, h->xlabel);
+    fprintf(f, "<text transform=\"translate(12 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
+            mt + ch * h->rows / 2, h->ylabel);
+    /* legend: the HEAT_STEPS classes from hi (top) to lo */
+    double lx = ml + cw * h->cols + 14, sh = 100.0 / HEAT_STEPS;
+    for (int i = 0; i < HEAT_STEPS; i++)
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"12\" height=\"%.2f\" class=\"h%d\"/>", lx,
+                mt + 12 + sh * (HEAT_STEPS - 1 - i), sh + 0.2, i);
+    fprintf(f, "\n<text x=\"%.1f\" y=\"%d\">max</text><text x=\"%.1f\" y=\"%d\">%s</text>", lx + 16, mt + 10,
+            lx + 16, mt + 22, h->pct ? num_pct(h->hi, 2).s : num_g(h->hi).s);
+    fprintf(f, "<text x=\"%.1f\" y=\"%d\">min</text><text x=\"%.1f\" y=\"%d\">%s</text>\n", lx + 16, mt + 104,
+            lx + 16, mt + 116, h->pct ? num_pct(h->lo, 2).s : num_g(h->lo).s);
+    svg_close(f);
+}
+
+/* heat_css: the colour classes of svg_heat_map, interpolated along a light
+ * yellow -> dark blue ramp (readable in print and for colour-blind readers). */
+static void heat_css(FILE *f) {
+    static const unsigned char ramp[5][3] = {
+        {255, 255, 217}, {199, 233, 180}, {65, 182, 196}, {34, 94, 168}, {8, 29, 88}};
+    for (int i = 0; i < HEAT_STEPS; i++) {
+        double t = (double)i / (HEAT_STEPS - 1) * 4;
+        int a = (int)t < 4 ? (int)t : 3;
+        double u = t - a;
+        int c[3];
+        for (int j = 0; j < 3; j++) c[j] = (int)lround(ramp[a][j] + u * (ramp[a + 1][j] - ramp[a][j]));
+        fprintf(f, ".h%d{fill:#%02x%02x%02x}", i, c[0], c[1], c[2]);
+    }
+    fputs(".hx{fill:#ddd}\n", f);
+}
+
+/* add_sat: a + b saturated at the int64 limits: counts come from the file,
+ * and a crafted one must not overflow a sum (undefined behaviour). */
+static int64_t add_sat(int64_t a, int64_t b) {
+    if (b > 0 && a > INT64_MAX - b) return INT64_MAX;
+    if (b < 0 && a < INT64_MIN - b) return INT64_MIN;
+    return a + b;
+}
+
+/* rebin: n bins of counts c (stride 1) summed into nb <= n bars; bar b covers
+ * bins [b*n/nb, (b+1)*n/nb), i.e. x from edge[b] to edge[b+1] in [0, 1]. */
+static void rebin(const int64_t *c, int64_t n, int nb, int64_t *out, double *edge) {
+    for (int b = 0; b <= nb; b++) edge[b] = (double)((int64_t)b * n / nb) / (double)n;
+    for (int b = 0; b < nb; b++) {
+        int64_t lo = (int64_t)b * n / nb, hi = (int64_t)(b + 1) * n / nb, s = 0;
+        for (int64_t i = lo; i < hi; i++) s = add_sat(s, c[i]);
+        out[b] = s;
+    }
+}
+
+/* ---------------------------------------------------------------- sections */
+
+/* Every array a section uses, looked up once (take() marks them shown), so
+ * the header knows which sections and whether "other arrays" will appear. */
+struct data {
+    const struct moe_profile_array *split, *hit, *thr, *pearson;
+    const struct moe_profile_array *stack[3]; /* stacked_top1, stacked_recall, layer_similarity */
+    const struct moe_profile_array *path1, *path2, *cover, *reuse, *chance, *bl, *bl_sum, *bl_prob;
+    int has_stack, has_path, has_reuse, has_bl, has_other;
+};
+
+static const char *const k_stack_names[3] = {"stacked_top1", "stacked_recall", "layer_similarity"};
+static const char *const k_stack_titles[3] = {"stacked top-1", "stacked recall", "gate-input similarity"};
+
+/* gather: look up the section arrays and which sections are present. */
+static void gather(struct page *g, struct data *d) {
+    const int64_t L = g->p->n_layers, K = g->p->k;
+    memset(d, 0, sizeof *d);
+    d->split = take(g, "split_sequences", 1, 2, 0);
+    d->hit = take(g, "placement_hit_rate", 2, 3, 3);
+    d->thr = take(g, "hobbit_thresholds", 1, 5, 0);
+    d->pearson = take(g, "gate_output_pearson", 1, 1, 0);
+    for (int i = 0; i < 3; i++) {
+        d->stack[i] = take(g, k_stack_names[i], 2, L, -1);
+        if (d->stack[i] && d->stack[i]->dims[1] > 64) { /* not distances: list it with the others */
+            g->used[d->stack[i] - g->p->derived] = 0;
+            d->stack[i] = NULL;
+        }
+        d->has_stack |= find(g, k_stack_names[i]) != NULL;
+    }
+    d->path1 = take(g, "path_accuracy_order1", 2, 2, 3);
+    d->path2 = take(g, "path_accuracy_order2", 2, 2, 3);
+    d->cover = take(g, "path_key_coverage", 1, 2, 0);
+    d->has_path = find(g, "path_accuracy_order1") || find(g, "path_accuracy_order2") || find(g, "path_key_coverage");
+    d->reuse = take(g, "reuse", 2, L, K);
+    d->chance = take(g, "reuse_chance", 1, 1, 0);
+    d->has_reuse = find(g, "reuse") || find(g, "reuse_chance");
+    d->bl = take(g, "big_little", 2, -1, 3);
+    if (d->bl && d->bl->dims[0] > MAX_CURVE_POINTS) { /* not a gamma sweep: list it with the others */
+        g->used[d->bl - g->p->derived] = 0;
+        d->bl = NULL;
+    }
+    d->bl_sum = take(g, "big_little_summary", 1, 5, 0);
+    d->bl_prob = take(g, "sum.big_little_maxprob", 2, 2, -1);
+    if (d->bl_prob && (d->bl_prob->dtype == MOE_PROFILE_F64 || d->bl_prob->dims[1] > MAX_HIST_BINS))
+        d->bl_prob = NULL; /* counts only, as many bins as a histogram may have */
+    d->has_bl = find(g, "big_little") || find(g, "big_little_summary") || find(g, "sum.big_little_maxprob");
+    for (int i = 0; i < g->p->n_derived; i++) {
+        const char *n = g->p->derived[i].name;
+        if (has_prefix(n, "config.")) g->used[i] = 1; /* shown in the header */
+        else if (!g->used[i] && !has_prefix(n, "sum.")) d->has_other = 1;
+    }
+}
+
+/* section_open: <section> with its heading. */
+static void section_open(FILE *f, const char *id, const char *title) {
+    fprintf(f, "<section id=\"%s\">\n<h2>%s</h2>\n", id, title);
+}
+
+/* put_title: the page title, given or derived from the model and dataset
+ * (last component of model_path, else arch). */
+static void put_title(FILE *f, const struct moe_profile *p, const char *title) {
+    if (title) {
+        esc(f, title);
+        return;
+    }
+    const char *m = p->model_path;
+    size_t n = strlen(m);
+    while (n > 1 && m[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && m[b - 1] != '/') b--;
+    fputs("Routing profile", f);
+    if (n > b) {
+        fputs(" of ", f);
+        esc_n(f, m + b, n - b);
+    } else if (p->arch[0]) {
+        fputs(" of ", f);
+        esc(f, p->arch);
+    }
+    if (p->dataset[0]) {
+        fputs(" on ", f);
+        esc(f, p->dataset);
+    }
+}
+
+static const char k_css[] =
+    "body{font:14px/1.45 system-ui,-apple-system,\"Segoe UI\",Roboto,Helvetica,Arial,sans-serif;color:#222;"
+    "max-width:1180px;margin:0 auto;padding:0 16px 40px}\n"
+    "h1{font-size:22px;margin:18px 0 8px}h2{font-size:18px;margin:30px 0 6px;border-bottom:1px solid #ddd;"
+    "padding-bottom:3px}h3{font-size:15px;margin:12px 0 4px}\n"
+    "table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{padding:2px 8px;border-bottom:1px solid "
+    "#eee;text-align:right;font-variant-numeric:tabular-nums;vertical-align:top}th{background:#f5f5f5}\n"
+    ".l{text-align:left}.meta td{text-align:left}.meta td:first-child{color:#666}.note{color:#666}"
+    ".scroll{overflow-x:auto;max-width:100%}.charts{display:flex;flex-wrap:wrap;align-items:flex-start;gap:10px 24px}"
+    "figure{margin:8px 0}figcaption{color:#555;font-size:13px;max-width:760px}nav a{margin-right:12px}\n"
+    "svg{max-width:100%;height:auto;font-size:11px}svg text{fill:#333}.grid{stroke:#eee}"
+    ".ax{stroke:#888;fill:none}.mark{stroke:#d55e00;stroke-dasharray:5 3;stroke-width:1.5}.mk{fill:#d55e00}\n"
+    ".b{display:inline-block;position:relative;width:60px;height:9px;background:#eee;margin-right:6px}"
+    ".b i{position:absolute;left:0;top:0;bottom:0;background:#0072b2}"
+    ".b u{position:absolute;top:-2px;bottom:-2px;width:2px;background:#d55e00}td.hi{font-weight:600}\n";
+
+/* put_head: the document head and the header section (section 1). */
+static void put_head(struct page *g, const struct data *d, const char *title) {
+    FILE *f = g->f;
+    const struct moe_profile *p = g->p;
+    fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>", f);
+    put_title(f, p, title);
+    fprintf(f, "</title>\n<style>\n%s", k_css);
+    heat_css(f);
+    fputs("</style>\n</head>\n<body>\n<header id=\"summary\">\n<h1>", f);
+    put_title(f, p, title);
+    fputs("</h1>\n<table class=\"meta\">\n<tr><td>model</td><td>", f);
+    esc(f, p->arch[0] ? p->arch : "(architecture not recorded)");
+    if (p->model_path[0]) {
+        fputs(" &#8212; <code>", f);
+        esc(f, p->model_path);
+        fputs("</code>", f);
+    }
+    fputs("</td></tr>\n<tr><td>dataset</td><td>", f);
+    esc(f, p->dataset[0] ? p->dataset : "(not recorded)");
+    fputs("</td></tr>\n<tr><td>written by</td><td>", f);
+    esc(f, p->tool_version[0] ? p->tool_version : "(not recorded)");
+    fprintf(f, "</td></tr>\n<tr><td>shape</td><td>%d MoE layers (L), %d experts per layer (E), top-%d routing "
+               "(K)</td></tr>\n", p->n_layers, p->n_experts, p->k);
+    fprintf(f, "<tr><td>sequences</td><td>%d</td></tr>\n<tr><td>tokens</td><td>%lld</td></tr>\n", p->n_seq,
+            (long long)moe_profile_n_tokens(p));
+    if (d->split)
+        fprintf(f, "<tr><td>split</td><td>%lld sequences counted, %lld held out</td></tr>\n", aint(d->split, 0),
+                aint(d->split, 1));
+    fputs("</table>\n", f);
+    int n_config = 0;
+    for (int i = 0; i < p->n_derived; i++) {
+        const struct moe_profile_array *a = &p->derived[i];
+        if (!has_prefix(a->name, "config.")) continue;
+        if (!n_config++) fputs("<table>\n<tr><th class=\"l\">configuration</th><th class=\"l\">shape</th>"
+                               "<th class=\"l\">values</th></tr>\n", f);
+        fputs("<tr><td class=\"l\"><code>", f);
+        esc(f, a->name);
+        fputs("</code></td><td class=\"l\">", f);
+        put_shape(f, a);
+        fputs("</td><td class=\"l\">", f);
+        if (n_elems(a) <= MAX_LIST_VALUES) put_values(f, a);
+        else fprintf(f, "(%lld values)", (long long)n_elems(a));
+        fputs("</td></tr>\n", f);
+    }
+    if (n_config) fputs("</table>\n", f);
+    fputs("<nav><a href=\"#popularity\">popularity</a><a href=\"#hobbit\">HOBBIT</a>", f);
+    if (d->has_stack) fputs("<a href=\"#stacked\">prediction by distance</a>", f);
+    if (d->has_path) fputs("<a href=\"#paths\">path dictionaries</a>", f);
+    if (d->has_reuse) fputs("<a href=\"#reuse\">reuse</a>", f);
+    if (d->has_bl) fputs("<a href=\"#big-little\">big-little</a>", f);
+    if (d->has_other) fputs("<a href=\"#other\">other arrays</a>", f);
+    fputs("</nav>\n", f);
+    const char *absent[4];
+    int n_absent = 0;
+    if (!d->has_stack) absent[n_absent++] = "prediction accuracy by distance";
+    if (!d->has_path) absent[n_absent++] = "activation-path dictionaries";
+    if (!d->has_reuse) absent[n_absent++] = "reuse";
+    if (!d->has_bl) absent[n_absent++] = "big-little";
+    for (int i = 0; i < n_absent; i++)
+        fprintf(f, "%s%s", i ? ", " : "<p class=\"note\">Not in this profile: ", absent[i]);
+    if (n_absent) fputs(".</p>\n", f);
+    fputs("</header>\n", f);
+}
+
+/* Tooltip data of the popularity heat map. */
+struct pop_tip {
+    const struct moe_profile *p;
+    const double *share;
+};
+
+/* pop_tip: "layer l expert e: count (x.x %)", l the model layer. */
+static void pop_tip(FILE *f, int r, int c, const void *user) {
+    const struct pop_tip *t = user;
+    size_t i = (size_t)r * t->p->n_experts + c;
+    fprintf(f, "layer %d expert %d: %lld (%s)", (int)t->p->moe_layer_index[r], c, (long long)t->p->popularity[i],
+            num_pct(t->share[i], 1).s);
+}
+
+/* put_hit_rate: placement_hit_rate as a table and bars against random. */
+static void put_hit_rate(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    fputs("<h3>Placement hit rate</h3>\n", f);
+    if (!d->hit) {
+        missing(g, "placement_hit_rate", "[3 x 3]");
+        return;
+    }
+    char gname[3][64];
+    const char *groups[3];
+    double v[6];
+    fputs("<div class=\"charts\"><table>\n<tr><th>resident pairs</th><th>hit rate (held-out)</th>"
+          "<th>random</th></tr>\n", f);
+    for (int r = 0; r < 3; r++) {
+        double fr = aval(d->hit, r * 3), hit = aval(d->hit, r * 3 + 1), rnd = aval(d->hit, r * 3 + 2);
+        fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", num_pct(fr, 0).s, num_pct(hit, 1).s,
+                num_pct(rnd, 1).s);
+        snprintf(gname[r], sizeof gname[r], "%s resident", isfinite(fr) ? num_pct(fr, 0).s : "?");
+        groups[r] = gname[r];
+        v[r * 2] = hit, v[r * 2 + 1] = rnd;
+    }
+    fputs("</table>\n", f);
+    static const char *const names[2] = {"popularity order", "random"};
+    struct plot p = {.w = 420, .h = 220, .y0 = 0, .y1 = 1, .y_pct = 1, .label = "placement hit rate",
+                     .ylabel = "hit rate"};
+    struct bar_groups b = {3, 2, groups, names, v};
+    svg_bar_chart(f, &p, &b);
+    fputs("</div>\n<p class=\"note\">Share of the held-out token-slots served when the most popular (layer, "
+          "expert) pairs, counted on the other sequences, are resident, against a random choice of as many "
+          "pairs.</p>\n", f);
+}
+
+/* put_popularity: section 2, the popularity heat map and the hit rate. */
+static enum moe_status put_popularity(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    const struct moe_profile *p = g->p;
+    const int L = p->n_layers, E = p->n_experts;
+    double *share = NULL;
+    section_open(f, "popularity", "Expert popularity");
+    int64_t total = 0;
+    for (size_t i = 0; i < (size_t)L * E; i++) total = add_sat(total, p->popularity[i]);
+    if (total <= 0) {
+        fputs("<p class=\"note\">No token-slots recorded: the popularity map is empty.</p>\n", f);
+    } else if ((int64_t)L * E > MAX_HEAT_CELLS) {
+        fprintf(f, "<p class=\"note\">%d x %d (layer, expert) pairs are more than the %d cells drawn; see "
+                   "<code>/counts/popularity</code> in the file.</p>\n", L, E, MAX_HEAT_CELLS);
+    } else {
+        if (!(share = malloc((size_t)L * E * sizeof *share))) return MOE_ERR_NOMEM;
+        double lo = INFINITY, hi = -INFINITY;
+        for (int l = 0; l < L; l++) {
+            int64_t row = 0;
+            for (int e = 0; e < E; e++) row = add_sat(row, p->popularity[(size_t)l * E + e]);
+            for (int e = 0; e < E; e++) {
+                size_t i = (size_t)l * E + e;
+                share[i] = row > 0 ? (double)p->popularity[i] / (double)row : NAN;
+                if (isfinite(share[i])) lo = fmin(lo, share[i]), hi = fmax(hi, share[i]);
+            }
+        }
+        fprintf(f, "<figure><div class=\"scroll\">\n");
+        struct pop_tip t = {p, share};
+        struct heat h = {L, E, share, lo, hi, 1, p->moe_layer_index, "expert popularity per layer",
+                         "expert", "layer", pop_tip, &t};
+        svg_heat_map(f, &h);
+        fprintf(f, "</div><figcaption>Share of each MoE layer's token-slots per expert (rows: model layer of "
+                   "each MoE layer; columns: expert). Uniform routing would give 1/E = %s everywhere; the "
+                   "scale runs from %s to %s.</figcaption></figure>\n",
+                num_pct(1.0 / E, 2).s, num_pct(lo, 2).s, num_pct(hi, 2).s);
+        free(share);
+    }
+    put_hit_rate(g, d);
+    fputs("</section>\n", f);
+    return MOE_OK;
+}
+
+/* put_hobbit: section 3, the HOBBIT score histogram of each rank >= 1 with
+ * T1/T2, the split they give, and the gate/output correlation. */
+static enum moe_status put_hobbit(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    const struct moe_profile *p = g->p;
+    const int K = p->k, nb = p->n_bins < MAX_BARS ? p->n_bins : MAX_BARS;
+    enum moe_status st = MOE_OK;
+    int64_t *cnt = malloc((size_t)nb * sizeof *cnt);
+    double *edge = malloc((size_t)(nb + 1) * sizeof *edge), *v = malloc((size_t)nb * sizeof *v);
+    if (!cnt || !edge || !v) {
+        st = MOE_ERR_NOMEM;
+        goto done;
+    }
+    section_open(f, "hobbit", "HOBBIT scores");
+    int64_t rank0 = 0;
+    for (int b = 0; b < p->n_bins; b++) rank0 = add_sat(rank0, p->hobbit_hist[b]);
+    fprintf(f, "<p>Score s of the expert at rank r = the sum of the normalised gate weights of the higher "
+               "ranks; a large s means the expert matters little. Rank 0 (the top expert) always has s = 0: "
+               "%lld slots.", (long long)rank0);
+    if (K == 2) fprintf(f, " The histogram shows rank 1 over [0, 1] in %d bars.", nb);
+    if (K > 2) fprintf(f, " The histograms show ranks 1 to %d over [0, 1] in %d bars.", K - 1, nb);
+    fputs("</p>\n", f);
+    double t1 = d->thr ? aval(d->thr, 0) : NAN, t2 = d->thr ? aval(d->thr, 1) : NAN;
+    char l1[64], l2[64];
+    snprintf(l1, sizeof l1, "T1 = %s", num_f(t1, 4).s);
+    snprintf(l2, sizeof l2, "T2 = %s", num_f(t2, 4).s);
+    struct vmark m[2] = {{t1, l1}, {t2, l2}};
+    if (d->thr)
+        fprintf(f, "<p>Thresholds <b>T1 = %s</b>, <b>T2 = %s</b>: s &#8804; T1 loads at high precision "
+                   "(%s of the selected experts), T1 &lt; s &#8804; T2 at low precision (%s), s &gt; T2 is "
+                   "skipped (%s).</p>\n",
+                num_f(t1, 4).s, num_f(t2, 4).s, num_pct(aval(d->thr, 2), 1).s, num_pct(aval(d->thr, 3), 1).s,
+                num_pct(aval(d->thr, 4), 1).s);
+    else missing(g, "hobbit_thresholds", "[5]");
+    if (d->pearson)
+        fprintf(f, "<p>Pearson r between an expert's gate weight and the norm of its weighted output: "
+                   "<b>%s</b>.</p>\n", num_f(aval(d->pearson, 0), 3).s);
+    else missing(g, "gate_output_pearson", "[1]");
+    if (K > 1) fputs("<div class=\"charts\">\n", f);
+    for (int r = 1; r < K && r <= MAX_RANK_CHARTS; r++) {
+        rebin(p->hobbit_hist + (size_t)r * p->n_bins, p->n_bins, nb, cnt, edge);
+        int64_t tot = 0;
+        for (int b = 0; b < nb; b++) tot = add_sat(tot, cnt[b]);
+        fprintf(f, "<figure>\n");
+        if (tot > 0) {
+            for (int b = 0; b < nb; b++) v[b] = (double)cnt[b] / (double)tot;
+            char label[64];
+            snprintf(label, sizeof label, "HOBBIT score histogram, rank %d", r);
+            static const char *const names[1] = {"slots"};
+            struct plot pl = {.w = 430, .h = 230, .x0 = 0, .x1 = 1, .y_pct = 1, .label = label,
+                              .xlabel = "score s", .ylabel = "share of the rank's slots"};
+            struct hist h = {nb, 1, edge, v, cnt, names};
+            svg_histogram(f, &pl, &h, m, d->thr ? 2 : 0);
+        }
+        fprintf(f, "<figcaption>Rank %d: %lld slots", r, (long long)tot);
+        if (d->thr) {
+            int64_t hi = 0, lo = 0, all = 0; /* the split of this rank, from its histogram */
+            for (int b = 0; b < p->n_bins; b++) {
+                int64_t c = p->hobbit_hist[(size_t)r * p->n_bins + b];
+                double s = (double)b / p->n_bins;
+                all = add_sat(all, c);
+                if (s < t1) hi = add_sat(hi, c);
+                else if (s < t2) lo = add_sat(lo, c);
+            }
+            if (all > 0)
+                fprintf(f, "; about %s high, %s low, %s skipped", num_pct((double)hi / all, 1).s,
+                        num_pct((double)lo / all, 1).s, num_pct((double)(all - hi - lo) / all, 1).s);
+        }
+        fputs(".</figcaption></figure>\n", f);
+    }
+    if (K > 1) fputs("</div>\n", f);
+    if (K - 1 > MAX_RANK_CHARTS)
+        fprintf(f, "<p class=\"note\">Ranks %d to %d are not drawn.</p>\n", MAX_RANK_CHARTS + 1, K - 1);
+    fputs("</section>\n", f);
+done:
+    free(cnt);
+    free(edge);
+    free(v);
+    return st;
+}
+
+/* put_stacked: section 4, stacked-gate accuracy and gate-input similarity
+ * against distance: the mean over layers as lines, then per layer. */
+static enum moe_status put_stacked(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    const struct moe_profile *p = g->p;
+    const int L = p->n_layers;
+    double *xs = NULL, *mean[3] = {NULL, NULL, NULL};
+    enum moe_status st = MOE_OK;
+    section_open(f, "stacked", "Prediction accuracy by distance");
+    int D = 0, n = 0;
+    for (int i = 0; i < 3; i++)
+        if (d->stack[i] && d->stack[i]->dims[1] > D) D = (int)d->stack[i]->dims[1];
+    struct series s[3];
+    if (D > 0) {
+        if (!(xs = malloc((size_t)D * sizeof *xs))) goto nomem;
+        for (int j = 0; j < D; j++) xs[j] = j + 1;
+    }
+    for (int i = 0; i < 3; i++) {
+        const struct moe_profile_array *a = d->stack[i];
+        if (!a) continue;
+        int w = (int)a->dims[1];
+        if (!(mean[i] = malloc((size_t)w * sizeof *mean[i]))) goto nomem;
+        for (int j = 0; j < w; j++) {
+            double sum = 0;
+            int c = 0;
+            for (int l = 0; l < L; l++) {
+                double x = aval(a, (int64_t)l * w + j);
+                if (isfinite(x)) sum += x, c++;
+            }
+            mean[i][j] = c ? sum / c : NAN;
+        }
+        s[n++] = (struct series){k_stack_titles[i], xs, mean[i], w};
+    }
+    double lo = 0; /* a negative mean cosine widens the axis below 0 */
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; mean[i] && j < d->stack[i]->dims[1]; j++)
+            if (isfinite(mean[i][j]) && mean[i][j] < lo) lo = floor(mean[i][j] * 10) / 10;
+    if (n) {
+        struct plot pl = {.w = 560, .h = 280, .x0 = 0.8, .x1 = D + 0.2, .y0 = lo, .y1 = 1, .y_pct = 1,
+                          .x_int = 1, .label = "prediction accuracy by distance",
+                          .xlabel = "distance j (layers ahead)", .ylabel = "mean over layers"};
+        fputs("<figure>\n", f);
+        svg_line_chart(f, &pl, s, n, NULL, 0);
+        fputs("<figcaption>Stacked gating predicts the experts of layer l+j from the gate input of layer l: "
+              "top-1 = share of tokens whose predicted top expert is among the chosen ones, recall = mean share "
+              "of the K chosen experts predicted; similarity = mean cosine of the gate inputs of layers l and "
+              "l+j. Means skip the layers without a value (dense or past the end).</figcaption></figure>\n", f);
+    }
+    for (int i = 0; i < 3; i++)
+        if (!d->stack[i]) missing(g, k_stack_names[i], "[L x 4] with L = the MoE layers");
+    if (n) {
+        fputs("<div class=\"scroll\"><table>\n<tr><th rowspan=\"2\">layer</th>", f);
+        for (int i = 0; i < 3; i++)
+            if (d->stack[i]) fprintf(f, "<th colspan=\"%d\">%s</th>", (int)d->stack[i]->dims[1], k_stack_titles[i]);
+        fputs("</tr>\n<tr>", f);
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; d->stack[i] && j < d->stack[i]->dims[1]; j++) fprintf(f, "<th>j=%d</th>", j + 1);
+        fputs("</tr>\n", f);
+        for (int l = 0; l < L; l++) {
+            fprintf(f, "<tr><td>%d</td>", (int)p->moe_layer_index[l]);
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; d->stack[i] && j < d->stack[i]->dims[1]; j++)
+                    fprintf(f, "<td>%s</td>", num_f(aval(d->stack[i], (int64_t)l * d->stack[i]->dims[1] + j), 3).s);
+            fputs("</tr>\n", f);
+        }
+        fputs("</table></div>\n", f);
+    }
+    fputs("</section>\n", f);
+    goto done;
+nomem:
+    st = MOE_ERR_NOMEM;
+done:
+    free(xs);
+    for (int i = 0; i < 3; i++) free(mean[i]);
+    return st;
+}
+
+/* put_paths: section 5, path-dictionary recall against preloading the most
+ * popular experts, and how many held-out keys the dictionaries had seen. */
+static void put_paths(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    section_open(f, "paths", "Activation-path dictionaries");
+    const struct moe_profile_array *pop = d->path1 ? d->path1 : d->path2;
+    const char *names[3];
+    const struct moe_profile_array *src[3];
+    int row[3], n = 0;
+    if (d->path1) names[n] = "dictionary, order 1", src[n] = d->path1, row[n++] = 0;
+    if (d->path2) names[n] = "dictionary, order 2", src[n] = d->path2, row[n++] = 0;
+    if (pop) names[n] = "most popular", src[n] = pop, row[n++] = 1;
+    if (n) {
+        static const char *const groups[3] = {"1 preloaded", "2 preloaded", "3 preloaded"};
+        double v[9];
+        for (int gi = 0; gi < 3; gi++)
+            for (int k = 0; k < n; k++) v[gi * n + k] = aval(src[k], row[k] * 3 + gi);
+        struct plot pl = {.w = 520, .h = 260, .y0 = 0, .y1 = 1, .y_pct = 1, .label = "path dictionary recall",
+                          .ylabel = "recall (held-out)"};
+        struct bar_groups b = {3, n, groups, names, v};
+        fputs("<div class=\"charts\"><figure>\n", f);
+        svg_bar_chart(f, &pl, &b);
+        fputs("<figcaption>Share of the experts actually chosen at layer l that were among the 1, 2 or 3 "
+              "preloaded: the most probable ones given the experts at l-1 (order 1) or at l-2 and l-1 "
+              "(order 2), against the most popular ones of layer l.</figcaption></figure>\n<table>\n"
+              "<tr><th class=\"l\">preloaded</th><th>1</th><th>2</th><th>3</th></tr>\n", f);
+        for (int k = 0; k < n; k++) {
+            fprintf(f, "<tr><td class=\"l\">%s</td>", names[k]);
+            for (int gi = 0; gi < 3; gi++) fprintf(f, "<td>%s</td>", num_pct(v[gi * n + k], 1).s);
+            fputs("</tr>\n", f);
+        }
+        fputs("</table></div>\n", f);
+    }
+    if (!d->path1) missing(g, "path_accuracy_order1", "[2 x 3]");
+    if (!d->path2) missing(g, "path_accuracy_order2", "[2 x 3]");
+    if (d->cover)
+        fprintf(f, "<p>Held-out (token, layer) keys already in the dictionary: order 1 <b>%s</b>, order 2 "
+                   "<b>%s</b>.</p>\n", num_pct(aval(d->cover, 0), 1).s, num_pct(aval(d->cover, 1), 1).s);
+    else missing(g, "path_key_coverage", "[2]");
+    fputs("</section>\n", f);
+}
+
+/* put_reuse: section 6, reuse per layer and rank as bars with the chance
+ * level marked (K / E: an expert picked at random would be reused that often). */
+static void put_reuse(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    const struct moe_profile *p = g->p;
+    const int L = p->n_layers, K = p->k;
+    double chance = d->chance ? aval(d->chance, 0) : NAN;
+    section_open(f, "reuse", "Expert reuse between consecutive tokens");
+    if (d->chance)
+        fprintf(f, "<p>Share of tokens whose expert at rank r is used again by the next token. Chance level "
+                   "K / E = <b>%s</b> (orange tick); values above it are bold.</p>\n", num_f(chance, 3).s);
+    else missing(g, "reuse_chance", "[1]");
+    if (!d->reuse) {
+        missing(g, "reuse", "[L x K]");
+        fputs("</section>\n", f);
+        return;
+    }
+    fputs("<div class=\"scroll\"><table>\n<tr><th>layer</th>", f);
+    for (int r = 0; r < K; r++) fprintf(f, "<th class=\"l\">rank %d</th>", r);
+    fputs("</tr>\n", f);
+    for (int l = 0; l <= L; l++) {
+        if (l < L) fprintf(f, "<tr><td>%d</td>", (int)p->moe_layer_index[l]);
+        else fputs("<tr><th>mean</th>", f);
+        for (int r = 0; r < K; r++) {
+            double x = 0;
+            if (l < L) {
+                x = aval(d->reuse, (int64_t)l * K + r);
+            } else { /* mean over layers of the finite values */
+                int c = 0;
+                for (int i = 0; i < L; i++) {
+                    double y = aval(d->reuse, (int64_t)i * K + r);
+                    if (isfinite(y)) x += y, c++;
+                }
+                x = c ? x / c : NAN;
+            }
+            fprintf(f, "<td class=\"l%s\"><span class=\"b\">", isfinite(chance) && x > chance ? " hi" : "");
+            if (isfinite(x)) fprintf(f, "<i style=\"width:%.0fpx\"></i>", clampd(x, 0, 1) * 60);
+            if (isfinite(chance)) fprintf(f, "<u style=\"left:%.0fpx\"></u>", clampd(chance, 0, 1) * 60 - 1);
+            fprintf(f, "</span>%s</td>", num_f(x, 3).s);
+        }
+        fputs("</tr>\n", f);
+    }
+    fputs("</table></div>\n</section>\n", f);
+}
+
+/* put_big_little: section 7, MoBiLE: fallback ratio and agreement against
+ * gamma with the suggested gamma, and the little model's confidence split by
+ * agreement with the big model. */
+static enum moe_status put_big_little(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    enum moe_status st = MOE_OK;
+    double *col = NULL, *edge = NULL, *v = NULL;
+    int64_t *cnt = NULL, *row = NULL;
+    section_open(f, "big-little", "Big-little (MoBiLE)");
+    double gs = d->bl_sum ? aval(d->bl_sum, 1) : NAN;
+    if (d->bl_sum)
+        fprintf(f, "<p>The little model's top token agrees with the big model's on <b>%s</b> of the tokens. "
+                   "Suggested " GAMMA " = <b>%s</b>: fallback to the big model on %s of the tokens, agreement "
+                   "of the combined output with the K-expert run %s. The little model uses %s experts per "
+                   "token.</p>\n",
+                num_pct(aval(d->bl_sum, 0), 1).s, num_f(gs, 3).s, num_pct(aval(d->bl_sum, 2), 1).s,
+                num_pct(aval(d->bl_sum, 3), 1).s, num_f(aval(d->bl_sum, 4), 2).s);
+    else missing(g, "big_little_summary", "[5]");
+    if (d->bl) {
+        const int G = (int)d->bl->dims[0];
+        if (!(col = malloc((size_t)3 * G * sizeof *col))) goto nomem;
+        for (int c = 0; c < 3; c++)
+            for (int i = 0; i < G; i++) col[(size_t)c * G + i] = aval(d->bl, (int64_t)i * 3 + c);
+        struct series s[2] = {{"fallback ratio", col, col + G, G}, {"agreement", col, col + 2 * G, G}};
+        char ml[96];
+        snprintf(ml, sizeof ml, "suggested " GAMMA " = %s", num_f(gs, 2).s);
+        struct vmark m = {gs, ml};
+        struct plot pl = {.w = 560, .h = 280, .x0 = 0, .x1 = 1, .y0 = 0, .y1 = 1, .y_pct = 1,
+                          .label = "big-little fallback ratio and agreement against gamma",
+                          .xlabel = "confidence threshold " GAMMA, .ylabel = "share of tokens"};
+        fputs("<div class=\"charts\"><figure>\n", f);
+        svg_line_chart(f, &pl, s, 2, &m, d->bl_sum ? 1 : 0);
+        fputs("<figcaption>Tokens whose little-model top probability is below " GAMMA " fall back to the big "
+              "model; agreement is that of the combined output with the K-expert run.</figcaption></figure>\n", f);
+        if (G <= MAX_LIST_VALUES) {
+            fputs("<table>\n<tr><th>" GAMMA "</th><th>fallback</th><th>agreement</th></tr>\n", f);
+            for (int i = 0; i < G; i++)
+                fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", num_f(col[i], 3).s,
+                        num_pct(col[G + i], 1).s, num_pct(col[2 * G + i], 1).s);
+            fputs("</table>", f);
+        }
+        fputs("</div>\n", f);
+    } else {
+        missing(g, "big_little", "[G x 3]");
+    }
+    if (d->bl_prob) {
+        const int64_t B = d->bl_prob->dims[1];
+        const int nb = B < MAX_BARS ? (int)B : MAX_BARS;
+        if (!(row = malloc((size_t)2 * B * sizeof *row)) || !(cnt = malloc((size_t)2 * nb * sizeof *cnt)) ||
+            !(edge = malloc((size_t)(nb + 1) * sizeof *edge)) || !(v = malloc((size_t)2 * nb * sizeof *v)))
+            goto nomem;
+        int64_t tot = 0;
+        for (int64_t i = 0; i < 2 * B; i++) row[i] = aint(d->bl_prob, i), tot = add_sat(tot, row[i]);
+        rebin(row, B, nb, cnt, edge);
+        rebin(row + B, B, nb, cnt + nb, edge);
+        for (int i = 0; i < 2 * nb; i++) v[i] = tot > 0 ? (double)cnt[i] / (double)tot : NAN;
+        static const char *const names[2] = {"top tokens agree", "top tokens differ"};
+        struct plot pl = {.w = 560, .h = 260, .x0 = 0, .x1 = 1, .y_pct = 1,
+                          .label = "little model maximum probability by agreement",
+                          .xlabel = "little model's maximum output probability", .ylabel = "share of tokens"};
+        struct hist h = {nb, 2, edge, v, cnt, names};
+        fputs("<figure>\n", f);
+        if (tot > 0) svg_histogram(f, &pl, &h, NULL, 0);
+        fprintf(f, "<figcaption>%lld tokens, stacked by whether the little and big models' top tokens agree; "
+                   "a useful " GAMMA " separates the two.</figcaption></figure>\n", (long long)tot);
+    } else {
+        missing(g, "sum.big_little_maxprob", "integer [2 x B]");
+    }
+    fputs("</section>\n", f);
+    goto done;
+nomem:
+    st = MOE_ERR_NOMEM;
+done:
+    free(col);
+    free(row);
+    free(cnt);
+    free(edge);
+    free(v);
+    return st;
+}
+
+/* put_other: section 8, every derived array no section showed (except the
+ * sum.* inputs and config.* header arrays), so new results always appear. */
+static void put_other(const struct page *g) {
+    FILE *f = g->f;
+    section_open(f, "other", "Other arrays");
+    fputs("<div class=\"scroll\"><table>\n<tr><th class=\"l\">name</th><th class=\"l\">type</th>"
+          "<th class=\"l\">shape</th><th class=\"l\">values</th></tr>\n", f);
+    for (int i = 0; i < g->p->n_derived; i++) {
+        const struct moe_profile_array *a = &g->p->derived[i];
+        if (g->used[i] || has_prefix(a->name, "sum.") || has_prefix(a->name, "config.")) continue;
+        fputs("<tr><td class=\"l\"><code>", f);
+        esc(f, a->name);
+        fprintf(f, "</code></td><td class=\"l\">%s</td><td class=\"l\">", dtype_name(a->dtype));
+        put_shape(f, a);
+        fputs("</td><td class=\"l\">", f);
+        if (n_elems(a) <= MAX_LIST_VALUES) put_values(f, a);
+        else fprintf(f, "(%lld values)", (long long)n_elems(a));
+        fputs("</td></tr>\n", f);
+    }
+    fputs("</table></div>\n</section>\n", f);
+}
+
+/* ---------------------------------------------------------------- public */
+
+enum moe_status moe_profile_report_render(const struct moe_profile *p, const char *title, FILE *out) {
+    enum moe_status st = MOE_OK;
+    struct page g = {out, p, NULL};
+    struct data d;
+    if (!p || !out || p->n_layers < 1 || p->n_experts < 1 || p->k < 1 || p->k > p->n_experts || p->n_bins < 1 ||
+        p->n_seq < 0 || !p->moe_layer_index || !p->seq_start || !p->popularity || !p->hobbit_hist ||
+        (p->n_derived > 0 && !p->derived)) {
+        MOE_LOGE("not a usable profile (missing, or its shape fields are out of range)");
+        return MOE_ERR_INVALID;
+    }
+    if (!(g.used = calloc((size_t)p->n_derived + 1, 1))) return MOE_ERR_NOMEM;
+    gather(&g, &d);
+    put_head(&g, &d, title);
+    if ((st = put_popularity(&g, &d)) || (st = put_hobbit(&g, &d))) goto done;
+    if (d.has_stack && (st = put_stacked(&g, &d))) goto done;
+    if (d.has_path) put_paths(&g, &d);
+    if (d.has_reuse) put_reuse(&g, &d);
+    if (d.has_bl && (st = put_big_little(&g, &d))) goto done;
+    if (d.has_other) put_other(&g);
+    fputs("<footer class=\"note\"><p>Written by moe-prep profile report; the file format is in docs/format.md, "
+          "\"Profile files (HDF5)\".</p></footer>\n</body>\n</html>\n", out);
+    if (ferror(out)) {
+        MOE_LOGE("write error: %s", strerror(errno));
+        st = MOE_ERR_IO;
+    }
+done:
+    if (st == MOE_ERR_NOMEM) MOE_LOGE("out of memory");
+    free(g.used);
+    return st;
+}
+
+enum moe_status moe_profile_report_write(const struct moe_profile *p, const char *title, const char *path) {
+    enum moe_status st = MOE_ERR_IO;
+    char *tmp = NULL;
+    FILE *f = NULL;
+    int created = 0;
+    if (!path || !*path) {
+        MOE_LOGE("no output path");
+        return MOE_ERR_INVALID;
+    }
+    size_t n = strlen(path) + 32;
+    if (!(tmp = malloc(n))) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    if (!(f = fopen(tmp, "wb"))) {
+        MOE_LOGE("%s: cannot create: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    created = 1;
+    if ((st = moe_profile_report_render(p, title, f))) goto fail;
+    st = MOE_ERR_IO;
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        MOE_LOGE("%s: cannot write: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    int closed = fclose(f);
+    f = NULL;
+    if (closed != 0) {
+        MOE_LOGE("%s: cannot close: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        MOE_LOGE("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    free(tmp);
+    return MOE_OK;
+fail:
+    if (f) fclose(f);
+    if (created) remove(tmp);
+    free(tmp);
+    return st;
+}
+
+/* ------------------------------------------------------------------- CLI */
+
+/* report_usage: --help, with an example. */
+static void report_usage(FILE *f) {
+    fprintf(f,
+            "usage: moe-prep profile report PROFILE.h5 -o REPORT.html [--title TEXT]\n"
+            "\n"
+            "Renders a routing profile written by `moe-prep profile` as one self-contained\n"
+            "HTML page (inline CSS and SVG, no JavaScript, nothing fetched): expert\n"
+            "popularity heat map and placement hit rate, HOBBIT score histograms with T1/T2,\n"
+            "stacked-gate accuracy by distance, path dictionaries, reuse, big-little, and\n"
+            "every other derived array. The page is written atomically.\n"
+            "\n"
+            "options:\n"
+            "  -o, --out FILE   HTML file to write\n"
+            "  --title TEXT     page title (default: from the model and the dataset)\n"
+            "  -h, --help       this text\n"
+            "\n"
+            "example:\n"
+            "  moe-prep profile report mixtral.h5 -o mixtral.html --title \"Mixtral on wikitext\"\n");
+}
+
+/* report_args: 0 ok, 1 help printed, 2 usage error (reported). */
+static int report_args(int argc, char **argv, const char **in, const char **out, const char **title) {
+    *in = *out = *title = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            report_usage(stdout);
+            return 1;
+        } else if (!strcmp(o, "-o") || !strcmp(o, "--out") || !strcmp(o, "--title")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "moe-prep profile report: %s needs a value\n", o);
+                return 2;
+            }
+            *(o[2] == 't' ? title : out) = argv[++i];
+        } else if (o[0] == '-' && o[1]) {
+            fprintf(stderr, "moe-prep profile report: unknown option \"%s\" (see moe-prep profile report --help)\n",
+                    o);
+            return 2;
+        } else if (!*in) {
+            *in = o;
+        } else {
+            fprintf(stderr, "moe-prep profile report: one PROFILE only (\"%s\" and \"%s\")\n", *in, o);
+            return 2;
+        }
+    }
+    if (!*in || !*out || !**out) {
+        fprintf(stderr, "moe-prep profile report: %s (see moe-prep profile report --help)\n",
+                !*in ? "no PROFILE.h5 given" : "no -o REPORT.html given");
+        return 2;
+    }
+    return 0;
+}
+
+int moe_prep_profile_report(int argc, char **argv) {
+    const char *in, *out, *title;
+    int rc = report_args(argc, argv, &in, &out, &title);
+    if (rc) return rc == 1 ? 0 : 2;
+    moe_log_set_level(MOE_LOG_WARN);
+    struct moe_profile *p = NULL;
+    enum moe_status st = moe_profile_read(in, &p);
+    if (st) {
+        fprintf(stderr, "moe-prep profile report: cannot read %s: %s\n", in, moe_status_str(st));
+        return 1;
+    }
+    st = moe_profile_report_write(p, title, out);
+    moe_profile_free(p);
+    if (st) {
+        fprintf(stderr, "moe-prep profile report: cannot write %s: %s (see the message above)\n", out,
+                moe_status_str(st));
+        return 1;
+    }
+    struct stat sb;
+    long long kib = stat(out, &sb) == 0 ? ((long long)sb.st_size + 1023) / 1024 : 0;
+    fprintf(stderr, "wrote %s (%lld KiB)\n", out, kib);
+    return 0;
+}

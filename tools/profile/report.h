@@ -1,0 +1,52 @@
+/*
+ * report.h - `moe-prep profile report`: a routing profile (profile-h5.h)
+ * rendered as one self-contained HTML5 page that any browser opens from disk:
+ * inline CSS and hand-written inline SVG, no JavaScript, nothing fetched.
+ *
+ * Sections, each shown only when its data are in the profile: the header
+ * (model, dataset, shape, tokens, config.* arrays), expert popularity as a
+ * heat map with the placement hit rate, the HOBBIT score histograms with
+ * T1/T2, stacked-gate prediction accuracy by distance, the activation-path
+ * dictionaries, expert reuse, big-little (MoBiLE), and every other derived
+ * array by name, type and shape (with its values when small), so results
+ * added by later stages always appear somewhere.
+ *
+ * Every string from the file is HTML-escaped and no non-finite number is
+ * written (tables show an en dash, charts skip the point). Not thread-safe:
+ * call from one thread at a time (moe_prep_profile_report also sets the
+ * process-wide log level and calls the HDF5 reader).
+ */
+#ifndef MOE_PROFILE_REPORT_H
+#define MOE_PROFILE_REPORT_H
+
+#include <stdio.h>
+
+#include "moe-status.h"
+#include "profile-h5.h"
+
+/* moe_profile_report_render: write the HTML page of profile p to `out` (the
+ * caller opens and closes it; nothing is flushed). title NULL derives one from
+ * p->model_path (or p->arch) and p->dataset; it is escaped like every other
+ * string. p is only read. Returns MOE_ERR_INVALID for a profile whose shape
+ * fields are out of range, MOE_ERR_NOMEM, or MOE_ERR_IO when `out` reports a
+ * write error; each is logged once. Derived arrays that are missing or have an
+ * unexpected shape are never an error: the page says so. */
+enum moe_status moe_profile_report_render(const struct moe_profile *p, const char *title, FILE *out);
+
+/* moe_profile_report_write: render p to the file `path` atomically: first to
+ * `<path>.tmp.<pid>`, flushed and fsynced, then renamed over path. On any
+ * failure the temporary file is removed, path is left as it was, the cause is
+ * logged and the error returned (MOE_ERR_IO when the file cannot be created,
+ * written or renamed, e.g. in a directory that does not exist). */
+enum moe_status moe_profile_report_write(const struct moe_profile *p, const char *title, const char *path);
+
+/* moe_prep_profile_report: the CLI,
+ *   moe-prep profile report PROFILE.h5 -o REPORT.html [--title TEXT]
+ * argv[0] is "report". Reads and validates the profile (moe_profile_read),
+ * writes the page with moe_profile_report_write and prints
+ * "wrote REPORT.html (N KiB)" to stderr. Returns the exit status: 0 ok (also
+ * for --help), 1 failure (unreadable or invalid profile, write error), 2 usage
+ * error; each failure is explained on stderr. Sets the log level to WARN. */
+int moe_prep_profile_report(int argc, char **argv);
+
+#endif
