@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "moe-test.h"
+#include "moe-test-h5.h"
 #include "profile-h5.h"
 
 /* 2 MoE layers, 4 experts, top-2; sequence 0 = tokens 0..2, sequence 1 = 3..4. */
@@ -273,18 +274,7 @@ static void test_malformed(void) {
     }
 
     /* a valid HDF5 file without the format attribute */
-    hid_t h = H5Fcreate(tmp_path("foreign.h5"), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    CHECK(h >= 0, "create foreign");
-    if (h >= 0) {
-        hsize_t d = 3;
-        int32_t x[3] = {1, 2, 3};
-        hid_t sp = H5Screate_simple(1, &d, NULL);
-        hid_t ds = H5Dcreate2(h, "data", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-        H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
-        H5Dclose(ds);
-        H5Sclose(sp);
-        H5Fclose(h);
-    }
+    CHECK(moe_test_write_foreign_h5(tmp_path("foreign.h5")), "create foreign");
     expect_fail("foreign HDF5", tmp_path("foreign.h5"), MOE_ERR_FORMAT);
 
     expect_fail("version 2", patch("v2.h5", valid, 0), MOE_ERR_UNSUPPORTED);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "moe-test.h"
+#include "moe-test-h5.h"
 #include "moe-test-log.h"
 #include "report.h"
 
@@ -410,18 +411,7 @@ static void test_cli(void) {
     CHECK(cli("report", tmp_path("missing.h5"), "-o", out, NULL) == 1, "missing file fails");
     CHECK(g_n_err >= 3, "the reader logged why (%d)", g_n_err);
 
-    hid_t h = H5Fcreate(tmp_path("foreign.h5"), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    CHECK(h >= 0, "create foreign");
-    if (h >= 0) {
-        hsize_t d = 3;
-        int32_t x[3] = {1, 2, 3};
-        hid_t sp = H5Screate_simple(1, &d, NULL);
-        hid_t ds = H5Dcreate2(h, "data", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-        H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
-        H5Dclose(ds);
-        H5Sclose(sp);
-        H5Fclose(h);
-    }
+    CHECK(moe_test_write_foreign_h5(tmp_path("foreign.h5")), "create foreign");
     CHECK(cli("report", tmp_path("foreign.h5"), "-o", out, NULL) == 1, "foreign HDF5 file fails");
     CHECK(!exists(out), "no report after failures");
 

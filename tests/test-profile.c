@@ -31,13 +31,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <hdf5.h>
-
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-model.h"
 #include "moe-session.h"
 #include "moe-test.h"
+#include "moe-test-h5.h"
 #include "profile-h5.h"
 #include "profile-results.h"
 #include "quantize/eval.h"
@@ -301,19 +300,6 @@ static int same_array(const struct moe_profile *a, const struct moe_profile *b, 
     return 0;
 }
 
-/* write_foreign_h5: an HDF5 file that is not a profile (one dataset). */
-static void write_foreign_h5(const char *path) {
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    hsize_t dim = 4;
-    hid_t sp = H5Screate_simple(1, &dim, NULL);
-    hid_t ds = H5Dcreate2(f, "data", H5T_NATIVE_INT, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    int v[4] = {1, 2, 3, 4};
-    H5Dwrite(ds, H5T_NATIVE_INT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
-    H5Dclose(ds);
-    H5Sclose(sp);
-    H5Fclose(f);
-}
-
 /* check_tuning: the bundle's tuning holds what the profile derived; the
  * order-1 dictionary's first entry per layer agrees with counts taken here. */
 static void check_tuning(const char *bundle, const struct moe_profile *p) {
@@ -466,7 +452,7 @@ static void check_shards(void) {
     snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>/dev/null", moe_prep, s[0], text_path, merged);
     CHECK(run(cmd) == 1, "merge of a text file: want exit 1");
     snprintf(path, sizeof path, "%s/foreign.h5", tmpdir);
-    write_foreign_h5(path);
+    CHECK(moe_test_write_foreign_h5(path), "create foreign");
     snprintf(cmd, sizeof cmd, "%s profile merge %s %s -o %s 2>&1 | grep -q 'not a moe-profile'", moe_prep, s[0], path,
              merged);
     CHECK(run(cmd) == 0, "merge of a foreign HDF5 file: want a clear message");

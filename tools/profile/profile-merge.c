@@ -9,6 +9,7 @@
 
 #include "moe-prep.h"
 #include "profile-cli.h"
+#include "tool-util.h"
 
 struct merge_args {
     const char **in;
@@ -44,14 +45,7 @@ static void merge_usage(FILE *f) {
 }
 
 static int parse_num(const char *o, const char *v, double lo, double hi, double *out) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "moe-prep profile merge: %s wants a number in [%g, %g], not \"%s\"\n", o, lo, hi, v);
-        return 0;
-    }
-    *out = x;
-    return 1;
+    return moe_tool_parse_double("profile merge", o, v, lo, hi, out);
 }
 
 /* parse_args: 0 ok, 1 help printed, 2 usage error (reported). a->in is allocated. */

@@ -104,25 +104,11 @@ static void profile_usage(FILE *f) {
 }
 
 static int parse_num(const char *o, const char *v, double lo, double hi, double *out) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "moe-prep profile: %s wants a number in [%g, %g], not \"%s\"\n", o, lo, hi, v);
-        return 0;
-    }
-    *out = x;
-    return 1;
+    return moe_tool_parse_double("profile", o, v, lo, hi, out);
 }
 
 static int parse_ll(const char *o, const char *v, long long lo, long long hi, long long *out) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "moe-prep profile: %s wants an integer in [%lld, %lld], not \"%s\"\n", o, lo, hi, v);
-        return 0;
-    }
-    *out = x;
-    return 1;
+    return moe_tool_parse_ll("profile", o, v, lo, hi, out);
 }
 
 /* parse_shard: "I/N" with 1 <= I <= N. */
