@@ -353,17 +353,25 @@ static enum moe_status own(struct moe_model *m, void *p) {
     return MOE_OK;
 }
 
-/* bundle_expert: bind one expert from its blob at the model's precision. The
- * blob's checksum is verified here; a compressed blob is decompressed into a
- * buffer the model owns, an uncompressed one is used in place (zero-copy). */
-static enum moe_status bundle_expert(const struct bind *b, int layer, int expert, struct moe_ffn *out) {
-    struct moe_model *m = b->m;
+/* expert_base: the raw bytes of expert (layer, expert) at stored precision
+ * `prec`, checked once and then remembered in m->expert_base: an uncompressed
+ * blob is verified against its checksum and used in place (zero-copy), a
+ * compressed one is decompressed (which checks it) into a buffer the model
+ * owns. Also checks that the blob holds gate/up/down of the config's shape. */
+static enum moe_status expert_base(struct moe_model *m, int layer, int expert, int prec,
+                                   const struct moe_bundle_precision **desc, const char **out) {
     const struct moe_config *c = &m->cfg;
+    const char *path = m->path;
     struct moe_bundle_blob blob;
-    enum moe_status st = moe_bundle_expert(b->src, (uint32_t)layer, (uint32_t)expert, (uint32_t)m->expert_precision,
-                                           &blob);
+    enum moe_status st = moe_bundle_expert(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec, &blob);
     if (st) return st;
     const struct moe_bundle_precision *d = blob.desc;
+    *desc = d;
+    const size_t slot = ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)m->n_expert_prec + (size_t)prec;
+    if (m->expert_base[slot]) {
+        *out = m->expert_base[slot];
+        return MOE_OK;
+    }
     const int64_t H = c->n_embd, F = c->n_ff_expert;
     int ok = d->n_parts == 3 && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
              d->parts[1].rows == (uint64_t)F && d->parts[1].cols == (uint64_t)H && d->parts[2].rows == (uint64_t)H &&
@@ -374,30 +382,108 @@ static enum moe_status bundle_expert(const struct bind *b, int layer, int expert
                                        d->parts[k].rows;
     if (!ok) {
         MOE_LOGE("%s: precision %s: expert blobs do not hold gate/up [%lld x %lld] and down [%lld x %lld] of known types",
-                 b->path, d->name, (long long)F, (long long)H, (long long)H, (long long)F);
+                 path, d->name, (long long)F, (long long)H, (long long)H, (long long)F);
         return MOE_ERR_SHAPE;
     }
     const char *base;
     if (blob.compression == MOE_BUNDLE_COMP_NONE) {
-        if ((st = moe_bundle_expert_verify(b->src, (uint32_t)layer, (uint32_t)expert, (uint32_t)m->expert_precision)))
-            return st;
+        if ((st = moe_bundle_expert_verify(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec))) return st;
         base = blob.stored;
     } else {
         void *buf = malloc(blob.raw_size ? blob.raw_size : 1);
         if (!buf) return MOE_ERR_NOMEM;
-        if ((st = moe_bundle_expert_load(b->src, (uint32_t)layer, (uint32_t)expert, (uint32_t)m->expert_precision,
-                                         buf, blob.raw_size))) {
+        if ((st = moe_bundle_expert_load(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec, buf,
+                                         blob.raw_size))) {
             free(buf);
             return st;
         }
         if ((st = own(m, buf))) return st;
         base = buf;
     }
+    m->expert_base[slot] = base;
+    *out = base;
+    return MOE_OK;
+}
+
+/* bind_blob: point an expert's three matrices into its raw blob. */
+static void bind_blob(const struct moe_bundle_precision *d, const char *base, struct moe_ffn *out) {
     struct moe_weight *w[3] = {&out->gate, &out->up, &out->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){base + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+}
+
+/* bundle_expert: bind one expert at the precision m->expert_prec gives it. */
+static enum moe_status bundle_expert(const struct bind *b, int layer, int expert, struct moe_ffn *out) {
+    struct moe_model *m = b->m;
+    int prec = m->expert_prec[(size_t)layer * (size_t)m->cfg.n_expert + (size_t)expert];
+    const struct moe_bundle_precision *d;
+    const char *base;
+    enum moe_status st = expert_base(m, layer, expert, prec, &d, &base);
+    if (st) return st;
+    bind_blob(d, base, out);
     return MOE_OK;
+}
+
+enum moe_status moe_model_set_expert_precision(struct moe_model *m, int layer, int expert, int precision) {
+    const struct moe_config *c = &m->cfg;
+    if (!m->bundle) {
+        MOE_LOGE("%s: a checkpoint directory stores one precision; only bundles switch expert precisions", m->path);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    if (layer < 0 || layer >= c->n_layer || !c->layer_moe[layer] || expert < 0 || expert >= c->n_expert ||
+        precision < 0 || precision >= m->n_expert_prec) {
+        MOE_LOGE("%s: no routed expert %d of layer %d at stored precision %d (%d layers, %d experts, %d precisions)",
+                 m->path, expert, layer, precision, c->n_layer, c->n_expert, m->n_expert_prec);
+        return MOE_ERR_INVALID;
+    }
+    const size_t i = (size_t)layer * (size_t)c->n_expert + (size_t)expert;
+    if (m->expert_prec[i] == precision) return MOE_OK;
+    const struct moe_bundle_precision *d;
+    const char *base;
+    enum moe_status st = expert_base(m, layer, expert, precision, &d, &base);
+    if (st) return st;
+    bind_blob(d, base, &m->layers[layer].experts[expert]);
+    m->expert_prec[i] = (int16_t)precision;
+    int uniform = precision;
+    for (int l = 0; l < c->n_layer && uniform >= 0; l++)
+        for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++)
+            if (m->expert_prec[(size_t)l * (size_t)c->n_expert + (size_t)e] != precision) {
+                uniform = -1;
+                break;
+            }
+    m->expert_precision = uniform;
+    return MOE_OK;
+}
+
+int moe_model_get_expert_precision(const struct moe_model *m, int layer, int expert) {
+    const struct moe_config *c = &m->cfg;
+    if (!m->expert_prec || layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert) return -1;
+    return m->expert_prec[(size_t)layer * (size_t)c->n_expert + (size_t)expert];
+}
+
+/* bitwidth_map: the per-expert precisions of the tuning key
+ * MOE_TUNING_BITWIDTH_MAP into m->expert_prec; 0 (with a warning saying what
+ * to do) when the key is absent or does not fit this bundle, 1 when used. */
+static int bitwidth_map(struct moe_model *m) {
+    const struct moe_config *c = &m->cfg;
+    size_t n = 0;
+    const int64_t *map = moe_bundle_kv_i64_array(moe_bundle_tuning(m->bundle), MOE_TUNING_BITWIDTH_MAP, &n);
+    if (!map) return 0;
+    const size_t le = (size_t)c->n_layer * (size_t)c->n_expert;
+    int ok = n == le;
+    for (size_t i = 0; ok && i < le; i++) {
+        int moe = c->layer_moe[i / (size_t)c->n_expert] != 0;
+        ok = moe ? map[i] >= 0 && map[i] < m->n_expert_prec : map[i] == -1;
+    }
+    if (!ok) {
+        MOE_LOGW("%s: tuning key %s does not fit this bundle (%zu entries for %d layers x %d experts, or a precision "
+                 "out of range); using one precision for every expert. Run moe-prep bitwidth again to fix it.",
+                 m->path, MOE_TUNING_BITWIDTH_MAP, n, c->n_layer, c->n_expert);
+        return 0;
+    }
+    for (size_t i = 0; i < le; i++) m->expert_prec[i] = (int16_t)(map[i] < 0 ? 0 : map[i]);
+    return 1;
 }
 
 /* meta_text: a required text item of the bundle's metadata. */
@@ -449,7 +535,16 @@ static enum moe_status moe_model_load_bundle(const char *path, const struct moe_
         st = MOE_ERR_NOT_FOUND;
         goto fail;
     }
+    m->n_expert_prec = (int)np;
+    const size_t le = (size_t)m->cfg.n_layer * (size_t)m->cfg.n_expert;
+    if (!(m->expert_prec = malloc(le * sizeof *m->expert_prec + 1)) ||
+        !(m->expert_base = calloc(le * np + 1, sizeof *m->expert_base))) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    for (size_t i = 0; i < le; i++) m->expert_prec[i] = (int16_t)pi;
     m->expert_precision = (int)pi;
+    if (!(params && params->expert_precision) && bitwidth_map(m)) m->expert_precision = -1;
     struct bind b = {bundle_find, m->bundle, path, m, bundle_expert};
     if ((st = bind_all(&b, m))) goto fail;
     for (int i = 0; i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
@@ -525,6 +620,8 @@ void moe_model_free(struct moe_model *m) {
     free(m->refs);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    free(m->expert_prec);
+    free(m->expert_base);
     moe_config_clear(&m->cfg);
     moe_safetensors_free(m->st);
     moe_bundle_free(m->bundle);

@@ -186,7 +186,13 @@ struct moe_model {
     int n_refs;
     struct moe_safetensors *st;      /* owns the mapped weights of a checkpoint directory */
     struct moe_bundle *bundle;       /* owns the mapped weights of a bundle */
-    int expert_precision;            /* bundles: index of the stored precision in use */
+    int expert_precision;            /* bundles: index of the stored precision every expert uses,
+                                      * -1 when they differ (a bit-width map) */
+    int16_t *expert_prec;            /* bundles: [n_layer x n_expert] stored precision each expert is
+                                      * bound at (0 for layers without experts); NULL for checkpoints */
+    int n_expert_prec;               /* bundles: stored precisions */
+    const void **expert_base;        /* bundles: [n_layer x n_expert x n_expert_prec] raw blob bytes once
+                                      * checked (in the map, or decompressed into `owned`); NULL = not yet */
     void **owned;                    /* [n_owned] buffers owned by the model (decompressed blobs) */
     int n_owned;
     struct moe_tokenizer *tok;       /* NULL if the model has no tokenizer */
@@ -195,10 +201,16 @@ struct moe_model {
 
 struct moe_model_params {
     /* Bundles only: which stored expert precision every expert uses, by type
-     * name ("q8_0", "q4_k", ...). NULL = the bundle's default (per-expert
-     * bit-widths from its tuning section if present, else the first precision). */
+     * name ("q8_0", "q4_k", ...). NULL = the bundle's default: the per-expert
+     * bit-widths of its tuning key MOE_TUNING_BITWIDTH_MAP if present (written
+     * by `moe-prep bitwidth`), else the first stored precision. */
     const char *expert_precision;
 };
+
+/* The bundle tuning key of EdgeMoE's per-expert bit-width map: i64
+ * [n_layer x n_expert], each routed expert's home precision as an index into
+ * the bundle's precision table, -1 for layers without routed experts. */
+#define MOE_TUNING_BITWIDTH_MAP "edgemoe.bitwidth.map"
 
 struct moe_model_params moe_model_default_params(void);
 
@@ -211,6 +223,18 @@ enum moe_status moe_model_load(const char *path, const struct moe_model_params *
  * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
  * shape; errors name the tensor. */
 enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out);
+
+/* moe_model_set_expert_precision: rebind routed expert (layer, expert) of a
+ * bundle to stored precision index `precision` (see moe_bundle_precision_at).
+ * The first use of a blob checks it (checksum, or decompression); later
+ * switches only move pointers. MOE_ERR_UNSUPPORTED for a checkpoint
+ * directory, MOE_ERR_INVALID for an index out of range or a layer without
+ * experts. Must not run while a session of this model computes. */
+enum moe_status moe_model_set_expert_precision(struct moe_model *m, int layer, int expert, int precision);
+
+/* moe_model_get_expert_precision: the stored precision index expert (layer,
+ * expert) is bound at; -1 for a checkpoint directory or indices out of range. */
+int moe_model_get_expert_precision(const struct moe_model *m, int layer, int expert);
 
 /* moe_model_free: NULL is a no-op. */
 void moe_model_free(struct moe_model *m);

@@ -46,6 +46,18 @@ struct moe_expert_event {
 
 typedef void (*moe_expert_fn)(const struct moe_expert_event *ev, void *user);
 
+/* The residual stream entering a layer, for a batch of tokens: layer
+ * n_layer means after the last layer, before the output norm. Borrowed for
+ * the duration of the callback only. */
+struct moe_layer_event {
+    int layer;
+    int pos0;        /* position of the first token of the batch */
+    int n_tokens;
+    const float *x;  /* [n_tokens x n_embd] */
+};
+
+typedef void (*moe_layer_fn)(const struct moe_layer_event *ev, void *user);
+
 struct moe_session_params {
     int n_ctx;          /* KV cache length in tokens (0 = min(max_position_embeddings, 4096)) */
     int n_batch;        /* tokens per forward chunk (0 = 256) */
@@ -54,6 +66,8 @@ struct moe_session_params {
     void *route_user;
     moe_expert_fn on_expert; /* optional observer of expert outputs; NULL = none */
     void *expert_user;
+    moe_layer_fn on_layer; /* optional observer of each layer's input; NULL = none */
+    void *layer_user;
     int n_expert_used;  /* experts per token; 0 = the model's top-k. MoBiLE's
                          * "little" model runs with k/2 (sparsemixer: 1 or 2) */
 };
@@ -90,6 +104,28 @@ int moe_session_n_ctx(const struct moe_session *s);
  * (the session is unchanged in both cases). */
 enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n,
                                     float *logits, int all_logits);
+
+/* moe_session_forward_from: as moe_session_forward, but start at layer
+ * `layer` (0 <= layer < n_layer) from x [n x n_embd], the residual stream
+ * entering that layer for the n tokens at the current position (what the
+ * on_layer observer saw). Layers below `layer` are not run: their KV cache
+ * is not written for these positions, so the session only serves further
+ * calls of this function from the same layer or above (or a reset). Used to
+ * recompute the upper layers after a change that leaves the lower ones
+ * alone (the sensitivity sweep). `tokens` [n] are the ids, kept for the
+ * history; MOE_ERR_UNSUPPORTED where moe_session_forward would have to
+ * recompute the whole sequence (Phi-MoE past its original context). */
+enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
+                                         const float *x, int n, float *logits, int all_logits);
+
+/* moe_session_lm_head: logits [n x n_vocab] of n final residual-stream rows x
+ * [n x n_embd] (output norm, then the LM head); the cache is not touched. */
+enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n, float *logits);
+
+/* moe_session_ffn: y [n x n_embd] = the SwiGLU feed-forward f (e.g. one of the
+ * model's experts, at whatever precision it is bound) applied to the rows
+ * x [n x n_embd], on the session's threads. */
+enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n);
 
 #ifdef __cplusplus
 }

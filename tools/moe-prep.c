@@ -20,6 +20,9 @@ static const struct subcommand k_commands[] = {
     {"check", moe_prep_check, "validate a Hugging Face checkpoint and summarise it"},
     {"eval", moe_prep_eval, "perplexity on a text; KL divergence against a reference model"},
     {"profile", moe_prep_profile, "record routing over a text; placement, HOBBIT, prefetch, path statistics"},
+    {"sensitivity", moe_prep_sensitivity, "per-expert loss when one expert drops to a low precision (EdgeMoE)"},
+    {"bitwidth", moe_prep_bitwidth, "per-expert bit-widths within a loss or size budget (EdgeMoE)"},
+    {"fit-cache", moe_prep_fit_cache, "replay traces through expert-cache policies; fit HOBBIT's weights"},
 };
 
 static void usage(FILE *f) {

@@ -8,5 +8,8 @@ int moe_prep_quantize(int argc, char **argv);
 int moe_prep_inspect(int argc, char **argv);
 int moe_prep_eval(int argc, char **argv);
 int moe_prep_profile(int argc, char **argv);
+int moe_prep_sensitivity(int argc, char **argv); /* tools/quantize/sensitivity.c */
+int moe_prep_bitwidth(int argc, char **argv);    /* tools/quantize/bitwidth.c */
+int moe_prep_fit_cache(int argc, char **argv);   /* tools/calibrate/fit-cache.c */
 
 #endif

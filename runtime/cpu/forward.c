@@ -501,6 +501,9 @@ void moe_session_reset(struct moe_session *s) { s->pos = 0; }
 int moe_session_pos(const struct moe_session *s) { return s->pos; }
 int moe_session_n_ctx(const struct moe_session *s) { return s->p.n_ctx; }
 
+static void layers_chunk(struct moe_session *s, int l0, const int32_t *tokens, int n_tok, int seq_len,
+                         float *logits, int row_from);
+
 /* forward_chunk: n_tok (<= n_batch) tokens at s->pos; writes logits for chunk
  * rows [row_from, n_tok) into `logits` (row_from >= n_tok: none). */
 static void forward_chunk(struct moe_session *s, const int32_t *tokens, int n_tok, int seq_len,
@@ -508,15 +511,29 @@ static void forward_chunk(struct moe_session *s, const int32_t *tokens, int n_to
     const struct moe_model *m = s->m;
     const struct moe_config *c = &m->cfg;
     const int64_t H = c->n_embd;
-    const int pos0 = s->pos;
     for (int t = 0; t < n_tok; t++) {
         const float *row = weight_row(&m->tok_embd, tokens[t], s->row_buf);
         memcpy(s->x + (size_t)t * H, row, sizeof(float) * (size_t)H);
-        s->history[pos0 + t] = tokens[t];
     }
+    layers_chunk(s, 0, tokens, n_tok, seq_len, logits, row_from);
+}
+
+/* layers_chunk: layers [l0, n_layer) and the LM head for the n_tok rows of
+ * s->x at s->pos (see forward_chunk). */
+static void layers_chunk(struct moe_session *s, int l0, const int32_t *tokens, int n_tok, int seq_len,
+                         float *logits, int row_from) {
+    const struct moe_model *m = s->m;
+    const struct moe_config *c = &m->cfg;
+    const int64_t H = c->n_embd;
+    const int pos0 = s->pos;
+    for (int t = 0; t < n_tok; t++) s->history[pos0 + t] = tokens[t];
     rope_tables(s, pos0, n_tok, seq_len);
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = l0; l < c->n_layer; l++) {
         const struct moe_layer *L = &m->layers[l];
+        if (s->p.on_layer) {
+            struct moe_layer_event ev = {l, pos0, n_tok, s->x};
+            s->p.on_layer(&ev, s->p.layer_user);
+        }
         norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n_tok);
         attention(s, l, pos0, n_tok);
         for (int64_t i = 0; i < n_tok * H; i++) s->x[i] += s->tmp[i];
@@ -526,6 +543,10 @@ static void forward_chunk(struct moe_session *s, const int32_t *tokens, int n_to
         else
             ffn(s, &L->dense, s->xn, s->tmp, n_tok);
         for (int64_t i = 0; i < n_tok * H; i++) s->x[i] += s->tmp[i];
+    }
+    if (s->p.on_layer) {
+        struct moe_layer_event ev = {c->n_layer, pos0, n_tok, s->x};
+        s->p.on_layer(&ev, s->p.layer_user);
     }
     s->pos += n_tok;
     if (row_from >= n_tok) return;
@@ -582,5 +603,64 @@ enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens
         return MOE_OK;
     }
     run_tokens(s, tokens, n, logits, !logits ? n : all_logits ? 0 : n - 1);
+    return MOE_OK;
+}
+
+enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
+                                         const float *x, int n, float *logits, int all_logits) {
+    const struct moe_config *c = &s->m->cfg;
+    if (layer < 0 || layer >= c->n_layer || n <= 0) {
+        MOE_LOGE("cannot start at layer %d of %d with %d tokens", layer, c->n_layer, n);
+        return MOE_ERR_INVALID;
+    }
+    if (n > s->p.n_ctx - s->pos) {
+        MOE_LOGE("context full: %d cached + %d new tokens exceed the context of %d", s->pos, n, s->p.n_ctx);
+        return MOE_ERR_RANGE;
+    }
+    const struct moe_rope *r = &c->rope;
+    if (r->has_mscale && s->pos + n > r->original_max_pos) {
+        MOE_LOGE("starting at layer %d past %d positions would need the whole sequence recomputed (longrope)", layer,
+                 r->original_max_pos);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    const size_t V = (size_t)c->n_vocab, H = (size_t)c->n_embd;
+    const int row_from = !logits ? n : all_logits ? 0 : n - 1;
+    const int seq_len = s->pos + n;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        int from = row_from > done ? row_from - done : 0;
+        float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
+        memcpy(s->x, x + (size_t)done * H, sizeof(float) * (size_t)chunk * H);
+        layers_chunk(s, layer, tokens + done, chunk, seq_len, dst, from);
+        done += chunk;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n, float *logits) {
+    const struct moe_model *m = s->m;
+    const struct moe_config *c = &m->cfg;
+    const size_t H = (size_t)c->n_embd, V = (size_t)c->n_vocab;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        norm_rows(c, s->xn, x + (size_t)done * H, m->out_norm, m->out_norm_b, chunk);
+        matmul(s, &m->lm_head, m->lm_head_b, s->xn, (int64_t)H, logits + (size_t)done * V, c->n_vocab, chunk);
+        done += chunk;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n) {
+    const size_t H = (size_t)s->m->cfg.n_embd;
+    if (f->gate.n_in != (int64_t)H || f->down.n_out != (int64_t)H || f->gate.n_out > s->max_ff) {
+        MOE_LOGE("feed-forward of [%lld x %lld] does not fit this model's hidden size %zu",
+                 (long long)f->gate.n_out, (long long)f->gate.n_in, H);
+        return MOE_ERR_SHAPE;
+    }
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        ffn(s, f, x + (size_t)done * H, y + (size_t)done * H, chunk);
+        done += chunk;
+    }
     return MOE_OK;
 }
