@@ -572,6 +572,22 @@ enum moe_status moe_bundle_kv_set_str_array(struct moe_bundle_kv *kv, const char
 }
 
 /* Deletes a key. */
+enum moe_status moe_bundle_kv_copy(struct moe_bundle_kv *dst, const struct moe_bundle_kv *src) {
+    enum moe_status st = MOE_OK;
+    struct moe_bundle_kv_item it;
+    for (size_t i = 0; !st && !moe_bundle_kv_at(src, i, &it); i++) switch (it.type) {
+        case MOE_KV_STRING: st = moe_bundle_kv_set_str(dst, it.key, it.str); break;
+        case MOE_KV_I64: st = moe_bundle_kv_set_i64(dst, it.key, it.i64); break;
+        case MOE_KV_F64: st = moe_bundle_kv_set_f64(dst, it.key, it.f64); break;
+        case MOE_KV_BOOL: st = moe_bundle_kv_set_bool(dst, it.key, it.b); break;
+        case MOE_KV_BYTES: st = moe_bundle_kv_set_bytes(dst, it.key, it.bytes, it.count); break;
+        case MOE_KV_I64_ARRAY: st = moe_bundle_kv_set_i64_array(dst, it.key, it.i64s, it.count); break;
+        case MOE_KV_F64_ARRAY: st = moe_bundle_kv_set_f64_array(dst, it.key, it.f64s, it.count); break;
+        case MOE_KV_STR_ARRAY: st = moe_bundle_kv_set_str_array(dst, it.key, it.strs, it.count); break;
+        }
+    return st;
+}
+
 enum moe_status moe_bundle_kv_remove(struct moe_bundle_kv *kv, const char *key) {
     bool found;
     if (!kv || !key) return MOE_ERR_INVALID;

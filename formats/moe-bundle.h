@@ -113,6 +113,10 @@ enum moe_status moe_bundle_kv_set_f64_array(struct moe_bundle_kv *kv, const char
 enum moe_status moe_bundle_kv_set_str_array(struct moe_bundle_kv *kv, const char *key,
                                             const char *const *v, size_t n);
 
+/* moe_bundle_kv_copy: set every item of src into dst (keys of dst that src
+ * lacks stay): how a stage rewrites the tuning while keeping other stages' keys. */
+enum moe_status moe_bundle_kv_copy(struct moe_bundle_kv *dst, const struct moe_bundle_kv *src);
+
 /* moe_bundle_kv_remove: deletes key; MOE_ERR_NOT_FOUND if it was absent. */
 enum moe_status moe_bundle_kv_remove(struct moe_bundle_kv *kv, const char *key);
 

@@ -462,6 +462,29 @@ int moe_model_get_expert_precision(const struct moe_model *m, int layer, int exp
     return m->expert_prec[(size_t)layer * (size_t)c->n_expert + (size_t)expert];
 }
 
+void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t size) {
+    const struct moe_config *c = &m->cfg;
+    if (!size) return;
+    buf[0] = 0;
+    if (!m->bundle || !m->expert_prec) {
+        snprintf(buf, size, "as stored in the checkpoint");
+        return;
+    }
+    if (m->expert_precision >= 0) {
+        snprintf(buf, size, "%s", moe_bundle_precision_at(m->bundle, (uint32_t)m->expert_precision)->name);
+        return;
+    }
+    size_t used = (size_t)snprintf(buf, size, "per-expert map:");
+    for (int p = 0; p < m->n_expert_prec && used < size; p++) {
+        int n = 0;
+        for (int l = 0; l < c->n_layer; l++)
+            for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) n += m->expert_prec[(size_t)l * c->n_expert + e] == p;
+        if (n)
+            used += (size_t)snprintf(buf + used, size - used, " %d x %s", n,
+                                     moe_bundle_precision_at(m->bundle, (uint32_t)p)->name);
+    }
+}
+
 /* bitwidth_map: the per-expert precisions of the tuning key
  * MOE_TUNING_BITWIDTH_MAP into m->expert_prec; 0 (with a warning saying what
  * to do) when the key is absent or does not fit this bundle, 1 when used. */

@@ -236,6 +236,11 @@ enum moe_status moe_model_set_expert_precision(struct moe_model *m, int layer, i
  * expert) is bound at; -1 for a checkpoint directory or indices out of range. */
 int moe_model_get_expert_precision(const struct moe_model *m, int layer, int expert);
 
+/* moe_model_precision_summary: what precision the routed experts run at, as
+ * text for messages: "q4_k", "per-expert map: 4 x q4_k 28 x q2_k", or "as
+ * stored in the checkpoint". Always NUL-terminated (size > 0). */
+void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t size);
+
 /* moe_model_free: NULL is a no-op. */
 void moe_model_free(struct moe_model *m);
 

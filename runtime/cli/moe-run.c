@@ -265,6 +265,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "moe-run: cannot load model from %s\n", a.model);
         goto done;
     }
+    {
+        char what[256];
+        moe_model_precision_summary(model, what, sizeof what);
+        if (model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
+    }
     const struct moe_config *c = &model->cfg;
     if (a.tokens) {
         if (!parse_token_list(a.tokens, &ids, &n_ids)) {

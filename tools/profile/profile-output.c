@@ -374,23 +374,6 @@ enum moe_status moe_profile_write_csv(const char *dir, const struct moe_profile 
 
 /* ---- bundle tuning ---- */
 
-/* kv_copy_into: every item of src set into dst (other stages' keys survive). */
-static enum moe_status kv_copy_into(struct moe_bundle_kv *dst, const struct moe_bundle_kv *src) {
-    enum moe_status st = MOE_OK;
-    struct moe_bundle_kv_item it;
-    for (size_t i = 0; !st && !moe_bundle_kv_at(src, i, &it); i++) switch (it.type) {
-        case MOE_KV_STRING: st = moe_bundle_kv_set_str(dst, it.key, it.str); break;
-        case MOE_KV_I64: st = moe_bundle_kv_set_i64(dst, it.key, it.i64); break;
-        case MOE_KV_F64: st = moe_bundle_kv_set_f64(dst, it.key, it.f64); break;
-        case MOE_KV_BOOL: st = moe_bundle_kv_set_bool(dst, it.key, it.b); break;
-        case MOE_KV_BYTES: st = moe_bundle_kv_set_bytes(dst, it.key, it.bytes, it.count); break;
-        case MOE_KV_I64_ARRAY: st = moe_bundle_kv_set_i64_array(dst, it.key, it.i64s, it.count); break;
-        case MOE_KV_F64_ARRAY: st = moe_bundle_kv_set_f64_array(dst, it.key, it.f64s, it.count); break;
-        case MOE_KV_STR_ARRAY: st = moe_bundle_kv_set_str_array(dst, it.key, it.strs, it.count); break;
-        }
-    return st;
-}
-
 /* check_shape: the bundle's expert layout is the profile's model. */
 static int check_shape(const struct moe_bundle *b, const struct moe_profile *p) {
     uint32_t nl = 0, ne = 0, np = 0;
@@ -482,7 +465,7 @@ enum moe_status moe_profile_write_tuning(const char *bundle, const struct moe_pr
         st = MOE_ERR_INVALID;
         goto done;
     }
-    if ((st = moe_bundle_kv_new(&kv)) || (st = kv_copy_into(kv, moe_bundle_tuning(b)))) goto done;
+    if ((st = moe_bundle_kv_new(&kv)) || (st = moe_bundle_kv_copy(kv, moe_bundle_tuning(b)))) goto done;
     moe_bundle_free(b); /* replace_tuning opens the file itself */
     b = NULL;
     const size_t le = (size_t)p->n_layers * p->n_experts;

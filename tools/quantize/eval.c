@@ -739,7 +739,12 @@ static void print_table(const struct eval_args *a, const struct moe_eval_result 
 static int load(const char *path, const char *precision, const char *role, struct moe_model **out) {
     struct moe_model_params mp = moe_model_default_params();
     mp.expert_precision = precision;
-    if (moe_model_load(path, &mp, out) == MOE_OK) return 1;
+    if (moe_model_load(path, &mp, out) == MOE_OK) {
+        char what[256];
+        moe_model_precision_summary(*out, what, sizeof what);
+        fprintf(stderr, "moe-prep eval: %s experts: %s\n", role, what);
+        return 1;
+    }
     fprintf(stderr, "moe-prep eval: cannot load the %s from %s (see the message above)\n", role, path);
     return 0;
 }
