@@ -425,6 +425,19 @@ static enum moe_status bundle_expert(const struct bind *b, int layer, int expert
     return MOE_OK;
 }
 
+/* uniform_precision: the precision every routed expert is bound at, or -1. */
+static int uniform_precision(const struct moe_model *m) {
+    const struct moe_config *c = &m->cfg;
+    int u = -2;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
+            int p = m->expert_prec[(size_t)l * (size_t)c->n_expert + (size_t)e];
+            if (u == -2) u = p;
+            else if (u != p) return -1;
+        }
+    return u < 0 ? 0 : u;
+}
+
 enum moe_status moe_model_set_expert_precision(struct moe_model *m, int layer, int expert, int precision) {
     const struct moe_config *c = &m->cfg;
     if (!m->bundle) {
@@ -445,14 +458,7 @@ enum moe_status moe_model_set_expert_precision(struct moe_model *m, int layer, i
     if (st) return st;
     bind_blob(d, base, &m->layers[layer].experts[expert]);
     m->expert_prec[i] = (int16_t)precision;
-    int uniform = precision;
-    for (int l = 0; l < c->n_layer && uniform >= 0; l++)
-        for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++)
-            if (m->expert_prec[(size_t)l * (size_t)c->n_expert + (size_t)e] != precision) {
-                uniform = -1;
-                break;
-            }
-    m->expert_precision = uniform;
+    m->expert_precision = uniform_precision(m);
     return MOE_OK;
 }
 
@@ -567,7 +573,7 @@ static enum moe_status moe_model_load_bundle(const char *path, const struct moe_
     }
     for (size_t i = 0; i < le; i++) m->expert_prec[i] = (int16_t)pi;
     m->expert_precision = (int)pi;
-    if (!(params && params->expert_precision) && bitwidth_map(m)) m->expert_precision = -1;
+    if (!(params && params->expert_precision) && bitwidth_map(m)) m->expert_precision = uniform_precision(m);
     struct bind b = {bundle_find, m->bundle, path, m, bundle_expert};
     if ((st = bind_all(&b, m))) goto fail;
     for (int i = 0; i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
