@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's first command: install what is missing, build, and run the
-# pipeline that exists so far on the embedded default model: check the
-# checkpoint, quantize it into a multi-precision bundle, inspect and verify the
-# bundle, measure each precision against the original (perplexity, KL), and
-# generate text. The default model is the small MoE trained for the project
+# pipeline on the embedded default model: check the checkpoint, quantize it
+# into a multi-precision bundle, inspect and verify the bundle, measure each
+# precision against the original (perplexity, KL), generate text, profile the
+# routing, sweep EdgeMoE sensitivities and search per-expert bit-widths. The default model is the small MoE trained for the project
 # (datasets/models/tiny-moe-mixtral: Mixtral architecture, BF16); MOE_DEMO_MODEL
 # picks another checkpoint directory, MOE_DEMO_TEXT another calibration text.
 set -euo pipefail
@@ -65,6 +65,17 @@ build/moe-prep profile merge "$work/shard1.h5" "$work/shard2.h5" -o "$work/profi
 grep -E "^profile of|^  [0-9]+ MoE|^HOBBIT|^big-little|suggested gamma" "$work/profile2.txt"
 build/moe-prep profile report "$work/profile2.h5" -o "$work/profile2.html"
 echo
+text3="$model/heldout/c4.txt"
+[ -f "$text3" ] || text3="$text"
+echo "== 8. EdgeMoE sensitivity: each expert alone at the lowest precision ($(basename "$text2"), 10 sequences)"
+build/moe-prep sensitivity "$work/model.moeb" --dataset "$text2" --max-tokens 2560 --ctx 256 \
+    -o "$work/sensitivity.h5" --csv "$work/sensitivity.csv" | tee "$work/sensitivity.txt"
+build/moe-prep profile report "$work/sensitivity.h5" -o "$work/sensitivity.html"
+echo
+echo "== 9. EdgeMoE bit-width search within a 2 % loss budget (held out: $(basename "$text3"))"
+build/moe-prep bitwidth "$work/model.moeb" --sensitivity "$work/sensitivity.h5" --dataset "$text2" \
+    --ctx 256 --max-loss 2% --heldout "$text3" 2>/dev/null | tee "$work/bitwidth.txt"
+echo
 echo "== summary"
 echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}')" \
      "checkpoint -> $(stat -c %s "$work/model.moeb" | awk '{printf "%.2f MB", $1/1e6}') bundle holding experts at $experts"
@@ -76,3 +87,7 @@ echo "           top experts: $(grep -A1 '^most used experts' "$work/profile.txt
 echo "           next-layer prefetch (stacked gate): $(awk '/^stacked-gate/ {getline; getline; print "top-1 " $3 ", top-K recall " $4; exit}' "$work/profile.txt")"
 echo "           big-little: $(grep 'suggested gamma' "$work/profile.txt" | sed 's/^ *//')"
 echo "           report $work/profile.html, CSV in $work/profile-csv, tuning written into $work/model.moeb"
+echo "sensitivity $(grep '^cost' "$work/sensitivity.txt" | sed 's/^cost: //')"
+echo "           $(grep '^proxy' "$work/sensitivity.txt"); heat map $work/sensitivity.html"
+echo "bit-widths $(grep -A1 '^chosen' "$work/bitwidth.txt" | tr '\n' ' ' | sed 's/  */ /g')"
+echo "           $(grep '^held-out' "$work/bitwidth.txt")"
