@@ -437,6 +437,65 @@ static void test_cli(void) {
     CHECK(leftovers() == 0, "no temporary file left by the CLI");
 }
 
+/* test_cache: the "Expert cache" section of moe-prep fit-cache's arrays: two
+ * charts of penalty against cache size, the table with the numbers put in
+ * (a NaN cell shown as a dash), the fitted weights, a nav link, and none of
+ * the cache.* arrays repeated under "other arrays"; without cache.penalty, or
+ * with a penalty of another width, there is no section and the arrays are
+ * listed with the others. */
+static void test_cache(void) {
+    struct moe_profile *p = NULL;
+    CHECK(moe_profile_new(2, 4, 2, 10, MOE_PROFILE_LOGITS_NONE, &p) == MOE_OK, "new");
+    if (!p) return;
+    struct moe_trace t = {2, 4, 2, 2, SEQ, &EXP[0][0][0], &W[0][0][0]};
+    CHECK(moe_profile_add_trace(p, &t, NULL) == MOE_OK, "add_trace");
+    int64_t sizes[3] = {2, 4, 6}, low[3] = {1, 2, 3}, d1[1] = {3};
+    double pen[27], hit[27], w[4] = {0.85, 0.05, 0.1, 0}, sw[12], set[8] = {0.76, 0.97, 0.3088, 0.3, 0, 0, 2, 1};
+    for (int i = 0; i < 27; i++) pen[i] = 3.0 - 0.25 * (i % 3) - 0.01 * (i / 3), hit[i] = 0.5 + 0.01 * i;
+    pen[7 * 3 + 1] = 1.2345; /* HOBBIT at size 4 */
+    pen[2 * 3 + 2] = NAN;    /* LFU (global) at size 6 */
+    for (int i = 0; i < 12; i++) sw[i] = 0.25;
+    CHECK(moe_profile_put_i64(p, "cache.sizes", 1, d1, sizes) == MOE_OK, "put sizes");
+    CHECK(moe_profile_put_i64(p, "cache.low_sizes", 1, d1, low) == MOE_OK, "put low sizes");
+    put(p, "cache.penalty", 9, 3, pen);
+    put(p, "cache.hit_ratio", 9, 3, hit);
+    put(p, "cache.bytes", 9, 3, pen);
+    put(p, "cache.weights", 4, 0, w);
+    put(p, "cache.size_weights", 3, 4, sw);
+    put(p, "cache.settings", 8, 0, set);
+    size_t n;
+    char *html = render(p, NULL, &n);
+    page_ok("cache", html);
+    char *c = html ? section(html, "cache") : NULL, *o = html ? section(html, "other") : NULL;
+    if (c && o) {
+        CHECK(strstr(html, "<a href=\"#cache\">") != NULL, "nav link to the cache section");
+        CHECK(strstr(c, "<h2>Expert cache</h2>") != NULL, "cache section shown");
+        CHECK(count(c, "<svg") == 2, "two charts (%d)", count(c, "<svg"));
+        CHECK(count(c, "<path fill=\"none\"") == 11, "6 + 5 series (%d)", count(c, "<path fill=\"none\""));
+        CHECK(strstr(c, "Belady (MIN)") && strstr(c, "Twiddler (static)") && strstr(c, "HOBBIT"), "policy names");
+        CHECK(strstr(c, "1.2345") != NULL, "a penalty value in the table");
+        CHECK(strstr(c, "<th>4 + 2</th>") != NULL, "size columns high + low");
+        CHECK(strstr(c, "<td>&#8211;") != NULL, "the NaN cell is a dash");
+        CHECK(strstr(c, "0.8500") && strstr(c, "0.3088"), "fitted weights and settings");
+        CHECK(count(c, "high-precision experts</td>") == 3, "weights per size");
+        CHECK(!strstr(o, "cache."), "no cache.* array under other arrays");
+    } else {
+        CHECK(0, "cache and other sections found");
+    }
+    free(c), free(o), free(html);
+    /* a penalty of another width: no section, both listed with the others */
+    double pen2[18] = {0};
+    put(p, "cache.penalty", 9, 2, pen2);
+    html = render(p, NULL, &n);
+    page_ok("cache, bad width", html);
+    o = html ? section(html, "other") : NULL;
+    CHECK(html && !strstr(html, "<section id=\"cache\">") && !strstr(html, "href=\"#cache\""), "no cache section");
+    CHECK(o && strstr(o, "cache.sizes") && strstr(o, "cache.penalty") && strstr(o, "cache.weights"),
+          "cache arrays listed under other arrays");
+    free(o), free(html);
+    moe_profile_free(p);
+}
+
 /* rm_scratch: remove the (flat) scratch directory. */
 static void rm_scratch(void) {
     DIR *d = opendir(dir);
@@ -460,6 +519,7 @@ int main(void) {
     test_big();
     test_write();
     test_cli();
+    test_cache();
     rm_scratch();
     printf("%d checks, %d failed\n", checks, fails);
     return fails != 0;

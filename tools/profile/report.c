@@ -612,10 +612,43 @@ struct data {
     const struct moe_profile_array *stack[3]; /* stacked_top1, stacked_recall, layer_similarity */
     const struct moe_profile_array *path1, *path2, *cover, *reuse, *chance, *bl, *bl_sum, *bl_prob;
     int has_stack, has_path, has_reuse, has_bl, has_other;
+    /* expert cache (moe-prep fit-cache): cache.sizes [S], cache.penalty [P x S], the rest optional */
+    const struct moe_profile_array *c_sizes, *c_low, *c_pen, *c_hit, *c_bytes, *c_w, *c_sw, *c_set;
+    int has_cache;
 };
 
 static const char *const k_stack_names[3] = {"stacked_top1", "stacked_recall", "layer_similarity"};
 static const char *const k_stack_titles[3] = {"stacked top-1", "stacked recall", "gate-input similarity"};
+
+#define MAX_CACHE_POLICIES 64 /* rows of cache.penalty drawn */
+#define MAX_CACHE_SIZES 4096  /* columns of cache.penalty drawn */
+
+/* unmark: a taken array goes back to "other arrays" (NULL is a no-op). */
+static void unmark(struct page *g, const struct moe_profile_array *a) {
+    if (a) g->used[a - g->p->derived] = 0;
+}
+
+/* gather_cache: the arrays of `moe-prep fit-cache` (docs/cache-sim.md); the
+ * section needs cache.sizes [S] and cache.penalty [P x S], else every cache.*
+ * array is listed with the others. */
+static void gather_cache(struct page *g, struct data *d) {
+    d->c_sizes = take(g, "cache.sizes", 1, -1, 0);
+    const int64_t S = d->c_sizes ? d->c_sizes->dims[0] : 0;
+    d->c_pen = d->c_sizes ? take(g, "cache.penalty", 2, -1, S) : NULL;
+    if (!d->c_sizes || !d->c_pen || S > MAX_CACHE_SIZES || d->c_pen->dims[0] > MAX_CACHE_POLICIES) {
+        unmark(g, d->c_sizes), unmark(g, d->c_pen);
+        d->c_sizes = d->c_pen = NULL;
+        return;
+    }
+    const int64_t P = d->c_pen->dims[0];
+    d->has_cache = 1;
+    d->c_low = take(g, "cache.low_sizes", 1, S, 0);
+    d->c_hit = take(g, "cache.hit_ratio", 2, P, S);
+    d->c_bytes = take(g, "cache.bytes", 2, P, S);
+    d->c_w = take(g, "cache.weights", 1, 4, 0);
+    d->c_sw = take(g, "cache.size_weights", 2, S, 4);
+    d->c_set = take(g, "cache.settings", 1, 8, 0);
+}
 
 /* gather: look up the section arrays and which sections are present. */
 static void gather(struct page *g, struct data *d) {
@@ -650,6 +683,7 @@ static void gather(struct page *g, struct data *d) {
     if (d->bl_prob && (d->bl_prob->dtype == MOE_PROFILE_F64 || d->bl_prob->dims[1] > MAX_HIST_BINS))
         d->bl_prob = NULL; /* counts only, as many bins as a histogram may have */
     d->has_bl = find(g, "big_little") || find(g, "big_little_summary") || find(g, "sum.big_little_maxprob");
+    gather_cache(g, d);
     for (int i = 0; i < g->p->n_derived; i++) {
         const char *n = g->p->derived[i].name;
         if (has_prefix(n, "config.")) g->used[i] = 1; /* shown in the header */
@@ -755,6 +789,7 @@ static void put_head(struct page *g, const struct data *d, const char *title) {
     if (d->has_path) fputs("<a href=\"#paths\">path dictionaries</a>", f);
     if (d->has_reuse) fputs("<a href=\"#reuse\">reuse</a>", f);
     if (d->has_bl) fputs("<a href=\"#big-little\">big-little</a>", f);
+    if (d->has_cache) fputs("<a href=\"#cache\">expert cache</a>", f);
     if (d->has_other) fputs("<a href=\"#other\">other arrays</a>", f);
     fputs("</nav>\n", f);
     const char *absent[4];
@@ -1183,6 +1218,121 @@ done:
     return st;
 }
 
+/* The policies of cache.penalty's rows, in the fixed order of
+ * tools/calibrate/cache-sim.h (enum moe_cache_policy). */
+static const char *const k_cache_policies[] = {"LRU", "LFU (sequence)", "LFU (global)", "LHU", "FLD",
+                                               "EdgeMoE", "Twiddler (static)", "HOBBIT", "Belady (MIN)"};
+#define N_CACHE_POLICIES 9
+#define CACHE_BELADY 8
+
+/* cache_policy_name: row r's name ("policy r" past the known ones). */
+static const char *cache_policy_name(int r, char *buf, size_t n) {
+    if (r < N_CACHE_POLICIES) return k_cache_policies[r];
+    snprintf(buf, n, "policy %d", r);
+    return buf;
+}
+
+/* put_cache_chart: penalty per token against the high-cache size for the
+ * rows in `rows` that exist (x: cache.sizes). */
+static void put_cache_chart(struct page *g, const struct data *d, const double *x, const double *pen,
+                            const int *rows, int n_rows, const char *label, const char *caption) {
+    const int64_t P = d->c_pen->dims[0], S = d->c_sizes->dims[0];
+    struct series s[N_PALETTE];
+    char names[N_PALETTE][24];
+    int n = 0;
+    for (int i = 0; i < n_rows && n < N_PALETTE; i++)
+        if (rows[i] < P) {
+            s[n].name = cache_policy_name(rows[i], names[n], sizeof names[n]);
+            s[n].x = x, s[n].y = pen + (size_t)rows[i] * S, s[n].n = (int)S;
+            n++;
+        }
+    struct plot pl = {.w = 520, .h = 300, .x_int = 1, .label = label,
+                      .xlabel = "high-precision cache (experts)", .ylabel = "miss penalty per token"};
+    fputs("<figure>\n", g->f);
+    svg_line_chart(g->f, &pl, s, n, NULL, 0);
+    fprintf(g->f, "<figcaption>%s</figcaption></figure>\n", caption);
+}
+
+/* put_cache: section "Expert cache": the penalty of every policy against
+ * the cache size (two charts, each with LRU and Belady for reference), the
+ * values as a table, and HOBBIT's fitted weights. */
+__attribute__((noinline)) /* inlined, it makes GCC -O3 warn falsely about put_big_little's buffers */
+static enum moe_status put_cache(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    const int64_t P = d->c_pen->dims[0], S = d->c_sizes->dims[0];
+    double *x = malloc(sizeof *x * (size_t)S), *pen = malloc(sizeof *pen * (size_t)(P * S));
+    if (!x || !pen) {
+        free(x);
+        free(pen);
+        return MOE_ERR_NOMEM;
+    }
+    for (int64_t i = 0; i < S; i++) x[i] = aval(d->c_sizes, i);
+    for (int64_t i = 0; i < P * S; i++) pen[i] = aval(d->c_pen, i);
+    section_open(f, "cache", "Expert cache");
+    fputs("<p>Miss penalty per token of each cache policy replaying the held-out sequences (moe-prep fit-cache): "
+          "a miss of a high-precision expert costs 1, of a low-precision one the ratio of their sizes; accesses "
+          "HOBBIT's thresholds skip cost nothing. The low-precision cache scales with the high one. "
+          "Belady's MIN, which knows the future, is the lower bound.</p>\n", f);
+    if (d->c_set) {
+        const struct moe_profile_array *c = d->c_set;
+        fprintf(f, "<p>T1 = <b>%s</b>, T2 = <b>%s</b>, low-precision miss cost <b>%s</b>, held-out share %s, "
+                   "prompt batch %s tokens, prefetch %s experts per layer; HOBBIT's weights fitted with %s high- and "
+                   "%s low-precision experts.</p>\n",
+                num_f(aval(c, 0), 4).s, num_f(aval(c, 1), 4).s, num_f(aval(c, 2), 4).s, num_pct(aval(c, 3), 0).s,
+                num_f(aval(c, 4), 0).s, num_f(aval(c, 5), 0).s, num_f(aval(c, 6), 0).s, num_f(aval(c, 7), 0).s);
+    }
+    static const int basic[] = {0, 1, 2, 3, 4, CACHE_BELADY}, model[] = {5, 6, 7, 0, CACHE_BELADY};
+    fputs("<div class=\"charts\">\n", f);
+    put_cache_chart(g, d, x, pen, basic, 6, "cache penalty of the basic policies against the cache size",
+                    "LRU, LFU per sequence and global, LHU and forward layer distance, with Belady's bound.");
+    put_cache_chart(g, d, x, pen, model, 5, "cache penalty of the papers' policies against the cache size",
+                    "EdgeMoE (frequency over layer distance), Twiddler's static popularity placement and HOBBIT's "
+                    "fitted priority, with LRU and Belady's bound.");
+    fputs("</div>\n<div class=\"scroll\"><table>\n<tr><th class=\"l\">policy</th>", f);
+    for (int64_t s = 0; s < S; s++) {
+        fprintf(f, "<th>%s", num_f(x[s], 0).s);
+        if (d->c_low) fprintf(f, " + %s", num_f(aval(d->c_low, s), 0).s);
+        fputs("</th>", f);
+    }
+    fputs("</tr>\n", f);
+    for (int64_t r = 0; r < P; r++) {
+        char nb[24];
+        fputs("<tr><td class=\"l\">", f);
+        esc(f, cache_policy_name((int)r, nb, sizeof nb));
+        fputs("</td>", f);
+        for (int64_t s = 0; s < S; s++) {
+            fprintf(f, "<td>%s", num_f(pen[r * S + s], 4).s);
+            if (d->c_hit) fprintf(f, " <span class=\"note\">(%s)</span>", num_pct(aval(d->c_hit, r * S + s), 1).s);
+            fputs("</td>", f);
+        }
+        fputs("</tr>\n", f);
+    }
+    fprintf(f, "</table></div>\n<p class=\"note\">Columns: high-precision%s cache capacity in experts; cells: "
+               "penalty per token%s.</p>\n", d->c_low ? " + low-precision" : "", d->c_hit ? " (hit ratio)" : "");
+    if (d->c_w || d->c_sw) {
+        static const char *const wn[4] = {"w_lru", "w_lfu", "w_lhu", "w_fld"};
+        fputs("<h3>HOBBIT's fitted weights</h3>\n<table>\n<tr><th class=\"l\">fitted for</th>", f);
+        for (int i = 0; i < 4; i++) fprintf(f, "<th>%s</th>", wn[i]);
+        fputs("</tr>\n", f);
+        if (d->c_w) {
+            fputs("<tr><td class=\"l\">the tuning section</td>", f);
+            for (int i = 0; i < 4; i++) fprintf(f, "<td>%s</td>", num_f(aval(d->c_w, i), 4).s);
+            fputs("</tr>\n", f);
+        }
+        for (int64_t s = 0; d->c_sw && s < S; s++) {
+            fprintf(f, "<tr><td class=\"l\">%s high-precision experts</td>", num_f(x[s], 0).s);
+            for (int i = 0; i < 4; i++) fprintf(f, "<td>%s</td>", num_f(aval(d->c_sw, s * 4 + i), 4).s);
+            fputs("</tr>\n", f);
+        }
+        fputs("</table>\n<p class=\"note\">Priority of a cached expert t (the lowest is evicted): w_lru R/T + "
+              "w_lfu F/T + w_lhu H/T + w_fld (1 - layer distance / L).</p>\n", f);
+    }
+    fputs("</section>\n", f);
+    free(x);
+    free(pen);
+    return MOE_OK;
+}
+
 /* put_other: section 8, every derived array no section showed (except the
  * sum.* inputs and config.* header arrays), so new results always appear. */
 static void put_other(const struct page *g) {
@@ -1225,6 +1375,7 @@ enum moe_status moe_profile_report_render(const struct moe_profile *p, const cha
     if (d.has_path) put_paths(&g, &d);
     if (d.has_reuse) put_reuse(&g, &d);
     if (d.has_bl && (st = put_big_little(&g, &d))) goto done;
+    if (d.has_cache && (st = put_cache(&g, &d))) goto done;
     if (d.has_other) put_other(&g);
     fputs("<footer class=\"note\"><p>Written by moe-prep profile report; the file format is in docs/format.md, "
           "\"Profile files (HDF5)\".</p></footer>\n</body>\n</html>\n", out);

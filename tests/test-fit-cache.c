@@ -1,0 +1,358 @@
+/*
+ * test-fit-cache.c - `moe-prep fit-cache` end to end on the trained demo
+ * model (datasets/models/tiny-moe-mixtral): quantized to a bundle with three
+ * expert precisions and profiled over one held-out text here, then
+ *   - --cache-experts 8,4 --json --csv: exit 0; the JSON names every policy
+ *     at each of the 3 sizes (8, 16 and 24 of 32 experts), picks q8_0 / q2_k
+ *     with low_cost their size ratio, takes T1/T2 from the profile, and
+ *     reports on held-out sequences; every gap to Belady is >= 0 here; the
+ *     CSV has a row per policy and size;
+ *   - the bundle's tuning section holds hobbit.cache.* (the JSON's weights,
+ *     8 and 4 experts) and still every key `profile` wrote;
+ *   - the profile gained the cache.* arrays with their shapes (penalty
+ *     finite, Belady's lowest, every policy better with a larger cache) and
+ *     kept its trace; `profile report` shows the section;
+ *   - --fast-mem splits the budget by --low-share with the real blob sizes;
+ *     --no-tuning and --no-profile-update leave both files as they were;
+ *   - usage errors exit 2 naming the option, a missing profile or one of
+ *     another model exit 1 saying what to do, --help exits 0 with an example.
+ * argv[1] is the moe-prep binary. Exit 77 (skipped) without the model.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "moe-bundle.h"
+#include "moe-test.h"
+#include "profile-h5.h"
+
+#define MODEL MOE_FIXTURES "/../../datasets/models/tiny-moe-mixtral"
+
+static const char *moe_prep;
+static char dir[64] = "/tmp/test-fit-cache-XXXXXX";
+
+/* path: a file in the scratch directory. */
+static const char *path(const char *name) {
+    static char buf[8][256];
+    static int i;
+    char *b = buf[i++ % 8];
+    snprintf(b, 256, "%s/%s", dir, name);
+    return b;
+}
+
+/* sh: run a shell command (printf-style); its exit status. */
+static int sh(const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* slurp: a whole file as a string (NULL if unreadable). */
+static char *slurp(const char *p, size_t *len) {
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *s = malloc((size_t)n + 1);
+    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (!s) return NULL;
+    s[got] = 0;
+    if (len) *len = got;
+    return s;
+}
+
+/* count: occurrences of needle in s. */
+static int count(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *q = s; (q = strstr(q, needle)); q += strlen(needle)) n++;
+    return n;
+}
+
+/* json_num: the number after the first `"key": ` at or after `from`; NAN if absent. */
+static double json_num(const char *from, const char *key) {
+    char k[96];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *q = from ? strstr(from, k) : NULL;
+    return q ? strtod(q + strlen(k), NULL) : NAN;
+}
+
+/* json_balanced: braces and brackets balance outside strings; no NaN/Inf. */
+static int json_balanced(const char *s) {
+    int depth = 0, in_str = 0;
+    for (const char *q = s; *q; q++) {
+        if (in_str) {
+            if (*q == '\\') q++;
+            else if (*q == '"') in_str = 0;
+            continue;
+        }
+        if (*q == '"') in_str = 1;
+        else if (*q == '{' || *q == '[') depth++;
+        else if (*q == '}' || *q == ']') depth--;
+        if (depth < 0) return 0;
+        if (!strncmp(q, "nan", 3) || !strncmp(q, "inf", 3)) return 0;
+    }
+    return depth == 0 && !in_str;
+}
+
+/* same_file: byte-identical files. */
+static int same_file(const char *a, const char *b) {
+    size_t na, nb;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x), free(y);
+    return same;
+}
+
+/* prepare: the bundle and its profile (ctx 128 for more sequences). */
+static int prepare(void) {
+    if (sh("%s quantize %s -o %s --experts q8_0,q4_k,q2_k --dense q8_0 -t 2 >%s 2>&1", moe_prep, MODEL,
+           path("m.moeb"), path("quantize.log"))) {
+        CHECK(0, "quantize (see %s)", path("quantize.log"));
+        return 0;
+    }
+    if (sh("%s profile %s --dataset %s/heldout/wordnet.txt --out %s --ctx 128 --big-little-every 0 >%s 2>&1", moe_prep,
+           path("m.moeb"), MODEL, path("p.h5"), path("profile.log"))) {
+        CHECK(0, "profile (see %s)", path("profile.log"));
+        return 0;
+    }
+    return 1;
+}
+
+/* test_main_run: --cache-experts 8,4 with every output. */
+static void test_main_run(void) {
+    struct moe_profile *before = NULL, *after = NULL;
+    CHECK(moe_profile_read(path("p.h5"), &before) == MOE_OK, "read the profile");
+    int rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --json --csv %s >%s 2>%s", moe_prep, path("m.moeb"),
+                path("p.h5"), path("t.csv"), path("out.json"), path("err.txt"));
+    CHECK(rc == 0, "fit-cache exits 0 (%d)", rc);
+    char *js = slurp(path("out.json"), NULL), *err = slurp(path("err.txt"), NULL);
+    CHECK(js && json_balanced(js), "JSON balanced and finite");
+    double w[4] = {NAN, NAN, NAN, NAN};
+    if (js) {
+        CHECK(strstr(js, "\"policies\": [\"lru\", \"lfu-seq\", \"lfu-global\", \"lhu\", \"fld\", \"edgemoe\", "
+                         "\"twiddler\", \"hobbit\", \"belady\"]") != NULL,
+              "the policy order");
+        CHECK(count(js, "\"high_experts\": ") == 4 && strstr(js, "\"high_experts\": 16") &&
+                  strstr(js, "\"high_experts\": 24"),
+              "fitted size and sizes 8, 16, 24");
+        CHECK(count(js, "\"policy\": \"belady\"") == 4, "every policy at 3 sizes plus the fit part");
+        CHECK(count(js, "\"fitted\": true") == 1, "one fitted size");
+        CHECK(strstr(js, "\"name\": \"q8_0\"") && strstr(js, "\"name\": \"q2_k\""), "high q8_0, low q2_k");
+        double hb = json_num(strstr(js, "\"high\": {"), "bytes"), lb = json_num(strstr(js, "\"low\": {"), "bytes");
+        CHECK(fabs(json_num(js, "low_cost") - lb / hb) < 1e-9, "low cost = low / high bytes");
+        CHECK(strstr(js, "\"source\": \"profile\"") && strstr(js, "\"reported_on\": \"heldout\""),
+              "thresholds from the profile, held-out report");
+        const char *fw = strstr(js, "\"fit\": {\"weights\": {");
+        static const char *const wn[4] = {"lru", "lfu", "lhu", "fld"};
+        for (int i = 0; i < 4; i++) w[i] = json_num(fw, wn[i]);
+        CHECK(fabs(w[0] + w[1] + w[2] + w[3] - 1) < 1e-6 && w[0] >= 0 && w[1] >= 0 && w[2] >= 0 && w[3] >= 0,
+              "weights on the simplex: %g %g %g %g", w[0], w[1], w[2], w[3]);
+        int neg = 0, n_gap = 0;
+        for (const char *q = js; (q = strstr(q, "\"gap_to_belady_pct\": ")); q++, n_gap++) neg += strtod(q + 21, NULL) < 0;
+        CHECK(n_gap == 27 && neg == 0, "27 gaps to Belady, none negative (%d, %d)", n_gap, neg);
+        CHECK(json_num(js, "tuning_keys") > 6 && strstr(js, "\"profile_updated\": true"), "outputs written");
+    }
+    CHECK(err && strstr(err, "fitting HOBBIT"), "progress on stderr");
+    char *csv = slurp(path("t.csv"), NULL);
+    CHECK(csv && count(csv, "\n") == 1 + 27 && strncmp(csv, "high_experts,low_experts,", 25) == 0, "CSV rows");
+    free(js), free(err), free(csv);
+
+    /* the tuning section */
+    struct moe_bundle *b = NULL;
+    CHECK(moe_bundle_open(path("m.moeb"), &b) == MOE_OK, "open the bundle");
+    if (b) {
+        const struct moe_bundle_kv *kv = moe_bundle_tuning(b);
+        static const char *const keys[4] = {"hobbit.cache.w_lru", "hobbit.cache.w_lfu", "hobbit.cache.w_lhu",
+                                            "hobbit.cache.w_fld"};
+        for (int i = 0; i < 4; i++) {
+            double x = NAN;
+            CHECK(moe_bundle_kv_f64(kv, keys[i], &x) == MOE_OK && fabs(x - w[i]) < 1e-8, "%s = %g (JSON %g)", keys[i],
+                  x, w[i]);
+        }
+        int64_t h = 0, l = 0;
+        CHECK(moe_bundle_kv_i64(kv, "hobbit.cache.high_experts", &h) == MOE_OK && h == 8, "high_experts %lld",
+              (long long)h);
+        CHECK(moe_bundle_kv_i64(kv, "hobbit.cache.low_experts", &l) == MOE_OK && l == 4, "low_experts %lld",
+              (long long)l);
+        double t1;
+        size_t n = 0;
+        CHECK(moe_bundle_kv_f64(kv, "hobbit.t1", &t1) == MOE_OK &&
+                  moe_bundle_kv_i64_array(kv, "twiddler.placement_order", &n) && n == 32,
+              "the profile's keys are kept");
+        moe_bundle_free(b);
+    }
+
+    /* the profile's new arrays */
+    CHECK(moe_profile_read(path("p.h5"), &after) == MOE_OK, "read the updated profile");
+    if (before && after) {
+        CHECK(after->n_seq == before->n_seq && moe_profile_n_tokens(after) == moe_profile_n_tokens(before) &&
+                  memcmp(after->experts, before->experts, sizeof(int16_t) * (size_t)moe_profile_n_tokens(after) *
+                                                             after->n_layers * after->k) == 0,
+              "the trace is kept");
+        const int64_t *sz = NULL;
+        const double *pen = NULL, *hit = NULL, *cw = NULL;
+        int nd = 0;
+        int64_t dims[MOE_PROFILE_MAX_DIMS];
+        CHECK(moe_profile_get_i64(after, "cache.sizes", &nd, dims, &sz) == MOE_OK && nd == 1 && dims[0] == 3 &&
+                  sz[0] == 8 && sz[1] == 16 && sz[2] == 24,
+              "cache.sizes");
+        CHECK(moe_profile_get_f64(after, "cache.penalty", &nd, dims, &pen) == MOE_OK && nd == 2 && dims[0] == 9 &&
+                  dims[1] == 3,
+              "cache.penalty [9 x 3]");
+        CHECK(moe_profile_get_f64(after, "cache.hit_ratio", &nd, dims, &hit) == MOE_OK && dims[0] == 9, "hit ratio");
+        CHECK(moe_profile_get_f64(after, "cache.weights", &nd, dims, &cw) == MOE_OK && nd == 1 && dims[0] == 4 &&
+                  fabs(cw[0] - w[0]) < 1e-8 && fabs(cw[3] - w[3]) < 1e-8,
+              "cache.weights");
+        CHECK(moe_profile_get_f64(after, "hobbit_thresholds", NULL, NULL, &cw) == MOE_OK, "derived arrays kept");
+        if (pen && hit && sz) {
+            int bad = 0;
+            for (int q = 0; q < 9; q++)
+                for (int s = 0; s < 3; s++) {
+                    double x = pen[q * 3 + s];
+                    bad += !isfinite(x) || x < pen[8 * 3 + s] || !(hit[q * 3 + s] >= 0 && hit[q * 3 + s] <= 1);
+                    if (s) bad += x > pen[q * 3 + s - 1];
+                }
+            CHECK(bad == 0, "penalties finite, Belady's lowest, smaller with a larger cache (%d bad)", bad);
+        }
+    }
+    moe_profile_free(before);
+    moe_profile_free(after);
+    CHECK(sh("%s profile report %s -o %s 2>/dev/null", moe_prep, path("p.h5"), path("r.html")) == 0, "report");
+    char *html = slurp(path("r.html"), NULL);
+    CHECK(html && strstr(html, "<section id=\"cache\">") && !strstr(html, "<code>cache."), "report shows the section");
+    free(html);
+}
+
+/* test_fast_mem: the budget split and the no-write switches. */
+static void test_fast_mem(void) {
+    struct moe_bundle *b = NULL;
+    uint32_t hi = 0, lo = 0;
+    double hb = 0, lb = 0;
+    if (moe_bundle_open(path("m.moeb"), &b) == MOE_OK && moe_bundle_find_precision(b, "q8_0", &hi) == MOE_OK &&
+        moe_bundle_find_precision(b, "q2_k", &lo) == MOE_OK) {
+        hb = (double)moe_bundle_precision_at(b, hi)->raw_size, lb = (double)moe_bundle_precision_at(b, lo)->raw_size;
+    }
+    moe_bundle_free(b);
+    CHECK(hb > 0 && lb > 0, "precision sizes");
+    const double budget = 3 << 20; /* 3 MiB, low share 0.25 */
+    const int want_h = (int)floor(0.75 * budget / hb), want_l = (int)floor(0.25 * budget / lb);
+    sh("cp %s %s && cp %s %s", path("m.moeb"), path("m0.moeb"), path("p.h5"), path("p0.h5"));
+    int rc = sh("%s fit-cache %s --profile %s --fast-mem 3MiB --no-tuning --no-profile-update --json --heldout 0.5 "
+                "--sizes 4,12 >%s 2>/dev/null",
+                moe_prep, path("m.moeb"), path("p.h5"), path("fm.json"));
+    CHECK(rc == 0, "--fast-mem exits 0 (%d)", rc);
+    char *js = slurp(path("fm.json"), NULL);
+    if (js) {
+        const char *fs = strstr(js, "\"fitted_size\": {");
+        CHECK(json_num(fs, "high_experts") == want_h && json_num(fs, "low_experts") == want_l,
+              "3 MiB: %d high + %d low experts (got %g + %g)", want_h, want_l, json_num(fs, "high_experts"),
+              json_num(fs, "low_experts"));
+        CHECK(count(js, "\"fitted\": ") == 3, "sizes 4, 12 and the fitted one");
+        CHECK(json_num(js, "tuning_keys") == 0 && strstr(js, "\"profile_updated\": false"), "nothing written");
+    }
+    free(js);
+    CHECK(same_file(path("m.moeb"), path("m0.moeb")) && same_file(path("p.h5"), path("p0.h5")),
+          "--no-tuning and --no-profile-update leave the files alone");
+    /* prefetch from the fit part's path dictionary, a prompt batch, weights per size */
+    rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --prefetch 2 --path-order 1 --prompt-len 16 "
+            "--fit-per-size --sizes 12 --no-tuning --no-profile-update --json >%s 2>/dev/null",
+            moe_prep, path("m.moeb"), path("p.h5"), path("pf.json"));
+    CHECK(rc == 0, "--prefetch exits 0 (%d)", rc);
+    js = slurp(path("pf.json"), NULL);
+    const char *sz = js ? strstr(js, "\"sizes\": [") : NULL, *h = sz ? strstr(sz, "\"policy\": \"hobbit\"") : NULL;
+    const char *bl = h ? strstr(h, "\"policy\": \"belady\"") : NULL;
+    CHECK(h && json_num(h, "prefetch_loads") > 0 && json_num(h, "prefetch_hits") > 0, "hobbit prefetches");
+    CHECK(bl && json_num(bl, "prefetch_loads") == 0, "Belady does not");
+    CHECK(js && strstr(js, "\"prompt_len\": 16") && count(js, "\"weights\": {") == 3, "settings and weights per size");
+    free(js);
+}
+
+/* test_errors: exit statuses and messages. */
+static void test_errors(void) {
+    const char *m = path("m.moeb"), *p = path("p.h5"), *e = path("e.txt");
+    struct {
+        int want;
+        const char *args, *msg;
+    } cases[] = {
+        {2, "", "no MODEL"},
+        {2, "%s", "no --profile"},
+        {2, "%s --profile %s", "--fast-mem"},
+        {2, "%s --profile %s --fast-mem 2XB", "--fast-mem"},
+        {2, "%s --profile %s --fast-mem 1MiB --cache-experts 2,2", "exclude"},
+        {2, "%s --profile %s --cache-experts 999,0", "--cache-experts"},
+        {2, "%s --profile %s --cache-experts 8", "--cache-experts"},
+        {2, "%s --profile %s --cache-experts 8,4 --heldout 2", "--heldout"},
+        {2, "%s --profile %s --cache-experts 8,4 --t1 0.9 --t2 0.5", "--t1"},
+        {2, "%s --profile %s --cache-experts 8,4 --high nosuch", "--high"},
+        {2, "%s --profile %s --cache-experts 8,4 --sizes 4,x", "--sizes"},
+        {2, "%s --profile %s --cache-experts 8,4 --sizes 40", "--sizes"},
+        {2, "%s --profile %s --fast-mem 1KiB", "--fast-mem"},
+        {2, "%s --profile %s --cache-experts 8,4 --prefetch 9", "--prefetch"},
+        {2, "%s --profile %s --cache-experts 8,4 --bogus", "--bogus"},
+        {1, "%s --profile %s.missing --cache-experts 8,4", "cannot read"},
+        {1, "%s.missing --profile %s --cache-experts 8,4", "cannot open"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, cases[i].args, m, p);
+        int rc = sh("%s fit-cache %s --no-tuning --no-profile-update >/dev/null 2>%s", moe_prep, args, e);
+        char *msg = slurp(e, NULL);
+        CHECK(rc == cases[i].want && msg && strstr(msg, cases[i].msg), "\"%s\": exit %d (want %d), message: %s",
+              cases[i].args, rc, cases[i].want, msg ? msg : "");
+        free(msg);
+    }
+    /* a profile of another model: 3 MoE layers x 4 experts */
+    struct moe_profile *q = NULL;
+    const int16_t ex[3 * 2] = {0, 1, 2, 3, 1, 0};
+    const float wt[3 * 2] = {0.6f, 0.4f, 0.7f, 0.3f, 0.5f, 0.5f};
+    const int64_t ss[2] = {0, 1};
+    struct moe_trace t = {3, 4, 2, 1, ss, ex, wt};
+    CHECK(moe_profile_new(3, 4, 2, 10, MOE_PROFILE_LOGITS_NONE, &q) == MOE_OK && moe_profile_add_trace(q, &t, NULL) == MOE_OK &&
+              moe_profile_write(q, path("other.h5")) == MOE_OK,
+          "write a profile of another model");
+    moe_profile_free(q);
+    int rc = sh("%s fit-cache %s --profile %s --cache-experts 2,1 >/dev/null 2>%s", moe_prep, m, path("other.h5"), e);
+    char *msg = slurp(e, NULL);
+    CHECK(rc == 1 && msg && strstr(msg, "3 MoE layers x 4 experts") && strstr(msg, "profile this bundle"),
+          "another model's profile: exit %d, %s", rc, msg ? msg : "");
+    free(msg);
+    rc = sh("%s fit-cache --help >%s 2>/dev/null", moe_prep, e);
+    msg = slurp(e, NULL);
+    CHECK(rc == 0 && msg && strstr(msg, "example") && strstr(msg, "--fast-mem"), "--help");
+    free(msg);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test-fit-cache MOE-PREP\n");
+        return 2;
+    }
+    moe_prep = argv[1];
+    if (access(MODEL "/model.safetensors", R_OK) != 0) {
+        fprintf(stderr, "test-fit-cache: %s not found: skipped\n", MODEL);
+        return 77;
+    }
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    if (prepare()) {
+        test_main_run();
+        test_fast_mem();
+        test_errors();
+    }
+    sh("rm -rf %s", dir);
+    printf("%d checks, %d failed\n", checks, fails);
+    return fails != 0;
+}

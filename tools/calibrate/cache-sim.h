@@ -1,0 +1,190 @@
+/*
+ * cache-sim.h - the expert-cache simulator of `moe-prep fit-cache`: replays
+ * recorded routing traces (routing-stats.h, struct moe_trace) through a
+ * high-precision and a low-precision expert cache under one eviction policy
+ * and counts hits, misses, skips, the miss penalty and the bytes moved.
+ * Policies: LRU, LFU (per sequence and global), LHU, forward layer distance,
+ * EdgeMoE's frequency / distance score, Twiddler's static popularity
+ * placement, HOBBIT's weighted priority (with a fit of its four weights) and
+ * Belady's MIN. The model and every choice are in docs/cache-sim.md; the
+ * papers' formulas in ../shared/papers/ALGORITHMS.md.
+ *
+ * Use: prepare the part of a trace to replay once (moe_cache_trace_new: the
+ * decode order, each access's precision need under T1/T2, prefetch lists,
+ * Belady's next-use indices), then run any number of policies and
+ * configurations on it (moe_cache_simulate), e.g. the weight fit
+ * (moe_cache_fit_hobbit).
+ *
+ * Pure computation: no I/O, nothing printed (errors are logged through
+ * moe_log). A prepared trace is immutable: moe_cache_simulate may run on it
+ * from several threads at once; everything else is not thread-safe per object.
+ */
+#ifndef MOE_CACHE_SIM_H
+#define MOE_CACHE_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe-status.h"
+#include "routing-stats.h"
+
+/* The policies, in the fixed order of the rows of the cache.* profile
+ * arrays and of every table (append only). */
+enum moe_cache_policy {
+    MOE_CACHE_LRU = 0,        /* least recently used */
+    MOE_CACHE_LFU_SEQ = 1,    /* least uses in the current sequence */
+    MOE_CACHE_LFU_GLOBAL = 2, /* least uses since the replay began */
+    MOE_CACHE_LHU = 3,        /* least high-precision uses in the sequence */
+    MOE_CACHE_FLD = 4,        /* furthest forward layer distance */
+    MOE_CACHE_EDGEMOE = 5,    /* highest -f/d (EdgeMoE) */
+    MOE_CACHE_STATIC = 6,     /* Twiddler: most popular experts pinned */
+    MOE_CACHE_HOBBIT = 7,     /* lowest weighted priority p_t */
+    MOE_CACHE_BELADY = 8,     /* next use furthest in the future (offline) */
+};
+#define MOE_CACHE_N_POLICIES 9
+#define MOE_CACHE_N_WEIGHTS 4 /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld */
+
+/* What an access needs under HOBBIT's precision rule. */
+enum moe_cache_need {
+    MOE_CACHE_NEED_SKIP = 0, /* s > T2: used only if some copy is cached, else skipped */
+    MOE_CACHE_NEED_LOW = 1,  /* T1 < s <= T2: a low or a high copy */
+    MOE_CACHE_NEED_HIGH = 2, /* s <= T1, and always the top-1: the high copy */
+};
+
+/* moe_cache_policy_name: "lru", "lfu-seq", "lfu-global", "lhu", "fld",
+ * "edgemoe", "twiddler", "hobbit", "belady"; "?" for an unknown value. */
+const char *moe_cache_policy_name(enum moe_cache_policy p);
+
+/* ---- the prepared trace ---- */
+
+/* How a trace is turned into a stream of accesses. */
+struct moe_cache_trace_params {
+    int prompt_len;  /* the first prompt_len tokens of each sequence run as one batch (< 2: none) */
+    double t1, t2;   /* HOBBIT thresholds, t1 <= t2 */
+    const struct moe_path_dict *paths; /* EdgeMoE activation paths for prefetch lists; NULL = none */
+    int prefetch;    /* experts prefetched per layer (the m most probable); 0 = none */
+};
+
+/* moe_cache_trace_default_params: no batch, T1 = T2 = 1 (every access high
+ * precision), no prefetch. */
+struct moe_cache_trace_params moe_cache_trace_default_params(void);
+
+struct moe_cache_trace; /* opaque, immutable once made */
+
+/* moe_cache_trace_new: prepare sequences seqs[0..n_seqs) of t (in that order;
+ * seqs NULL = all of them) for replay. Each sequence becomes one batch step per
+ * MoE layer for its first prompt_len tokens (the union of their experts, in
+ * ascending expert order, each with the highest need among the batch's tokens)
+ * and then one step per (token, layer), the experts in rank order. The trace
+ * t is only read during the call (nothing is kept). With paths and prefetch >
+ * 0, every decode step of a layer l >= the dictionary's order gets the
+ * `prefetch` most probable experts (probability > 0; ties: lower id) given the
+ * token's experts at the previous layer(s); an unseen key gives none. Errors:
+ * MOE_ERR_INVALID (bad shape, sequence index, parameters), MOE_ERR_RANGE
+ * (more than INT32_MAX - 1 accesses), MOE_ERR_NOMEM; logged. */
+enum moe_status moe_cache_trace_new(const struct moe_trace *t, const int32_t *seqs, int n_seqs,
+                                    const struct moe_cache_trace_params *pp, struct moe_cache_trace **out);
+
+/* moe_cache_trace_free: frees tr; NULL is a no-op. */
+void moe_cache_trace_free(struct moe_cache_trace *tr);
+
+/* Facts about a prepared trace. */
+struct moe_cache_trace_info {
+    int n_layers, n_experts, n_seq;
+    int64_t tokens, steps, accesses;
+    int64_t need[3];       /* accesses by enum moe_cache_need */
+    int64_t prefetch_slots; /* prefetch list entries over all steps */
+};
+
+/* moe_cache_trace_info: the counts of tr. */
+void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_trace_info *out);
+
+/* ---- replay ---- */
+
+/* One cache configuration. The arrays are borrowed for the call. */
+struct moe_cache_config {
+    int high_cap, low_cap;  /* experts the high and low caches hold (>= 0; 0 = nothing kept) */
+    double low_cost;        /* penalty of a low-precision miss (B_low / B_high); a high miss costs 1 */
+    double high_bytes, low_bytes; /* bytes of one copy, for the bytes moved (0: not counted) */
+    double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld (>= 0, summing to 1) */
+    const double *freq;     /* [L*E] activation frequency (EdgeMoE); NULL = all 1 */
+    const int32_t *order;   /* [L*E] layer*E + expert, most popular first; needed by STATIC */
+    int prefetch;           /* 1: load the trace's prefetch lists before each decode step
+                             * (ignored by STATIC and BELADY) */
+};
+
+/* moe_cache_default_config: empty caches, low_cost 0.5, no byte sizes,
+ * HOBBIT weights 0.25 each, no frequencies or order, no prefetch. */
+struct moe_cache_config moe_cache_default_config(void);
+
+/* What a replay counts. accesses = hits_high + hits_low + misses_high +
+ * misses_low + skips. */
+struct moe_cache_stats {
+    int64_t tokens, accesses;
+    int64_t hits_high, hits_low;     /* served by a cached high / low copy */
+    int64_t misses_high, misses_low; /* a high / low copy loaded on demand */
+    int64_t skips;                   /* s > T2 and no copy cached: not computed */
+    int64_t prefetch_loads;          /* copies loaded by prefetch */
+    int64_t prefetch_hits;           /* demand accesses served by a copy prefetched for that step */
+    double penalty;                  /* misses_high + low_cost * misses_low */
+    double bytes;                    /* (misses_high + prefetch_loads) * high_bytes + misses_low * low_bytes */
+};
+
+/* moe_cache_simulate: replay tr under policy p with configuration c (caches
+ * start empty; their contents persist across sequences; per-sequence records
+ * reset at each sequence). Deterministic. Thread-safe for concurrent calls on
+ * the same tr. Errors: MOE_ERR_INVALID (bad policy or configuration, STATIC
+ * without order, weights negative or not summing to 1 within 1e-6),
+ * MOE_ERR_NOMEM; logged. */
+enum moe_status moe_cache_simulate(const struct moe_cache_trace *tr, enum moe_cache_policy p,
+                                   const struct moe_cache_config *c, struct moe_cache_stats *out);
+
+/* moe_cache_hit_ratio: (hits_high + hits_low) / accesses; NaN without accesses. */
+double moe_cache_hit_ratio(const struct moe_cache_stats *s);
+
+/* ---- helpers of fit-cache ---- */
+
+/* moe_cache_split: mark the held-out sequences of n_seq: sequence i is held
+ * out when floor((i + 1) h) > floor(i h), which spreads round(n_seq h) of
+ * them evenly (h = 0.3: 3, 6, 9, ...); with h > 0 and n_seq >= 2 at least one
+ * sequence is held out and one is not. heldout[n_seq] receives 1 or 0;
+ * returns the number held out. */
+int moe_cache_split(int n_seq, double h, unsigned char *heldout);
+
+/* moe_cache_popularity: token-slot counts of sequences seqs[0..n_seqs) of t
+ * as an activation frequency freq[L*E] (count / tokens, so the K experts of a
+ * token add up to K) and the placement order (moe_placement_order). Either
+ * output may be NULL. MOE_ERR_NOMEM. */
+enum moe_status moe_cache_popularity(const struct moe_trace *t, const int32_t *seqs, int n_seqs, double *freq,
+                                     int32_t *order);
+
+/* moe_cache_path_dict: an activation-path dictionary of the given order
+ * (1 or 2) counted over sequences seqs[0..n_seqs) of t. The caller frees it
+ * with moe_path_dict_free. */
+enum moe_status moe_cache_path_dict(const struct moe_trace *t, const int32_t *seqs, int n_seqs, int order,
+                                    struct moe_path_dict **out);
+
+/* ---- HOBBIT's weight fit ---- */
+
+struct moe_cache_fit_params {
+    int grid;          /* simplex grid: weights are multiples of 1/grid (10: 286 points) */
+    int refine_rounds; /* halvings of the step in the local refinement after the grid (0: none) */
+    void (*progress)(int done, int total, void *user); /* after each replay; may be NULL */
+    void *user;
+};
+
+/* moe_cache_fit_default_params: grid 10, 4 refinement rounds, no progress. */
+struct moe_cache_fit_params moe_cache_fit_default_params(void);
+
+/* moe_cache_fit_hobbit: the HOBBIT weights that minimise the total miss
+ * penalty of replaying tr with configuration c (its w ignored): every point
+ * of the simplex grid, then from the best one moves of the current step from
+ * one weight to another while one lowers the penalty, the step halved each
+ * round (weights stay >= 0 and sum to 1). Ties keep the earlier point (grid
+ * order: w_lru slowest, w_fld fastest). w receives the weights, *best (may be
+ * NULL) their statistics, *evals (may be NULL) the replays run. */
+enum moe_status moe_cache_fit_hobbit(const struct moe_cache_trace *tr, const struct moe_cache_config *c,
+                                     const struct moe_cache_fit_params *fp, double w[MOE_CACHE_N_WEIGHTS],
+                                     struct moe_cache_stats *best, int *evals);
+
+#endif
