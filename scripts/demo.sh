@@ -65,14 +65,19 @@ build/moe-prep profile merge "$work/shard1.h5" "$work/shard2.h5" -o "$work/profi
 grep -E "^profile of|^  [0-9]+ MoE|^HOBBIT|^big-little|suggested gamma" "$work/profile2.txt"
 build/moe-prep profile report "$work/profile2.h5" -o "$work/profile2.html"
 echo
+echo "== 8. expert cache: replay the routing through LRU/LFU/LHU/FLD/EdgeMoE/Twiddler/HOBBIT/Belady, fit HOBBIT's weights"
+build/moe-prep fit-cache "$work/model.moeb" --profile "$work/profile.h5" --fast-mem 2MiB \
+    --csv "$work/cache.csv" | tee "$work/cache.txt"
+build/moe-prep profile report "$work/profile.h5" -o "$work/profile.html"
+echo
 text3="$model/heldout/c4.txt"
 [ -f "$text3" ] || text3="$text"
-echo "== 8. EdgeMoE sensitivity: each expert alone at the lowest precision ($(basename "$text2"), 10 sequences)"
+echo "== 9. EdgeMoE sensitivity: each expert alone at the lowest precision ($(basename "$text2"), 10 sequences)"
 build/moe-prep sensitivity "$work/model.moeb" --dataset "$text2" --max-tokens 2560 --ctx 256 \
     -o "$work/sensitivity.h5" --csv "$work/sensitivity.csv" | tee "$work/sensitivity.txt"
 build/moe-prep profile report "$work/sensitivity.h5" -o "$work/sensitivity.html"
 echo
-echo "== 9. EdgeMoE bit-width search within a 2 % loss budget (held out: $(basename "$text3"))"
+echo "== 10. EdgeMoE bit-width search within a 2 % loss budget (held out: $(basename "$text3"))"
 build/moe-prep bitwidth "$work/model.moeb" --sensitivity "$work/sensitivity.h5" --dataset "$text2" \
     --ctx 256 --max-loss 2% --heldout "$text3" 2>/dev/null | tee "$work/bitwidth.txt"
 echo
