@@ -14,7 +14,8 @@
  *     settings is refused; CSV has one row per expert; usage errors exit 2;
  *   - bitwidth: the map lands in the bundle tuning (unless --no-tuning) and a
  *     default load binds each expert at it; --max-size picks what fits;
- *     unreachable budgets and shape mismatches exit 1.
+ *     unreachable budgets and shape mismatches exit 1;
+ *   - `profile report` renders a sensitivity file with its heat maps.
  * argv[1] is the moe-prep binary.
  */
 #include <math.h>
@@ -222,6 +223,11 @@ static void check_cli(void) {
     }
     moe_profile_free(a);
     moe_profile_free(b);
+    /* the report draws the heat maps */
+    snprintf(cmd, sizeof cmd, "%s profile report %s -o %s/sens.html >/dev/null 2>&1 && grep -q 'id=\"sensitivity\"' "
+                              "%s/sens.html && ! grep -q 'id=\"popularity\"' %s/sens.html", moe_prep, full, tmpdir,
+             tmpdir, tmpdir);
+    CHECK(run(cmd) == 0, "the report of a sensitivity file lacks its section (or shows an empty popularity map)");
     FILE *f = fopen(csv, "r");
     int lines = 0;
     for (int ch; f && (ch = fgetc(f)) != EOF;) lines += ch == '\n';

@@ -615,6 +615,9 @@ struct data {
     /* expert cache (moe-prep fit-cache): cache.sizes [S], cache.penalty [P x S], the rest optional */
     const struct moe_profile_array *c_sizes, *c_low, *c_pen, *c_hit, *c_bytes, *c_w, *c_sw, *c_set;
     int has_cache;
+    /* EdgeMoE sensitivity (moe-prep sensitivity): [L x E] matrices, the rest optional */
+    const struct moe_profile_array *s_score, *s_kl, *s_dnll, *s_proxy, *s_rho, *s_cost, *s_routed;
+    int has_sens, traceless; /* traceless: a sensitivity file (no routing recorded) */
 };
 
 static const char *const k_stack_names[3] = {"stacked_top1", "stacked_recall", "layer_similarity"};
@@ -684,6 +687,16 @@ static void gather(struct page *g, struct data *d) {
         d->bl_prob = NULL; /* counts only, as many bins as a histogram may have */
     d->has_bl = find(g, "big_little") || find(g, "big_little_summary") || find(g, "sum.big_little_maxprob");
     gather_cache(g, d);
+    const int64_t E = g->p->n_experts;
+    d->s_score = take(g, "sensitivity.score", 2, L, E);
+    d->s_kl = take(g, "sensitivity.kl", 2, L, E);
+    d->s_dnll = take(g, "sensitivity.dnll", 2, L, E);
+    d->s_proxy = take(g, "sensitivity.proxy", 2, L, E);
+    d->s_routed = take(g, "sensitivity.routed", 2, L, E);
+    d->s_rho = take(g, "sensitivity.spearman_proxy", 1, 1, 0);
+    d->s_cost = take(g, "sensitivity.cost", 1, 4, 0);
+    d->has_sens = d->s_score != NULL;
+    d->traceless = g->p->n_seq == 0 && d->has_sens;
     for (int i = 0; i < g->p->n_derived; i++) {
         const char *n = g->p->derived[i].name;
         if (has_prefix(n, "config.")) g->used[i] = 1; /* shown in the header */
@@ -784,12 +797,14 @@ static void put_head(struct page *g, const struct data *d, const char *title) {
         fputs("</td></tr>\n", f);
     }
     if (n_config) fputs("</table>\n", f);
-    fputs("<nav><a href=\"#popularity\">popularity</a><a href=\"#hobbit\">HOBBIT</a>", f);
+    fputs("<nav>", f);
+    if (!d->traceless) fputs("<a href=\"#popularity\">popularity</a><a href=\"#hobbit\">HOBBIT</a>", f);
     if (d->has_stack) fputs("<a href=\"#stacked\">prediction by distance</a>", f);
     if (d->has_path) fputs("<a href=\"#paths\">path dictionaries</a>", f);
     if (d->has_reuse) fputs("<a href=\"#reuse\">reuse</a>", f);
     if (d->has_bl) fputs("<a href=\"#big-little\">big-little</a>", f);
     if (d->has_cache) fputs("<a href=\"#cache\">expert cache</a>", f);
+    if (d->has_sens) fputs("<a href=\"#sensitivity\">sensitivity</a>", f);
     if (d->has_other) fputs("<a href=\"#other\">other arrays</a>", f);
     fputs("</nav>\n", f);
     const char *absent[4];
@@ -889,6 +904,77 @@ static enum moe_status put_popularity(struct page *g, const struct data *d) {
     }
     put_hit_rate(g, d);
     fputs("</section>\n", f);
+    return MOE_OK;
+}
+
+/* sens_tip: "layer l expert e: value", l the model layer. */
+struct sens_tip {
+    const struct moe_profile *p;
+    const struct moe_profile_array *a, *routed;
+};
+
+static void sens_tip(FILE *f, int r, int c, const void *user) {
+    const struct sens_tip *t = user;
+    int64_t i = (int64_t)r * t->p->n_experts + c;
+    fprintf(f, "layer %d expert %d: %s", (int)t->p->moe_layer_index[r], c, num_g(aval(t->a, i)).s);
+    if (t->routed) fprintf(f, ", %lld token-slots", (long long)aint(t->routed, i));
+}
+
+/* sens_map: one L x E heat map of a sensitivity matrix. */
+static enum moe_status sens_map(struct page *g, const struct moe_profile_array *a, const struct moe_profile_array *routed,
+                                const char *label, const char *caption) {
+    FILE *f = g->f;
+    const struct moe_profile *p = g->p;
+    const int L = p->n_layers, E = p->n_experts;
+    if ((int64_t)L * E > MAX_HEAT_CELLS) {
+        fprintf(f, "<p class=\"note\">%d x %d experts are more than the %d cells drawn.</p>\n", L, E, MAX_HEAT_CELLS);
+        return MOE_OK;
+    }
+    double *v = malloc((size_t)L * E * sizeof *v);
+    if (!v) return MOE_ERR_NOMEM;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < (int64_t)L * E; i++) {
+        v[i] = aval(a, i);
+        if (isfinite(v[i])) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
+    }
+    if (!(lo <= hi)) lo = hi = 0;
+    fprintf(f, "<figure><div class=\"scroll\">\n");
+    struct sens_tip t = {p, a, routed};
+    struct heat h = {L, E, v, lo, hi, 0, p->moe_layer_index, label, "expert", "layer", sens_tip, &t};
+    svg_heat_map(f, &h);
+    fprintf(f, "</div><figcaption>");
+    esc(f, caption);
+    fprintf(f, " Scale from %s to %s.</figcaption></figure>\n", num_g(lo).s, num_g(hi).s);
+    free(v);
+    return MOE_OK;
+}
+
+/* put_sensitivity: EdgeMoE's sweep: the ranked metric and the proxy as heat
+ * maps, the rank agreement and the cost. */
+static enum moe_status put_sensitivity(struct page *g, const struct data *d) {
+    FILE *f = g->f;
+    enum moe_status st;
+    section_open(f, "sensitivity", "Expert sensitivity (EdgeMoE)");
+    fputs("<p>Loss increase when one expert alone runs at the low precision and every other at the base one "
+          "(<code>moe-prep sensitivity</code>); larger = more important. The bit-width search lowers experts "
+          "in the opposite order.</p>\n", f);
+    if ((st = sens_map(g, d->s_score, d->s_routed, "sensitivity per layer and expert",
+                       "The metric the ranking uses (mean KL per position, mean NLL increase, or the proxy; "
+                       "the file's tool_version says which).")))
+        return st;
+    if (d->s_proxy && d->s_kl && d->s_score != d->s_proxy &&
+        (st = sens_map(g, d->s_proxy, d->s_routed, "proxy per layer and expert",
+                       "Proxy: squared gate-weighted output error of the expert on its own tokens, per position.")))
+        return st;
+    fputs("<table><tr><th>figure</th><th>value</th></tr>\n", f);
+    if (d->s_rho) fprintf(f, "<tr><td>Spearman rank agreement, proxy vs metric</td><td>%s</td></tr>\n",
+                          num_f(aval(d->s_rho, 0), 3).s);
+    if (d->s_cost) {
+        fprintf(f, "<tr><td>sweep time</td><td>%s s</td></tr>\n", num_f(aval(d->s_cost, 0), 1).s);
+        fprintf(f, "<tr><td>cost in baseline passes (a naive sweep: %s)</td><td>%s</td></tr>\n",
+                num_f(aval(d->s_cost, 3), 0).s, num_f(aval(d->s_cost, 2), 2).s);
+    }
+    fputs("</table>\n</section>\n", f);
     return MOE_OK;
 }
 
@@ -1370,7 +1456,8 @@ enum moe_status moe_profile_report_render(const struct moe_profile *p, const cha
     if (!(g.used = calloc((size_t)p->n_derived + 1, 1))) return MOE_ERR_NOMEM;
     gather(&g, &d);
     put_head(&g, &d, title);
-    if ((st = put_popularity(&g, &d)) || (st = put_hobbit(&g, &d))) goto done;
+    if (!d.traceless && ((st = put_popularity(&g, &d)) || (st = put_hobbit(&g, &d)))) goto done;
+    if (d.has_sens && (st = put_sensitivity(&g, &d))) goto done;
     if (d.has_stack && (st = put_stacked(&g, &d))) goto done;
     if (d.has_path) put_paths(&g, &d);
     if (d.has_reuse) put_reuse(&g, &d);
