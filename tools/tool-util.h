@@ -13,4 +13,11 @@ void moe_tool_json_string(FILE *f, const char *s);
 int moe_tool_parse_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out);
 int moe_tool_parse_ll(const char *cmd, const char *opt, const char *v, long long lo, long long hi, long long *out);
 
+/* moe_tool_parse_size: option `opt`'s value v as a byte count: a number
+ * with an optional unit B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB,
+ * TB (powers of 1000), case-insensitive, e.g. "2GiB", "1.5 GB", "1048576";
+ * at least 1 byte. On a bad value print "moe-prep CMD: OPT wants a size ..."
+ * and return 0, else store the whole bytes and return 1. */
+int moe_tool_parse_size(const char *cmd, const char *opt, const char *v, long long *out);
+
 #endif

@@ -91,27 +91,6 @@ static void fc_usage(FILE *f) {
             "  moe-prep fit-cache tiny.moeb --profile p.h5 --cache-experts 8,4 --sizes 4,8,16,24 --json\n");
 }
 
-/* parse_size: "2GiB", "512MiB", "1.5 GiB", "4096" (bytes). */
-static int parse_size(const char *v, double *out) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || errno) goto bad;
-    while (*end == ' ') end++;
-    static const char *const units[] = {"", "B", "KiB", "MiB", "GiB", "TiB"};
-    static const double mult[] = {1, 1, 1024.0, 1048576.0, 1073741824.0, 1099511627776.0};
-    for (int i = 0; i < 6; i++)
-        if (!strcasecmp(end, units[i])) {
-            x *= mult[i];
-            if (!(x >= 1) || !isfinite(x) || x > 1e18) goto bad;
-            *out = floor(x);
-            return 1;
-        }
-bad:
-    fprintf(stderr, "moe-prep " CMD ": --fast-mem wants a size such as 2GiB, 512MiB or 1048576 (bytes), not \"%s\"\n",
-            v);
-    return 0;
-}
 
 /* parse_list: comma-separated integers in [lo, hi]; n in [n_min, n_max]. */
 static int parse_list(const char *opt, const char *v, long long lo, long long hi, int n_min, int n_max,
@@ -160,7 +139,9 @@ static int fc_parse(int argc, char **argv, struct fc_args *a) {
         } else if (!strcmp(o, "--low")) {
             if (!(a->low = NEXT())) return 2;
         } else if (!strcmp(o, "--fast-mem")) {
-            if (!(v = NEXT()) || !parse_size(v, &a->fast_mem)) return 2;
+            long long bytes;
+            if (!(v = NEXT()) || !moe_tool_parse_size(CMD, "--fast-mem", v, &bytes)) return 2;
+            a->fast_mem = (double)bytes;
         } else if (!strcmp(o, "--cache-experts")) {
             if (!(v = NEXT()) || !parse_list(o, v, 0, 1 << 30, 2, 2, pair, &np)) return 2;
             a->cache_h = pair[0], a->cache_l = pair[1];
@@ -761,20 +742,9 @@ static int update_profile(const struct fc_args *a, struct moe_profile *p, const 
 static int write_tuning(const struct fc_args *a, const struct fc_model *m, const double *w, int H, int Lc, int *n_keys) {
     struct moe_bundle *b = NULL;
     struct moe_bundle_kv *kv = NULL;
-    struct moe_bundle_kv_item it;
     enum moe_status st;
     if ((st = moe_bundle_open(a->bundle, &b)) || (st = moe_bundle_kv_new(&kv))) goto done;
-    const struct moe_bundle_kv *old = moe_bundle_tuning(b);
-    for (size_t i = 0; !st && !moe_bundle_kv_at(old, i, &it); i++) switch (it.type) {
-        case MOE_KV_STRING: st = moe_bundle_kv_set_str(kv, it.key, it.str); break;
-        case MOE_KV_I64: st = moe_bundle_kv_set_i64(kv, it.key, it.i64); break;
-        case MOE_KV_F64: st = moe_bundle_kv_set_f64(kv, it.key, it.f64); break;
-        case MOE_KV_BOOL: st = moe_bundle_kv_set_bool(kv, it.key, it.b); break;
-        case MOE_KV_BYTES: st = moe_bundle_kv_set_bytes(kv, it.key, it.bytes, it.count); break;
-        case MOE_KV_I64_ARRAY: st = moe_bundle_kv_set_i64_array(kv, it.key, it.i64s, it.count); break;
-        case MOE_KV_F64_ARRAY: st = moe_bundle_kv_set_f64_array(kv, it.key, it.f64s, it.count); break;
-        case MOE_KV_STR_ARRAY: st = moe_bundle_kv_set_str_array(kv, it.key, it.strs, it.count); break;
-        }
+    st = moe_bundle_kv_copy(kv, moe_bundle_tuning(b));
     if (st) goto done;
     moe_bundle_free(b); /* replace_tuning opens the file itself */
     b = NULL;

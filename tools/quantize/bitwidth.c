@@ -227,23 +227,6 @@ static void bw_usage(FILE *f) {
             "--heldout c4.txt\n");
 }
 
-/* parse_size: "12MiB", "3.5GB", "1048576" -> bytes; 0 on a bad value. */
-static long long parse_size(const char *v) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || !(x > 0)) return 0;
-    static const struct { const char *s; double f; } units[] = {
-        {"", 1},         {"B", 1},          {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-        {"KB", 1e3},     {"MB", 1e6},       {"GB", 1e9},      {"K", 1024.0},      {"M", 1048576.0},
-        {"G", 1073741824.0}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (!strcmp(end, units[i].s)) {
-            double b = x * units[i].f;
-            return b >= 1 && b < 9e18 ? (long long)b : 0;
-        }
-    return 0;
-}
-
 static int bw_parse(int argc, char **argv, struct bw_args *a) {
     memset(a, 0, sizeof *a);
     a->max_loss = -1;
@@ -276,11 +259,7 @@ static int bw_parse(int argc, char **argv, struct bw_args *a) {
             if (!moe_tool_parse_double(cmd, o, buf, 0, pct ? 1e4 : 100, &a->max_loss)) return 2;
             if (pct) a->max_loss /= 100;
         } else if (!strcmp(o, "--max-size")) {
-            if (!(a->max_bytes = parse_size(v))) {
-                fprintf(stderr, "moe-prep bitwidth: --max-size wants a size such as 12MiB, 3.5GB or 1048576, not "
-                                "\"%s\"\n", v);
-                return 2;
-            }
+            if (!moe_tool_parse_size(cmd, o, v, &a->max_bytes)) return 2;
         } else if (!strcmp(o, "--ctx")) {
             if (!moe_tool_parse_ll(cmd, o, v, 4, 1 << 20, &n)) return 2;
             a->n_ctx = (int)n;

@@ -729,14 +729,13 @@ static enum moe_status save(const struct moe_model *m, const struct sens_args *a
         const double naive_eq = (double)n + 1;
         const double cost[4] = {s->seconds, s->base_seconds, s->base_seconds > 0 ? s->seconds / s->base_seconds : NAN,
                                 naive_eq};
-        if ((st = moe_profile_put_f64(p, "sensitivity.kl", 2, le, kl)) ||
-            (st = moe_profile_put_f64(p, "sensitivity.dnll", 2, le, dn)) ||
-            (st = moe_profile_put_f64(p, "sensitivity.proxy", 2, le, px)) ||
-            (st = moe_profile_put_f64(p, "sensitivity.score", 2, le, score)) ||
-            (st = moe_profile_put_i32(p, "sensitivity.order", 1, &nn, order)) ||
-            (st = moe_profile_put_f64(p, "sensitivity.spearman_proxy", 1, &one, &rho)) ||
-            (st = moe_profile_put_f64(p, "sensitivity.cost", 1, &four, cost))) {
-        }
+        (void)((st = moe_profile_put_f64(p, "sensitivity.kl", 2, le, kl)) ||
+               (st = moe_profile_put_f64(p, "sensitivity.dnll", 2, le, dn)) ||
+               (st = moe_profile_put_f64(p, "sensitivity.proxy", 2, le, px)) ||
+               (st = moe_profile_put_f64(p, "sensitivity.score", 2, le, score)) ||
+               (st = moe_profile_put_i32(p, "sensitivity.order", 1, &nn, order)) ||
+               (st = moe_profile_put_f64(p, "sensitivity.spearman_proxy", 1, &one, &rho)) ||
+               (st = moe_profile_put_f64(p, "sensitivity.cost", 1, &four, cost)));
         free(kl);
         free(order);
         if (st) goto done;
@@ -927,7 +926,6 @@ int moe_prep_sensitivity(int argc, char **argv) {
     }
     a.low = moe_bundle_precision_at(m->bundle, (uint32_t)low)->name;
     a.base = moe_bundle_precision_at(m->bundle, (uint32_t)base)->name;
-    if (!a.base[0] || !a.low[0]) goto done;
     for (int l = 0; l < m->cfg.n_layer; l++)
         for (int e = 0; m->cfg.layer_moe[l] && e < m->cfg.n_expert; e++)
             if (moe_model_set_expert_precision(m, l, e, base)) goto done;
