@@ -97,6 +97,7 @@ enum moe_cache_outcome {
     MOE_CACHE_MISS_LOW = 3,  /* the low copy must be loaded */
     MOE_CACHE_SKIP = 4,      /* need skip and no copy cached: the expert is not computed */
 };
+#define MOE_CACHE_N_OUTCOMES 5
 
 struct moe_cache_result {
     enum moe_cache_outcome outcome;
@@ -135,6 +136,14 @@ void moe_cache_begin_step(struct moe_cache *c, int layer, int32_t T);
  * served access (not of a skip) and fills *r. */
 void moe_cache_access(struct moe_cache *c, int32_t g, enum moe_cache_need need, int32_t next_high,
                       int32_t next_low, struct moe_cache_result *r);
+
+/* moe_cache_access_n: n accesses of the current step in a row, exactly as n
+ * calls of moe_cache_access (g[i], need[i] (enum moe_cache_need values),
+ * next_high[i], next_low[i]; NULL arrays = MOE_CACHE_NEVER), for drivers that
+ * only count: counts[outcome] and *prefetch_hits (may be NULL) are
+ * incremented; evictions and kept flags are not reported. */
+void moe_cache_access_n(struct moe_cache *c, int n, const int32_t *g, const uint8_t *need, const int32_t *next_high,
+                        const int32_t *next_low, int64_t counts[MOE_CACHE_N_OUTCOMES], int64_t *prefetch_hits);
 
 /* moe_cache_prefetch: load expert g's high copy ahead of its use and
  * protect it from eviction until the step `ahead` steps after the current

@@ -9,6 +9,11 @@
  * Belady's MIN. The model and every choice are in docs/cache-sim.md; the
  * papers' formulas in ../shared/papers/ALGORITHMS.md.
  *
+ * The policies themselves live in the runtime's cache core (moe-cache.h,
+ * runtime/cache.c): moe_cache_simulate is a replay driver that feeds the
+ * core the recorded accesses and only counts, so what fit-cache fits is what
+ * moe-run executes. This module keeps what only an offline replay needs.
+ *
  * Use: prepare the part of a trace to replay once (moe_cache_trace_new: the
  * decode order, each access's precision need under T1/T2, prefetch lists,
  * Belady's next-use indices), then run any number of policies and
@@ -25,35 +30,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe-cache.h"
 #include "moe-status.h"
 #include "routing-stats.h"
-
-/* The policies, in the fixed order of the rows of the cache.* profile
- * arrays and of every table (append only). */
-enum moe_cache_policy {
-    MOE_CACHE_LRU = 0,        /* least recently used */
-    MOE_CACHE_LFU_SEQ = 1,    /* least uses in the current sequence */
-    MOE_CACHE_LFU_GLOBAL = 2, /* least uses since the replay began */
-    MOE_CACHE_LHU = 3,        /* least high-precision uses in the sequence */
-    MOE_CACHE_FLD = 4,        /* furthest forward layer distance */
-    MOE_CACHE_EDGEMOE = 5,    /* highest -f/d (EdgeMoE) */
-    MOE_CACHE_STATIC = 6,     /* Twiddler: most popular experts pinned */
-    MOE_CACHE_HOBBIT = 7,     /* lowest weighted priority p_t */
-    MOE_CACHE_BELADY = 8,     /* next use furthest in the future (offline) */
-};
-#define MOE_CACHE_N_POLICIES 9
-#define MOE_CACHE_N_WEIGHTS 4 /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld */
-
-/* What an access needs under HOBBIT's precision rule. */
-enum moe_cache_need {
-    MOE_CACHE_NEED_SKIP = 0, /* s > T2: used only if some copy is cached, else skipped */
-    MOE_CACHE_NEED_LOW = 1,  /* T1 < s <= T2: a low or a high copy */
-    MOE_CACHE_NEED_HIGH = 2, /* s <= T1, and always the top-1: the high copy */
-};
-
-/* moe_cache_policy_name: "lru", "lfu-seq", "lfu-global", "lhu", "fld",
- * "edgemoe", "twiddler", "hobbit", "belady"; "?" for an unknown value. */
-const char *moe_cache_policy_name(enum moe_cache_policy p);
 
 /* ---- the prepared trace ---- */
 
@@ -101,22 +80,6 @@ void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_tra
 
 /* ---- replay ---- */
 
-/* One cache configuration. The arrays are borrowed for the call. */
-struct moe_cache_config {
-    int high_cap, low_cap;  /* experts the high and low caches hold (>= 0; 0 = nothing kept) */
-    double low_cost;        /* penalty of a low-precision miss (B_low / B_high); a high miss costs 1 */
-    double high_bytes, low_bytes; /* bytes of one copy, for the bytes moved (0: not counted) */
-    double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld (>= 0, summing to 1) */
-    const double *freq;     /* [L*E] activation frequency (EdgeMoE); NULL = all 1 */
-    const int32_t *order;   /* [L*E] layer*E + expert, most popular first; needed by STATIC */
-    int prefetch;           /* 1: load the trace's prefetch lists before each decode step
-                             * (ignored by STATIC and BELADY) */
-};
-
-/* moe_cache_default_config: empty caches, low_cost 0.5, no byte sizes,
- * HOBBIT weights 0.25 each, no frequencies or order, no prefetch. */
-struct moe_cache_config moe_cache_default_config(void);
-
 /* What a replay counts. accesses = hits_high + hits_low + misses_high +
  * misses_low + skips. */
 struct moe_cache_stats {
@@ -132,10 +95,12 @@ struct moe_cache_stats {
 
 /* moe_cache_simulate: replay tr under policy p with configuration c (caches
  * start empty; their contents persist across sequences; per-sequence records
- * reset at each sequence). Deterministic. Thread-safe for concurrent calls on
- * the same tr. Errors: MOE_ERR_INVALID (bad policy or configuration, STATIC
- * without order, weights negative or not summing to 1 within 1e-6),
- * MOE_ERR_NOMEM; logged. */
+ * reset at each sequence) through one moe_cache object: at each decode step
+ * the step's prefetch list (c->prefetch) is prefetched with ahead 0, then
+ * every access is made with the trace's next-use indices. Deterministic.
+ * Thread-safe for concurrent calls on the same tr. Errors: MOE_ERR_INVALID
+ * (no trace, or what moe_cache_check_config refuses), MOE_ERR_NOMEM;
+ * logged. */
 enum moe_status moe_cache_simulate(const struct moe_cache_trace *tr, enum moe_cache_policy p,
                                    const struct moe_cache_config *c, struct moe_cache_stats *out);
 
