@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "moe-bundle.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-sampler.h"
