@@ -502,7 +502,7 @@ int main(int argc, char **argv) {
                 jl += (size_t)snprintf(json + jl, sizeof json - jl, "%s\"%s\":%.1f", i ? "," : "", res[i].name,
                                        res[i].mb_s);
         }
-        if (best >= 0) printf("  fastest: %s\n", res[best].name);
+        if (best >= 0) printf("  fastest: %s, %.1f MB/s\n", res[best].name, res[best].mb_s);
         jl += (size_t)snprintf(json + jl, sizeof json - jl, "},\"fastest\":\"%s\"}", best >= 0 ? res[best].name : "");
     }
     snprintf(json + jl, sizeof json - jl, "]}");
