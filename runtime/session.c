@@ -349,7 +349,7 @@ static enum moe_status begin_chunk(struct moe_session *s, int n) {
             s->tr_seqcap = cap;
         }
         if (s->tr_nseq == 0) s->tr_seq_start[0] = 0;
-        else if (s->tr_seq_start[s->tr_nseq] == (int32_t)s->tr_tokens) s->tr_nseq--; /* an empty sequence */
+        else if (s->tr_seq_start[s->tr_nseq - 1] == (int32_t)s->tr_tokens) s->tr_nseq--; /* drop an empty one */
         s->tr_nseq++;
     }
     enum moe_status st = trace_grow(s, n);
