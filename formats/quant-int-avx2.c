@@ -125,16 +125,20 @@ INL __m256i scale16(const struct kq *p, int t) {
 }
 
 INL void kprep_asym(const uint8_t *b, struct kq *p) {
-    uint32_t s[3];
-    memcpy(s, b + 4, 12);
-    const uint32_t sc03 = s[0] & 0x3f3f3f3fu, m03 = s[1] & 0x3f3f3f3fu;
-    const uint32_t sc47 = (s[2] & 0x0f0f0f0fu) | (((s[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t m47 = ((s[2] >> 4) & 0x0f0f0f0fu) | (((s[1] >> 6) & 0x03030303u) << 4);
-    const __m128i v = _mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47);
-    p->ss = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v)); /* sc0..sc7 as int16, twice */
-    p->m16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));   /* m0 m0 m1 m1 ... m7 m7 */
-    p->d = h2f(b);
-    p->dmin = h2f(b + 2);
+    const __m128i v = ld16(b); /* d, dmin, scales[12] as 32-bit lanes: dd S0 S1 S2 */
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)); /* S0 S2 S1 S2 */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)); /* S0 S0 S1 S1 */
+    /* lanes: sc0-3 = S0 & 63, sc4-7 = (S2 & 15) | (S0 >> 6) << 4, m0-3 = S1 & 63,
+     * m4-7 = (S2 >> 4) | (S1 >> 6) << 4 (bytewise) */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    const __m128i sm = _mm_or_si128(lo, hi); /* sc0..sc7 m0..m7 */
+    p->ss = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* sc0..sc7 as int16, twice */
+    p->m16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));   /* m0 m0 m1 m1 ... m7 m7 */
+    const __m128 dd = _mm_cvtph_ps(v);
+    p->d = _mm_cvtss_f32(dd);
+    p->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
 }
 INL void kprep_q4_K(const uint8_t *b, struct kq *p) { kprep_asym(b, p); }
 INL void kprep_q5_K(const uint8_t *b, struct kq *p) {
@@ -168,11 +172,19 @@ INL __m256i kw_q2_K(const uint8_t *b, const struct kq *p, int t) {
     return _mm256_and_si256(srl16(v, 2 * (t % 4)), _mm256_set1_epi8(3));
 }
 
+/* The 16 signed 6-bit scales (moe_q3k_scale) as int16: low nibbles from bytes
+ * s % 8 (>> 4 for s >= 8), high 2 bits of scale s = 4j + i from byte 8 + i at
+ * bit 2j, which is byte s of the dwords hi4 >> 2j. */
 INL void kprep_q3_K(const uint8_t *b, struct kq *p) {
     const uint8_t *sc = b + offsetof(moe_block_q3_K, scales);
-    int16_t s[16];
-    for (int k = 0; k < 16; k++) s[k] = (int16_t)moe_q3k_scale(k, sc);
-    p->ss = _mm256_loadu_si256((const __m256i *)s);
+    uint32_t hi4;
+    memcpy(&hi4, sc + 8, 4);
+    const __m128i m15 = _mm_set1_epi8(15), v = _mm_loadl_epi64((const __m128i *)sc);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, m15), _mm_and_si128(_mm_srli_epi16(v, 4), m15));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi4), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    const __m128i s6 = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    p->ss = _mm256_cvtepi8_epi16(s6);
     p->aux = ld32(b + offsetof(moe_block_q3_K, hmask));
     p->d = h2f(b + offsetof(moe_block_q3_K, d));
     p->dmin = 0.0f;

@@ -65,16 +65,25 @@ INL __m512i byte2(int a, int b) {
     return _mm512_inserti64x4(_mm512_set1_epi8((char)a), _mm256_set1_epi8((char)b), 1);
 }
 
-/* Scale index vectors for vpermd: lane -> sub-block of that lane, for chunk k
- * (64 weights) of 32-weight sub-blocks (q4_k, q5_k: 2k, 2k+1) or 16-weight ones
- * (q2_k, q3_k, q6_k: 4k .. 4k+3). */
-INL __m512i idx32(int k) {
-    return _mm512_add_epi32(_mm512_set1_epi32(2 * k),
-                            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+/* Scales: after kprep, sc holds sub-block s's scale as an int16 pair (scale, 0)
+ * in int32 lane s. One vpermd per super-block arranges them so that chunk k's
+ * scales are dword k of each 128-bit lane, and vpshufd (in-lane, cheap) then
+ * broadcasts them. Chunk k of 32-weight sub-blocks (q4_k, q5_k) has sub-block
+ * 2k in 128-bit lanes 0-1 and 2k+1 in lanes 2-3; of 16-weight ones (q2_k,
+ * q3_k, q6_k), sub-block 4k + L in lane L. */
+INL __m512i spread32(__m512i sc) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7), sc);
 }
-INL __m512i idx16(int k) {
-    return _mm512_add_epi32(_mm512_set1_epi32(4 * k),
-                            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+INL __m512i spread16(__m512i sc) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sc);
+}
+INL __m512i chunk_scales(__m512i spread, int k) {
+    switch (k) {
+    case 0: return _mm512_shuffle_epi32(spread, _MM_PERM_AAAA);
+    case 1: return _mm512_shuffle_epi32(spread, _MM_PERM_BBBB);
+    case 2: return _mm512_shuffle_epi32(spread, _MM_PERM_CCCC);
+    default: return _mm512_shuffle_epi32(spread, _MM_PERM_DDDD);
+    }
 }
 
 INL float hsum256(__m256 v) {
@@ -144,16 +153,20 @@ struct kq {
 /* q4_k / q5_k: 8 scales and 8 mins of 6 bits in 12 bytes (moe_q4k_scale_min),
  * unpacked with 32-bit word operations. */
 INL void kprep_asym(const uint8_t *b, struct kq *p) {
-    uint32_t s[3];
-    memcpy(s, b + 4, 12);
-    const uint32_t sc03 = s[0] & 0x3f3f3f3fu, m03 = s[1] & 0x3f3f3f3fu;
-    const uint32_t sc47 = (s[2] & 0x0f0f0f0fu) | (((s[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t m47 = ((s[2] >> 4) & 0x0f0f0f0fu) | (((s[1] >> 6) & 0x03030303u) << 4);
-    const __m128i v = _mm_setr_epi32((int)sc03, (int)sc47, (int)m03, (int)m47);
-    p->sc = _mm512_cvtepu8_epi32(v);                                /* lanes 8-15 (mins) unused */
-    p->m16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));        /* m0 m0 m1 m1 ... m7 m7 */
-    p->d = h2f(b);
-    p->dmin = h2f(b + 2);
+    const __m128i v = ld16(b); /* d, dmin, scales[12] as 32-bit lanes: dd S0 S1 S2 */
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)); /* S0 S2 S1 S2 */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)); /* S0 S0 S1 S1 */
+    /* lanes: sc0-3 = S0 & 63, sc4-7 = (S2 & 15) | (S0 >> 6) << 4, m0-3 = S1 & 63,
+     * m4-7 = (S2 >> 4) | (S1 >> 6) << 4 (bytewise) */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    const __m128i sm = _mm_or_si128(lo, hi); /* sc0..sc7 m0..m7 */
+    p->sc = _mm512_cvtepu8_epi32(sm);                               /* lanes 8-15 (mins) unused */
+    p->m16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));      /* m0 m0 m1 m1 ... m7 m7 */
+    const __m128 dd = _mm_cvtph_ps(v);
+    p->d = _mm_cvtss_f32(dd);
+    p->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
 }
 INL void kprep_q4_K(const uint8_t *b, struct kq *p) { kprep_asym(b, p); }
 INL void kprep_q5_K(const uint8_t *b, struct kq *p) {
@@ -165,7 +178,7 @@ INL void kprep_q5_K(const uint8_t *b, struct kq *p) {
 INL __m512i kw_q4_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
     (void)p, (void)neg;
     const __m512i v = bcast32(b + offsetof(moe_block_q4_K, qs) + 32 * k);
-    return _mm512_and_si512(_mm512_srlv_epi16(v, cnt2(0, 4)), _mm512_set1_epi8(15));
+    return _mm512_and_si512(_mm512_mask_srli_epi16(v, (__mmask32)0xffff0000u, v, 4), _mm512_set1_epi8(15));
 }
 INL __m512i kw_q5_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
     (void)neg;
@@ -251,22 +264,24 @@ INL __m512i kw_q6_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg)
  * vpdpwssd against each activation; then scale the super-block's int32 lanes
  * in float. IDX maps lanes to sub-blocks; MIN and SIGNED are constants.
  */
-#define K_TILE(T, WB, IDX, MIN, SIGNED)                                                          \
+#define K_TILE(T, WB, SPREAD, MIN, SIGNED)                                                       \
     INL void T##_tile(const int R, const int C, const uint8_t *const *w, const uint8_t *const *x, \
                       int64_t nb, float *out) {                                                  \
         __m512 acc[4];                                                                           \
-        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();                                \
+        __m256 accm[4];                                                                          \
+        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), accm[k] = _mm256_setzero_ps(); \
         for (int64_t i = 0; i < nb; i++) {                                                       \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                \
                 const uint8_t *b = w[r] + (int64_t)(WB) * i;                                     \
                 struct kq p;                                                                     \
                 kprep_##T(b, &p);                                                                \
+                const __m512i sp = SPREAD(p.sc);                                                 \
                 __m512i isum[4];                                                                 \
                 for (int c = 0; c < 4; c++) isum[c] = _mm512_setzero_si512();                    \
                 _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                            \
                     __mmask64 neg = 0;                                                           \
                     const __m512i wk = kw_##T(b, &p, k, &neg);                                   \
-                    const __m512i sk = _mm512_permutexvar_epi32(IDX(k), p.sc);                   \
+                    const __m512i sk = chunk_scales(sp, k);                                      \
                     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                        \
                         __m512i xv = ld64(x[c] + QK8 * i + 4 + 64 * k);                          \
                         if (SIGNED) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv); \
@@ -277,25 +292,25 @@ INL __m512i kw_q6_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg)
                 _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                            \
                     const uint8_t *xb = x[c] + QK8 * i;                                          \
                     const float dx = f32at(xb);                                                  \
-                    __m512 a = _mm512_fmadd_ps(_mm512_set1_ps(p.d * dx), _mm512_cvtepi32_ps(isum[c]), \
-                                               acc[r * C + c]);                                  \
+                    acc[r * C + c] = _mm512_fmadd_ps(_mm512_set1_ps(p.d * dx), _mm512_cvtepi32_ps(isum[c]), \
+                                                     acc[r * C + c]);                            \
                     if (MIN) {                                                                   \
                         const __m256i mi = _mm256_madd_epi16(ld32(xb + 260), p.m16);             \
-                        a = _mm512_fnmadd_ps(_mm512_set1_ps(p.dmin * dx),                        \
-                                             _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mi)), a); \
+                        accm[r * C + c] = _mm256_fnmadd_ps(_mm256_set1_ps(p.dmin * dx),          \
+                                                           _mm256_cvtepi32_ps(mi), accm[r * C + c]); \
                     }                                                                            \
-                    acc[r * C + c] = a;                                                          \
                 }                                                                                \
             }                                                                                    \
         }                                                                                        \
-        for (int k = 0; k < R * C; k++) out[k] = _mm512_reduce_add_ps(acc[k]);                   \
+        for (int k = 0; k < R * C; k++)                                                          \
+            out[k] = MIN ? _mm512_reduce_add_ps(acc[k]) + hsum256(accm[k]) : _mm512_reduce_add_ps(acc[k]); \
     }
 
-K_TILE(q2_K, sizeof(moe_block_q2_K), idx16, 1, 0)
-K_TILE(q3_K, sizeof(moe_block_q3_K), idx16, 0, 1)
-K_TILE(q4_K, sizeof(moe_block_q4_K), idx32, 1, 0)
-K_TILE(q5_K, sizeof(moe_block_q5_K), idx32, 1, 0)
-K_TILE(q6_K, sizeof(moe_block_q6_K), idx16, 0, 1)
+K_TILE(q2_K, sizeof(moe_block_q2_K), spread16, 1, 0)
+K_TILE(q3_K, sizeof(moe_block_q3_K), spread16, 0, 1)
+K_TILE(q4_K, sizeof(moe_block_q4_K), spread32, 1, 0)
+K_TILE(q5_K, sizeof(moe_block_q5_K), spread32, 1, 0)
+K_TILE(q6_K, sizeof(moe_block_q6_K), spread16, 0, 1)
 
 /* The tile shapes of the table. */
 #define SHAPES(T)                                                                                 \

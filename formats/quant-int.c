@@ -323,18 +323,17 @@ static void tile_loop(const struct moe_quant_kernels *k, enum moe_qtype wt, int6
         return;
     }
     if (nx == 1) {
-        int64_t r = 0;
-        for (; r + 4 <= nw; r += 4) {
-            const uint8_t *w[4] = {w0 + r * ws, w0 + (r + 1) * ws, w0 + (r + 2) * ws, w0 + (r + 3) * ws};
+        /* 4 rows a quarter of the matrix apart: four long sequential streams,
+         * which hardware prefetchers follow (4 adjacent rows per call would
+         * start 4 short cold streams every call and run at a fraction of the
+         * bandwidth); then the last nw % 4 rows one by one */
+        const int64_t q = nw / 4;
+        for (int64_t r = 0; r < q; r++) {
+            const uint8_t *w[4] = {w0 + r * ws, w0 + (q + r) * ws, w0 + (2 * q + r) * ws, w0 + (3 * q + r) * ws};
             f[MOE_TILE_4X1](w, &x0, nb, o);
-            for (int i = 0; i < 4; i++) out[(r + i) * osw] = o[i];
+            for (int i = 0; i < 4; i++) out[(i * q + r) * osw] = o[i];
         }
-        for (; r + 2 <= nw; r += 2) {
-            const uint8_t *w[2] = {w0 + r * ws, w0 + (r + 1) * ws};
-            f[MOE_TILE_2X1](w, &x0, nb, o);
-            out[r * osw] = o[0], out[(r + 1) * osw] = o[1];
-        }
-        if (r < nw) {
+        for (int64_t r = 4 * q; r < nw; r++) {
             const uint8_t *w = w0 + r * ws;
             f[MOE_TILE_1X1](&w, &x0, nb, o);
             out[r * osw] = o[0];
