@@ -338,12 +338,17 @@ const char *moe_quant_isa_str(enum moe_quant_isa isa);
  *
  * so a caller can use these functions for every stored type.
  *
- * Accuracy: against moe_vec_dot with the float activations, the result differs
- * by the activation quantization error, |sum_i w[i] * (x[i] - xq[i])|, which is
- * at most sum_i |w[i]| * 0.57 * d_x(block of i) for q8_0 activations (rounding to
- * the 1/127 grid plus the f16 rounding of d_x) and sum_i |w[i]| * 0.51 * |d_x| for
- * q8_k; in practice about 0.3 % of sqrt(sum w^2 x^2) * sqrt(n) ... far less than the
- * weight quantization error. tests/test-quant.c checks these bounds.
+ * Accuracy: against moe_vec_dot with the float activations x, the result
+ * differs by the activation quantization error sum_i w[i] * (x[i] - xd[i]) (xd =
+ * the dequantized activation), and tests/test-quant.c checks the per-element
+ * bound |x[i] - xd[i]| <= d_x / 2 + 2^-10 |x[i]| + 2^-18 (q8_0: rounding to the
+ * block's grid plus the f16 rounding of d_x) or <= |d_x| / 2 + 2^-21 |x[i]|
+ * (q8_k). Measured on rows of 4096 with w ~ N(0, 0.02^2), x ~ N(0, 1): the rms
+ * error is 0.6 % (q8_0 activations) to 0.8 % (q8_k) of the rms dot product, against
+ * a weight quantization error of 0.6 % (q8_0), 1.8 % (q6_k), 7.9 % (q4_k); with
+ * 1 % of x scaled by 10 (outlier channels) it is 1 % and 2.4 %. So for q8_0
+ * weights the integer path about doubles the error of the dot product, for
+ * q4_k it adds little.
  */
 
 /* moe_act_type: the activation block type for weights of type wt (table above).

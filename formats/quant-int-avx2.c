@@ -360,13 +360,15 @@ static TGT void act_q8_K(const float *x, void *y, int64_t nb) {
             }
             const float iscale = -127.0f / max;
             const __m256 vs = _mm256_set1_ps(iscale);
-            const __m256i cap = _mm256_set1_epi32(127);
+            const __m256i cap = _mm256_set1_epi32(127), bad = _mm256_set1_epi32((int)0x80000000u);
             for (int k = 0; k < 8; k++) { /* 32 quants: two bsums */
                 __m256i q[4];
                 for (int u = 0; u < 4; u++)
                     q[u] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * k + 8 * u)),
                                                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
                                             cap);
+                /* non-finite products: 0, as the reference (see quant-int-avx512.c) */
+                for (int u = 0; u < 4; u++) q[u] = _mm256_andnot_si256(_mm256_cmpeq_epi32(q[u], bad), q[u]);
                 _mm256_storeu_si256((__m256i *)(o + offsetof(moe_block_q8_K, qs) + 32 * k),
                                     low_bytes(q[0], q[1], q[2], q[3]));
                 for (int s = 0; s < 2; s++) {

@@ -399,6 +399,11 @@ static TGT void act_q8_K(const float *x, void *y, int64_t nb) {
             for (int k = 0; k < 16; k++) {
                 __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * k)),
                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                /* a non-finite product (1/max overflowed for a subnormal max)
+                 * converts to INT32_MIN; the reference's rounding trick gives a
+                 * value whose low byte is 0 there, so store 0; then cap at 127 */
+                const __m512i bad = _mm512_set1_epi32((int)0x80000000u);
+                q = _mm512_mask_mov_epi32(q, _mm512_cmpeq_epi32_mask(q, bad), _mm512_setzero_si512());
                 q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
                 _mm_storeu_si128((__m128i *)(o + offsetof(moe_block_q8_K, qs) + 16 * k), _mm512_cvtepi32_epi8(q));
                 bsums[k] = (int16_t)_mm512_reduce_add_epi32(q);

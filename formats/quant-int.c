@@ -409,13 +409,22 @@ enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, 
     const struct moe_quant_kernels *k = moe_quant_kernels_now();
     const size_t rb = moe_qtype_row_bytes(wt, n);
     const uint8_t *g0 = gate, *u0 = up, *x0 = xq;
-    const moe_dotq_fn f2 = k->dotq[wt][MOE_TILE_2X1];
-    if (nx == 1 && f2) { /* decode: the gate and up rows in one pass over x */
-        for (int64_t r = 0; r < rows; r++) {
-            const uint8_t *w[2] = {g0 + r * rb, u0 + r * rb};
-            float o[2];
-            f2(w, &x0, nb, o);
+    const moe_dotq_fn f2 = k->dotq[wt][MOE_TILE_2X1], f4 = k->dotq[wt][MOE_TILE_4X1];
+    if (nx == 1 && f2) {
+        /* decode: gate and up rows r and q + r in one call, four sequential
+         * streams (see tile_loop), then the middle row if rows is odd */
+        const int64_t q = rows / 2;
+        float o[4];
+        for (int64_t r = 0; r < q; r++) {
+            const uint8_t *w[4] = {g0 + r * rb, u0 + r * rb, g0 + (q + r) * rb, u0 + (q + r) * rb};
+            f4(w, &x0, nb, o);
             h[r] = silu(o[0]) * o[1];
+            h[q + r] = silu(o[2]) * o[3];
+        }
+        if (rows % 2) {
+            const uint8_t *w[2] = {g0 + (rows - 1) * rb, u0 + (rows - 1) * rb};
+            f2(w, &x0, nb, o);
+            h[rows - 1] = silu(o[0]) * o[1];
         }
         return MOE_OK;
     }

@@ -13,10 +13,13 @@
  *      (moe_vec_dot per row and token against one moe_mat_dot_act);
  *   3. moe_quantize_row (the scalar reference) in MB/s of f32 input.
  *
- * Usage: bench-quant [--mb N] [--reps N] [--types q4_k,q8_0,...] [--no-quantize] [--csv]
+ * With --threads N, the matvec (float against int) also runs on N threads.
+ *
+ * Usage: bench-quant [--mb N] [--reps N] [--types q4_k,q8_0,...] [--threads N] [--no-quantize] [--csv]
  * Example: ./build/tests/bench-quant --mb 128 --reps 3
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,11 +71,58 @@ static float stream_sum(const float *a, size_t n) {
     return s;
 }
 
+/* ---- multi-threaded runs: rows (or stream elements) split evenly --------- */
+
+struct job {
+    int kind; /* 0 stream sum, 1 float dots (moe_vec_dot), 2 moe_mat_dot_act */
+    enum moe_qtype t;
+    int64_t n, r0, r1;
+    const uint8_t *w;
+    size_t rb, ab;
+    const float *x, *buf;
+    const void *xq;
+    float *out, res;
+};
+
+static void *run_job(void *arg) {
+    struct job *j = arg;
+    float s = 0;
+    if (j->kind == 0) s = stream_sum(j->buf + j->r0, (size_t)(j->r1 - j->r0));
+    else if (j->kind == 1)
+        for (int64_t r = j->r0; r < j->r1; r++) s += moe_vec_dot(j->t, j->w + j->rb * r, j->x, j->n);
+    else
+        moe_mat_dot_act(j->t, j->n, j->w + j->rb * j->r0, j->rb, j->r1 - j->r0, j->xq, j->ab, 1, j->out + j->r0, 1, 1);
+    j->res = s;
+    return NULL;
+}
+
+/* Runs `tmpl` over [0, total) split in nt slices (nt - 1 new threads plus this
+ * one, created per call); returns the seconds taken. Stream slices stay
+ * multiples of 16 floats (aligned loads). */
+static double run_split(int nt, const struct job *tmpl, int64_t total, float *sink) {
+    struct job jobs[64];
+    pthread_t th[64];
+    for (int i = 0; i < nt; i++) {
+        jobs[i] = *tmpl;
+        int64_t a = total * i / nt, b = total * (i + 1) / nt;
+        if (tmpl->kind == 0) a &= ~(int64_t)15, b = i == nt - 1 ? total : b & ~(int64_t)15;
+        jobs[i].r0 = a, jobs[i].r1 = b;
+    }
+    double t0 = now();
+    for (int i = 1; i < nt; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    run_job(&jobs[0]);
+    for (int i = 1; i < nt; i++) pthread_join(th[i], NULL);
+    double dt = now() - t0;
+    for (int i = 0; i < nt; i++) *sink += jobs[i].res;
+    return dt;
+}
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: bench-quant [--mb N] [--reps N] [--types LIST] [--no-quantize] [--csv]\n"
+    fprintf(f, "usage: bench-quant [--mb N] [--reps N] [--types LIST] [--threads N] [--no-quantize] [--csv]\n"
                "  --mb N        weight bytes per matrix in MiB (default 128; use > the L3 cache)\n"
                "  --reps N      timed repetitions, best kept (default 3)\n"
                "  --types LIST  comma-separated types (default: all)\n"
+               "  --threads N   also run matvec with N threads, float against int (default 1: no)\n"
                "  --no-quantize skip the quantize table\n"
                "  --csv         machine-readable output\n"
                "example: bench-quant --mb 128 --reps 3\n");
@@ -80,18 +130,19 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     size_t mb = 128;
-    int reps = 3, csv = 0, do_quant = 1;
+    int reps = 3, csv = 0, do_quant = 1, threads = 1;
     const char *types = "f32,f16,bf16,q8_0,q6_k,q5_k,q4_k,q4_0,q3_k,q2_k,q8_k";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) types = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-quantize")) do_quant = 0;
         else if (!strcmp(argv[i], "--csv")) csv = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
         else { usage(stderr); return 2; }
     }
-    if (mb < 1 || mb > 8192 || reps < 1) { usage(stderr); return 2; }
+    if (mb < 1 || mb > 8192 || reps < 1 || threads < 1 || threads > 64) { usage(stderr); return 2; }
     const int64_t n = 4096;
     const size_t bytes = mb << 20;
 
@@ -229,6 +280,41 @@ int main(int argc, char **argv) {
                        moe_qtype_name(t), "", moe_quant_isa_name(), moe_quant_int_isa_name(), NTOK, gw / bt, gw / bm,
                        bt / bm);
         }
+        /* an expert's gate and up (two matrices of rows/2, one activation):
+         * moe_gate_up_act reading both in one pass, against two moe_mat_dot_act
+         * calls and the SiLU product */
+        const int64_t grows = rows / 2;
+        for (int isa = 1; isa < 3; isa++) {
+            if (!moe_quant_isa_supported((enum moe_quant_isa)isa)) continue;
+            moe_quant_set_isa((enum moe_quant_isa)isa);
+            const uint8_t *gate = w, *up = w + rb * (size_t)grows;
+            double bs = 1e30, bf = 1e30;
+            for (int r = 0; r < reps + 1; r++) {
+                double t0 = now();
+                moe_quantize_act(t, x, xq, n);
+                moe_mat_dot_act(t, n, gate, rb, grows, xq, ab, 1, out, 1, 1);
+                moe_mat_dot_act(t, n, up, rb, grows, xq, ab, 1, out + grows, 1, 1);
+                for (int64_t i = 0; i < grows; i++) out[i] = out[i] / (1.0f + expf(-out[i])) * out[grows + i];
+                double t1 = now();
+                moe_quantize_act(t, x, xq, n);
+                moe_gate_up_act(t, n, gate, up, grows, xq, ab, 1, out, (size_t)grows);
+                double t2 = now();
+                sink += out[3];
+                if (r > 0) {
+                    if (t1 - t0 < bs) bs = t1 - t0;
+                    if (t2 - t1 < bf) bf = t2 - t1;
+                }
+            }
+            const double wb = (double)(rb * (size_t)(2 * grows));
+            if (csv)
+                printf("gateup,%s,%.4f,%s,%s,%.3f,%.2f,,%.2f,%.2f,%.1f,,\n", moe_qtype_name(t),
+                       moe_qtype_bits_per_weight(t), moe_quant_isa_name(), moe_quant_int_isa_name(), bf * 1e3,
+                       wb / bs / 1e9, wb / bf / 1e9, bs / bf, 100.0 * wb / bf / 1e9 / stream_gbs);
+            else
+                printf("%-5s %7s  %-6s %-10s gate+up: two mat_dot %.2f GB/s, fused moe_gate_up_act %.2f GB/s (%.2fx)\n",
+                       moe_qtype_name(t), "", moe_quant_isa_name(), moe_quant_int_isa_name(), wb / bs / 1e9,
+                       wb / bf / 1e9, bs / bf);
+        }
         nsum++;
     }
     if (!csv && nsum > 0) {
@@ -240,6 +326,59 @@ int main(int argc, char **argv) {
                     printf("   %s: matvec %.2fx matmul %.2fx", moe_quant_isa_str((enum moe_quant_isa)isa),
                            summary[i].ratio[isa], summary[i].mm[isa]);
             printf("\n");
+        }
+    }
+    /* 2b. the same matvec on several threads (rows split evenly; threads
+     *     created per call, which costs well under 1 % at this matrix size),
+     *     against an equally split streaming read */
+    if (threads > 1) {
+        moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+        struct job sj = {.kind = 0, .buf = buf};
+        double bsn = 1e30;
+        float fs = 0;
+        for (int r = 0; r < reps + 1; r++) {
+            const double dt = run_split(threads, &sj, (int64_t)nf, &fs);
+            if (r > 0 && dt < bsn) bsn = dt;
+        }
+        sink += fs;
+        const double sgbs = (double)bytes / bsn / 1e9;
+        if (csv) printf("stream%d,f32,32,sse2,,%.3f,%.2f,,,,100,,\n", threads, bsn * 1e3, sgbs);
+        else
+            printf("\n%d threads (%s, int %s): streaming read %.2f GB/s\n%-5s %8s %8s %6s %8s\n", threads,
+                   moe_quant_isa_name(), moe_quant_int_isa_name(), sgbs, "type", "float", "int-mat", "ratio",
+                   "%stream");
+        snprintf(list, sizeof list, "%s", types);
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+            enum moe_qtype t;
+            moe_qtype_from_name(tok, &t);
+            const size_t rb = moe_qtype_row_bytes(t, n), ab = moe_act_row_bytes(t, n);
+            const int64_t rows = (int64_t)(bytes / rb);
+            uint8_t *w = (uint8_t *)buf;
+            for (int64_t i = 0; i < n; i++) tmp[i] = rnd_normal() * 0.02f;
+            moe_quantize_row(t, tmp, w, n);
+            for (int64_t r = 1; r < rows; r++) memcpy(w + rb * r, w, rb);
+            moe_quantize_act(t, x, xq, n);
+            struct job fj = {.kind = 1, .t = t, .n = n, .w = w, .rb = rb, .x = x};
+            struct job ij = {.kind = 2, .t = t, .n = n, .w = w, .rb = rb, .ab = ab, .xq = xq, .out = out};
+            double bf = 1e30, bi = 1e30;
+            for (int r = 0; r < reps + 1; r++) {
+                float f = 0;
+                const double df = run_split(threads, &fj, rows, &f);
+                const double di = run_split(threads, &ij, rows, &f);
+                sink += f + out[rows - 1];
+                if (r > 0) {
+                    if (df < bf) bf = df;
+                    if (di < bi) bi = di;
+                }
+            }
+            const double wb = (double)(rb * (size_t)rows);
+            if (csv)
+                printf("matvec%d,%s,%.4f,%s,%s,%.3f,%.2f,,%.2f,%.2f,%.1f,,\n", threads, moe_qtype_name(t),
+                       moe_qtype_bits_per_weight(t), moe_quant_isa_name(), moe_quant_int_isa_name(), bi * 1e3,
+                       wb / bf / 1e9, wb / bi / 1e9, bf / bi, 100.0 * wb / bi / 1e9 / sgbs);
+            else
+                printf("%-5s %8.2f %8.2f %5.2fx %7.0f%%\n", moe_qtype_name(t), wb / bf / 1e9, wb / bi / 1e9, bf / bi,
+                       100.0 * wb / bi / 1e9 / sgbs);
         }
     }
     moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
