@@ -426,8 +426,10 @@ enum moe_status moe_mat_dot_act(enum moe_qtype wt, int64_t n, const void *w, siz
  * moe_qtype_row_bytes(wt, n) apart) against nx quantized activation rows:
  *     h[c * ldh + r] = silu(g) * u,  g = dot(gate row r, xq row c),
  *     u = dot(up row r, xq row c), silu(g) = g / (1 + expf(-g))
- * with the dots exactly those of moe_vec_dot_act. The gate and up rows are read
- * in the same pass (one trip over the activation for both). Pass gate and up at
+ * with the dots exactly those of moe_vec_dot_act. With one activation (decode)
+ * each call of the kernel reads gate and up rows together (one trip over the
+ * activation for both, as four sequential streams); with several, the gate rows
+ * and then the up rows go through moe_mat_dot_act's tiling. Pass gate and up at
  * row r0 (and h + r0) to do a slice of rows. Errors as for moe_mat_dot_act.
  */
 enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, const void *up, int64_t rows,

@@ -16,6 +16,16 @@
  *      on real weights stays below the bounds in ERR_BOUND.
  *   5. Malformed input: bad lengths, types, NULL pointers, non-finite values and
  *      garbage blocks return errors or well-defined results, never crash.
+ *   6. Activation quantizers (moe_quantize_act): bit-identical to gguf's q8_0 and
+ *      ggml's q8_k on the act.bin fixture (tests/oracle/make_act_fixtures.py) and
+ *      to the scalar quantizers on many rows, on every ISA; quants never -128.
+ *   7. Integer dots (moe_vec_dot_act): the scalar path equals its definition (the
+ *      real dot of the weights with the dequantized activation) within 4 * 2^-24 * M;
+ *      SIMD within (n/32 + 10) * 2^-24 * M of scalar (moe-quant.h); ggml's generic
+ *      dots (act.bin) within twice that; the float dot with unquantized
+ *      activations within the activation-quantization bound. moe_mat_dot_act
+ *      (every tile shape) and moe_gate_up_act give exactly the single dots' bits.
+ *   8. Malformed arguments of the activation functions.
  */
 #include <math.h>
 #include <stdint.h>
