@@ -426,11 +426,12 @@ enum moe_status moe_mat_dot_act(enum moe_qtype wt, int64_t n, const void *w, siz
  * moe_qtype_row_bytes(wt, n) apart) against nx quantized activation rows:
  *     h[c * ldh + r] = silu(g) * u,  g = dot(gate row r, xq row c),
  *     u = dot(up row r, xq row c), silu(g) = g / (1 + expf(-g))
- * with the dots exactly those of moe_vec_dot_act. With one activation (decode)
- * each call of the kernel reads gate and up rows together (one trip over the
- * activation for both, as four sequential streams); with several, the gate rows
- * and then the up rows go through moe_mat_dot_act's tiling. Pass gate and up at
- * row r0 (and h + r0) to do a slice of rows. Errors as for moe_mat_dot_act.
+ * with the dots exactly those of moe_vec_dot_act: one call per expert (or per
+ * thread's slice of rows) and no intermediate buffers for the caller. Inside,
+ * the gate rows and then the up rows (in chunks, combined as they come) go
+ * through moe_mat_dot_act's tiling; reading gate and up rows in the same kernel
+ * call was measured slower (more memory streams). Pass gate and up at row r0
+ * (and h + r0) to do a slice of rows. Errors as for moe_mat_dot_act.
  */
 enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, const void *up, int64_t rows,
                                 const void *xq, size_t x_stride, int64_t nx, float *h, size_t ldh);

@@ -1118,6 +1118,59 @@ static void test_tiles(void) {
     printf("tiles: moe_mat_dot_act and moe_gate_up_act bit-identical to single dots (%d tiles, all shapes)\n", checked);
 }
 
+/* The same on matrices of 2100 rows: several of moe_mat_dot_act's row chunks
+ * (64 KB) and of moe_gate_up_act's (1024 rows with one activation). */
+static void test_tiles_large(void) {
+    static const enum moe_qtype types[] = {MOE_QTYPE_Q8_0, MOE_QTYPE_Q4_K};
+    enum { ROWS = 2100, NX = 6 };
+    for (int ti = 0; ti < 2; ti++) {
+        const enum moe_qtype t = types[ti];
+        const int64_t n = moe_qtype_block_size(t) == 32 ? 64 : 256;
+        const size_t rb = moe_qtype_row_bytes(t, n), ab = moe_act_row_bytes(t, n);
+        uint8_t *g = malloc(rb * ROWS), *u = malloc(rb * ROWS), *xq = malloc(ab * NX);
+        float *x = malloc((size_t)n * 4), *want = malloc(sizeof(float) * ROWS * NX * 2);
+        float *out = malloc(sizeof(float) * ROWS * NX);
+        for (int r = 0; r < ROWS; r++) {
+            make_row(t, n, g + r * rb, x);
+            make_row(t, n, u + r * rb, x);
+        }
+        for (int c = 0; c < NX; c++) {
+            act_row(x, n, 0);
+            moe_quantize_act(t, x, xq + c * ab, n);
+        }
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            for (int r = 0; r < ROWS; r++)
+                for (int c = 0; c < NX; c++) {
+                    want[2 * (r * NX + c)] = moe_vec_dot_act(t, g + r * rb, xq + c * ab, n);
+                    want[2 * (r * NX + c) + 1] = moe_vec_dot_act(t, u + r * rb, xq + c * ab, n);
+                }
+            static const int nxs[] = {1, 3, 6};
+            for (int k = 0; k < 3; k++) {
+                const int nx = nxs[k];
+                int bad = 0;
+                QCHECK(moe_mat_dot_act(t, n, g, rb, ROWS, xq, ab, nx, out, 1, ROWS) == MOE_OK, "mat_dot");
+                for (int r = 0; r < ROWS; r++)
+                    for (int c = 0; c < nx; c++) bad += memcmp(&out[c * ROWS + r], &want[2 * (r * NX + c)], 4) != 0;
+                QCHECK(bad == 0, "%s [%s] %d x %d matrix: %d dots differ", moe_qtype_name(t), moe_quant_int_isa_name(),
+                       ROWS, nx, bad);
+                QCHECK(moe_gate_up_act(t, n, g, u, ROWS, xq, ab, nx, out, ROWS) == MOE_OK, "gate_up");
+                bad = 0;
+                for (int r = 0; r < ROWS; r++)
+                    for (int c = 0; c < nx; c++) {
+                        const float gv = want[2 * (r * NX + c)], e = gv / (1.0f + expf(-gv)) * want[2 * (r * NX + c) + 1];
+                        bad += memcmp(&out[c * ROWS + r], &e, 4) != 0;
+                    }
+                QCHECK(bad == 0, "%s [%s] gate/up %d x %d: %d differ", moe_qtype_name(t), moe_quant_int_isa_name(), ROWS,
+                       nx, bad);
+            }
+        }
+        free(g), free(u), free(xq), free(x), free(want), free(out);
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+}
+
 /* ---- 8. malformed arguments of the activation functions ----------------- */
 
 static void test_act_malformed(void) {
@@ -1208,6 +1261,7 @@ int main(void) {
     test_act_quant();
     test_int_dot();
     test_tiles();
+    test_tiles_large();
     test_act_malformed();
     printf("test-quant: %d passed, %d failed\n", checks - fails, fails);
     return fails != 0;
