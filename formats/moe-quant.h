@@ -448,7 +448,7 @@ typedef float (*moe_dot_fn)(const void *w, const float *x, int64_t nb);
 typedef void (*moe_dequant_fn)(const void *w, float *y, int64_t nb);
 /* Integer dot tile: R weight rows w[r] against C activation rows x[c], nb blocks
  * each; out[r * C + c]. The shapes (R x C) a table holds: */
-enum moe_tile { MOE_TILE_1X1, MOE_TILE_1X2, MOE_TILE_1X4, MOE_TILE_2X1, MOE_TILE_4X1, MOE_TILE_COUNT };
+enum moe_tile { MOE_TILE_1X1, MOE_TILE_1X2, MOE_TILE_1X4, MOE_TILE_4X1, MOE_TILE_COUNT };
 typedef void (*moe_dotq_fn)(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *out);
 /* Activation quantizer: nb blocks of the activation type. */
 typedef void (*moe_quant_act_fn)(const float *x, void *y, int64_t nb);
@@ -469,7 +469,7 @@ void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k);
 /* The table of the ISA in use now (quant.c). */
 const struct moe_quant_kernels *moe_quant_kernels_now(void);
 /* Tile shape sizes: rows and activations of each enum moe_tile. */
-static inline int moe_tile_rows(enum moe_tile s) { return s == MOE_TILE_2X1 ? 2 : s == MOE_TILE_4X1 ? 4 : 1; }
+static inline int moe_tile_rows(enum moe_tile s) { return s == MOE_TILE_4X1 ? 4 : 1; }
 static inline int moe_tile_cols(enum moe_tile s) { return s == MOE_TILE_1X2 ? 2 : s == MOE_TILE_1X4 ? 4 : 1; }
 #endif
 

@@ -323,9 +323,6 @@ K_TILE(q6_K, sizeof(moe_block_q6_K), spread16, 0, 1)
     static TGT void v_##T##_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
         T##_tile(1, 4, w, x, nb, o);                                                              \
     }                                                                                             \
-    static TGT void v_##T##_2x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
-        T##_tile(2, 1, w, x, nb, o);                                                              \
-    }                                                                                             \
     static TGT void v_##T##_4x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
         T##_tile(4, 1, w, x, nb, o);                                                              \
     }
@@ -420,7 +417,6 @@ static TGT void act_q8_K(const float *x, void *y, int64_t nb) {
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X1] = v_##T##_1x1;                 \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X2] = v_##T##_1x2;                 \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X4] = v_##T##_1x4;                 \
-        (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_2X1] = v_##T##_2x1;                 \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_4X1] = v_##T##_4x1;                 \
     } while (0)
 

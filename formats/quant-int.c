@@ -197,9 +197,6 @@ static float ref_q6_K(const uint8_t *w, const uint8_t *x, int64_t nb) {
     static void ref_##T##_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
         ref_##T##_tile(1, 4, w, x, nb, o);                                                   \
     }                                                                                        \
-    static void ref_##T##_2x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
-        ref_##T##_tile(2, 1, w, x, nb, o);                                                   \
-    }                                                                                        \
     static void ref_##T##_4x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
         ref_##T##_tile(4, 1, w, x, nb, o);                                                   \
     }
@@ -217,7 +214,6 @@ REF_TILES(q6_K)
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X1] = P##_##T##_1x1;               \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X2] = P##_##T##_1x2;               \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X4] = P##_##T##_1x4;               \
-        (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_2X1] = P##_##T##_2x1;               \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_4X1] = P##_##T##_4x1;               \
     } while (0)
 
