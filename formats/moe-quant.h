@@ -340,10 +340,11 @@ const char *moe_quant_isa_str(enum moe_quant_isa isa);
  *
  * Accuracy: against moe_vec_dot with the float activations x, the result
  * differs by the activation quantization error sum_i w[i] * (x[i] - xd[i]) (xd =
- * the dequantized activation), and tests/test-quant.c checks the per-element
- * bound |x[i] - xd[i]| <= d_x / 2 + 2^-10 |x[i]| + 2^-18 (q8_0: rounding to the
- * block's grid plus the f16 rounding of d_x) or <= |d_x| / 2 + 2^-21 |x[i]|
- * (q8_k). Measured on rows of 4096 with w ~ N(0, 0.02^2), x ~ N(0, 1): the rms
+ * the dequantized activation); |x[i] - xd[i]| <= B[i] = d_x / 2 + 2^-10 |x[i]| +
+ * 2^-18 (q8_0: rounding to the block's grid plus the f16 rounding of d_x) or
+ * |d_x| / 2 + 2^-21 |x[i]| (q8_k), and tests/test-quant.c checks that the two
+ * dot products differ by at most sum_i |w[i]| B[i] plus their float tolerances.
+ * Measured on rows of 4096 with w ~ N(0, 0.02^2), x ~ N(0, 1): the rms
  * error is 0.6 % (q8_0 activations) to 0.8 % (q8_k) of the rms dot product, against
  * a weight quantization error of 0.6 % (q8_0), 1.8 % (q6_k), 7.9 % (q4_k); with
  * 1 % of x scaled by 10 (outlier channels) it is 1 % and 2.4 %. So for q8_0
