@@ -20,6 +20,7 @@
 #include "cache-sim.h"
 #include "moe-bundle.h"
 #include "moe-prep.h"
+#include "moe-tuning.h"
 #include "profile-h5.h"
 #include "routing-stats.h"
 #include "tool-util.h"
@@ -285,13 +286,12 @@ static void pick_thresholds(const struct moe_bundle *b, const struct moe_profile
     const double *thr = NULL;
     int nd = 0;
     int64_t dims[MOE_PROFILE_MAX_DIMS];
-    double bt1, bt2;
+    struct moe_tuning bt;
     if (moe_profile_get_f64(p, "hobbit_thresholds", &nd, dims, &thr) == MOE_OK && nd == 1 && dims[0] >= 2 &&
         thr[0] >= 0 && thr[0] <= thr[1] && thr[1] <= 1)
         m->t1 = thr[0], m->t2 = thr[1], m->t_source = "profile";
-    else if (moe_bundle_kv_f64(moe_bundle_tuning(b), "hobbit.t1", &bt1) == MOE_OK &&
-             moe_bundle_kv_f64(moe_bundle_tuning(b), "hobbit.t2", &bt2) == MOE_OK && bt1 >= 0 && bt1 <= bt2 && bt2 <= 1)
-        m->t1 = bt1, m->t2 = bt2, m->t_source = "bundle";
+    else if (moe_tuning_read(moe_bundle_tuning(b), p->n_layers, p->n_experts, &bt) == MOE_OK && bt.has_thresholds)
+        m->t1 = bt.t1, m->t2 = bt.t2, m->t_source = "bundle";
     else {
         m->t1 = m->t2 = 1, m->t_source = "default";
         if (a->t1 < 0 || a->t2 < 0)
@@ -748,15 +748,7 @@ static int write_tuning(const struct fc_args *a, const struct fc_model *m, const
     if (st) goto done;
     moe_bundle_free(b); /* replace_tuning opens the file itself */
     b = NULL;
-    for (int i = 0; !st && i < MOE_CACHE_N_WEIGHTS; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "hobbit.cache.w_%s", k_wnames[i]);
-        st = moe_bundle_kv_set_f64(kv, key, w[i]);
-    }
-    if (st || (st = moe_bundle_kv_set_i64(kv, "hobbit.cache.high_experts", H)) ||
-        (st = moe_bundle_kv_set_i64(kv, "hobbit.cache.low_experts", Lc)) ||
-        (st = moe_bundle_kv_set_str(kv, "hobbit.cache.high_precision", m->hi_name)) ||
-        (st = moe_bundle_kv_set_str(kv, "hobbit.cache.low_precision", m->lo_name)) ||
+    if ((st = moe_tuning_set_cache(kv, w, H, Lc, m->hi_name, m->lo_name)) ||
         (st = moe_bundle_replace_tuning(a->bundle, kv)))
         goto done;
     *n_keys = (int)moe_bundle_kv_count(kv);
