@@ -78,6 +78,11 @@ extern "C" {
 #define MOE_TUNING_CACHE_W_LFU "hobbit.cache.w_lfu"                   /* f64: uses in the sequence F/T */
 #define MOE_TUNING_CACHE_W_LHU "hobbit.cache.w_lhu"                   /* f64: high-need uses H/T */
 #define MOE_TUNING_CACHE_W_FLD "hobbit.cache.w_fld"                   /* f64: the layer term */
+#define MOE_TUNING_CACHE_W_POP "hobbit.cache.w_pop"                   /* f64: static popularity f (absent: 0) */
+#define MOE_TUNING_CACHE_ADMIT "hobbit.cache.admit"                   /* i64: admission control 0/1 (absent: 0) */
+#define MOE_TUNING_CACHE_FREQ_HIGH "hobbit.cache.freq_high"           /* f64 [L * E]: high-need uses per token */
+#define MOE_TUNING_CACHE_FREQ_LOW "hobbit.cache.freq_low"             /* f64 [L * E]: low-need uses per token */
+#define MOE_TUNING_CACHE_LOW_COST "hobbit.cache.low_cost"             /* f64: the low-miss cost of the fit */
 #define MOE_TUNING_CACHE_HIGH_EXPERTS "hobbit.cache.high_experts"     /* i64: high-cache capacity */
 #define MOE_TUNING_CACHE_LOW_EXPERTS "hobbit.cache.low_experts"       /* i64: low-cache capacity */
 #define MOE_TUNING_CACHE_HIGH_PRECISION "hobbit.cache.high_precision" /* string: e.g. q8_0 */
@@ -113,10 +118,16 @@ struct moe_tuning {
     double t1, t2;
     int has_targets;                 /* hobbit.target_low / target_skip: each in [0, 1], sum <= 1 */
     double target_low, target_skip;
-    int has_cache_weights;           /* hobbit.cache.w_*: finite, >= 0, summing to 1 within 1e-6 */
+    int has_cache_weights;           /* hobbit.cache.w_*: finite, >= 0, summing to 1 within 1e-6
+                                      * (w_pop absent, as written before it existed: 0) */
     double cache_w[MOE_CACHE_N_WEIGHTS];
+    int cache_admit;                 /* hobbit.cache.admit: 0 or 1 (moe_cache_config.admit) */
     int has_cache_sizes;             /* hobbit.cache.high/low_experts: 0..n_layers * n_experts */
     int cache_high_experts, cache_low_experts;
+    int has_cache_popularity;        /* hobbit.cache.freq_high/freq_low [L * E] in [0, 1], low_cost >= 0:
+                                      * moe_cache_config.freq_high / freq_low / low_cost */
+    const double *cache_freq_high, *cache_freq_low;
+    double cache_low_cost;
     int has_cache_precisions;        /* hobbit.cache.high/low_precision: non-empty names */
     const char *cache_high_precision, *cache_low_precision;
     int has_placement_order;         /* twiddler.placement_order: a permutation of [0, L * E) */
@@ -182,9 +193,16 @@ enum moe_status moe_tuning_set_big_little(struct moe_bundle_kv *kv, double gamma
 void moe_tuning_remove_big_little(struct moe_bundle_kv *kv);
 
 /* moe_tuning_set_cache: hobbit.cache.w_* (w in the order of
- * moe_cache_config.w), high/low_experts and high/low_precision. */
-enum moe_status moe_tuning_set_cache(struct moe_bundle_kv *kv, const double w[MOE_CACHE_N_WEIGHTS], int high_experts,
-                                     int low_experts, const char *high_precision, const char *low_precision);
+ * moe_cache_config.w), admit, high/low_experts and high/low_precision. */
+enum moe_status moe_tuning_set_cache(struct moe_bundle_kv *kv, const double w[MOE_CACHE_N_WEIGHTS], int admit,
+                                     int high_experts, int low_experts, const char *high_precision,
+                                     const char *low_precision);
+
+/* moe_tuning_set_cache_popularity: hobbit.cache.freq_high, freq_low (n
+ * each) and low_cost: the per-need token shares and low-miss cost the
+ * popularity term was fitted with. */
+enum moe_status moe_tuning_set_cache_popularity(struct moe_bundle_kv *kv, const double *freq_high,
+                                                const double *freq_low, size_t n, double low_cost);
 
 /* moe_tuning_set_bitwidth: edgemoe.bitwidth.map from map[n] and the
  * search's figures. */

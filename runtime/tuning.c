@@ -12,7 +12,8 @@
 /* ------------------------------------------------------------------ names */
 
 static const char *const k_cache_w[MOE_CACHE_N_WEIGHTS] = {MOE_TUNING_CACHE_W_LRU, MOE_TUNING_CACHE_W_LFU,
-                                                           MOE_TUNING_CACHE_W_LHU, MOE_TUNING_CACHE_W_FLD};
+                                                           MOE_TUNING_CACHE_W_LHU, MOE_TUNING_CACHE_W_FLD,
+                                                           MOE_TUNING_CACHE_W_POP};
 
 const char *moe_tuning_cache_weight_key(int i) { return i >= 0 && i < MOE_CACHE_N_WEIGHTS ? k_cache_w[i] : NULL; }
 
@@ -88,13 +89,21 @@ static void read_thresholds(const struct moe_bundle_kv *kv, struct moe_tuning *t
 
 /* read_cache: hobbit.cache.* (weights, sizes, precisions). */
 static void read_cache(const struct moe_bundle_kv *kv, int64_t LE, struct moe_tuning *t) {
-    double w[MOE_CACHE_N_WEIGHTS];
-    if (get_f64s(kv, k_cache_w, MOE_CACHE_N_WEIGHTS, w) == 1) {
+    double w[MOE_CACHE_N_WEIGHTS] = {0};
+    struct moe_bundle_kv_item wp, ad;
+    const int rp = get(kv, MOE_TUNING_CACHE_W_POP, MOE_KV_F64, &wp); /* optional: 0 when absent */
+    const int ra0 = get(kv, MOE_TUNING_CACHE_ADMIT, MOE_KV_I64, &ad);  /* optional: 0 when absent */
+    if (rp == 1) w[4] = wp.f64;
+    if (ra0 == 1 && ad.i64 != 0 && ad.i64 != 1) {
+        MOE_LOGW("tuning key %s is %lld, not 0 or 1: the cache weights are ignored", MOE_TUNING_CACHE_ADMIT,
+                 (long long)ad.i64);
+    } else if (get_f64s(kv, k_cache_w, 4, w) == 1 && rp >= 0 && ra0 >= 0) {
         double sum = 0;
         int ok = 1;
-        for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) ok &= w[i] >= 0, sum += w[i];
+        for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) ok &= w[i] >= 0 && isfinite(w[i]), sum += w[i];
         if (ok && fabs(sum - 1) <= 1e-6) {
             t->has_cache_weights = 1;
+            t->cache_admit = ra0 == 1 ? (int)ad.i64 : 0;
             memcpy(t->cache_w, w, sizeof w);
         } else {
             MOE_LOGW("tuning: HOBBIT cache weights must be >= 0 and sum to 1 (sum %g): ignored", sum);
@@ -123,6 +132,33 @@ static void read_cache(const struct moe_bundle_kv *kv, int64_t LE, struct moe_tu
                  ra == 1 ? MOE_TUNING_CACHE_HIGH_PRECISION : MOE_TUNING_CACHE_LOW_PRECISION,
                  ra == 1 ? MOE_TUNING_CACHE_LOW_PRECISION : MOE_TUNING_CACHE_HIGH_PRECISION);
     }
+}
+
+/* read_popularity: hobbit.cache.freq_high / freq_low / low_cost. */
+static void read_popularity(const struct moe_bundle_kv *kv, int64_t LE, struct moe_tuning *t) {
+    struct moe_bundle_kv_item h, l, c;
+    const int rh = get(kv, MOE_TUNING_CACHE_FREQ_HIGH, MOE_KV_F64_ARRAY, &h),
+              rl = get(kv, MOE_TUNING_CACHE_FREQ_LOW, MOE_KV_F64_ARRAY, &l),
+              rc = get(kv, MOE_TUNING_CACHE_LOW_COST, MOE_KV_F64, &c);
+    if (rh == 0 && rl == 0 && rc == 0) return;
+    if (rh != 1 || rl != 1 || rc != 1) {
+        MOE_LOGW("tuning: the cache popularity keys (%s, %s, %s) are incomplete: ignored", MOE_TUNING_CACHE_FREQ_HIGH,
+                 MOE_TUNING_CACHE_FREQ_LOW, MOE_TUNING_CACHE_LOW_COST);
+        return;
+    }
+    if ((int64_t)h.count != LE || (int64_t)l.count != LE || !(c.f64 >= 0) || !isfinite(c.f64)) {
+        MOE_LOGW("tuning: %s / %s have %zu / %zu entries (want %lld) or %s is %g: ignored", MOE_TUNING_CACHE_FREQ_HIGH,
+                 MOE_TUNING_CACHE_FREQ_LOW, h.count, l.count, (long long)LE, MOE_TUNING_CACHE_LOW_COST, c.f64);
+        return;
+    }
+    for (int64_t g = 0; g < LE; g++)
+        if (!(h.f64s[g] >= 0 && h.f64s[g] <= 1 && l.f64s[g] >= 0 && l.f64s[g] <= 1)) {
+            MOE_LOGW("tuning: %s / %s entry %lld is %g / %g, not a share in [0, 1]: ignored", MOE_TUNING_CACHE_FREQ_HIGH,
+                     MOE_TUNING_CACHE_FREQ_LOW, (long long)g, h.f64s[g], l.f64s[g]);
+            return;
+        }
+    t->has_cache_popularity = 1;
+    t->cache_freq_high = h.f64s, t->cache_freq_low = l.f64s, t->cache_low_cost = c.f64;
 }
 
 /* read_order: twiddler.placement_order, a permutation of [0, LE). */
@@ -214,6 +250,7 @@ enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, in
     const int64_t LE = (int64_t)n_layers * n_experts;
     read_thresholds(kv, out);
     read_cache(kv, LE, out);
+    read_popularity(kv, LE, out);
     read_bitwidth(kv, n_layers, n_experts, out);
     read_big_little(kv, n_experts, out);
     return read_order(kv, LE, out);
@@ -309,23 +346,42 @@ void moe_tuning_remove_big_little(struct moe_bundle_kv *kv) {
     moe_bundle_kv_remove(kv, MOE_TUNING_MOBILE_LITTLE_K);
 }
 
-enum moe_status moe_tuning_set_cache(struct moe_bundle_kv *kv, const double w[MOE_CACHE_N_WEIGHTS], int high_experts,
-                                     int low_experts, const char *high_precision, const char *low_precision) {
+enum moe_status moe_tuning_set_cache(struct moe_bundle_kv *kv, const double w[MOE_CACHE_N_WEIGHTS], int admit,
+                                     int high_experts, int low_experts, const char *high_precision,
+                                     const char *low_precision) {
     enum moe_status st;
     double sum = 0;
-    int ok = high_experts >= 0 && low_experts >= 0 && high_precision && low_precision;
+    int ok = high_experts >= 0 && low_experts >= 0 && high_precision && low_precision && (admit == 0 || admit == 1);
     for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) ok &= w[i] >= 0 && isfinite(w[i]), sum += w[i];
     if (!ok || fabs(sum - 1) > 1e-6) {
-        MOE_LOGE("invalid cache tuning: weights must be >= 0 and sum to 1 (sum %g), sizes %d, %d >= 0, both "
-                 "precisions named", sum, high_experts, low_experts);
+        MOE_LOGE("invalid cache tuning: weights must be >= 0 and sum to 1 (sum %g), admission 0 or 1 (%d), sizes "
+                 "%d, %d >= 0, both precisions named", sum, admit, high_experts, low_experts);
         return MOE_ERR_INVALID;
     }
     for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++)
         if ((st = moe_bundle_kv_set_f64(kv, k_cache_w[i], w[i]))) return st;
-    if ((st = moe_bundle_kv_set_i64(kv, MOE_TUNING_CACHE_HIGH_EXPERTS, high_experts)) ||
+    if ((st = moe_bundle_kv_set_i64(kv, MOE_TUNING_CACHE_ADMIT, admit)) ||
+        (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_CACHE_HIGH_EXPERTS, high_experts)) ||
         (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_CACHE_LOW_EXPERTS, low_experts)) ||
         (st = moe_bundle_kv_set_str(kv, MOE_TUNING_CACHE_HIGH_PRECISION, high_precision)) ||
         (st = moe_bundle_kv_set_str(kv, MOE_TUNING_CACHE_LOW_PRECISION, low_precision)))
+        return st;
+    return MOE_OK;
+}
+
+enum moe_status moe_tuning_set_cache_popularity(struct moe_bundle_kv *kv, const double *freq_high,
+                                                const double *freq_low, size_t n, double low_cost) {
+    enum moe_status st;
+    int ok = (freq_high && freq_low) || n == 0;
+    for (size_t g = 0; ok && g < n; g++)
+        ok = freq_high[g] >= 0 && freq_high[g] <= 1 && freq_low[g] >= 0 && freq_low[g] <= 1;
+    if (!ok || !(low_cost >= 0) || !isfinite(low_cost)) {
+        MOE_LOGE("invalid cache popularity: shares must be in [0, 1] and the low cost >= 0 (%g)", low_cost);
+        return MOE_ERR_INVALID;
+    }
+    if ((st = moe_bundle_kv_set_f64_array(kv, MOE_TUNING_CACHE_FREQ_HIGH, freq_high, n)) ||
+        (st = moe_bundle_kv_set_f64_array(kv, MOE_TUNING_CACHE_FREQ_LOW, freq_low, n)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_CACHE_LOW_COST, low_cost)))
         return st;
     return MOE_OK;
 }

@@ -1,7 +1,8 @@
 /*
  * test-tuning.c - the bundle's tuning keys (runtime/tuning.c, moe-tuning.h):
- *   - what the writers set, moe_tuning_read gives back (every group), and an
- *     empty set gives nothing, silently;
+ *   - what the writers set, moe_tuning_read gives back (every group), an
+ *     empty set gives nothing, silently, and a cache tuning written before
+ *     the popularity term reads as w_pop 0 without admission;
  *   - a table of malformed keys: each is a warning naming the key and leaves
  *     its group absent, the other groups read as before, nothing crashes;
  *   - the writers refuse what the reader would refuse;
@@ -38,12 +39,15 @@ static struct moe_bundle_kv *full_kv(void) {
     int64_t map[4 * E];
     for (int l = 0; l < 4; l++)
         for (int e = 0; e < E; e++) map[l * E + e] = l == 1 ? -1 : (l + e) % 3;
-    const double w[MOE_CACHE_N_WEIGHTS] = {0.5, 0.25, 0.125, 0.125};
+    const double w[MOE_CACHE_N_WEIGHTS] = {0.5, 0.25, 0.125, 0, 0.125};
+    double fh[L * E], fl[L * E];
+    for (int i = 0; i < L * E; i++) fh[i] = i / 16.0, fl[i] = (L * E - i) / 32.0;
     CHECK(moe_tuning_set_profile(kv, "text:x.txt", 1234, "moe-prep 0.1") == MOE_OK &&
               moe_tuning_set_thresholds(kv, 0.25, 0.75, 0.2, 0.1) == MOE_OK &&
               moe_tuning_set_placement_order(kv, order, L * E) == MOE_OK &&
               moe_tuning_set_big_little(kv, 0.6, 0.3, 1) == MOE_OK &&
-              moe_tuning_set_cache(kv, w, 6, 3, "q8_0", "q2_k") == MOE_OK &&
+              moe_tuning_set_cache(kv, w, 1, 6, 3, "q8_0", "q2_k") == MOE_OK &&
+              moe_tuning_set_cache_popularity(kv, fh, fl, L * E, 0.3) == MOE_OK &&
               moe_tuning_set_bitwidth(kv, map, 4 * E, 0.01, NAN, 0.02, 0, 999, "text:y.txt") == MOE_OK,
           "the writers");
     return kv;
@@ -53,7 +57,7 @@ static struct moe_bundle_kv *full_kv(void) {
 static int all_groups(const struct moe_tuning *t) {
     return t->has_thresholds | t->has_targets << 1 | t->has_cache_weights << 2 | t->has_cache_sizes << 3 |
            t->has_cache_precisions << 4 | t->has_placement_order << 5 | t->has_bitwidth_map << 6 |
-           t->has_gamma << 7;
+           t->has_gamma << 7 | t->has_cache_popularity << 8;
 }
 
 /* test_round_trip: writers, then the reader. */
@@ -62,12 +66,15 @@ static void test_round_trip(void) {
     struct moe_tuning t;
     log_reset();
     CHECK(moe_tuning_read(kv, L, E, &t) == MOE_OK && g_n_warn == 0 && g_n_err == 0, "read (%d warnings)", g_n_warn);
-    CHECK(all_groups(&t) == 0xff, "every group present (%#x)", all_groups(&t));
+    CHECK(all_groups(&t) == 0x1ff, "every group present (%#x)", all_groups(&t));
     CHECK(t.t1 == 0.25 && t.t2 == 0.75 && t.target_low == 0.2 && t.target_skip == 0.1, "thresholds");
-    CHECK(t.cache_w[0] == 0.5 && t.cache_w[3] == 0.125 && t.cache_high_experts == 6 && t.cache_low_experts == 3 &&
+    CHECK(t.cache_w[0] == 0.5 && t.cache_w[3] == 0 && t.cache_w[4] == 0.125 && t.cache_admit == 1 &&
+              t.cache_high_experts == 6 && t.cache_low_experts == 3 &&
               !strcmp(t.cache_high_precision, "q8_0") && !strcmp(t.cache_low_precision, "q2_k"),
           "cache");
     CHECK(t.placement_order[1] == 5 && t.placement_order[11] == 7, "placement order");
+    CHECK(t.cache_freq_high[3] == 3 / 16.0 && t.cache_freq_low[3] == 9 / 32.0 && t.cache_low_cost == 0.3,
+          "cache popularity");
     CHECK(t.bitwidth_layers == 4 && t.bitwidth_map[E] == -1 && t.bitwidth_map[2 * E + 1] == 0, "bit-width map");
     CHECK(t.gamma == 0.6 && t.little_k == 1 && t.target_fallback == 0.3, "big-little");
     CHECK(!strcmp(moe_bundle_kv_str(kv, MOE_TUNING_PROFILE_DATASET), "text:x.txt") &&
@@ -83,8 +90,16 @@ static void test_round_trip(void) {
     /* removing the big-little keys */
     moe_tuning_remove_big_little(kv);
     CHECK(moe_tuning_read(kv, L, E, &t) == MOE_OK && !t.has_gamma && isnan(t.target_fallback) &&
-              all_groups(&t) == 0x7f,
+              all_groups(&t) == 0x17f,
           "big-little removed");
+    /* a bundle fitted before the popularity term: no w_pop, no admit: the four weights, w_pop 0, admission off */
+    moe_bundle_kv_remove(kv, MOE_TUNING_CACHE_W_POP);
+    moe_bundle_kv_remove(kv, MOE_TUNING_CACHE_ADMIT);
+    moe_bundle_kv_set_f64(kv, MOE_TUNING_CACHE_W_FLD, 0.125);
+    log_reset();
+    CHECK(moe_tuning_read(kv, L, E, &t) == MOE_OK && t.has_cache_weights && t.cache_w[4] == 0 && t.cache_w[3] == 0.125 &&
+              t.cache_admit == 0 && g_n_warn == 0,
+          "four-weight tuning");
     moe_bundle_kv_free(kv);
     /* nothing: every group absent, silently */
     log_reset();
@@ -128,6 +143,13 @@ static void test_damage(void) {
         {MOE_TUNING_CACHE_W_FLD, F64, -0.125, 0, 0, {0}, 4},
         {MOE_TUNING_CACHE_W_LHU, DEL, 0, 0, 0, {0}, 4},
         {MOE_TUNING_CACHE_W_LFU, I64, 0, 1, 0, {0}, 4},
+        {MOE_TUNING_CACHE_W_POP, F64, 0.5, 0, 0, {0}, 4},
+        {MOE_TUNING_CACHE_W_POP, STR, 0, 0, 0, {0}, 4},
+        {MOE_TUNING_CACHE_ADMIT, I64, 0, 2, 0, {0}, 4},
+        {MOE_TUNING_CACHE_FREQ_HIGH, I64A, 0, 0, 3, {0, 0, 0}, 256},
+        {MOE_TUNING_CACHE_FREQ_LOW, DEL, 0, 0, 0, {0}, 256},
+        {MOE_TUNING_CACHE_LOW_COST, F64, -0.5, 0, 0, {0}, 256},
+        {MOE_TUNING_CACHE_LOW_COST, F64, NAN, 0, 0, {0}, 256},
         {MOE_TUNING_CACHE_HIGH_EXPERTS, I64, 0, 13, 0, {0}, 8},
         {MOE_TUNING_CACHE_LOW_EXPERTS, I64, 0, -1, 0, {0}, 8},
         {MOE_TUNING_CACHE_LOW_EXPERTS, DEL, 0, 0, 0, {0}, 8},
@@ -162,12 +184,16 @@ static void test_damage(void) {
         struct moe_tuning t;
         log_reset();
         CHECK(moe_tuning_read(kv, L, E, &t) == MOE_OK, "case %zu reads", c);
-        CHECK(all_groups(&t) == (0xff & ~d->group), "case %zu (%s): groups %#x, want %#x", c, d->key, all_groups(&t),
-              0xff & ~d->group);
+        CHECK(all_groups(&t) == (0x1ff & ~d->group), "case %zu (%s): groups %#x, want %#x", c, d->key, all_groups(&t),
+              0x1ff & ~d->group);
         CHECK(g_n_warn >= 1 && g_n_err == 0, "case %zu (%s): %d warnings", c, d->key, g_n_warn);
         char key_part[64];
         snprintf(key_part, sizeof key_part, "%s", d->key);
-        const char *group_word = d->group == 1 ? "threshold" : d->group == 2 ? "target" : d->group == 4 ? "weight" : "";
+        const char *group_word = d->group == 1     ? "threshold"
+                                 : d->group == 2   ? "target"
+                                 : d->group == 4   ? "weight"
+                                 : d->group == 256 ? "popularity"
+                                                   : "";
         CHECK(strstr(g_warn, key_part) || (group_word[0] && strstr(g_warn, group_word)) ||
                   (d->group == 8 && strstr(g_warn, "cache sizes")) || (d->group == 16 && strstr(g_warn, "precision")) ||
                   (d->group == 128 && strstr(g_warn, "MoBiLE")),
@@ -176,16 +202,38 @@ static void test_damage(void) {
     }
 }
 
+/* test_shares: a per-need share outside [0, 1] is refused by the reader
+ * (a warning) and by the writer. */
+static void test_shares(void) {
+    struct moe_bundle_kv *kv = full_kv();
+    double fh[L * E], fl[L * E];
+    for (int i = 0; i < L * E; i++) fh[i] = fl[i] = 0.25;
+    fh[5] = 1.5;
+    moe_bundle_kv_set_f64_array(kv, MOE_TUNING_CACHE_FREQ_HIGH, fh, L * E);
+    struct moe_tuning t;
+    log_reset();
+    CHECK(moe_tuning_read(kv, L, E, &t) == MOE_OK && !t.has_cache_popularity && t.has_cache_weights && g_n_warn == 1 &&
+              strstr(g_warn, "entry 5"),
+          "a share of 1.5: %s", g_warn);
+    log_reset();
+    CHECK(moe_tuning_set_cache_popularity(kv, fh, fl, L * E, 0.3) == MOE_ERR_INVALID && g_n_err == 1,
+          "the writer refuses it");
+    fh[5] = 0.5;
+    CHECK(moe_tuning_set_cache_popularity(kv, fh, fl, L * E, -1) == MOE_ERR_INVALID, "negative low cost");
+    CHECK(moe_tuning_set_cache_popularity(kv, NULL, fl, L * E, 0.3) == MOE_ERR_INVALID, "no array");
+    moe_bundle_kv_free(kv);
+}
+
 /* test_writers: what the reader refuses, the writers refuse (nothing set). */
 static void test_writers(void) {
     struct moe_bundle_kv *kv = NULL;
     CHECK(moe_bundle_kv_new(&kv) == MOE_OK, "kv");
     const double bad_w[MOE_CACHE_N_WEIGHTS] = {0.5, 0.5, 0.5, 0};
     log_reset();
-    CHECK(moe_tuning_set_cache(kv, bad_w, 4, 2, "a", "b") == MOE_ERR_INVALID && g_n_err == 1, "weights sum 1.5");
+    CHECK(moe_tuning_set_cache(kv, bad_w, 0, 4, 2, "a", "b") == MOE_ERR_INVALID && g_n_err == 1, "weights sum 1.5");
     const double w[MOE_CACHE_N_WEIGHTS] = {1, 0, 0, 0};
-    CHECK(moe_tuning_set_cache(kv, w, -1, 2, "a", "b") == MOE_ERR_INVALID, "negative size");
-    CHECK(moe_tuning_set_cache(kv, w, 1, 2, NULL, "b") == MOE_ERR_INVALID, "no precision name");
+    CHECK(moe_tuning_set_cache(kv, w, 0, -1, 2, "a", "b") == MOE_ERR_INVALID, "negative size");
+    CHECK(moe_tuning_set_cache(kv, w, 0, 1, 2, NULL, "b") == MOE_ERR_INVALID, "no precision name");
     CHECK(moe_tuning_set_thresholds(kv, 0.8, 0.2, 0, 0) == MOE_ERR_INVALID, "T1 > T2");
     CHECK(moe_tuning_set_thresholds(kv, NAN, 0.2, 0, 0) == MOE_ERR_INVALID, "NaN T1");
     CHECK(moe_tuning_set_big_little(kv, 1.5, 0.1, 1) == MOE_ERR_INVALID, "gamma 1.5");
@@ -414,6 +462,7 @@ int main(void) {
     moe_log_set(capture, NULL);
     test_round_trip();
     test_damage();
+    test_shares();
     test_writers();
     test_paths();
     test_path_damage();
