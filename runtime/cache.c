@@ -90,6 +90,8 @@ bad_w:
 /* One cache (high or low precision copies). */
 struct cache {
     int cap, n;
+    int ext;       /* the effective key is not k: HOBBIT's popularity term, or its admission
+                    * rule for low copies (the low cache) */
     double *k;     /* [LE] policy key of the cached copy (smaller = evicted first), without
                     * HOBBIT's popularity term */
     double *bk;    /* [L] effective key of best[l] (+inf when empty): the victim search reads these */
@@ -133,7 +135,8 @@ struct moe_cache {
  * added here rather than stored: a layer minimum found under another T is
  * stale (see fresh). */
 static inline double ekey(const struct moe_cache *s, const struct cache *c, int32_t g) {
-    if (s->admit && c == &s->lo && s->hi.at[g] >= 0) return -INFINITY; /* the high copy serves every need */
+    if (!c->ext) return c->k[g]; /* every policy but the extended HOBBIT */
+    if (c == &s->lo && s->admit && s->hi.at[g] >= 0) return -INFINITY; /* the high copy serves every need */
     return s->pop_on ? c->k[g] + s->tp * c->pop[g] : c->k[g];
 }
 
@@ -369,6 +372,7 @@ enum moe_status moe_cache_new(int n_layers, int n_experts, enum moe_cache_policy
     s->rekeys = p != MOE_CACHE_EDGEMOE && p != MOE_CACHE_LRU && p != MOE_CACHE_FLD;
     s->pop_on = p == MOE_CACHE_HOBBIT && c->w[4] > 0;
     s->admit = p == MOE_CACHE_HOBBIT && c->admit;
+    s->hi.ext = s->pop_on, s->lo.ext = s->pop_on || s->admit;
     for (size_t i = 0; i < LE; i++) s->prot[i] = s->pfl[i] = s->hi.at[i] = s->lo.at[i] = -1;
     for (size_t i = 0; i < L; i++) s->hi.best[i] = s->lo.best[i] = -1, s->hi.bk[i] = s->lo.bk[i] = INFINITY;
     layer_tables(s);

@@ -151,13 +151,25 @@ struct moe_tuning {
 enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, int n_experts,
                                 struct moe_tuning *out);
 
-/* moe_tuning_order_for_cache: the placement order of t converted for
- * moe_cache_config.order (g = model layer * n_experts + expert): moe_layer[i]
- * is the model layer of MoE layer i (NULL: the same numbers). out has
- * n_layers * n_experts entries (n_layers: MoE layers, as given to
- * moe_tuning_read). MOE_ERR_NOT_FOUND when t has no placement order. */
+/* The cache core numbers experts over all model layers (moe-cache.h); the
+ * tuning over MoE layers. These two convert for a cache of n_model_layers x
+ * n_experts: moe_layer[i] is the model layer of MoE layer i (strictly
+ * increasing, < n_model_layers; NULL: the same numbers, n_model_layers ==
+ * n_layers). MOE_ERR_NOT_FOUND when t lacks the group, MOE_ERR_INVALID
+ * (logged) for a bad layer map. */
+
+/* moe_tuning_order_for_cache: the placement order as moe_cache_config.order
+ * (out[n_model_layers * n_experts]: the MoE experts in the tuning's order,
+ * then those of layers without experts, never accessed). */
 enum moe_status moe_tuning_order_for_cache(const struct moe_tuning *t, int n_layers, int n_experts,
-                                           const int *moe_layer, int32_t *out);
+                                           const int *moe_layer, int n_model_layers, int32_t *out);
+
+/* moe_tuning_popularity_for_cache: the per-need shares as
+ * moe_cache_config.freq_high / freq_low (each [n_model_layers * n_experts],
+ * 0 for layers without experts). */
+enum moe_status moe_tuning_popularity_for_cache(const struct moe_tuning *t, int n_layers, int n_experts,
+                                                const int *moe_layer, int n_model_layers, double *freq_high,
+                                                double *freq_low);
 
 /* ---- writing (the tools) ---- */
 

@@ -256,14 +256,53 @@ enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, in
     return read_order(kv, LE, out);
 }
 
+/* check_layer_map: moe_layer maps n_layers MoE layers into n_model_layers. */
+static int check_layer_map(int n_layers, const int *moe_layer, int n_model_layers) {
+    if (!moe_layer) return n_model_layers == n_layers;
+    for (int i = 0; i < n_layers; i++)
+        if (moe_layer[i] < 0 || moe_layer[i] >= n_model_layers || (i && moe_layer[i] <= moe_layer[i - 1])) return 0;
+    return 1;
+}
+
 enum moe_status moe_tuning_order_for_cache(const struct moe_tuning *t, int n_layers, int n_experts,
-                                           const int *moe_layer, int32_t *out) {
+                                           const int *moe_layer, int n_model_layers, int32_t *out) {
     if (!t || !t->has_placement_order) return MOE_ERR_NOT_FOUND;
+    if (!check_layer_map(n_layers, moe_layer, n_model_layers)) {
+        MOE_LOGE("invalid layer map: %d MoE layers into %d model layers", n_layers, n_model_layers);
+        return MOE_ERR_INVALID;
+    }
     const int64_t LE = (int64_t)n_layers * n_experts;
+    int64_t n = 0;
     for (int64_t i = 0; i < LE; i++) {
         const int64_t g = t->placement_order[i], l = g / n_experts, e = g % n_experts;
-        out[i] = (int32_t)((moe_layer ? moe_layer[l] : l) * n_experts + e);
+        out[n++] = (int32_t)((moe_layer ? moe_layer[l] : l) * n_experts + e);
     }
+    for (int l = 0, i = 0; l < n_model_layers; l++) { /* the layers without experts, at the end */
+        if (i < n_layers && (moe_layer ? moe_layer[i] : i) == l) {
+            i++;
+            continue;
+        }
+        for (int e = 0; e < n_experts; e++) out[n++] = (int32_t)(l * n_experts + e);
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_tuning_popularity_for_cache(const struct moe_tuning *t, int n_layers, int n_experts,
+                                                const int *moe_layer, int n_model_layers, double *freq_high,
+                                                double *freq_low) {
+    if (!t || !t->has_cache_popularity) return MOE_ERR_NOT_FOUND;
+    if (!check_layer_map(n_layers, moe_layer, n_model_layers)) {
+        MOE_LOGE("invalid layer map: %d MoE layers into %d model layers", n_layers, n_model_layers);
+        return MOE_ERR_INVALID;
+    }
+    const size_t ME = (size_t)n_model_layers * n_experts;
+    memset(freq_high, 0, sizeof *freq_high * ME);
+    memset(freq_low, 0, sizeof *freq_low * ME);
+    for (int l = 0; l < n_layers; l++)
+        for (int e = 0; e < n_experts; e++) {
+            const size_t src = (size_t)l * n_experts + e, dst = (size_t)(moe_layer ? moe_layer[l] : l) * n_experts + e;
+            freq_high[dst] = t->cache_freq_high[src], freq_low[dst] = t->cache_freq_low[src];
+        }
     return MOE_OK;
 }
 

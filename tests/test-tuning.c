@@ -80,13 +80,22 @@ static void test_round_trip(void) {
     CHECK(!strcmp(moe_bundle_kv_str(kv, MOE_TUNING_PROFILE_DATASET), "text:x.txt") &&
               !strcmp(moe_bundle_kv_str(kv, MOE_TUNING_BITWIDTH_DATASET), "text:y.txt"),
           "the strings the runtime does not read are written too");
-    /* the order for the cache core: MoE layers 0, 1, 2 are model layers 0, 2, 3 */
-    int32_t o[L * E];
-    const int moe_layer[L] = {0, 2, 3};
-    CHECK(moe_tuning_order_for_cache(&t, L, E, moe_layer, o) == MOE_OK && o[1] == 2 * E + 1 && o[2] == 3 * E + 2 &&
-              o[0] == 0,
-          "order in model layers: %d %d", (int)o[1], (int)o[2]);
-    CHECK(moe_tuning_order_for_cache(&t, L, E, NULL, o) == MOE_OK && o[1] == 5, "order, same numbers");
+    /* the order for the cache core: MoE layers 0, 1, 2 are model layers 0, 2, 3 of 4 */
+    int32_t o[4 * E];
+    const int moe_layer[L] = {0, 2, 3}, bad_map[L] = {0, 3, 2};
+    CHECK(moe_tuning_order_for_cache(&t, L, E, moe_layer, 4, o) == MOE_OK && o[1] == 2 * E + 1 && o[2] == 3 * E + 2 &&
+              o[0] == 0 && o[L * E] == E && o[4 * E - 1] == 2 * E - 1,
+          "order in model layers, the dense layer's ids last: %d %d %d", (int)o[1], (int)o[2], (int)o[L * E]);
+    CHECK(moe_tuning_order_for_cache(&t, L, E, NULL, L, o) == MOE_OK && o[1] == 5, "order, same numbers");
+    log_reset();
+    CHECK(moe_tuning_order_for_cache(&t, L, E, bad_map, 4, o) == MOE_ERR_INVALID && g_n_err == 1 &&
+              moe_tuning_order_for_cache(&t, L, E, moe_layer, 3, o) == MOE_ERR_INVALID &&
+              moe_tuning_order_for_cache(&t, L, E, NULL, 4, o) == MOE_ERR_INVALID,
+          "bad layer maps refused");
+    double ph[4 * E], pl[4 * E];
+    CHECK(moe_tuning_popularity_for_cache(&t, L, E, moe_layer, 4, ph, pl) == MOE_OK && ph[E] == 0 && pl[E + 3] == 0 &&
+              ph[2 * E + 1] == (E + 1) / 16.0 && pl[3 * E] == (L * E - 2 * E) / 32.0 && ph[1] == 1 / 16.0,
+          "per-need shares in model layers");
     /* removing the big-little keys */
     moe_tuning_remove_big_little(kv);
     CHECK(moe_tuning_read(kv, L, E, &t) == MOE_OK && !t.has_gamma && isnan(t.target_fallback) &&
@@ -104,7 +113,9 @@ static void test_round_trip(void) {
     /* nothing: every group absent, silently */
     log_reset();
     CHECK(moe_tuning_read(NULL, L, E, &t) == MOE_OK && all_groups(&t) == 0 && g_n_warn == 0, "no tuning");
-    CHECK(moe_tuning_order_for_cache(&t, L, E, NULL, o) == MOE_ERR_NOT_FOUND, "no order to convert");
+    CHECK(moe_tuning_order_for_cache(&t, L, E, NULL, L, o) == MOE_ERR_NOT_FOUND &&
+              moe_tuning_popularity_for_cache(&t, L, E, NULL, L, ph, pl) == MOE_ERR_NOT_FOUND,
+          "nothing to convert");
     log_reset();
     CHECK(moe_tuning_read(NULL, 0, E, &t) == MOE_ERR_INVALID && g_n_err == 1, "no layers");
     CHECK(moe_tuning_read(NULL, L, E, NULL) == MOE_ERR_INVALID, "no output");
