@@ -74,7 +74,8 @@ struct moe_cache_config {
     double low_cost;        /* penalty of a low-precision miss (B_low / B_high); a high miss costs 1 */
     double high_bytes, low_bytes; /* bytes of one copy, for the bytes moved (0: not counted) */
     double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld, w_pop (>= 0, summing
-                             * to 1); w_pop weighs the static popularity freq (0: the paper's four) */
+                             * to 1); w_pop weighs the static popularity of freq_high / freq_low
+                             * (else freq); w_pop 0 and admit 0: the paper's HOBBIT */
     const double *freq;     /* [L*E] activation frequency (EdgeMoE; HOBBIT's w_pop without the
                              * two below): token slots per token in [0, 1]; NULL = all 1 */
     const double *freq_high, *freq_low; /* [L*E] HOBBIT's w_pop: token shares of the expert's
@@ -115,8 +116,9 @@ enum moe_cache_outcome {
 struct moe_cache_result {
     enum moe_cache_outcome outcome;
     int kept;        /* misses (and loading prefetches): 1 if the loaded copy is now cached;
-                      * 0 if it is not kept (Belady's bypass, Twiddler's scratch slot, or
-                      * every copy protected): load it into scratch, use it, drop it */
+                      * 0 if it is not kept (Belady's bypass, Twiddler's scratch slot,
+                      * HOBBIT's admission control, or every copy protected): load it
+                      * into scratch, use it, drop it */
     int32_t evicted; /* the expert whose copy left the cache that received the load
                       * (the same precision as the load), or -1 */
     int prefetch_hit;/* hits: served by a copy a prefetch loaded for this step */
