@@ -46,7 +46,7 @@ struct moe_cache_config moe_cache_default_config(void) {
     struct moe_cache_config c;
     memset(&c, 0, sizeof c);
     c.low_cost = 0.5;
-    for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) c.w[i] = 0.25;
+    for (int i = 0; i < 4; i++) c.w[i] = 0.25; /* w_pop stays 0 */
     return c;
 }
 
@@ -65,6 +65,11 @@ enum moe_status moe_cache_check_config(enum moe_cache_policy p, const struct moe
         MOE_LOGE("the static placement needs a popularity order");
         return MOE_ERR_INVALID;
     }
+    if ((c->admit != 0 && c->admit != 1) || !c->freq_high != !c->freq_low) {
+        MOE_LOGE("invalid configuration: admit %d (0 or 1), per-need frequencies %s", c->admit,
+                 !c->freq_high != !c->freq_low ? "given one without the other" : "fine");
+        return MOE_ERR_INVALID;
+    }
     if (p == MOE_CACHE_HOBBIT) {
         double sum = 0;
         for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) {
@@ -75,7 +80,8 @@ enum moe_status moe_cache_check_config(enum moe_cache_policy p, const struct moe
     }
     return MOE_OK;
 bad_w:
-    MOE_LOGE("HOBBIT weights %g, %g, %g, %g must be >= 0 and sum to 1", c->w[0], c->w[1], c->w[2], c->w[3]);
+    MOE_LOGE("HOBBIT weights %g, %g, %g, %g, %g must be >= 0 and sum to 1", c->w[0], c->w[1], c->w[2], c->w[3],
+             c->w[4]);
     return MOE_ERR_INVALID;
 }
 
@@ -84,8 +90,13 @@ bad_w:
 /* One cache (high or low precision copies). */
 struct cache {
     int cap, n;
-    double *k;     /* [LE] policy key of the cached copy (smaller = evicted first) */
-    double *bk;    /* [L] key of best[l] (+inf when empty): the victim search reads these */
+    int ext;       /* the effective key is not k: HOBBIT's popularity term, or its admission
+                    * rule for low copies (the low cache) */
+    double *k;     /* [LE] policy key of the cached copy (smaller = evicted first), without
+                    * HOBBIT's popularity term */
+    double *bk;    /* [L] effective key of best[l] (+inf when empty): the victim search reads these */
+    double *btp;   /* [L] the popularity scale tp best[l] was found under (HOBBIT with w_pop) */
+    double *pop;   /* [LE] HOBBIT's popularity of a copy in this cache (see popularity) */
     int64_t *bst;  /* [L] last use of best[l] */
     int32_t *list; /* [L*E] the cached experts of layer l at [l*E, l*E + cnt[l]) */
     int32_t *cnt;  /* [L] */
@@ -98,6 +109,9 @@ struct moe_cache {
     enum moe_cache_policy p;
     int L, E;
     int rekeys;       /* the key depends on records that a use changes */
+    int pop_on;       /* HOBBIT with w_pop > 0: effective key = k + tp * freq */
+    int admit;        /* HOBBIT with admission: a demand load must outrank its victim */
+    double tp;        /* w_pop * T of the current step (0 without the term) */
     int64_t clock;    /* demand uses so far */
     int64_t *stamp;   /* [LE] clock of the last demand use (0 = never) */
     int64_t *Fg;      /* [LE] uses since the start */
@@ -116,10 +130,21 @@ struct moe_cache {
     int n_in[2];       /* STATIC: pinned copies loaded (low, high) */
 };
 
+/* ekey: the effective key of g's copy in c. HOBBIT's popularity term
+ * w_pop * f (times T, like the other terms of p * T) grows with T, so it is
+ * added here rather than stored: a layer minimum found under another T is
+ * stale (see fresh). */
+static inline double ekey(const struct moe_cache *s, const struct cache *c, int32_t g) {
+    if (!c->ext) return c->k[g]; /* every policy but the extended HOBBIT */
+    if (c == &s->lo && s->admit && s->hi.at[g] >= 0) return -INFINITY; /* the high copy serves every need */
+    return s->pop_on ? c->k[g] + s->tp * c->pop[g] : c->k[g];
+}
+
 /* before: a ranks before b for eviction in cache c (smaller key, then older
  * last use, then lower id). */
 static inline int before(const struct moe_cache *s, const struct cache *c, int32_t a, int32_t b) {
-    if (c->k[a] != c->k[b]) return c->k[a] < c->k[b];
+    const double ka = ekey(s, c, a), kb = ekey(s, c, b);
+    if (ka != kb) return ka < kb;
     if (s->stamp[a] != s->stamp[b]) return s->stamp[a] < s->stamp[b];
     return a < b;
 }
@@ -127,8 +152,9 @@ static inline int before(const struct moe_cache *s, const struct cache *c, int32
 /* set_best: g (-1: none) is now the minimum of layer l. */
 static inline void set_best(const struct moe_cache *s, struct cache *c, int l, int32_t g) {
     c->best[l] = g;
-    c->bk[l] = g >= 0 ? c->k[g] : INFINITY;
+    c->bk[l] = g >= 0 ? ekey(s, c, g) : INFINITY;
     c->bst[l] = g >= 0 ? s->stamp[g] : 0;
+    c->btp[l] = s->tp;
 }
 
 /* rescan: recompute the minimum of layer l in cache c. */
@@ -138,6 +164,13 @@ static void rescan(const struct moe_cache *s, struct cache *c, int l) {
     for (int i = 0; i < c->cnt[l]; i++)
         if (b < 0 || before(s, c, x[i], b)) b = x[i];
     set_best(s, c, l, b);
+}
+
+/* fresh: make layer l's minimum valid for the current step (with a
+ * popularity term the order of a layer's copies can change with T: rescan
+ * once per layer and T, when the layer is next looked at). */
+static inline void fresh(const struct moe_cache *s, struct cache *c, int l) {
+    if (s->pop_on && c->btp[l] != s->tp) rescan(s, c, l);
 }
 
 /* is_prot: g's high copy is protected now. */
@@ -154,12 +187,13 @@ static int32_t layer_min_unprotected(const struct moe_cache *s, const struct cac
 
 /* victim: the copy to evict from c (-1: none may go). prot_ok: c may hold
  * protected copies (the high cache while some are). */
-static int32_t victim(const struct moe_cache *s, const struct cache *c, int prot_ok) {
+static int32_t victim(const struct moe_cache *s, struct cache *c, int prot_ok) {
     const double *mul = s->mul, *add = s->add;
     const double scale = s->scale;
     int v = -1;
     double vs = INFINITY;
     int64_t vst = 0;
+    for (int l = 0; s->pop_on && l < s->L; l++) fresh(s, c, l);
     for (int l = 0; l < s->L; l++) { /* the layer minima, read from contiguous arrays */
         if (c->best[l] < 0) continue;
         double sc = c->bk[l] * mul[l] + scale * add[l];
@@ -175,7 +209,7 @@ static int32_t victim(const struct moe_cache *s, const struct cache *c, int prot
         int32_t g = c->best[l];
         if (g < 0) continue;
         if (is_prot(s, g) && (g = layer_min_unprotected(s, c, l)) < 0) continue;
-        double sc = c->k[g] * mul[l] + scale * add[l];
+        double sc = ekey(s, c, g) * mul[l] + scale * add[l];
         if (w < 0 || sc < vs || (sc == vs && (s->stamp[g] < s->stamp[w] || (s->stamp[g] == s->stamp[w] && g < w))))
             w = g, vs = sc;
     }
@@ -185,6 +219,7 @@ static int32_t victim(const struct moe_cache *s, const struct cache *c, int prot
 /* cache_add / cache_remove: the layer lists and minima. */
 static void cache_add(const struct moe_cache *s, struct cache *c, int32_t g) {
     const int l = g / s->E;
+    fresh(s, c, l);
     c->at[g] = c->cnt[l];
     c->list[(size_t)l * s->E + c->cnt[l]++] = g;
     c->n++;
@@ -220,14 +255,14 @@ static inline double key_of(const struct moe_cache *s, int32_t g, int32_t next) 
 static inline void rekey(const struct moe_cache *s, struct cache *c, int32_t g, double k) {
     const int l = g / s->E;
     c->k[g] = k;
-    if (c->best[l] == g) rescan(s, c, l);
+    if (c->best[l] == g || (s->pop_on && c->btp[l] != s->tp)) rescan(s, c, l);
     else if (before(s, c, g, c->best[l])) set_best(s, c, l, g);
 }
 
 /* put: load g's copy into c for an access whose next use is `next`; returns
  * 1 if it is now cached (0: no room that may be freed, or Belady bypasses
  * it); *ev receives the evicted copy or -1. */
-static int put(struct moe_cache *s, struct cache *c, int32_t g, int32_t next, int32_t *ev) {
+static int put(struct moe_cache *s, struct cache *c, int32_t g, int32_t next, int need, int32_t *ev) {
     *ev = -1;
     if (c->cap <= 0) return 0;
     c->k[g] = key_of(s, g, next);
@@ -235,11 +270,20 @@ static int put(struct moe_cache *s, struct cache *c, int32_t g, int32_t next, in
         int32_t v = victim(s, c, c == &s->hi && s->n_plist > 0);
         if (v < 0) return 0;
         if (s->p == MOE_CACHE_BELADY && next >= -c->k[v]) return 0; /* the incoming copy is needed last */
+        if (s->admit && need >= 0) { /* HOBBIT: keep it only if it outranks the victim after this use */
+            const double *w = s->c.w;
+            const int lg = g / s->E, lv = v / s->E;
+            const double kin = w[0] * s->T + w[1] * (s->F[g] + 1) + w[2] * (s->H[g] + (need == MOE_CACHE_NEED_HIGH)) +
+                               (s->pop_on ? s->tp * c->pop[g] : 0.0);
+            if (kin + s->scale * s->add[lg] < ekey(s, c, v) * s->mul[lv] + s->scale * s->add[lv]) return 0;
+        }
         cache_remove(s, c, v);
         if (c == &s->hi) s->prot[v] = s->pfl[v] = -1;
+        if (c == &s->hi && s->admit && s->lo.at[v] >= 0) rekey(s, &s->lo, v, s->lo.k[v]); /* useful again */
         *ev = v;
     }
     cache_add(s, c, g);
+    if (c == &s->hi && s->admit && s->lo.at[g] >= 0) rekey(s, &s->lo, g, s->lo.k[g]); /* now worthless */
     return 1;
 }
 
@@ -259,6 +303,24 @@ static void layer_tables(struct moe_cache *s) {
         else if (s->p == MOE_CACHE_EDGEMOE) m = 1.0 / d;
         else if (s->p == MOE_CACHE_HOBBIT) a = 1.0 - (double)j / L;
         s->mul_t[i] = m, s->add_t[i] = a;
+    }
+}
+
+/* popularity: HOBBIT's static popularity of each copy, the penalty keeping
+ * it avoids per token in units of its own miss: a high copy serves high
+ * needs (a miss costs 1) and low ones (low_cost), so f_high + low_cost f_low;
+ * a low copy serves low needs only, f_low. Without the per-need shares
+ * both caches use freq (all 1 without it). */
+static void popularity(struct moe_cache *s) {
+    const struct moe_cache_config *c = &s->c;
+    const size_t LE = (size_t)s->L * s->E;
+    for (size_t g = 0; g < LE; g++) {
+        if (c->freq_high && c->freq_low) {
+            s->hi.pop[g] = c->freq_high[g] + c->low_cost * c->freq_low[g];
+            s->lo.pop[g] = c->freq_low[g];
+        } else {
+            s->hi.pop[g] = s->lo.pop[g] = c->freq ? c->freq[g] : 1.0;
+        }
     }
 }
 
@@ -285,7 +347,7 @@ enum moe_status moe_cache_new(int n_layers, int n_experts, enum moe_cache_policy
     if ((st = moe_cache_check_config(p, c))) return st;
     const size_t LE = (size_t)n_layers * n_experts, L = (size_t)n_layers;
     /* every array in one block: 8-byte items first, then 4-byte, then bytes */
-    const size_t n8 = LE * 2 + 2 * L * 2 + 2 * (LE + 2 * L);
+    const size_t n8 = LE * 2 + 2 * L * 2 + 2 * (2 * LE + 3 * L);
     const size_t n4 = LE * 6 + 2 * (LE * 2 + L * 2);
     const size_t n1 = p == MOE_CACHE_STATIC ? 2 * LE : 0;
     struct moe_cache *s = calloc(1, sizeof *s);
@@ -299,7 +361,8 @@ enum moe_status moe_cache_new(int n_layers, int n_experts, enum moe_cache_policy
 #define TAKE(ptr, count) (ptr = (void *)q, q += sizeof *(ptr) * (count))
     TAKE(s->stamp, LE), TAKE(s->Fg, LE), TAKE(s->mul_t, 2 * L), TAKE(s->add_t, 2 * L);
     struct cache *cs[2] = {&s->hi, &s->lo};
-    for (int i = 0; i < 2; i++) TAKE(cs[i]->k, LE), TAKE(cs[i]->bk, L), TAKE(cs[i]->bst, L);
+    for (int i = 0; i < 2; i++)
+        TAKE(cs[i]->k, LE), TAKE(cs[i]->bk, L), TAKE(cs[i]->bst, L), TAKE(cs[i]->btp, L), TAKE(cs[i]->pop, LE);
     TAKE(s->R, LE), TAKE(s->F, LE), TAKE(s->H, LE), TAKE(s->prot, LE), TAKE(s->pfl, LE), TAKE(s->plist, LE);
     for (int i = 0; i < 2; i++) TAKE(cs[i]->list, LE), TAKE(cs[i]->at, LE), TAKE(cs[i]->cnt, L), TAKE(cs[i]->best, L);
     if (n1) TAKE(s->pin, LE), TAKE(s->in, LE);
@@ -307,9 +370,13 @@ enum moe_status moe_cache_new(int n_layers, int n_experts, enum moe_cache_policy
     s->c = *c, s->p = p, s->L = n_layers, s->E = n_experts;
     s->hi.cap = c->high_cap, s->lo.cap = c->low_cap;
     s->rekeys = p != MOE_CACHE_EDGEMOE && p != MOE_CACHE_LRU && p != MOE_CACHE_FLD;
+    s->pop_on = p == MOE_CACHE_HOBBIT && c->w[4] > 0;
+    s->admit = p == MOE_CACHE_HOBBIT && c->admit;
+    s->hi.ext = s->pop_on, s->lo.ext = s->pop_on || s->admit;
     for (size_t i = 0; i < LE; i++) s->prot[i] = s->pfl[i] = s->hi.at[i] = s->lo.at[i] = -1;
     for (size_t i = 0; i < L; i++) s->hi.best[i] = s->lo.best[i] = -1, s->hi.bk[i] = s->lo.bk[i] = INFINITY;
     layer_tables(s);
+    popularity(s);
     s->step = -1, s->T = 1, s->lc = 0, s->scale = 1;
     s->mul = s->mul_t + L, s->add = s->add_t + L;
     if (p == MOE_CACHE_STATIC) pin_static(s);
@@ -344,6 +411,7 @@ void moe_cache_begin_step(struct moe_cache *s, int layer, int32_t T) {
     s->T = T;
     s->mul = s->mul_t + (s->L - s->lc), s->add = s->add_t + (s->L - s->lc);
     s->scale = s->p == MOE_CACHE_HOBBIT ? s->c.w[3] * T : 1.0;
+    s->tp = s->pop_on ? s->c.w[4] * T : 0.0;
     int n = 0; /* drop the protections that have run out */
     for (int i = 0; i < s->n_plist; i++)
         if (is_prot(s, s->plist[i])) s->plist[n++] = s->plist[i];
@@ -396,10 +464,10 @@ static inline void access_one(struct moe_cache *s, int32_t g, enum moe_cache_nee
         return; /* nothing used: no record changes */
     } else if (need == MOE_CACHE_NEED_HIGH) {
         r->outcome = MOE_CACHE_MISS_HIGH;
-        r->kept = in_hi = put(s, &s->hi, g, next_high, &r->evicted);
+        r->kept = in_hi = put(s, &s->hi, g, next_high, need, &r->evicted);
     } else {
         r->outcome = MOE_CACHE_MISS_LOW;
-        r->kept = in_lo = put(s, &s->lo, g, next_low, &r->evicted);
+        r->kept = in_lo = put(s, &s->lo, g, next_low, need, &r->evicted);
     }
     s->stamp[g] = ++s->clock;
     s->R[g] = s->T;
@@ -449,7 +517,7 @@ int moe_cache_prefetch(struct moe_cache *s, int32_t g, int ahead, struct moe_cac
     }
     if (s->n_plist >= s->hi.cap - 1) return 0; /* a demand miss must always find room */
     if (s->hi.at[g] < 0) {
-        if (!put(s, &s->hi, g, MOE_CACHE_NEVER, &r->evicted)) return 0;
+        if (!put(s, &s->hi, g, MOE_CACHE_NEVER, -1, &r->evicted)) return 0;
         s->pfl[g] = until;
         r->outcome = MOE_CACHE_MISS_HIGH, r->kept = 1;
     } else {

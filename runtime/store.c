@@ -36,6 +36,7 @@
 
 #include "moe-bundle.h"
 #include "moe-store.h"
+#include "moe-tuning.h"
 
 enum slot_state { S_EMPTY, S_QUEUED, S_LOADING, S_READY, S_FAILED };
 
@@ -73,6 +74,7 @@ struct moe_store {
     int *moe_of;             /* [n_layer] MoE layer index, -1 for dense layers */
     struct moe_cache *cache;
     struct moe_cache_config cc;
+    struct moe_tuning tun;   /* the bundle's tuning (arrays borrowed from the bundle) */
     enum moe_cache_policy policy;
     int32_t *order;          /* [L*E] placement order (twiddler.placement_order) or NULL */
     int16_t *home;           /* [L*E] precision of each expert's high copy */
@@ -334,38 +336,31 @@ static int place(struct moe_store *st, int high, int32_t g, int prec, int32_t ev
 
 /* ---- creation ------------------------------------------------------- */
 
-/* tuning_f64: a finite number of the bundle's tuning, or NaN. */
-static double tuning_f64(const struct moe_bundle *b, const char *key) {
-    double v;
-    return moe_bundle_kv_f64(moe_bundle_tuning(b), key, &v) == MOE_OK && isfinite(v) ? v : NAN;
-}
-
-/* setup_policy: the policy, its weights and the placement order. */
+/* setup_policy: the policy, its fitted parameters and the placement order
+ * (the tuning counts MoE layers, as the store's cache does). */
 static enum moe_status setup_policy(struct moe_store *st) {
     const struct moe_bundle *b = st->bundle;
-    static const char *const wk[MOE_CACHE_N_WEIGHTS] = {"hobbit.cache.w_lru", "hobbit.cache.w_lfu",
-                                                        "hobbit.cache.w_lhu", "hobbit.cache.w_fld"};
-    double w[MOE_CACHE_N_WEIGHTS], sum = 0;
-    int have_w = 1;
-    for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) {
-        w[i] = tuning_f64(b, wk[i]);
-        have_w &= w[i] >= 0;
-        sum += w[i];
+    const struct moe_tuning *t = &st->tun;
+    const int have_w = t->has_cache_weights;
+    if (have_w) {
+        memcpy(st->cc.w, t->cache_w, sizeof st->cc.w);
+        st->cc.admit = t->cache_admit;
+        if (t->has_cache_popularity) {
+            st->cc.freq_high = t->cache_freq_high, st->cc.freq_low = t->cache_freq_low;
+            st->cc.low_cost = t->cache_low_cost;
+        }
     }
-    have_w &= fabs(sum - 1) < 1e-6;
-    if (have_w) memcpy(st->cc.w, w, sizeof w);
     st->policy = st->p.policy >= 0 ? (enum moe_cache_policy)st->p.policy : have_w ? MOE_CACHE_HOBBIT : MOE_CACHE_LRU;
     if (st->policy == MOE_CACHE_HOBBIT && !have_w)
-        MOE_LOGW("%s: no fitted HOBBIT cache weights in the tuning (run moe-prep fit-cache); using 0.25 each",
-                 moe_bundle_path(b));
+        MOE_LOGW("%s: no fitted HOBBIT cache weights in the tuning (run moe-prep fit-cache); using the paper's "
+                 "policy with equal weights", moe_bundle_path(b));
     if (st->policy == MOE_CACHE_BELADY) {
         MOE_LOGE("Belady's policy needs the future; it exists only in the simulator (moe-prep fit-cache)");
         return MOE_ERR_INVALID;
     }
-    size_t n = 0;
-    const int64_t *ord = moe_bundle_kv_i64_array(moe_bundle_tuning(b), "twiddler.placement_order", &n);
+    const int64_t *ord = t->has_placement_order ? t->placement_order : NULL;
     const size_t LE = (size_t)st->L * (size_t)st->E;
-    if (ord && n == LE) {
+    if (ord) {
         if (!(st->order = malloc(sizeof *st->order * LE))) return MOE_ERR_NOMEM;
         for (size_t i = 0; i < LE; i++) st->order[i] = ord[i] >= 0 && (size_t)ord[i] < LE ? (int32_t)ord[i] : -1;
     }
@@ -406,8 +401,8 @@ static enum moe_status setup_precisions(struct moe_store *st) {
             if (moe_bundle_precision_at(b, (uint32_t)p)->raw_size < moe_bundle_precision_at(b, (uint32_t)st->low)->raw_size)
                 st->low = p;
     }
-    st->t1 = isnan(st->p.t1) ? tuning_f64(b, "hobbit.t1") : st->p.t1;
-    st->t2 = isnan(st->p.t2) ? tuning_f64(b, "hobbit.t2") : st->p.t2;
+    st->t1 = isnan(st->p.t1) ? (st->tun.has_thresholds ? st->tun.t1 : NAN) : st->p.t1;
+    st->t2 = isnan(st->p.t2) ? (st->tun.has_thresholds ? st->tun.t2 : NAN) : st->p.t2;
     if (!(st->t1 >= 0 && st->t1 <= st->t2 && st->t2 <= 1)) st->t1 = st->t2 = NAN;
     return MOE_OK;
 }
@@ -474,7 +469,9 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     pthread_cond_init(&st->cv, NULL);
     st->cc = moe_cache_default_config();
     enum moe_status rc;
-    if ((rc = setup_precisions(st)) || (rc = setup_policy(st))) goto fail;
+    if ((rc = moe_tuning_read(moe_bundle_tuning(st->bundle), st->L > 0 ? st->L : 1, st->E, &st->tun)) ||
+        (rc = setup_precisions(st)) || (rc = setup_policy(st)))
+        goto fail;
     const int all = st->L * st->E;
     uint64_t hraw, lraw;
     size_t hread, lread;
@@ -509,7 +506,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     }
     st->cc.high_cap = H, st->cc.low_cap = Lc;
     st->cc.high_bytes = (double)hraw, st->cc.low_bytes = (double)lraw;
-    st->cc.low_cost = hraw > 0 ? (double)lraw / (double)hraw : 0.5;
+    if (!st->cc.freq_high) st->cc.low_cost = hraw > 0 ? (double)lraw / (double)hraw : 0.5;
     if ((rc = moe_cache_new(st->L, st->E, st->policy, &st->cc, &st->cache))) goto fail;
     /* slots */
     st->n_slots = H + Lc + 2;

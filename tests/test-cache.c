@@ -4,12 +4,17 @@
  * a hand-worked stream whose outcomes, kept flags and evicted experts are
  * worked out in the comments (LRU, LFU per sequence and global with the
  * sequence reset, LHU, forward layer distance, EdgeMoE's f/d, HOBBIT's
- * weighted priority, Twiddler's pinned set with its scratch slot (kept = 0),
+ * weighted priority with its popularity term (per-need shares) and
+ * admission control (a load that ranks below its victim is not kept; a low
+ * copy whose high copy is cached goes first), Twiddler's pinned set with its
+ * scratch slot (kept = 0),
  * Belady with bypass); the two precisions (low hits, a low copy never serving
  * a high need, skips changing no record); prefetch protection for a later
  * step (ahead > 0) that holds through an intermediate step's misses and runs
  * out after, the limit of high_cap - 1 protected copies; the batch entry
- * point against single calls on random streams; and what
+ * point against single calls on random streams; HOBBIT (every extension,
+ * with prefetch protection) against a naive reference that scores every
+ * copy from scratch; and what
  * moe_cache_check_config and moe_cache_new refuse, each with one message.
  */
 #include <math.h>
@@ -141,7 +146,7 @@ static void test_lhu(void) {
  *  - EdgeMoE f / d with f = (g0 0.1, g2 1): g0 0.1, g2 0.5: evicts g0;
  *  - LRU: evicts g0 (least recent). */
 static void test_layers(void) {
-    const double f[6] = {0.1, 0, 1, 0, 1, 0}, wf[4] = {0, 0, 0, 1};
+    const double f[6] = {0.1, 0, 1, 0, 1, 0}, wf[MOE_CACHE_N_WEIGHTS] = {0, 0, 0, 1};
     const struct {
         enum moe_cache_policy p;
         int32_t ev;
@@ -163,7 +168,7 @@ static void test_layers(void) {
  * w = (0.4, 0.6): 0 -> 2.0, 1 -> 1.8: evicts 1;
  * w = (0.6, 0.4): 0 -> 2.0, 1 -> 2.2: evicts 0. */
 static void test_hobbit(void) {
-    const double wa[4] = {0.4, 0.6, 0, 0}, wb[4] = {0.6, 0.4, 0, 0};
+    const double wa[MOE_CACHE_N_WEIGHTS] = {0.4, 0.6, 0, 0}, wb[MOE_CACHE_N_WEIGHTS] = {0.6, 0.4, 0, 0};
     const double *ws[2] = {wa, wb};
     for (int k = 0; k < 2; k++) {
         struct moe_cache *m = make(1, 4, MOE_CACHE_HOBBIT, 2, 0, ws[k], NULL, NULL);
@@ -173,6 +178,231 @@ static void test_hobbit(void) {
         one_step_each(m, "hobbit", w, 4, &T);
         moe_cache_free(m);
     }
+}
+
+/* make_pop: HOBBIT with per-need popularity shares and admission. */
+static struct moe_cache *make_pop(int L, int E, int hi, int lo, const double *w, int admit, const double *fh,
+                                  const double *fl) {
+    struct moe_cache_config c = moe_cache_default_config();
+    c.high_cap = hi, c.low_cap = lo, c.admit = admit, c.freq_high = fh, c.freq_low = fl, c.low_cost = 0.25;
+    memcpy(c.w, w, sizeof c.w);
+    struct moe_cache *m = NULL;
+    CHECK(moe_cache_new(L, E, MOE_CACHE_HOBBIT, &c, &m) == MOE_OK && m, "new hobbit");
+    return m;
+}
+
+/* test_popularity: HOBBIT with only w_pop (= 1), one layer, two high slots,
+ * high-need shares f_high = (0.5, 0.25, 0.125, 0.75), no low needs: the
+ * priority p T is T f_high. Tokens 0, 1, 2, 3, 1:
+ *   with admission: 0m, 1m; 2m: the victim would be 1 (0.25) but 2 ranks
+ *     lower (0.125): not kept; 3m (0.75) evicts 1; 1m: the victim would be 0
+ *     (0.5), 1 ranks lower: not kept;
+ *   without: 2m evicts 1; 3m evicts 2; 1m evicts 0 (0.5 < 0.75).
+ * The popularity of a copy counts its low needs at low_cost in the high
+ * cache: f_low = (0, 0, 1, 0) and low_cost 0.25 make 2's high copy worth
+ * 0.125 + 0.25 = 0.375 > 0.25: then 2 evicts 1 even with admission. */
+static void test_popularity(void) {
+    const double w[MOE_CACHE_N_WEIGHTS] = {0, 0, 0, 0, 1};
+    const double fh[4] = {0.5, 0.25, 0.125, 0.75}, fl0[4] = {0, 0, 0, 0}, fl2[4] = {0, 0, 1, 0};
+    for (int admit = 1; admit >= 0; admit--) {
+        struct moe_cache *m = make_pop(1, 4, 2, 0, w, admit, fh, fl0);
+        const struct want a[5] = {MH(0, -1), MH(1, -1), {2, H, NV, NV, MOE_CACHE_MISS_HIGH, 0, -1}, MH(3, 1),
+                                  {1, H, NV, NV, MOE_CACHE_MISS_HIGH, 0, -1}};
+        const struct want b[5] = {MH(0, -1), MH(1, -1), MH(2, 1), MH(3, 2), MH(1, 0)};
+        int32_t T = 0;
+        moe_cache_begin_sequence(m);
+        one_step_each(m, admit ? "popularity with admission" : "popularity without admission", admit ? a : b, 5, &T);
+        moe_cache_free(m);
+    }
+    struct moe_cache *m = make_pop(1, 4, 2, 0, w, 1, fh, fl2);
+    const struct want c[3] = {MH(0, -1), MH(1, -1), MH(2, 1)};
+    int32_t T = 0;
+    one_step_each(m, "popularity counting low needs", c, 3, &T);
+    moe_cache_free(m);
+    /* only one of the per-need shares: refused */
+    struct moe_cache_config cf = moe_cache_default_config();
+    cf.freq_high = fh;
+    log_reset();
+    CHECK(moe_cache_check_config(MOE_CACHE_HOBBIT, &cf) == MOE_ERR_INVALID && g_n_err == 1, "freq_high alone");
+    cf.freq_high = NULL, cf.admit = 2;
+    CHECK(moe_cache_check_config(MOE_CACHE_HOBBIT, &cf) == MOE_ERR_INVALID, "admit 2");
+}
+
+/* test_low_copy: with admission a low copy whose high copy is cached ranks
+ * below every other. HOBBIT w_lru = 1 (LRU order), one high slot, two low
+ * slots: tokens 0 L, 1 L, 0 H (0's high copy: its low copy, though the more
+ * recent, is now worthless), 2 L: with admission evicts 0's low copy, then
+ * 1 L hits; without, 2 L evicts 1 (least recent) and 1 L misses again. */
+static void test_low_copy(void) {
+    const double w[MOE_CACHE_N_WEIGHTS] = {1, 0, 0, 0, 0};
+    for (int admit = 1; admit >= 0; admit--) {
+        struct moe_cache *m = make_pop(1, 4, 1, 2, w, admit, NULL, NULL);
+        const struct want a[5] = {{0, LO, NV, NV, MOE_CACHE_MISS_LOW, 1, -1}, {1, LO, NV, NV, MOE_CACHE_MISS_LOW, 1, -1},
+                                  MH(0, -1), {2, LO, NV, NV, MOE_CACHE_MISS_LOW, 1, admit ? 0 : 1},
+                                  admit ? (struct want){1, LO, NV, NV, MOE_CACHE_HIT_LOW, 0, -1}
+                                        : (struct want){1, LO, NV, NV, MOE_CACHE_MISS_LOW, 1, 0}};
+        int32_t T = 0;
+        one_step_each(m, admit ? "low copy with admission" : "low copy without admission", a, 5, &T);
+        moe_cache_free(m);
+    }
+}
+
+/* ---- a naive reference: every copy scored from scratch at each miss ---- */
+
+#define RL 3
+#define RE 5
+#define RLE (RL * RE)
+
+/* The reference model of one HOBBIT cache pair (docs/cache-sim.md). */
+struct ref {
+    double w[MOE_CACHE_N_WEIGHTS], pop[2][RLE]; /* pop[0]: high cache */
+    int admit, cap[2], in[2][RLE], step, T, lc;
+    int64_t clock, stamp[RLE];
+    int R[RLE], F[RLE], Hn[RLE], prot[RLE], pfl[RLE];
+};
+
+/* ref_score: p T of g's copy in cache h (0 high, 1 low) at the current step. */
+static double ref_score(const struct ref *r, int h, int g) {
+    if (r->admit && h == 1 && r->in[0][g]) return -INFINITY;
+    const double k = r->w[0] * r->R[g] + r->w[1] * r->F[g] + r->w[2] * r->Hn[g];
+    const double ek = r->w[4] > 0 ? k + r->w[4] * r->T * r->pop[h][g] : k;
+    const int j = (g / RE - r->lc + RL) % RL;
+    return ek + r->w[3] * r->T * (1.0 - (double)j / RL);
+}
+
+/* ref_victim: the lowest (score, last use, id) unprotected copy of cache h. */
+static int ref_victim(const struct ref *r, int h) {
+    int v = -1;
+    for (int g = 0; g < RLE; g++) {
+        if (!r->in[h][g] || (h == 0 && r->prot[g] >= r->step)) continue;
+        if (v < 0) {
+            v = g;
+            continue;
+        }
+        const double sg = ref_score(r, h, g), sv = ref_score(r, h, v);
+        if (sg < sv || (sg == sv && (r->stamp[g] < r->stamp[v] || (r->stamp[g] == r->stamp[v] && g < v)))) v = g;
+    }
+    return v;
+}
+
+/* ref_count: copies in cache h. */
+static int ref_count(const struct ref *r, int h) {
+    int n = 0;
+    for (int g = 0; g < RLE; g++) n += r->in[h][g];
+    return n;
+}
+
+/* ref_put: a load of g into cache h (need: -1 for a prefetch); kept? */
+static int ref_put(struct ref *r, int h, int g, int need, int *ev) {
+    *ev = -1;
+    if (r->cap[h] <= 0) return 0;
+    if (ref_count(r, h) >= r->cap[h]) {
+        const int v = ref_victim(r, h);
+        if (v < 0) return 0;
+        if (r->admit && need >= 0) {
+            const double k = r->w[0] * r->T + r->w[1] * (r->F[g] + 1) + r->w[2] * (r->Hn[g] + (need == H)) +
+                             (r->w[4] > 0 ? r->w[4] * r->T * r->pop[h][g] : 0.0);
+            if (k + r->w[3] * r->T * (1.0 - (double)((g / RE - r->lc + RL) % RL) / RL) < ref_score(r, h, v)) return 0;
+        }
+        r->in[h][v] = 0, *ev = v;
+        if (h == 0) r->prot[v] = r->pfl[v] = -1;
+    }
+    r->in[h][g] = 1;
+    return 1;
+}
+
+/* ref_access: moe_cache_access of the reference. */
+static void ref_access(struct ref *r, int g, int need, struct moe_cache_result *o) {
+    o->evicted = -1, o->kept = 0, o->prefetch_hit = 0;
+    if (r->in[0][g]) o->outcome = MOE_CACHE_HIT_HIGH, o->prefetch_hit = r->pfl[g] == r->step;
+    else if (r->in[1][g] && need != H) o->outcome = MOE_CACHE_HIT_LOW;
+    else if (need == S) {
+        o->outcome = MOE_CACHE_SKIP;
+        return;
+    } else if (need == H) o->outcome = MOE_CACHE_MISS_HIGH, o->kept = ref_put(r, 0, g, need, &o->evicted);
+    else o->outcome = MOE_CACHE_MISS_LOW, o->kept = ref_put(r, 1, g, need, &o->evicted);
+    r->stamp[g] = ++r->clock, r->R[g] = r->T, r->F[g]++, r->Hn[g] += need == H;
+}
+
+/* ref_prefetch: moe_cache_prefetch of the reference. */
+static int ref_prefetch(struct ref *r, int g, int ahead, struct moe_cache_result *o) {
+    o->evicted = -1, o->kept = 0, o->prefetch_hit = 0;
+    if (r->in[0][g] && r->prot[g] >= r->step) {
+        if (r->prot[g] < r->step + ahead) r->prot[g] = r->step + ahead;
+        o->outcome = MOE_CACHE_HIT_HIGH;
+        return 1;
+    }
+    int np = 0;
+    for (int x = 0; x < RLE; x++) np += r->in[0][x] && r->prot[x] >= r->step;
+    if (np >= r->cap[0] - 1) return 0;
+    if (!r->in[0][g]) {
+        if (!ref_put(r, 0, g, -1, &o->evicted)) return 0;
+        r->pfl[g] = r->step + ahead, o->outcome = MOE_CACHE_MISS_HIGH, o->kept = 1;
+    } else {
+        o->outcome = MOE_CACHE_HIT_HIGH;
+    }
+    r->prot[g] = r->step + ahead;
+    return 1;
+}
+
+/* test_reference: HOBBIT in the core (layer minima, lazy popularity
+ * rescans, admission, the worthless low copy, protection) against the naive
+ * reference on random streams, result by result. Weights and shares are
+ * multiples of 1/8, so both compute every score exactly. */
+static void test_reference(void) {
+    unsigned seed = 5;
+    int differ = 0, misses = 0, bypasses = 0;
+#define RND(n) ((seed = seed * 1103515245u + 12345u), (int)((seed >> 16) % (unsigned)(n)))
+    for (int round = 0; round < 200; round++) {
+        struct ref r;
+        memset(&r, 0, sizeof r);
+        double fh[RLE], fl[RLE];
+        int left = 8;
+        for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) { /* eighths summing to 1 */
+            const int x = i == MOE_CACHE_N_WEIGHTS - 1 ? left : RND(left + 1);
+            r.w[i] = x / 8.0, left -= x;
+        }
+        for (int g = 0; g < RLE; g++) fh[g] = RND(9) / 8.0, fl[g] = RND(9) / 8.0;
+        r.admit = round % 2, r.cap[0] = 1 + RND(6), r.cap[1] = RND(4);
+        for (int g = 0; g < RLE; g++) {
+            r.pop[0][g] = fh[g] + 0.25 * fl[g], r.pop[1][g] = fl[g];
+            r.prot[g] = r.pfl[g] = -1;
+        }
+        struct moe_cache *m = make_pop(RL, RE, r.cap[0], r.cap[1], r.w, r.admit, fh, fl);
+        if (!m) break;
+        r.step = -1;
+        for (int step = 0; step < 240; step++) {
+            const int l = step % RL, T = 1 + (step % 60) / RL;
+            if (step % 60 == 0) {
+                moe_cache_begin_sequence(m);
+                memset(r.R, 0, sizeof r.R), memset(r.F, 0, sizeof r.F), memset(r.Hn, 0, sizeof r.Hn);
+            }
+            moe_cache_begin_step(m, l, T);
+            r.step++, r.T = T, r.lc = l;
+            struct moe_cache_result a, b;
+            if (RND(3) == 0) { /* a prefetch for this or a later step */
+                const int g = RND(RLE), ahead = RND(3);
+                memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+                const int ra = moe_cache_prefetch(m, g, ahead, &a), rb = ref_prefetch(&r, g, ahead, &b);
+                differ += ra != rb || (ra && (a.outcome != b.outcome || a.evicted != b.evicted || a.kept != b.kept));
+            }
+            for (int i = 0; i < 3; i++) {
+                const int g = l * RE + RND(RE), need = RND(3);
+                moe_cache_access(m, g, (enum moe_cache_need)need, NV, NV, &a);
+                ref_access(&r, g, need, &b);
+                differ += a.outcome != b.outcome || a.evicted != b.evicted || a.prefetch_hit != b.prefetch_hit ||
+                          ((a.outcome == MOE_CACHE_MISS_HIGH || a.outcome == MOE_CACHE_MISS_LOW) && a.kept != b.kept);
+                misses += a.outcome == MOE_CACHE_MISS_HIGH || a.outcome == MOE_CACHE_MISS_LOW;
+                bypasses += (a.outcome == MOE_CACHE_MISS_HIGH || a.outcome == MOE_CACHE_MISS_LOW) && !a.kept;
+            }
+            for (int g = 0; g < RLE; g++)
+                differ += moe_cache_contains(m, g, 1) != r.in[0][g] || moe_cache_contains(m, g, 0) != r.in[1][g];
+        }
+        moe_cache_free(m);
+    }
+#undef RND
+    CHECK(differ == 0, "the core equals the naive reference (%d differences)", differ);
+    CHECK(misses > 1000 && bypasses > 100, "the streams exercise misses (%d) and refused loads (%d)", misses, bypasses);
 }
 
 /* test_precision: one layer, one high and one low slot, LRU.
@@ -336,7 +566,7 @@ static void test_batch(void) {
     const int32_t order[24] = {5, 3, 0, 7, 1, 2, 4, 6, 9, 8, 10, 11, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12};
     double freq[24];
     for (int i = 0; i < 24; i++) freq[i] = (double)((i * 7) % 5) / 5;
-    const double w[4] = {0.3, 0.3, 0.2, 0.2};
+    const double w[MOE_CACHE_N_WEIGHTS] = {0.3, 0.2, 0.2, 0.1, 0.2};
     for (int p = 0; p < MOE_CACHE_N_POLICIES; p++) {
         struct moe_cache *a = make(3, 8, (enum moe_cache_policy)p, 5, 3, w, freq, order);
         struct moe_cache *b = make(3, 8, (enum moe_cache_policy)p, 5, 3, w, freq, order);
@@ -467,6 +697,9 @@ int main(void) {
     test_lhu();
     test_layers();
     test_hobbit();
+    test_popularity();
+    test_low_copy();
+    test_reference();
     test_precision();
     test_static();
     test_belady();

@@ -63,6 +63,17 @@ void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_tra
     out->prefetch_slots = tr->n_pf;
 }
 
+void moe_cache_trace_need_freq(const struct moe_cache_trace *tr, double *f_high, double *f_low) {
+    const size_t LE = (size_t)tr->L * tr->E;
+    memset(f_high, 0, sizeof *f_high * LE);
+    memset(f_low, 0, sizeof *f_low * LE);
+    for (int64_t i = 0; i < tr->n_acc; i++) {
+        if (tr->acc_need[i] == MOE_CACHE_NEED_HIGH) f_high[tr->acc_g[i]] += 1;
+        else if (tr->acc_need[i] == MOE_CACHE_NEED_LOW) f_low[tr->acc_g[i]] += 1;
+    }
+    for (size_t g = 0; tr->tokens > 0 && g < LE; g++) f_high[g] /= (double)tr->tokens, f_low[g] /= (double)tr->tokens;
+}
+
 /* needs: the precision need of each of the K experts of one (token, layer)
  * row, with s computed exactly as moe_hobbit_scores does (so thresholds chosen
  * among observed scores split the same way). */
@@ -336,7 +347,7 @@ enum moe_status moe_cache_path_dict(const struct moe_trace *t, const int32_t *se
 /* ------------------------------------------------------------- the fit */
 
 struct moe_cache_fit_params moe_cache_fit_default_params(void) {
-    struct moe_cache_fit_params p = {10, 4, NULL, NULL};
+    struct moe_cache_fit_params p = {8, 4, MOE_CACHE_N_WEIGHTS, -1, NULL, NULL};
     return p;
 }
 
@@ -348,7 +359,7 @@ struct fit {
     int evals, total;
 };
 
-/* try_w: replay with weights w; *pen its penalty. */
+/* try_w: replay with weights w into *out. */
 static enum moe_status try_w(struct fit *f, const double *w, struct moe_cache_stats *out) {
     memcpy(f->c.w, w, sizeof f->c.w);
     enum moe_status st = moe_cache_simulate(f->tr, MOE_CACHE_HOBBIT, &f->c, out);
@@ -357,37 +368,72 @@ static enum moe_status try_w(struct fit *f, const double *w, struct moe_cache_st
     return st;
 }
 
+/* binom: C(n, k) for the small numbers of the grid. */
+static int binom(int n, int k) {
+    long long r = 1;
+    for (int i = 1; i <= k; i++) r = r * (n - k + i) / i;
+    return (int)r;
+}
+
+/* grid_next: the next composition of G into n parts in grid order (the
+ * first part slowest, the last one the rest); 0 after the last. */
+static int grid_next(int *a, int n, int G) {
+    for (int i = n - 2; i >= 0; i--) { /* a[n-1] = G - the others */
+        int used = 0;
+        for (int j = 0; j < i; j++) used += a[j];
+        if (used + a[i] < G) {
+            a[i]++;
+            for (int j = i + 1; j < n - 1; j++) a[j] = 0;
+            int rest = G;
+            for (int j = 0; j < n - 1; j++) rest -= a[j];
+            a[n - 1] = rest;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 enum moe_status moe_cache_fit_hobbit(const struct moe_cache_trace *tr, const struct moe_cache_config *c,
                                      const struct moe_cache_fit_params *fp, double w[MOE_CACHE_N_WEIGHTS],
-                                     struct moe_cache_stats *best, int *evals) {
+                                     int *admit, struct moe_cache_stats *best, int *evals) {
     struct moe_cache_fit_params dp = moe_cache_fit_default_params();
     if (!fp) fp = &dp;
-    if (!tr || !c || fp->grid < 1 || fp->grid > 1000 || fp->refine_rounds < 0 || fp->refine_rounds > 30) {
-        MOE_LOGE("invalid fit parameters (grid %d, refinement rounds %d)", fp->grid, fp->refine_rounds);
+    const int N = fp->n_weights;
+    if (!tr || !c || fp->grid < 1 || fp->grid > 1000 || fp->refine_rounds < 0 || fp->refine_rounds > 30 ||
+        (N != 4 && N != MOE_CACHE_N_WEIGHTS) || fp->admit < -1 || fp->admit > 1 ||
+        binom(fp->grid + N - 1, N - 1) > 1000000) {
+        MOE_LOGE("invalid fit parameters (grid %d, refinement rounds %d, %d weights, admission %d)", fp->grid,
+                 fp->refine_rounds, N, fp->admit);
         return MOE_ERR_INVALID;
     }
-    const int G = fp->grid;
-    struct fit f = {tr, *c, fp, 0, (G + 1) * (G + 2) * (G + 3) / 6};
+    const int G = fp->grid, a0 = fp->admit < 0 ? 0 : fp->admit, a1 = fp->admit < 0 ? 1 : fp->admit;
+    struct fit f = {tr, *c, fp, 0, binom(G + N - 1, N - 1) * (a1 - a0 + 1)};
     struct moe_cache_stats cur, bs;
-    double bw[4] = {0, 0, 0, 1}, tw[4];
+    double bw[MOE_CACHE_N_WEIGHTS], tw[MOE_CACHE_N_WEIGHTS];
     enum moe_status st;
-    int have = 0;
-    for (int a = 0; a <= G; a++) /* the simplex grid, w_lru slowest */
-        for (int b = 0; a + b <= G; b++)
-            for (int d = 0; a + b + d <= G; d++) {
-                tw[0] = (double)a / G, tw[1] = (double)b / G, tw[2] = (double)d / G, tw[3] = (double)(G - a - b - d) / G;
-                if ((st = try_w(&f, tw, &cur))) return st;
-                if (!have || cur.penalty < bs.penalty) memcpy(bw, tw, sizeof bw), bs = cur, have = 1;
-            }
+    int have = 0, badmit = a0;
+    memset(&bs, 0, sizeof bs);
+    for (int adm = a0; adm <= a1; adm++) {
+        int a[MOE_CACHE_N_WEIGHTS] = {0};
+        a[N - 1] = G;
+        f.c.admit = adm;
+        do { /* the simplex grid: the first weight slowest */
+            memset(tw, 0, sizeof tw);
+            for (int i = 0; i < N; i++) tw[i] = (double)a[i] / G;
+            if ((st = try_w(&f, tw, &cur))) return st;
+            if (!have || cur.penalty < bs.penalty) memcpy(bw, tw, sizeof bw), bs = cur, badmit = adm, have = 1;
+        } while (grid_next(a, N, G));
+    }
+    f.c.admit = badmit;
     double h = 0.5 / G;
     for (int r = 0; r < fp->refine_rounds; r++, h /= 2) /* local moves of h from weight i to j */
         for (int it = 0; it < 64; it++) {
-            double mw[4];
+            double mw[MOE_CACHE_N_WEIGHTS];
             struct moe_cache_stats ms;
             int moved = 0;
             memset(&ms, 0, sizeof ms);
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++) {
+            for (int i = 0; i < N; i++)
+                for (int j = 0; j < N; j++) {
                     const double amt = fmin(h, bw[i]);
                     if (i == j || amt < h * 0.5) continue; /* nothing (left) to move from weight i */
                     memcpy(tw, bw, sizeof tw);
@@ -398,8 +444,10 @@ enum moe_status moe_cache_fit_hobbit(const struct moe_cache_trace *tr, const str
             if (!moved) break;
             memcpy(bw, mw, sizeof bw), bs = ms;
         }
-    double sum = bw[0] + bw[1] + bw[2] + bw[3];
-    for (int i = 0; i < 4; i++) w[i] = bw[i] / sum;
+    double sum = 0;
+    for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) sum += bw[i];
+    for (int i = 0; i < MOE_CACHE_N_WEIGHTS; i++) w[i] = bw[i] / sum;
+    if (admit) *admit = badmit;
     if (best) *best = bs;
     if (evals) *evals = f.evals;
     return MOE_OK;

@@ -78,6 +78,12 @@ struct moe_cache_trace_info {
 /* moe_cache_trace_info: the counts of tr. */
 void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_trace_info *out);
 
+/* moe_cache_trace_need_freq: per expert, the accesses of tr with need high
+ * (f_high[L*E]) and low (f_low[L*E]) divided by its tokens: the token shares
+ * of moe_cache_config.freq_high / freq_low (a prompt batch step counts once
+ * per expert). */
+void moe_cache_trace_need_freq(const struct moe_cache_trace *tr, double *f_high, double *f_low);
+
 /* ---- replay ---- */
 
 /* What a replay counts. accesses = hits_high + hits_low + misses_high +
@@ -132,24 +138,33 @@ enum moe_status moe_cache_path_dict(const struct moe_trace *t, const int32_t *se
 /* ---- HOBBIT's weight fit ---- */
 
 struct moe_cache_fit_params {
-    int grid;          /* simplex grid: weights are multiples of 1/grid (10: 286 points) */
+    int grid;          /* simplex grid: weights are multiples of 1/grid (C(grid + n - 1, n - 1)
+                        * points for n weights: 8 and 5 weights: 495; 10 and 4: 286) */
     int refine_rounds; /* halvings of the step in the local refinement after the grid (0: none) */
+    int n_weights;     /* weights fitted: 5 (with w_pop), or 4 (w_pop fixed at 0: the paper's) */
+    int admit;         /* moe_cache_config.admit: 0 off (the paper's), 1 on, -1 both (the grid
+                        * twice; the better one is refined) */
     void (*progress)(int done, int total, void *user); /* after each replay; may be NULL */
     void *user;
 };
 
-/* moe_cache_fit_default_params: grid 10, 4 refinement rounds, no progress. */
+/* moe_cache_fit_default_params: grid 8, 4 refinement rounds, 5 weights,
+ * admission both ways, no progress. */
 struct moe_cache_fit_params moe_cache_fit_default_params(void);
 
 /* moe_cache_fit_hobbit: the HOBBIT weights that minimise the total miss
- * penalty of replaying tr with configuration c (its w ignored): every point
- * of the simplex grid, then from the best one moves of the current step from
- * one weight to another while one lowers the penalty, the step halved each
- * round (weights stay >= 0 and sum to 1). Ties keep the earlier point (grid
- * order: w_lru slowest, w_fld fastest). w receives the weights, *best (may be
+ * penalty of replaying tr with configuration c (its w ignored; its freq is
+ * the popularity w_pop weighs): every point of the simplex grid, then from
+ * the best one moves of the current step from one weight to another while
+ * one lowers the penalty, the step halved each round (weights stay >= 0 and
+ * sum to 1). Ties keep the earlier point (grid order: w_lru slowest, w_pop
+ * fastest). The grid holds every corner, so the fit is never worse on tr
+ * than HOBBIT's corners (LRU, LFU-seq, LHU; with 5 weights also the pure
+ * popularity order). w receives the weights (w_pop 0 with n_weights 4),
+ * *admit (may be NULL) the admission setting they go with, *best (may be
  * NULL) their statistics, *evals (may be NULL) the replays run. */
 enum moe_status moe_cache_fit_hobbit(const struct moe_cache_trace *tr, const struct moe_cache_config *c,
                                      const struct moe_cache_fit_params *fp, double w[MOE_CACHE_N_WEIGHTS],
-                                     struct moe_cache_stats *best, int *evals);
+                                     int *admit, struct moe_cache_stats *best, int *evals);
 
 #endif
