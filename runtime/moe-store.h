@@ -63,8 +63,8 @@ struct moe_store_params {
                              * the tuning has T1/T2 (-1) */
     int skip;               /* 1: experts with s > T2 and no cached copy are skipped (0: loaded low) */
     double t1, t2;          /* thresholds; NaN = the bundle's hobbit.t1 / hobbit.t2 (NaN) */
-    int prefetch_layers;    /* stacked-gate prefetch: layers ahead (0 = off; default 1) */
-    int prefetch_paths;     /* path-dictionary prefetch: experts per layer (0 = off; default 2) */
+    int prefetch_layers;    /* stacked-gate prefetch: layers ahead (0 = off, the default) */
+    int prefetch_paths;     /* path-dictionary prefetch: experts per layer (0 = off, the default) */
     int path_order;         /* 1 or 2: the dictionary keyed on 1 or 2 previous layers (1) */
     int warm;               /* 1: fill the caches in Twiddler's placement order at start (1) */
     int n_loaders;          /* loader threads (2) */

@@ -75,6 +75,8 @@ struct moe_store {
     struct moe_cache *cache;
     struct moe_cache_config cc;
     struct moe_tuning tun;   /* the bundle's tuning (arrays borrowed from the bundle) */
+    struct moe_path_table *paths; /* EdgeMoE's path dictionary (prefetch_paths > 0), or NULL */
+    int32_t *prev;           /* [L x K] the current token's experts per MoE layer (rank order) */
     enum moe_cache_policy policy;
     int32_t *order;          /* [L*E] placement order (twiddler.placement_order) or NULL */
     int16_t *home;           /* [L*E] precision of each expert's high copy */
@@ -127,8 +129,8 @@ struct moe_store_params moe_store_default_params(void) {
     p.policy = -1;
     p.dynamic = -1;
     p.t1 = p.t2 = NAN;
-    p.prefetch_layers = 1;
-    p.prefetch_paths = 2;
+    p.prefetch_layers = 0; /* off by default: on small caches it evicts more than it saves */
+    p.prefetch_paths = 0;
     p.path_order = 1;
     p.warm = 1;
     p.n_loaders = 2;
@@ -472,6 +474,18 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     if ((rc = moe_tuning_read(moe_bundle_tuning(st->bundle), st->L > 0 ? st->L : 1, st->E, &st->tun)) ||
         (rc = setup_precisions(st)) || (rc = setup_policy(st)))
         goto fail;
+    if (p->prefetch_paths > 0 && st->L > p->path_order) {
+        enum moe_status pr = moe_path_table_from_tuning(moe_bundle_tuning(st->bundle), p->path_order, st->L, st->E, k,
+                                                        &st->paths);
+        if (pr == MOE_ERR_NOMEM) {
+            rc = pr;
+            goto fail;
+        }
+        if (pr == MOE_ERR_NOT_FOUND)
+            MOE_LOGI("%s: no order-%d path dictionary in the tuning (moe-prep profile writes one); path prefetch off",
+                     moe_bundle_path(st->bundle), p->path_order);
+        if (!(st->prev = calloc((size_t)st->L * (size_t)k + 1, sizeof *st->prev))) goto nomem;
+    }
     const int all = st->L * st->E;
     uint64_t hraw, lraw;
     size_t hread, lread;
@@ -633,6 +647,8 @@ void moe_store_free(struct moe_store *st) {
     for (int i = 0; st->staging && i < st->n_threads; i++) free(st->staging[i]);
     if (st->fd >= 0) close(st->fd);
     moe_cache_free(st->cache);
+    moe_path_table_free(st->paths);
+    free(st->prev);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->cv);
     free(st->staging);
@@ -746,6 +762,24 @@ static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, in
     it->handle = st->item_slot[i];
 }
 
+/* path_prefetch: EdgeMoE: with the current token's experts of MoE layer ml
+ * (and of the layers before, for order 2) known, load the most probable
+ * experts of layer ml + 1, protected until that step. Lock held. */
+static void path_prefetch(struct moe_store *st, int ml, const int32_t *sel) {
+    const int K = st->K, order = st->p.path_order, next = ml + 1;
+    memcpy(st->prev + (size_t)ml * K, sel, sizeof(int32_t) * (size_t)K);
+    if (next >= st->L || next < order) return;
+    int32_t out[64];
+    const int m = st->p.prefetch_paths < 64 ? st->p.prefetch_paths : 64;
+    const int n = moe_path_table_lookup(st->paths, next, st->prev + (size_t)(next - order) * K, m, out);
+    for (int j = 0; j < n; j++) {
+        const int32_t g = next * st->E + out[j];
+        struct moe_cache_result r;
+        if (!moe_cache_prefetch(st->cache, g, 1, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
+        place(st, 1, g, st->home[g], r.evicted, 1, next);
+    }
+}
+
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
                                int k, struct moe_store_plan **plan) {
     if (k != st->K || n > 4096 || n <= 0) {
@@ -807,6 +841,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
             ni++;
         }
     }
+    if (decode && st->paths) path_prefetch(st, layer, sel);
     /* mispredicted prefetches for this layer whose read has not started are cancelled */
     for (int i = 0; i < st->scratch0; i++) {
         struct slot *s = &st->slots[i];
@@ -940,9 +975,11 @@ const char *moe_store_options_help(void) {
            "      --skip              skip experts past T2 that are not cached (HOBBIT; off by default)\n"
            "      --t1 X, --t2 Y      thresholds (default: the bundle's hobbit.t1 / hobbit.t2)\n"
            "      --low-share X       share of --expert-mem for low copies (default 0.25)\n"
-           "      --prefetch on|off   stacked-gate and path-dictionary prefetch (default on)\n"
-           "      --prefetch-layers P stacked gating up to P layers ahead (default 1)\n"
-           "      --prefetch-paths M  EdgeMoE: preload the M most probable experts (default 2)\n"
+           "      --prefetch on|off   stacked gating 1 layer ahead + path dictionary, 2 experts\n"
+           "                          (default off: on small caches it evicts more than it saves)\n"
+           "      --prefetch-layers P stacked gating up to P layers ahead (default 0)\n"
+           "      --prefetch-paths M  EdgeMoE: preload the M most probable experts of the next\n"
+           "                          layer from the path dictionary in the tuning (default 0)\n"
            "      --path-order N      path dictionary keyed on 1 or 2 previous layers (default 1)\n"
            "      --warm on|off       start with the most popular experts loaded (default on)\n"
            "      --loaders N         I/O threads (default 2)\n";

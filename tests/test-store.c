@@ -167,6 +167,36 @@ static void same_as_simulator(const char *bundle) {
     free(logits);
 }
 
+/* prefetching: on a profiled bundle (path dictionary and placement in the
+ * tuning) both prefetchers start reads and some serve demand accesses, and
+ * prefetching never changes what is computed (dynamic precision off). */
+static void prefetching(const char *bundle, const char *text) {
+    CHECK(sh("'%s' profile '%s' --dataset '%s' -o '%s/p.h5' --ctx 128 --max-tokens 4096 >/dev/null 2>&1", prep, bundle,
+             text, work) == 0,
+          "profile the bundle (writes the tuning)");
+    struct moe_model *m = NULL;
+    CHECK(moe_model_load(bundle, NULL, &m) == MOE_OK, "load");
+    if (!m) return;
+    const size_t n = 2 * (NP + ND) * (size_t)m->cfg.n_vocab;
+    moe_model_free(m);
+    float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
+    CHECK(ref && got && run(bundle, NULL, ref, 0, NULL, NULL, NULL, NULL), "reference run");
+    for (int mode = 0; ref && got && mode < 2; mode++) {
+        struct moe_store_params sp = moe_store_default_params();
+        sp.dynamic = 0, sp.high_cap = 8, sp.low_cap = 0, sp.policy = MOE_CACHE_LRU;
+        sp.prefetch_layers = mode == 0 ? 1 : 0, sp.prefetch_paths = mode == 1 ? 3 : 0;
+        struct moe_store_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK(run(bundle, &sp, got, 0, &st, NULL, NULL, NULL), "%s prefetch run", mode ? "path" : "stacked-gate");
+        CHECK(!memcmp(ref, got, n * sizeof *ref), "%s prefetch changed the logits", mode ? "path" : "stacked-gate");
+        CHECK(st.prefetch_loads > 0 && st.prefetch_used > 0 && st.prefetch_used <= st.prefetch_loads,
+              "%s prefetch: %lld loads, %lld used", mode ? "path" : "stacked-gate", (long long)st.prefetch_loads,
+              (long long)st.prefetch_used);
+    }
+    free(ref);
+    free(got);
+}
+
 /* too_small: a budget below one layer's top-k is refused with the minimum. */
 static void too_small(const char *bundle) {
     struct moe_model_params mp = moe_model_default_params();
@@ -257,6 +287,11 @@ int main(int argc, char **argv) {
     identical(bundle);
     same_as_simulator(bundle);
     too_small(bundle);
+    char text[1200];
+    snprintf(text, sizeof text, "%s/heldout/c4.txt", model_dir);
+    struct stat sb;
+    if (stat(text, &sb) != 0) snprintf(text, sizeof text, "%s", MOE_FIXTURES "/demo/calibration.txt");
+    prefetching(bundle, text);
     peak_memory();
     printf("test-store: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
     if (!fails) sh("rm -rf '%s'", work);
