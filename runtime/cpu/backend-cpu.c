@@ -1,11 +1,19 @@
 /*
  * backend-cpu.c - the CPU reference backend (moe-backend.h).
  *
- * Clear, not clever: every step mirrors transformers' eager implementation of
- * the supported architectures, in float32, with weights converted row by row
- * from their stored dtype (one-token products use the SIMD dot kernels of
- * moe-quant.h straight from the stored rows). Work is split across a thread
- * pool by output rows (matmuls) and by (token, head) pairs (attention).
+ * Every step mirrors transformers' eager implementation of the supported
+ * architectures, in float32, except the matrix products with quantized
+ * weights: for a weight type that has integer kernels (q8_0, q4_0, q2_k ..
+ * q6_k; moe-quant.h) the input rows are quantized once per matrix (q8_0 or
+ * q8_k blocks, as ggml does) and every weight row is dotted with them in
+ * integer arithmetic; several input rows share each decoded weight block
+ * (moe_mat_dot_act's tiles). Experts run gate and up in one pass with SiLU
+ * (moe_gate_up_act). Weights of other types (f32, f16, bf16) keep the float
+ * path: one-token products use the SIMD dot kernels of moe-quant.h straight
+ * from the stored rows, several tokens convert each row once to float32.
+ * Work is split across a thread pool by output rows (matmuls, every expert's
+ * rows across all threads) and by (token, head) pairs (attention). No memory
+ * is allocated after moe_backend_cpu_new.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -29,6 +37,8 @@ struct cpu {
     unsigned char *part_used;   /* [B x n_slots] */
     float *xe, *ge, *ue, *ye;   /* gathered tokens for one expert: [B x n_embd], [B x n_ff] */
     float *sg;                  /* [B] shared-expert gate */
+    uint8_t *aq;                /* [B x aq_cap] quantized activation rows (integer products) */
+    size_t aq_cap;              /* bytes per row of aq */
     float *row_buf;             /* [n_threads x max_in] weight row conversion */
     float *att_buf;             /* [n_threads x n_ctx] attention scores */
     float *inv_freq;            /* [n_rot/2] */
@@ -90,13 +100,111 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats. */
-static void matmul(struct cpu *s, const struct moe_weight *w, const float *bias,
-                   const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
+/* matmul_float: y[t] = W x[t] (+ bias) through the float path. */
+static void matmul_float(struct cpu *s, const struct moe_weight *w, const float *bias, const float *x, int64_t ldx,
+                         float *y, int64_t ldy, int n_tok) {
     struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
     int64_t work = w->n_in * (int64_t)n_tok;
     int64_t min_chunk = work > 0 ? (32768 + work - 1) / work : 1;
     moe_pool_for(s->pool, w->n_out, min_chunk, mm_range, &c);
+}
+
+/* ---- integer products against quantized activations ------------------- */
+
+/* int_type: 1 if weights of type t have integer dot kernels (moe-quant.h). */
+static int int_type(enum moe_qtype t) { return moe_act_type(t) != MOE_QTYPE_F32; }
+
+/* The smallest number of weights x tokens worth a chunk of a parallel loop
+ * (a few microseconds of integer work). */
+#define INT_MIN_WORK 65536
+
+struct qa_ctx {
+    enum moe_qtype wt;
+    const float *x;
+    int64_t ldx, n;
+    uint8_t *out;
+    size_t stride;
+};
+
+static void qa_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    struct qa_ctx *c = vctx;
+    for (int64_t t = b; t < e; t++)
+        moe_quantize_act(c->wt, c->x + (size_t)t * (size_t)c->ldx, c->out + (size_t)t * c->stride, c->n);
+}
+
+/* act_quantize: quantize n_tok rows of x (n floats each, ld ldx) for weights
+ * of type wt into s->aq; returns the byte stride of its rows. */
+static size_t act_quantize(struct cpu *s, enum moe_qtype wt, const float *x, int64_t ldx, int64_t n, int n_tok) {
+    const size_t stride = (moe_act_row_bytes(wt, n) + 63) & ~(size_t)63;
+    struct qa_ctx c = {wt, x, ldx, n, s->aq, stride};
+    moe_pool_for(s->pool, n_tok, n > 0 ? (16384 + n - 1) / n : 1, qa_range, &c);
+    return stride;
+}
+
+struct mq_ctx {
+    const struct moe_weight *w;
+    const uint8_t *xq;
+    size_t xs;
+    const float *bias;
+    float *y;
+    int64_t ldy;
+    int n_tok;
+};
+
+static void mq_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    struct mq_ctx *c = vctx;
+    const struct moe_weight *w = c->w;
+    const size_t rb = moe_qtype_row_bytes(w->type, w->n_in);
+    moe_mat_dot_act(w->type, w->n_in, (const uint8_t *)w->data + (size_t)b * rb, rb, e - b, c->xq, c->xs, c->n_tok,
+                    c->y + b, 1, (size_t)c->ldy);
+    if (c->bias)
+        for (int t = 0; t < c->n_tok; t++)
+            for (int64_t o = b; o < e; o++) c->y[(size_t)t * (size_t)c->ldy + (size_t)o] += c->bias[o];
+}
+
+/* min_rows: the fewest rows of n_in weights worth a chunk for n_tok tokens. */
+static int64_t min_rows(int64_t n_in, int n_tok) {
+    const int64_t work = n_in * (int64_t)n_tok;
+    return work > 0 ? (INT_MIN_WORK + work - 1) / work : 1;
+}
+
+/* matmul_xq: y[t] = W xq[t] (+ bias) for n_tok activation rows quantized for
+ * w's type by act_quantize (row stride xs). */
+static void matmul_xq(struct cpu *s, const struct moe_weight *w, const float *bias, const uint8_t *xq, size_t xs,
+                      float *y, int64_t ldy, int n_tok) {
+    struct mq_ctx c = {w, xq, xs, bias, y, ldy, n_tok};
+    moe_pool_for(s->pool, w->n_out, min_rows(w->n_in, n_tok), mq_range, &c);
+}
+
+/* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats.
+ * Integer path for types that have one, float path otherwise. */
+static void matmul(struct cpu *s, const struct moe_weight *w, const float *bias,
+                   const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
+    if (!int_type(w->type)) {
+        matmul_float(s, w, bias, x, ldx, y, ldy, n_tok);
+        return;
+    }
+    const size_t xs = act_quantize(s, w->type, x, ldx, w->n_in, n_tok);
+    matmul_xq(s, w, bias, s->aq, xs, y, ldy, n_tok);
+}
+
+struct gu_ctx {
+    const struct moe_ffn *f;
+    const uint8_t *xq;
+    size_t xs;
+    int n_tok;
+    float *h;
+};
+
+static void gu_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    struct gu_ctx *c = vctx;
+    const struct moe_weight *g = &c->f->gate, *u = &c->f->up;
+    const size_t rb = moe_qtype_row_bytes(g->type, g->n_in);
+    moe_gate_up_act(g->type, g->n_in, (const uint8_t *)g->data + (size_t)b * rb, (const uint8_t *)u->data + (size_t)b * rb,
+                    e - b, c->xq, c->xs, c->n_tok, c->h + b, (size_t)g->n_out);
 }
 
 /* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm. */
@@ -244,9 +352,18 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
-    matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
-    matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
-    matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+    const enum moe_qtype at = moe_act_type(L->wq.type);
+    if (int_type(L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at) {
+        /* q, k and v share one quantization of the input */
+        const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
+        matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
+        matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
+        matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+    } else {
+        matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
+        matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
+        matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+    }
     for (int t = 0; t < n_tok; t++) {
         float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
         float *v = s->v + (size_t)t * s->kv_dim;
@@ -279,12 +396,21 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
 }
 
-/* ffn: y = down(silu(gate x) * up x) for n rows of x (ld n_embd). */
+/* ffn: y = down(silu(gate x) * up x) for n rows of x (ld n_embd). With
+ * integer kernels for gate and up (same type), both run in one pass over
+ * their rows with SiLU fused, split by rows across the threads. */
 static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n) {
     int64_t F = f->gate.n_out, H = s->m->cfg.n_embd;
-    matmul(s, &f->gate, NULL, x, H, s->ge, F, n);
-    matmul(s, &f->up, NULL, x, H, s->ue, F, n);
-    for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    if (f->gate.type == f->up.type && int_type(f->gate.type)) {
+        const size_t xs = act_quantize(s, f->gate.type, x, H, H, n);
+        struct gu_ctx c = {f, s->aq, xs, n, s->ge};
+        /* gate and up: twice the work of one matrix per row */
+        moe_pool_for(s->pool, F, (min_rows(H, n) + 1) / 2, gu_range, &c);
+    } else {
+        matmul(s, &f->gate, NULL, x, H, s->ge, F, n);
+        matmul(s, &f->up, NULL, x, H, s->ue, F, n);
+        for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    }
     matmul(s, &f->down, NULL, s->ge, F, y, H, n);
 }
 
@@ -508,6 +634,7 @@ static void cpu_free(struct moe_backend *be) {
                          s->rope_sin};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
         free(s->part_used);
+        free(s->aq);
         free(s);
     }
     free(be);
@@ -561,6 +688,11 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     ALLOC(s->ue, B * s->max_ff);
     ALLOC(s->ye, B * H);
     ALLOC(s->sg, B);
+    /* quantized activations: the largest row (q8_0 or q8_k blocks) of any matrix input */
+    const int64_t in_k = (s->max_in + MOE_QK_K - 1) / MOE_QK_K * MOE_QK_K;
+    s->aq_cap = (max64((int64_t)moe_qtype_row_bytes(MOE_QTYPE_Q8_0, in_k), (int64_t)moe_qtype_row_bytes(MOE_QTYPE_Q8_K, in_k)) +
+                 63) & ~(size_t)63;
+    ALLOC(s->aq, B * (int64_t)s->aq_cap);
     ALLOC(s->row_buf, T * s->max_in);
     ALLOC(s->att_buf, T * s->p.n_ctx);
     ALLOC(s->inv_freq, c->rope.n_rot / 2);
