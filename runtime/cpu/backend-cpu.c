@@ -45,18 +45,57 @@ struct cpu {
     float *rope_cos, *rope_sin; /* [B x n_rot/2] */
     int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
     int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
+    int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
 };
 
 /* ---- small kernels ---------------------------------------------------- */
 
-/* dot: float32 dot product with eight independent partial sums. */
-static float dot(const float *a, const float *b, int64_t n) {
-    float s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    for (; i < n; i++) s[0] += a[i] * b[i];
+/* Eight floats as one vector (GCC/Clang vector extension: one AVX register
+ * in the AVX2 copies of the functions that inline these helpers, two SSE
+ * registers otherwise). */
+typedef float v8f __attribute__((vector_size(32)));
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* the helpers are always inlined: no call ABI involved */
+#endif
+static inline __attribute__((always_inline)) v8f ld8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline __attribute__((always_inline)) float sum8(v8f s) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* dot: float32 dot product with eight independent partial sums. */
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
+    v8f s = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s += ld8(a + i) * ld8(b + i);
+    for (; i < n; i++) s[0] += a[i] * b[i];
+    return sum8(s);
+}
+
+/* dot4: dot(a, b + k * ldb, n) for k < 4 into out[k], each exactly as dot()
+ * computes it, in four independent chains (one pass over a). */
+static inline __attribute__((always_inline)) void dot4(const float *a, const float *b, size_t ldb, int64_t n,
+                                                       float *out) {
+    v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const v8f x = ld8(a + i);
+        s0 += x * ld8(b0 + i);
+        s1 += x * ld8(b1 + i);
+        s2 += x * ld8(b2 + i);
+        s3 += x * ld8(b3 + i);
+    }
+    for (; i < n; i++) {
+        s0[0] += a[i] * b0[i];
+        s1[0] += a[i] * b1[i];
+        s2[0] += a[i] * b2[i];
+        s3[0] += a[i] * b3[i];
+    }
+    out[0] = sum8(s0), out[1] = sum8(s1), out[2] = sum8(s2), out[3] = sum8(s3);
 }
 
 /* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
@@ -312,8 +351,11 @@ struct att_ctx {
     int layer, pos0, n_tok;
 };
 
-static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
-    struct att_ctx *a = vctx;
+/* att_body: the (token, head) pairs [b, e): scores against the cached keys,
+ * softmax, weighted sum of the cached values. Inlined into a generic and an
+ * AVX2+FMA copy (att_range picks one by the CPU), so that the dot products
+ * and the value sums use the wide registers where the CPU has them. */
+static inline __attribute__((always_inline)) void att_body(struct att_ctx *a, int64_t b, int64_t e, int tid) {
     struct cpu *s = a->s;
     const struct moe_config *c = &s->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_head_kv;
@@ -328,23 +370,74 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
         if (c->layer_sliding[a->layer] && p - c->sliding_window + 1 > 0) lo = p - c->sliding_window + 1;
         const float *qv = s->q + (size_t)t * s->q_dim + (size_t)h * hd;
         float mx = -INFINITY;
-        for (int j = lo; j <= p; j++) {
-            sc[j] = dot(qv, kc + (size_t)j * s->kv_dim + (size_t)kvh * hd, hd) * scale;
+        const float *kh = kc + (size_t)kvh * hd;
+        int j = lo;
+        for (; j + 4 <= p + 1; j += 4) {
+            dot4(qv, kh + (size_t)j * s->kv_dim, (size_t)s->kv_dim, hd, sc + j);
+            for (int u = 0; u < 4; u++) {
+                sc[j + u] *= scale;
+                if (sc[j + u] > mx) mx = sc[j + u];
+            }
+        }
+        for (; j <= p; j++) {
+            sc[j] = dot(qv, kh + (size_t)j * s->kv_dim, hd) * scale;
             if (sc[j] > mx) mx = sc[j];
         }
         float sum = 0;
-        for (int j = lo; j <= p; j++) {
+        for (j = lo; j <= p; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
         }
+        /* out[d] = sum over j in order of w_j * v_j[d], 32 (then 8, then 1)
+         * columns at a time in registers */
         float *out = s->att + (size_t)t * s->q_dim + (size_t)h * hd;
-        memset(out, 0, sizeof(float) * (size_t)hd);
-        for (int j = lo; j <= p; j++) {
-            float w = sc[j] / sum;
-            const float *vv = vc + (size_t)j * s->kv_dim + (size_t)kvh * hd;
-            for (int d = 0; d < hd; d++) out[d] += w * vv[d];
+        const float *vh = vc + (size_t)kvh * hd;
+        for (j = lo; j <= p; j++) sc[j] = sc[j] / sum;
+        int d = 0;
+        for (; d + 32 <= hd; d += 32) {
+            v8f o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
+            for (j = lo; j <= p; j++) {
+                const float *vv = vh + (size_t)j * s->kv_dim + d, w = sc[j];
+                const v8f wv = {w, w, w, w, w, w, w, w};
+                o0 += wv * ld8(vv), o1 += wv * ld8(vv + 8), o2 += wv * ld8(vv + 16), o3 += wv * ld8(vv + 24);
+            }
+            memcpy(out + d, &o0, sizeof o0), memcpy(out + d + 8, &o1, sizeof o1);
+            memcpy(out + d + 16, &o2, sizeof o2), memcpy(out + d + 24, &o3, sizeof o3);
+        }
+        for (; d + 8 <= hd; d += 8) {
+            v8f o0 = {0};
+            for (j = lo; j <= p; j++) {
+                const float w = sc[j];
+                const v8f wv = {w, w, w, w, w, w, w, w};
+                o0 += wv * ld8(vh + (size_t)j * s->kv_dim + d);
+            }
+            memcpy(out + d, &o0, sizeof o0);
+        }
+        for (; d < hd; d++) {
+            float o = 0;
+            for (j = lo; j <= p; j++) o += sc[j] * vh[(size_t)j * s->kv_dim + d];
+            out[d] = o;
         }
     }
+}
+
+static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_body(a, b, e, tid); }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma"))) static void att_avx2(struct att_ctx *a, int64_t b, int64_t e, int tid) {
+    att_body(a, b, e, tid);
+}
+#endif
+
+static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    struct att_ctx *a = vctx;
+    if (a->s->avx2) {
+        att_avx2(a, b, e, tid);
+        return;
+    }
+#endif
+    att_generic(vctx, b, e, tid);
 }
 
 /* attention: self-attention block of layer l for a chunk of n_tok tokens. */
@@ -705,6 +798,9 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
         return MOE_ERR_NOMEM;
     }
     rope_init(c, s->inv_freq);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    s->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
     *out = be;
     return MOE_OK;
 }
