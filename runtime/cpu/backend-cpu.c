@@ -11,6 +11,9 @@
  * (moe_gate_up_act). Weights of other types (f32, f16, bf16) keep the float
  * path: one-token products use the SIMD dot kernels of moe-quant.h straight
  * from the stored rows, several tokens convert each row once to float32.
+ * MOE_CPU_INT=0 in the environment (read when a backend is created) makes
+ * every type take the float path: for measuring what the 8-bit activations
+ * change (test-backend-cpu).
  * Work is split across a thread pool by output rows (matmuls, every expert's
  * rows across all threads) and by (token, head) pairs (attention). No memory
  * is allocated after moe_backend_cpu_new.
@@ -46,6 +49,7 @@ struct cpu {
     int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
     int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
     int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
+    int use_int;                /* integer products for the types that have them (MOE_CPU_INT) */
 };
 
 /* ---- small kernels ---------------------------------------------------- */
@@ -150,8 +154,9 @@ static void matmul_float(struct cpu *s, const struct moe_weight *w, const float 
 
 /* ---- integer products against quantized activations ------------------- */
 
-/* int_type: 1 if weights of type t have integer dot kernels (moe-quant.h). */
-static int int_type(enum moe_qtype t) { return moe_act_type(t) != MOE_QTYPE_F32; }
+/* int_path: 1 if products with weights of type t take the integer path (the
+ * type has integer dot kernels, moe-quant.h, and MOE_CPU_INT is not 0). */
+static int int_path(const struct cpu *s, enum moe_qtype t) { return s->use_int && moe_act_type(t) != MOE_QTYPE_F32; }
 
 /* The smallest number of weights x tokens worth a chunk of a parallel loop
  * (a few microseconds of integer work). */
@@ -221,7 +226,7 @@ static void matmul_xq(struct cpu *s, const struct moe_weight *w, const float *bi
  * Integer path for types that have one, float path otherwise. */
 static void matmul(struct cpu *s, const struct moe_weight *w, const float *bias,
                    const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
-    if (!int_type(w->type)) {
+    if (!int_path(s, w->type)) {
         matmul_float(s, w, bias, x, ldx, y, ldy, n_tok);
         return;
     }
@@ -446,7 +451,7 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
     const enum moe_qtype at = moe_act_type(L->wq.type);
-    if (int_type(L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at) {
+    if (int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at) {
         /* q, k and v share one quantization of the input */
         const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
         matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
@@ -494,7 +499,7 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
  * their rows with SiLU fused, split by rows across the threads. */
 static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n) {
     int64_t F = f->gate.n_out, H = s->m->cfg.n_embd;
-    if (f->gate.type == f->up.type && int_type(f->gate.type)) {
+    if (f->gate.type == f->up.type && int_path(s, f->gate.type)) {
         const size_t xs = act_quantize(s, f->gate.type, x, H, H, n);
         struct gu_ctx c = {f, s->aq, xs, n, s->ge};
         /* gate and up: twice the work of one matrix per row */
@@ -798,6 +803,8 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
         return MOE_ERR_NOMEM;
     }
     rope_init(c, s->inv_freq);
+    const char *ie = getenv("MOE_CPU_INT");
+    s->use_int = !(ie && strcmp(ie, "0") == 0);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     s->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif

@@ -235,13 +235,14 @@ def main():
           f"{'bound':>8} {'ours %':>6} {'llama %':>7}   (tokens/s, median of {a.reps})")
     for (name, t, th, test), v in res.items():
         o, l = med(v["ours"]), med(v["llama"])
+        bo, bl = max(v["ours"]), max(v["llama"])
         extra = ""
         if test == "decode" and bw.get(th):
             bound = med(bw[th]) * 1e9 / active_bytes(model_dims(models[name]), t)
             extra = f"{bound:8.1f} {100 * o / bound:5.0f}% {100 * l / bound:6.0f}%"
         print(f"{name:<18} {t:<5} {th:>3} {test:<7} {o:9.1f} {l:9.1f} {o / l:5.2f}x {extra}")
-        print(f"    all rounds: moe-run {', '.join(f'{x:.1f}' for x in v['ours'])}; "
-              f"llama.cpp {', '.join(f'{x:.1f}' for x in v['llama'])}")
+        print(f"    best of {len(v['ours'])}: moe-run {bo:.1f}, llama.cpp {bl:.1f}, ratio {bo / bl:.2f}x; all rounds: "
+              f"moe-run {', '.join(f'{x:.1f}' for x in v['ours'])}; llama.cpp {', '.join(f'{x:.1f}' for x in v['llama'])}")
     if qrate:
         print(f"\nquantize input rate (MB/s of BF16 input, 2 threads):")
         for name, t, o, l in qrate:
