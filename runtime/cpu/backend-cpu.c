@@ -490,7 +490,11 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
         memcpy(s->v_cache + off, v, sizeof(float) * s->kv_dim);
     }
     struct att_ctx a = {s, l, pos0, n_tok};
-    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, 1, att_range, &a);
+    /* (token, head) pairs; a chunk gets at least ~32K multiply-adds (scores
+     * and values over up to pos0 + n_tok positions), or short contexts
+     * would cost more in hand-offs than they gain */
+    const int64_t per_pair = (int64_t)2 * hd * (pos0 + n_tok);
+    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, (32768 + per_pair - 1) / per_pair, att_range, &a);
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
 }
 

@@ -56,7 +56,7 @@ def log(*a):
 def run(cmd, **kw):
     """Run a command (list), fail loudly; returns its stdout."""
     log("+ " + " ".join(cmd))
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", **kw)
     if r.returncode != 0:
         log(r.stdout[-4000:], r.stderr[-4000:])
         raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}")
@@ -152,7 +152,9 @@ def main():
     ap.add_argument("--prompts", default="256,512")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--no-quantize-rate", action="store_true", help="do not time the quantizers again")
+    ap.add_argument("--no-quantize-rate", action="store_true",
+                    help="do not quantize again where both outputs exist (no quantizer timing)")
+    ap.add_argument("--quantize-only", action="store_true", help="time the quantizers, print their rates, stop")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     build_ours(a.build)
@@ -195,7 +197,18 @@ def main():
                 t2 = time.time()
                 inb = dir_bytes(d)
                 qrate.append((name, t, inb / (t1 - t0) / 1e6, os.path.getsize(g16) / (t2 - t1) / 1e6))
+                log(f"quantize {name} {t}: moe-prep {t1 - t0:.1f} s, llama-quantize {t2 - t1:.1f} s")
             files[(name, t)] = (ob, og)
+
+    def print_qrate():
+        if qrate:
+            print(f"\nquantize input rate (MB/s of BF16 input, 2 threads):")
+            for name, t, o, l in qrate:
+                print(f"  {name:<18} {t:<5} moe-prep {o:7.1f}  llama-quantize {l:7.1f}  ratio {o / l:.2f}x")
+
+    if a.quantize_only:
+        print_qrate()
+        return
 
     rng = random.Random(1)
     res = {}  # (model, type, threads, test) -> {"ours": [...], "llama": [...]}
@@ -243,10 +256,7 @@ def main():
         print(f"{name:<18} {t:<5} {th:>3} {test:<7} {o:9.1f} {l:9.1f} {o / l:5.2f}x {extra}")
         print(f"    best of {len(v['ours'])}: moe-run {bo:.1f}, llama.cpp {bl:.1f}, ratio {bo / bl:.2f}x; all rounds: "
               f"moe-run {', '.join(f'{x:.1f}' for x in v['ours'])}; llama.cpp {', '.join(f'{x:.1f}' for x in v['llama'])}")
-    if qrate:
-        print(f"\nquantize input rate (MB/s of BF16 input, 2 threads):")
-        for name, t, o, l in qrate:
-            print(f"  {name:<18} {t:<5} moe-prep {o:7.1f}  llama-quantize {l:7.1f}  ratio {o / l:.2f}x")
+    print_qrate()
 
 
 if __name__ == "__main__":
