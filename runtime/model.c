@@ -220,24 +220,30 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
             if (st) return st;
         }
     }
+    if (c->router == MOE_ROUTER_SIGMOID_GROUP &&
+        (st = bind_vector(b, &L->router_bias, c->n_expert, 0, "%sgate.e_score_correction_bias", prefix)))
+        return st;
     if (c->n_ff_shared > 0) {
         char sp[160];
-        snprintf(sp, sizeof sp, "%sshared_expert.", prefix);
+        snprintf(sp, sizeof sp, "%s%s", prefix, c->shared_gated ? "shared_expert." : "shared_experts.");
         if ((st = bind_ffn(b, &L->shared, c->n_embd, c->n_ff_shared, sp, "gate_proj", "up_proj",
                            "down_proj", 0)))
             return st;
-        if ((st = bind_named(b, &L->shared_gate, 1, c->n_embd, MOE_ROLE_ROUTER, "%sshared_expert_gate.weight", prefix)))
+        if (c->shared_gated &&
+            (st = bind_named(b, &L->shared_gate, 1, c->n_embd, MOE_ROLE_ROUTER, "%sshared_expert_gate.weight", prefix)))
             return st;
     }
     return MOE_OK;
 }
 
-/* bind_layer: attention, norms and feed-forward of layer l. */
+static enum moe_status bind_gqa(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l);
+static enum moe_status bind_mla(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l);
+
+/* bind_layer: norms, attention and feed-forward of layer l. */
 static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
                                   const struct moe_config *c, int l) {
     enum moe_status st;
-    const int64_t H = c->n_embd, q = (int64_t)c->n_head * c->head_dim,
-                  kv = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t H = c->n_embd;
     const int ln = c->norm == MOE_NORM_LAYER;
     const char *p = "model.layers";
     if ((st = bind_vector(b, &L->attn_norm, H, 0, "%s.%d.input_layernorm.weight", p, l))) return st;
@@ -247,6 +253,22 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
         if ((st = bind_vector(b, &L->ffn_norm_b, H, 0, "%s.%d.post_attention_layernorm.bias", p, l)))
             return st;
     }
+    if (c->attn == MOE_ATTN_MLA) {
+        if ((st = bind_mla(b, L, c, l))) return st;
+    } else if ((st = bind_gqa(b, L, c, l))) {
+        return st;
+    }
+    if (c->layer_moe[l]) return bind_moe(b, L, c, l);
+    char dp[96];
+    snprintf(dp, sizeof dp, "%s.%d.mlp.", p, l);
+    return bind_ffn(b, &L->dense, H, c->n_ff_dense, dp, "gate_proj", "up_proj", "down_proj", 0);
+}
+
+/* bind_gqa: q/k/v/o projections, their biases and q/k norms of layer l. */
+static enum moe_status bind_gqa(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l) {
+    enum moe_status st;
+    const int64_t H = c->n_embd, q = (int64_t)c->n_head * c->head_dim, kv = (int64_t)c->n_head_kv * c->head_dim;
+    const char *p = "model.layers";
     if ((st = bind_named(b, &L->wq, q, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l))) return st;
     if ((st = bind_named(b, &L->wk, kv, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l))) return st;
     if ((st = bind_named(b, &L->wv, kv, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l))) return st;
@@ -265,10 +287,35 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
         if ((st = bind_vector(b, &L->k_norm, full ? kv : c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, l)))
             return st;
     }
-    if (c->layer_moe[l]) return bind_moe(b, L, c, l);
-    char dp[96];
-    snprintf(dp, sizeof dp, "%s.%d.mlp.", p, l);
-    return bind_ffn(b, &L->dense, H, c->n_ff_dense, dp, "gate_proj", "up_proj", "down_proj", 0);
+    return MOE_OK;
+}
+
+/* bind_mla: DeepSeek's latent attention of layer l: the query (straight, or
+ * through its LoRA pair and norm), the KV down-projection with the shared
+ * rope key, the latent norm, the per-head up-projection and o_proj. */
+static enum moe_status bind_mla(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l) {
+    enum moe_status st;
+    const int64_t H = c->n_embd, nh = c->n_head, q = nh * c->head_dim, r = c->kv_lora_rank,
+                  kva = r + c->qk_rope_dim, kvb = nh * (c->qk_nope_dim + c->v_head_dim), o = nh * c->v_head_dim;
+    const char *p = "model.layers";
+    const int bias = c->attn_qkv_bias;
+    if (c->q_lora_rank > 0) {
+        const int64_t qr = c->q_lora_rank;
+        if ((st = bind_named(b, &L->wq_a, qr, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_a_proj.weight", p, l))) return st;
+        if (bias && (st = bind_vector(b, &L->bq_a, qr, 0, "%s.%d.self_attn.q_a_proj.bias", p, l))) return st;
+        if ((st = bind_vector(b, &L->q_a_norm, qr, 0, "%s.%d.self_attn.q_a_layernorm.weight", p, l))) return st;
+        if ((st = bind_named(b, &L->wq_b, q, qr, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_b_proj.weight", p, l))) return st;
+    } else if ((st = bind_named(b, &L->wq, q, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l))) {
+        return st;
+    }
+    if ((st = bind_named(b, &L->wkv_a, kva, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l)))
+        return st;
+    if (bias && (st = bind_vector(b, &L->bkv_a, kva, 0, "%s.%d.self_attn.kv_a_proj_with_mqa.bias", p, l))) return st;
+    if ((st = bind_vector(b, &L->kv_a_norm, r, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wkv_b, kvb, r, MOE_ROLE_MATRIX, "%s.%d.self_attn.kv_b_proj.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wo, H, o, MOE_ROLE_MATRIX, "%s.%d.self_attn.o_proj.weight", p, l))) return st;
+    if (c->attn_o_bias && (st = bind_vector(b, &L->bo, H, 0, "%s.%d.self_attn.o_proj.bias", p, l))) return st;
+    return MOE_OK;
 }
 
 /* bind_all: every tensor of the model. */
@@ -679,6 +726,7 @@ int64_t moe_model_n_params(const struct moe_model *m) {
     for (int l = 0; l < c->n_layer; l++) {
         const struct moe_layer *L = &m->layers[l];
         n += weight_params(&L->wq) + weight_params(&L->wk) + weight_params(&L->wv) + weight_params(&L->wo);
+        n += weight_params(&L->wq_a) + weight_params(&L->wq_b) + weight_params(&L->wkv_a) + weight_params(&L->wkv_b);
         n += weight_params(&L->router) + ffn_params(&L->shared) + weight_params(&L->shared_gate);
         n += ffn_params(&L->dense);
         for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
@@ -703,6 +751,11 @@ void moe_model_free(struct moe_model *m) {
         free(L->bo);
         free(L->q_norm);
         free(L->k_norm);
+        free(L->q_a_norm);
+        free(L->bq_a);
+        free(L->kv_a_norm);
+        free(L->bkv_a);
+        free(L->router_bias);
     }
     free(m->layers);
     free(m->out_norm);

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -41,6 +42,10 @@ import torch
 
 import transformers
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     DynamicCache,
     GenerationConfig,
     MixtralConfig,
@@ -275,6 +280,132 @@ ARCHS: dict[str, dict] = {
             "inv_freq always uses short_factor, cos/sin scaled by long_mscale=1.25 when "
             "max(position_ids)+1 > 16 in the current forward call, else short_mscale=1.1. The main prompt "
             "(24 tokens) is entirely in the long-mscale regime (prefill and every decode step)."
+        ),
+    ),
+    "deepseek_v2": dict(
+        config_cls=DeepseekV2Config,
+        model_cls=DeepseekV2ForCausalLM,
+        tokenizer="qwen-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=21,
+        seed=6606,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=64,  # dense layers (first_k_dense_replace)
+            moe_intermediate_size=24,  # routed experts; shared = 24 x n_shared_experts
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,  # MLA expands the latent to every head
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=10,
+            routed_scaling_factor=1.5,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: no q LoRA, group-limited greedy routing (4 groups of 2, best 2 groups), layer 0 dense.
+            "f32": dict(
+                q_lora_rank=None, topk_method="group_limited_greedy", n_group=4, topk_group=2, first_k_dense_replace=1
+            ),
+            # bf16: q LoRA (rank 24), greedy routing, every layer sparse, 2 shared experts, attention biases.
+            "bf16": dict(
+                q_lora_rank=24,
+                topk_method="greedy",
+                first_k_dense_replace=0,
+                n_shared_experts=2,
+                routed_scaling_factor=1.0,
+                attention_bias=True,
+            ),
+        },
+        notes=(
+            "DeepSeek-V2: multi-head latent attention: q = q_proj(x) (q_lora_rank null) or "
+            "q_b_proj(RMSNorm_eps1e-6(q_a_proj(x))); kv_a_proj_with_mqa(x) = [latent (kv_lora_rank) | k_rope "
+            "(qk_rope_head_dim)], the latent goes through kv_a_layernorm (eps 1e-6, NOT rms_norm_eps) and "
+            "kv_b_proj to per-head [k_nope (qk_nope_head_dim) | v (v_head_dim)]; one k_rope shared by all "
+            "heads; RoPE on q_rope and k_rope as complex multiplication of ADJACENT pairs (x0,x1),(x2,x3)...; "
+            "scores (q_nope.k_nope + q_rope.k_rope) * (nope+rope)^-0.5. Router: softmax over 8 experts; greedy "
+            "top-3, or group_limited_greedy (groups of 2, the topk_group groups with the largest max prob, "
+            "others masked to 0); weights = probs x routed_scaling_factor, never renormalised (transformers "
+            "ignores norm_topk_prob for V2). Shared experts (moe_intermediate_size x n_shared_experts) added "
+            "ungated. Layers < first_k_dense_replace are a dense SwiGLU MLP (intermediate_size)."
+        ),
+    ),
+    "deepseek_v3": dict(
+        config_cls=DeepseekV3Config,
+        model_cls=DeepseekV3ForCausalLM,
+        tokenizer="neox-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",  # group gaps are measured by the recorder
+        prompt_len=22,
+        seed=7707,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=80,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_nope_head_dim=12,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.8,
+            },
+            rope_interleave=True,
+            num_mtp_layers=0,
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: as the base config (q LoRA, YaRN, interleaved RoPE, 4 groups / best 2, renormalised x 2.5).
+            "f32": {},
+            # bf16: no q LoRA, default RoPE in the rotate_half layout, 2 groups / best 1, no renormalisation.
+            "bf16": dict(
+                q_lora_rank=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                rope_interleave=False,
+                n_group=2,
+                topk_group=1,
+                norm_topk_prob=False,
+            ),
+        },
+        notes=(
+            "DeepSeek-V3: the attention of DeepSeek-V2 (see deepseek_v2) with rope_interleave (default true: "
+            "adjacent pairs, as V2) or rotate_half halves; YaRN RoPE over qk_rope_head_dim (factor 4, original "
+            "context 64, beta 32/1, mscale 1.0 / mscale_all_dim 0.8: cos/sin x attention_factor = "
+            "get_mscale(4,1)/get_mscale(4,0.8), and the softmax scale x get_mscale(4,0.8)^2). Router: scores = "
+            "sigmoid(logits); choice = scores + e_score_correction_bias (a buffer, non-zero here); groups "
+            "(n_group) ranked by the sum of their two best choice scores, the best topk_group kept, top-k of the "
+            "choice among them; weights = scores of the chosen (renormalised with +1e-20 if norm_topk_prob) x "
+            "routed_scaling_factor. Shared expert ungated. First first_k_dense_replace layers dense."
         ),
     ),
 }
@@ -536,6 +667,11 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | No
             if name.endswith(suffix):
                 val = val * factor
         p.copy_(val.to(p.dtype))
+    # DeepSeek-V3's score-correction bias is a buffer (saved with the weights); make it matter:
+    # sigmoid scores lie in (0, 1), a bias of std 0.1 changes some choices.
+    for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+        if name.endswith("e_score_correction_bias"):
+            b.copy_((0.1 * randn(tuple(b.shape))).to(b.dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -546,13 +682,20 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | No
 class RouterRecorder:
     def __init__(self, model):
         self.logits: list[torch.Tensor] = []
+        self.group_gaps: list[float] = []  # DeepSeek group-limited routers: gaps measured per call
         self.handles = []
         for _, m in model.named_modules():
-            if type(m).__name__.endswith("TopKRouter"):
+            if type(m).__name__.lower().endswith("topkrouter"):
                 self.handles.append(m.register_forward_hook(self._hook))
 
     def _hook(self, module, inputs, output):
-        self.logits.append(output[0].detach().float().reshape(-1, output[0].shape[-1]).clone())
+        lg = output[0].detach().float().reshape(-1, output[0].shape[-1]).clone()
+        self.logits.append(lg)
+        grouped = hasattr(module, "e_score_correction_bias") or getattr(module, "topk_method", None) == (
+            "group_limited_greedy"
+        )
+        if grouped:
+            self.group_gaps.append(group_router_gap(module, lg))
 
     def remove(self):
         for h in self.handles:
@@ -560,12 +703,42 @@ class RouterRecorder:
         self.handles = []
 
 
-def router_stats(logits_list, kind: str, top_k: int, eps: float | None) -> dict:
+def group_router_gap(module, lg: torch.Tensor) -> float:
+    """DeepSeek group-limited routing: the smallest distance of a routing decision from its tie point:
+    the group ranking at topk_group and the expert ranking at top_k among the kept groups, in the
+    units of the choice score (V3: sigmoid + e_score_correction_bias, groups by the sum of their
+    two best; V2: softmax probabilities, groups by their best)."""
+    E = lg.shape[-1]
+    G, tg, k = module.num_group, module.topk_group, module.top_k
+    gs = E // G
+    if hasattr(module, "e_score_correction_bias"):
+        ch = lg.double().sigmoid() + module.e_score_correction_bias.double()
+        gsc = ch.view(-1, G, gs).topk(2, dim=-1)[0].sum(-1)
+    else:
+        ch = lg.double().softmax(-1)
+        gsc = ch.view(-1, G, gs).max(-1).values
+    gaps = []
+    sg = gsc.sort(-1, descending=True).values
+    if tg < G:
+        gaps.append(float((sg[:, tg - 1] - sg[:, tg]).min()))
+    keep = torch.zeros_like(gsc, dtype=torch.bool).scatter_(1, gsc.topk(tg, dim=-1).indices, True)
+    keep = keep.unsqueeze(-1).expand(-1, G, gs).reshape(-1, E)
+    sc = ch.masked_fill(~keep, float("-inf")).sort(-1, descending=True).values
+    if k < tg * gs:
+        gaps.append(float((sc[:, k - 1] - sc[:, k]).min()))
+    return min(gaps) if gaps else float("inf")
+
+
+def router_stats(logits_list, kind: str, top_k: int, eps: float | None, group_gaps=None) -> dict:
     if not logits_list:
         return {"min_router_gap": None}
     L = torch.cat(logits_list, 0).double()
     s, _ = torch.sort(L, dim=-1, descending=True)
     out: dict = {"router_rows": int(L.shape[0])}
+    if group_gaps:  # DeepSeek group-limited (and sigmoid) routers
+        out["min_router_gap"] = min(group_gaps)
+        out["router_kind"] = "group_limited"
+        return out
     if kind.startswith("softmax"):
         # the softmax is monotonic, so the top-k set flips only when s[k-1] == s[k]
         gap = (s[:, top_k - 1] - s[:, top_k]).min().item()
@@ -680,7 +853,7 @@ def compute_oracle(model, spec: dict, prompt_ids: list[int]) -> dict:
 
     top_k = cfg.num_experts_per_tok
     eps = getattr(cfg, "router_jitter_noise", None)
-    rstats = router_stats(rec.logits, spec["router_kind"], top_k, eps)
+    rstats = router_stats(rec.logits, spec["router_kind"], top_k, eps, rec.group_gaps)
 
     n = len(prompt_ids)
     # 1) prefill without cache must equal prefill with cache
@@ -878,10 +1051,130 @@ def np_sparsemixer(l, eps):
     return [(i1, w1), (i2, w2)]
 
 
+def np_yarn(rp: dict, dim: int, max_pos: int):
+    """YaRN inverse frequencies [dim/2] and cos/sin factor, as _compute_yarn_parameters (float64)."""
+    base = rp["rope_theta"]
+    omp = rp.get("original_max_position_embeddings") or max_pos
+    factor = rp.get("factor") or max_pos / omp
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    af = rp.get("attention_factor")
+    if af is None:
+        ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
+        af = get_mscale(factor, ms) / get_mscale(factor, msa) if ms and msa else get_mscale(factor)
+    beta_fast, beta_slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+    def corr(rot):
+        return (dim * math.log(omp / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    lo, hi = corr(beta_fast), corr(beta_slow)
+    if rp.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+    pos = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    extra_share = 1 - ramp
+    inv = (1.0 / (factor * pos)) * (1 - extra_share) + (1.0 / pos) * extra_share
+    return inv, af
+
+
+def np_reference_deepseek(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
+    """DeepSeek-V2/V3 in float64 with FULL keys and values (kv_b_proj applied to every cached latent,
+    as transformers does): the C side absorbs kv_b_proj instead, so this is an independent statement."""
+    mt = cfg["model_type"]
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    nope, rd, vd, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    qlr, eps, T = cfg.get("q_lora_rank"), cfg["rms_norm_eps"], len(ids)
+    bias = cfg.get("attention_bias", False)
+    rp = cfg["rope_parameters"]
+    inv = 1.0 / rp["rope_theta"] ** (np.arange(0, rd, 2, dtype=np.float64) / rd)
+    af, scale = 1.0, (nope + rd) ** -0.5
+    if rp["rope_type"] == "yarn":
+        inv, af = np_yarn(rp, rd, cfg["max_position_embeddings"])
+    elif rp["rope_type"] != "default":
+        raise NotImplementedError(rp["rope_type"])
+    if rp["rope_type"] != "default" and rp.get("mscale_all_dim"):
+        m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0
+        scale = scale * m * m
+    f = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(f) * af, np.sin(f) * af  # [T, rd/2]
+    interleave = mt == "deepseek_v2" or cfg.get("rope_interleave", True)
+
+    def rope(x):  # [..., T, rd]; output layout does not matter (q and k alike)
+        x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleave else (x[..., : rd // 2], x[..., rd // 2 :])
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    def lin(x, name, b=False):
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if b else y
+
+    def swiglu(x, p):
+        return lin(np_silu(lin(x, p + ".gate_proj")) * lin(x, p + ".up_proj"), p + ".down_proj")
+
+    mask = np.where(np.arange(T)[None, :] <= np.arange(T)[:, None], 0.0, -np.inf)
+    E, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    rsf = cfg.get("routed_scaling_factor", 1.0)
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        P, A = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        h = np_rms(x, W[f"{P}.input_layernorm.weight"], eps)
+        if qlr:
+            q = lin(np_rms(lin(h, f"{A}.q_a_proj", bias), W[f"{A}.q_a_layernorm.weight"], 1e-6), f"{A}.q_b_proj")
+        else:
+            q = lin(h, f"{A}.q_proj")
+        q = q.reshape(T, nh, nope + rd).transpose(1, 0, 2)  # [nh, T, nope+rd]
+        ckv = lin(h, f"{A}.kv_a_proj_with_mqa", bias)
+        lat = np_rms(ckv[:, :r], W[f"{A}.kv_a_layernorm.weight"], 1e-6)
+        kv = lin(lat, f"{A}.kv_b_proj").reshape(T, nh, nope + vd).transpose(1, 0, 2)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+        q_rot, k_rot = rope(q[..., nope:]), rope(ckv[:, r:])
+        sc = (q[..., :nope] @ k_nope.transpose(0, 2, 1) + q_rot @ k_rot.T) * scale + mask
+        a = (np_softmax(sc) @ v).transpose(1, 0, 2).reshape(T, nh * vd)
+        x = x + lin(a, f"{A}.o_proj", bias)
+        h = np_rms(x, W[f"{P}.post_attention_layernorm.weight"], eps)
+        M = f"{P}.mlp"
+        if i < cfg.get("first_k_dense_replace", 0):
+            x = x + swiglu(h, M)
+            continue
+        logits = lin(h, f"{M}.gate")
+        y = np.zeros_like(h)
+        for t in range(T):
+            if mt == "deepseek_v3":
+                sc_t = 1.0 / (1.0 + np.exp(-logits[t]))
+                ch = sc_t + W[f"{M}.gate.e_score_correction_bias"]
+                G, tg = cfg["n_group"], cfg["topk_group"]
+                gs = np.sort(ch.reshape(G, -1), -1)[:, -2:].sum(-1)
+                keep = np.repeat(np.isin(np.arange(G), np.argsort(-gs, kind="stable")[:tg]), E // G)
+                sel = np.argsort(-np.where(keep, ch, -np.inf), kind="stable")[:K]
+                w = sc_t[sel]
+                if cfg.get("norm_topk_prob", True):
+                    w = w / (w.sum() + 1e-20)
+            else:
+                p = np_softmax(logits[t])
+                if cfg.get("topk_method", "greedy") == "group_limited_greedy":
+                    G, tg = cfg["n_group"], cfg["topk_group"]
+                    gs = p.reshape(G, -1).max(-1)
+                    keep = np.repeat(np.isin(np.arange(G), np.argsort(-gs, kind="stable")[:tg]), E // G)
+                    p = np.where(keep, p, 0.0)
+                sel = np.argsort(-p, kind="stable")[:K]
+                w = p[sel]
+            for e, we in zip(sel, w * rsf):
+                y[t] += we * swiglu(h[t], f"{M}.experts.{e}")
+        x = x + y + swiglu(h, f"{M}.shared_experts")
+    x = np_rms(x, W["model.norm.weight"], eps)
+    return x @ W["lm_head.weight"].T
+
+
 def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
     cfg = json.loads((d / "config.json").read_text())
     W = np_load_checkpoint(d)
     mt = cfg["model_type"]
+    if mt.startswith("deepseek"):
+        return np_reference_deepseek(cfg, W, ids)
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh
     eps = cfg["rms_norm_eps"]
