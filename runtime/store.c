@@ -424,6 +424,17 @@ static void max_copy(const struct moe_store *st, int high, uint64_t *raw, size_t
 
 /* warm: fill the high cache in Twiddler's placement order (least popular of
  * the chosen ones first, so LRU keeps the most popular longest). */
+/* all_high_bytes: raw bytes of every routed expert's high (home) copy,
+ * what "--expert-mem 25%" is a share of. */
+static int64_t all_high_bytes(const struct moe_store *st) {
+    int64_t t = 0;
+    for (int32_t g = 0; g < st->L * st->E; g++) {
+        struct moe_bundle_blob b;
+        if (!blob(st, g, st->home[g], &b)) t += (int64_t)b.raw_size;
+    }
+    return t;
+}
+
 static void warm(struct moe_store *st) {
     if (!st->order || st->cc.high_cap <= 0) return;
     int n = 0;
@@ -493,13 +504,19 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     max_copy(st, 0, &lraw, &lread);
     const int low_exists = st->low >= 0 && lraw < hraw;
     int H = p->high_cap, Lc = p->low_cap;
-    if (p->expert_mem > 0) {
+    int64_t mem = p->expert_mem;
+    if (mem <= 0 && p->expert_mem_share > 0) {
+        mem = (int64_t)(p->expert_mem_share * (double)all_high_bytes(st));
+        if (mem <= 0) mem = 1;
+        MOE_LOGI("--expert-mem %.4g%%: %lld bytes", 100.0 * p->expert_mem_share, (long long)mem);
+    }
+    if (mem > 0) {
         int want_dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) &&
-                                           (int64_t)hread * all > p->expert_mem);
+                                           (int64_t)hread * all > mem);
         st->dynamic = want_dyn;
         double hs = want_dyn ? (1 - p->low_share) : 1.0;
-        H = (int)((double)p->expert_mem * hs / (double)hread);
-        Lc = want_dyn ? (int)((double)p->expert_mem * p->low_share / (double)lread) : 0;
+        H = (int)((double)mem * hs / (double)hread);
+        Lc = want_dyn ? (int)((double)mem * p->low_share / (double)lread) : 0;
     } else {
         st->dynamic = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && H < all);
     }
@@ -961,8 +978,9 @@ void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out
 
 const char *moe_store_options_help(void) {
     return "expert memory (bundles; default: every expert resident, as mapped):\n"
-           "      --expert-mem SIZE   keep at most SIZE bytes of expert copies in memory (e.g. 512M, 2G);\n"
-           "                          missed experts are read from the bundle\n"
+           "      --expert-mem SIZE   keep at most SIZE bytes of expert copies in memory (e.g. 512M, 2G),\n"
+           "                          or a share of every expert's high copy (e.g. 25%); missed\n"
+           "                          experts are read from the bundle\n"
            "      --cache-experts H,L keep H high- and L low-precision copies (as fit-cache)\n"
            "      --io MODE           direct (O_DIRECT, default) | buffered | mmap\n"
            "      --policy NAME       lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler | hobbit\n"
@@ -1033,12 +1051,24 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         ok = 0;
     } else if (!strcmp(name, "--expert-mem")) {
         int64_t b;
-        ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
-        if (ok) p->expert_mem = b;
+        size_t n = strlen(v);
+        if (n > 1 && v[n - 1] == '%') {
+            char num[64];
+            double share;
+            ok = n - 1 < sizeof num;
+            if (ok) {
+                memcpy(num, v, n - 1), num[n - 1] = 0;
+                ok = opt_double(num, 1e-9, 100, &share);
+            }
+            if (ok) p->expert_mem_share = share / 100.0, p->expert_mem = 0, p->high_cap = p->low_cap = 0;
+        } else {
+            ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
+            if (ok) p->expert_mem = b, p->expert_mem_share = 0;
+        }
     } else if (!strcmp(name, "--cache-experts")) {
         int h, l, n = 0;
         ok = sscanf(v, "%d,%d%n", &h, &l, &n) == 2 && v[n] == 0 && h >= 0 && l >= 0 && h + l > 0;
-        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0;
+        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0, p->expert_mem_share = 0;
     } else if (!strcmp(name, "--io")) {
         if (!strcmp(v, "direct")) p->io = MOE_IO_DIRECT;
         else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
@@ -1083,6 +1113,10 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         return MOE_ERR_INVALID;
     }
     return MOE_OK;
+}
+
+int moe_store_params_active(const struct moe_store_params *p) {
+    return p && (p->expert_mem > 0 || p->expert_mem_share > 0 || p->high_cap > 0 || p->low_cap > 0);
 }
 
 /* json_num: a number, or null when not finite. */
