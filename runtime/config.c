@@ -24,6 +24,7 @@ const char *moe_arch_name(enum moe_arch a) {
     case MOE_ARCH_PHIMOE: return "phimoe";
     case MOE_ARCH_DEEPSEEK_V2: return "deepseek_v2";
     case MOE_ARCH_DEEPSEEK_V3: return "deepseek_v3";
+    case MOE_ARCH_GPT_OSS: return "gpt_oss";
     }
     return "?";
 }
@@ -35,7 +36,7 @@ static const struct {
     {"MixtralForCausalLM", MOE_ARCH_MIXTRAL},   {"Qwen2MoeForCausalLM", MOE_ARCH_QWEN2_MOE},
     {"Qwen3MoeForCausalLM", MOE_ARCH_QWEN3_MOE}, {"OlmoeForCausalLM", MOE_ARCH_OLMOE},
     {"PhimoeForCausalLM", MOE_ARCH_PHIMOE},     {"DeepseekV2ForCausalLM", MOE_ARCH_DEEPSEEK_V2},
-    {"DeepseekV3ForCausalLM", MOE_ARCH_DEEPSEEK_V3},
+    {"DeepseekV3ForCausalLM", MOE_ARCH_DEEPSEEK_V3}, {"GptOssForCausalLM", MOE_ARCH_GPT_OSS},
 };
 
 static int is_deepseek(enum moe_arch a) { return a == MOE_ARCH_DEEPSEEK_V2 || a == MOE_ARCH_DEEPSEEK_V3; }
@@ -340,6 +341,8 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
         int max_window_layers = L;
         if ((st = get_int(c, "max_window_layers", 0, L, 0, 1 << 20, &max_window_layers))) return st;
         for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0 && l < max_window_layers;
+    } else if (cfg->arch == MOE_ARCH_GPT_OSS) { /* GptOssConfig's default: even layers slide */
+        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0;
     } else { /* Mixtral, Phi-MoE, OLMoE, Qwen3-MoE: one window for every layer */
         for (int l = 0; l < L; l++) cfg->layer_sliding[l] = 1;
     }
@@ -454,6 +457,22 @@ static enum moe_status mla_rope(const struct cfg_ctx *c, struct moe_config *cfg)
     return MOE_OK;
 }
 
+/* parse_gpt_oss: the clamped SwiGLU of the experts, their biases, the
+ * router's bias and the attention sinks. */
+static enum moe_status parse_gpt_oss(const struct cfg_ctx *c, struct moe_config *cfg) {
+    enum moe_status st;
+    cfg->expert_act = MOE_ACT_SWIGLU_OAI;
+    cfg->expert_bias = cfg->router_bias = cfg->attn_sinks = 1;
+    if ((st = get_float(c, c->root, "swiglu_alpha", 1.702, &cfg->swiglu_alpha)) ||
+        (st = get_float(c, c->root, "swiglu_limit", 7.0, &cfg->swiglu_limit)))
+        return st;
+    if (!(cfg->swiglu_limit > 0)) {
+        MOE_LOGE("%s: swiglu_limit must be positive", c->label);
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
 enum moe_status moe_config_parse(const char *json, size_t len, const char *label,
                                  struct moe_config *out) {
     memset(out, 0, sizeof *out);
@@ -486,7 +505,7 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     if (!found) {
         MOE_LOGE("%s: unknown architecture \"%s\" (supported: MixtralForCausalLM, "
                  "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, PhimoeForCausalLM, "
-                 "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+                 "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)",
                  label, name);
         st = MOE_ERR_UNSUPPORTED;
         goto fail;
@@ -566,7 +585,8 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     cfg->norm_topk_prob = a == MOE_ARCH_MIXTRAL; /* Mixtral always renormalises */
     cfg->n_group = cfg->topk_group = 1;
     cfg->routed_scale = 1.0f;
-    if (a != MOE_ARCH_MIXTRAL && a != MOE_ARCH_PHIMOE && a != MOE_ARCH_DEEPSEEK_V2 &&
+    if (a == MOE_ARCH_GPT_OSS) cfg->norm_topk_prob = 1; /* softmax over the k largest logits */
+    if (a != MOE_ARCH_MIXTRAL && a != MOE_ARCH_PHIMOE && a != MOE_ARCH_DEEPSEEK_V2 && a != MOE_ARCH_GPT_OSS &&
         (st = get_bool(c, "norm_topk_prob", a == MOE_ARCH_DEEPSEEK_V3, &cfg->norm_topk_prob)))
         goto fail;
     if (ds && (st = parse_deepseek_routing(c, cfg))) goto fail;
@@ -588,7 +608,7 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         if ((st = get_bool(c, "qkv_bias", 1, &cfg->attn_qkv_bias))) goto fail;
     } else if (a != MOE_ARCH_MIXTRAL) {
         int ab = 0;
-        if ((st = get_bool(c, "attention_bias", 0, &ab))) goto fail;
+        if ((st = get_bool(c, "attention_bias", a == MOE_ARCH_GPT_OSS, &ab))) goto fail;
         cfg->attn_qkv_bias = cfg->attn_o_bias = ab;
     }
     cfg->qk_norm = a == MOE_ARCH_QWEN3_MOE ? MOE_QK_NORM_HEAD
@@ -603,7 +623,8 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     if (a == MOE_ARCH_PHIMOE && (st = get_bool(c, "lm_head_bias", 0, &cfg->lm_head_bias))) goto fail;
     if ((st = get_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings))) goto fail;
 
-    double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : 10000.0;
+    double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : a == MOE_ARCH_GPT_OSS ? 150000.0 : 10000.0;
+    if (a == MOE_ARCH_GPT_OSS && (st = parse_gpt_oss(c, cfg))) goto fail;
     if ((st = parse_rope(c, cfg, def_theta))) goto fail;
     cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
     if (ds && (st = mla_rope(c, cfg))) goto fail;

@@ -191,6 +191,78 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_ffn *
     return MOE_OK;
 }
 
+static enum moe_status own(struct moe_model_impl *mi, void *p);
+
+/* split_gpt_oss: expert e's gate, up and down of gpt-oss's merged layout
+ * (gate_up [E, H, 2F] with gate and up in alternate columns, down [E, F, H],
+ * both x @ W) as row-major [F x H], [F x H], [H x F] copies in the stored
+ * element type; biases (gate_up [E, 2F] alternating, down [E, H]) as one
+ * float block gate | up | down. */
+static enum moe_status split_gpt_oss(const struct bind *b, const struct src_tensor *gu, const struct src_tensor *dn,
+                                     const struct src_tensor *gub, const struct src_tensor *dnb, int64_t e, int64_t F,
+                                     int64_t H, struct moe_ffn *out) {
+    struct moe_model_impl *mi = b->m->impl;
+    const size_t es = moe_qtype_row_bytes(gu->type, 1), ed = moe_qtype_row_bytes(dn->type, 1);
+    char *g = malloc((size_t)(F * H) * es), *u = malloc((size_t)(F * H) * es), *d = malloc((size_t)(H * F) * ed);
+    float *bias = malloc(sizeof(float) * (size_t)(2 * F + H)), *row = malloc(sizeof(float) * (size_t)(2 * F + H));
+    enum moe_status st = g && u && d && bias && row ? MOE_OK : MOE_ERR_NOMEM;
+    const char *src = (const char *)gu->data + (size_t)(e * H * 2 * F) * es;
+    for (int64_t i = 0; !st && i < H; i++) /* column 2f of row i is gate[f][i], 2f+1 up[f][i] */
+        for (int64_t f = 0; f < F; f++) {
+            memcpy(g + (size_t)(f * H + i) * es, src + (size_t)(i * 2 * F + 2 * f) * es, es);
+            memcpy(u + (size_t)(f * H + i) * es, src + (size_t)(i * 2 * F + 2 * f + 1) * es, es);
+        }
+    src = (const char *)dn->data + (size_t)(e * F * H) * ed;
+    for (int64_t f = 0; !st && f < F; f++)
+        for (int64_t i = 0; i < H; i++) memcpy(d + (size_t)(i * F + f) * ed, src + (size_t)(f * H + i) * ed, ed);
+    const size_t gbs = moe_qtype_row_bytes(gub->type, 2 * F), dbs = moe_qtype_row_bytes(dnb->type, H);
+    if (!st) st = moe_dequantize_row(gub->type, (const char *)gub->data + (size_t)e * gbs, row, 2 * F);
+    if (!st) st = moe_dequantize_row(dnb->type, (const char *)dnb->data + (size_t)e * dbs, bias + 2 * F, H);
+    for (int64_t f = 0; !st && f < F; f++) bias[f] = row[2 * f], bias[F + f] = row[2 * f + 1];
+    free(row);
+    if (st) {
+        free(g), free(u), free(d), free(bias);
+        return st;
+    }
+    void *bufs[4] = {g, u, d, bias};
+    for (int k = 0; k < 4; k++)
+        if ((st = own(mi, bufs[k]))) { /* own() freed bufs[k]; the rest are not kept either */
+            for (int r = k + 1; r < 4; r++) free(bufs[r]);
+            return st;
+        }
+    out->gate = (struct moe_weight){g, gu->type, F, H};
+    out->up = (struct moe_weight){u, gu->type, F, H};
+    out->down = (struct moe_weight){d, dn->type, H, F};
+    out->bias = bias;
+    return MOE_OK;
+}
+
+/* bind_gpt_oss_experts: every expert of one gpt-oss MoE layer, split from the
+ * merged tensors into copies the model owns. */
+static enum moe_status bind_gpt_oss_experts(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
+                                            const char *prefix) {
+    char name[256];
+    struct src_tensor gu, dn, gub, dnb;
+    enum moe_status st;
+    const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
+    const int64_t d1[3] = {E, H, 2 * F}, d2[3] = {E, F, H}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj", prefix);
+    if ((st = find_shape(b, name, 3, d1, &gu))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj", prefix);
+    if ((st = find_shape(b, name, 3, d2, &dn))) return st;
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b1, &gub))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b2, &dnb))) return st;
+    if (moe_qtype_block_size(gu.type) != 1 || moe_qtype_block_size(dn.type) != 1) {
+        MOE_LOGE("%s: %sexperts: merged expert tensors must be f32, f16 or bf16", b->path, prefix);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    for (int64_t e = 0; e < E; e++)
+        if ((st = split_gpt_oss(b, &gu, &dn, &gub, &dnb, e, F, H, &experts[e]))) return st;
+    return MOE_OK;
+}
+
 /* bind_moe: router, experts and shared expert of one MoE layer. */
 static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
                                 const struct moe_config *c, int l) {
@@ -202,12 +274,17 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
     snprintf(probe, sizeof probe, "%sgate.weight", prefix);
     if (mixtral_names && !has_tensor(b, probe)) /* v5-native spelling */
         snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.", l);
-    if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%sgate.weight", prefix))) return st;
+    const char *router = c->arch == MOE_ARCH_GPT_OSS ? "router" : "gate";
+    if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%s%s.weight", prefix, router)))
+        return st;
+    if (c->router_bias && (st = bind_vector(b, &L->router_b, c->n_expert, 0, "%s%s.bias", prefix, router))) return st;
     struct moe_ffn *experts = b->m->impl->experts + (size_t)l * (size_t)c->n_expert;
     snprintf(probe, sizeof probe, "%sexperts.gate_up_proj", prefix);
     if (b->bind_expert) { /* bundle: one blob per expert */
         for (int e = 0; e < c->n_expert && !b->m->impl->lazy; e++)
             if ((st = b->bind_expert(b, l, e, &experts[e]))) return st;
+    } else if (c->arch == MOE_ARCH_GPT_OSS) {
+        if ((st = bind_gpt_oss_experts(b, experts, c, prefix))) return st;
     } else if (has_tensor(b, probe)) {
         if ((st = bind_fused_experts(b, experts, c, prefix))) return st;
     } else {
@@ -280,6 +357,7 @@ static enum moe_status bind_gqa(const struct bind *b, struct moe_layer *L, const
     }
     if (c->attn_o_bias && (st = bind_vector(b, &L->bo, H, 0, "%s.%d.self_attn.o_proj.bias", p, l)))
         return st;
+    if (c->attn_sinks && (st = bind_vector(b, &L->sinks, c->n_head, 0, "%s.%d.self_attn.sinks", p, l))) return st;
     if (c->qk_norm != MOE_QK_NORM_NONE) {
         int full = c->qk_norm == MOE_QK_NORM_FULL;
         if ((st = bind_vector(b, &L->q_norm, full ? q : c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, l)))
@@ -449,16 +527,20 @@ static enum moe_status expert_base(const struct moe_model *m, int layer, int exp
         return MOE_OK;
     }
     const int64_t H = c->n_embd, F = c->n_ff_expert;
-    int ok = d->n_parts == 3 && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
+    const uint32_t np = c->expert_bias ? 4 : 3; /* gpt-oss: + one f32 row of gate | up | down biases */
+    int ok = d->n_parts == np && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
              d->parts[1].rows == (uint64_t)F && d->parts[1].cols == (uint64_t)H && d->parts[2].rows == (uint64_t)H &&
              d->parts[2].cols == (uint64_t)F;
-    for (int k = 0; ok && k < 3; k++)
+    if (ok && np == 4)
+        ok = d->parts[3].type_id == MOE_QTYPE_F32 && d->parts[3].rows == 1 && d->parts[3].cols == (uint64_t)(2 * F + H);
+    for (int k = 0; ok && k < (int)np; k++)
         ok = moe_qtype_valid((enum moe_qtype)d->parts[k].type_id) &&
              d->parts[k].nbytes == moe_qtype_row_bytes((enum moe_qtype)d->parts[k].type_id, (int64_t)d->parts[k].cols) *
                                        d->parts[k].rows;
     if (!ok) {
-        MOE_LOGE("%s: precision %s: expert blobs do not hold gate/up [%lld x %lld] and down [%lld x %lld] of known types",
-                 path, d->name, (long long)F, (long long)H, (long long)H, (long long)F);
+        MOE_LOGE("%s: precision %s: expert blobs do not hold gate/up [%lld x %lld] and down [%lld x %lld] of known types%s",
+                 path, d->name, (long long)F, (long long)H, (long long)H, (long long)F,
+                 np == 4 ? " and an f32 row of their biases" : "");
         return MOE_ERR_SHAPE;
     }
     const char *base;
@@ -481,12 +563,13 @@ static enum moe_status expert_base(const struct moe_model *m, int layer, int exp
     return MOE_OK;
 }
 
-/* bind_blob: point an expert's three matrices into its raw blob. */
+/* bind_blob: point an expert's three matrices (and biases) into its raw blob. */
 static void bind_blob(const struct moe_bundle_precision *d, const char *base, struct moe_ffn *out) {
     struct moe_weight *w[3] = {&out->gate, &out->up, &out->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){base + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+    out->bias = d->n_parts > 3 ? (const float *)(const void *)(base + d->parts[3].offset) : NULL;
 }
 
 /* bundle_expert: bind one expert at the precision m->expert_prec gives it. */
@@ -756,6 +839,8 @@ void moe_model_free(struct moe_model *m) {
         free(L->kv_a_norm);
         free(L->bkv_a);
         free(L->router_bias);
+        free(L->router_b);
+        free(L->sinks);
     }
     free(m->layers);
     free(m->out_norm);

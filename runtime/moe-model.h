@@ -28,6 +28,13 @@ enum moe_arch {
     MOE_ARCH_PHIMOE = 4,
     MOE_ARCH_DEEPSEEK_V2 = 5,
     MOE_ARCH_DEEPSEEK_V3 = 6,
+    MOE_ARCH_GPT_OSS = 7,
+};
+
+enum moe_ffn_act {
+    MOE_ACT_SWIGLU = 0,     /* down(silu(gate x) * up x) */
+    MOE_ACT_SWIGLU_OAI = 1, /* gpt-oss: g = min(gate x, limit), u = clamp(up x, +-limit),
+                             * down(g * sigmoid(alpha g) * (u + 1)) */
 };
 
 enum moe_attn_kind {
@@ -108,6 +115,11 @@ struct moe_config {
     int n_ff_dense;            /* intermediate size of dense-MLP layers (0 if none) */
     int n_ff_shared;           /* shared expert intermediate size (0 = none) */
     int shared_gated;          /* the shared expert is scaled by sigmoid(shared_expert_gate x) (Qwen2) */
+    enum moe_ffn_act expert_act; /* the routed experts' activation */
+    float swiglu_alpha, swiglu_limit; /* MOE_ACT_SWIGLU_OAI */
+    int expert_bias;           /* routed experts have gate/up/down biases (gpt-oss) */
+    int router_bias;           /* the router has a bias (gpt-oss) */
+    int attn_sinks;            /* a learned per-head sink logit joins each softmax (gpt-oss) */
     int norm_topk_prob;        /* renormalise the top-k weights to sum to 1 */
     enum moe_router_kind router;
     float router_jitter;       /* sparsemixer's jitter_eps */
@@ -177,11 +189,13 @@ struct moe_tensor_ref {
     struct moe_weight w;    /* vectors: n_out = 1, n_in = length */
 };
 
-/* One SwiGLU feed-forward: down(silu(gate x) * up x). */
+/* One SwiGLU feed-forward: down(silu(gate x) * up x), or for routed experts
+ * the model's expert_act, with biases when `bias` is set. */
 struct moe_ffn {
     struct moe_weight gate; /* [n_ff x n_embd] */
     struct moe_weight up;   /* [n_ff x n_embd] */
     struct moe_weight down; /* [n_embd x n_ff] */
+    const float *bias;      /* [2*n_ff + n_embd]: gate, up and down biases, or NULL */
 };
 
 struct moe_layer {
@@ -193,6 +207,7 @@ struct moe_layer {
     struct moe_weight wo;            /* [n_embd x n_head*head_dim] (MLA: n_head*v_head_dim) */
     float *bq, *bk, *bv, *bo;        /* biases or NULL */
     float *q_norm, *k_norm;          /* [head_dim] or [proj] per qk_norm, or NULL */
+    float *sinks;                    /* [n_head] attention sink logits (attn_sinks), or NULL */
     /* MLA (cfg.attn == MOE_ATTN_MLA) */
     struct moe_weight wq_a;          /* [q_lora_rank x n_embd] (q_lora_rank > 0) */
     float *q_a_norm, *bq_a;          /* [q_lora_rank]; bias if attention_bias */
@@ -205,6 +220,7 @@ struct moe_layer {
      * ask for them with moe_model_expert() */
     struct moe_weight router;        /* [n_expert x n_embd] */
     float *router_bias;              /* [n_expert] DeepSeek-V3's e_score_correction_bias, or NULL */
+    float *router_b;                 /* [n_expert] the router's own bias (gpt-oss), or NULL */
     struct moe_ffn shared;           /* n_ff_shared > 0 */
     struct moe_weight shared_gate;   /* [1 x n_embd] */
     /* dense MLP (!layer_moe[l]) */

@@ -272,7 +272,9 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
             sc[j] = dot(qv, kc + (size_t)j * s->kv_dim + (size_t)kvh * hd, hd) * scale;
             if (sc[j] > mx) mx = sc[j];
         }
-        float sum = 0;
+        const float *sink = s->m->layers[a->layer].sinks; /* gpt-oss: a logit with no value */
+        if (sink && sink[h] > mx) mx = sink[h];
+        float sum = sink ? expf(sink[h] - mx) : 0.0f;
         for (int j = lo; j <= p; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
@@ -443,13 +445,26 @@ static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
     matmul(s, &L->wo, L->bo, s->att, (int64_t)c->n_head * c->v_head_dim, s->tmp, H, n_tok);
 }
 
-/* ffn: y = down(silu(gate x) * up x) for n rows of x (ld n_embd). */
-static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n) {
-    int64_t F = f->gate.n_out, H = s->m->cfg.n_embd;
-    matmul(s, &f->gate, NULL, x, H, s->ge, F, n);
-    matmul(s, &f->up, NULL, x, H, s->ue, F, n);
-    for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
-    matmul(s, &f->down, NULL, s->ge, F, y, H, n);
+/* ffn: y = down(act(gate x, up x)) for n rows of x (ld n_embd), with the
+ * biases of f->bias if set. act: silu(g) * u, or for a routed expert of a
+ * MOE_ACT_SWIGLU_OAI model gpt-oss's clamped form
+ * min(g, L) * sigmoid(alpha min(g, L)) * (clamp(u, -L, L) + 1). */
+static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n, int expert) {
+    const struct moe_config *c = &s->m->cfg;
+    int64_t F = f->gate.n_out, H = c->n_embd;
+    const float *b = f->bias;
+    matmul(s, &f->gate, b, x, H, s->ge, F, n);
+    matmul(s, &f->up, b ? b + F : NULL, x, H, s->ue, F, n);
+    if (expert && c->expert_act == MOE_ACT_SWIGLU_OAI) {
+        const float lim = c->swiglu_limit, alpha = c->swiglu_alpha;
+        for (int64_t i = 0; i < (int64_t)n * F; i++) {
+            float g = fminf(s->ge[i], lim), u = fminf(fmaxf(s->ue[i], -lim), lim);
+            s->ge[i] = (g * (1.0f / (1.0f + expf(-(g * alpha))))) * (u + 1.0f);
+        }
+    } else {
+        for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    }
+    matmul(s, &f->down, b ? b + 2 * F : NULL, s->ge, F, y, H, n);
 }
 
 /* ---- the interface ---------------------------------------------------- */
@@ -544,7 +559,8 @@ static enum moe_status cpu_ffn_norm(struct moe_backend *be, int layer, int n) {
 static enum moe_status cpu_router(struct moe_backend *be, int layer, int n, float *logits) {
     struct cpu *s = ctx(be);
     const struct moe_config *c = &s->m->cfg;
-    matmul(s, &s->m->layers[layer].router, NULL, s->xn, c->n_embd, logits, c->n_expert, n);
+    const struct moe_layer *L = &s->m->layers[layer];
+    matmul(s, &L->router, L->router_b, s->xn, c->n_embd, logits, c->n_expert, n);
     return MOE_OK;
 }
 
@@ -557,7 +573,7 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
         int n = n_rows - done < s->p.n_batch ? n_rows - done : s->p.n_batch;
         for (int i = 0; i < n; i++)
             memcpy(s->xe + (size_t)i * H, s->xn + (size_t)rows[done + i] * H, sizeof(float) * (size_t)H);
-        ffn(s, f, s->xe, s->ye, n);
+        ffn(s, f, s->xe, s->ye, n, 1);
         for (int i = 0; i < n; i++) {
             const int t = rows[done + i], k = slots[done + i];
             float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
@@ -578,12 +594,12 @@ static enum moe_status cpu_dense(struct moe_backend *be, int layer, int n) {
     const struct moe_layer *L = &s->m->layers[layer];
     const int64_t H = c->n_embd;
     if (!c->layer_moe[layer]) {
-        ffn(s, &L->dense, s->xn, s->acc, n);
+        ffn(s, &L->dense, s->xn, s->acc, n, 0);
         return MOE_OK;
     }
     if (c->n_ff_shared <= 0) return MOE_OK;
     if (c->shared_gated) matmul(s, &L->shared_gate, NULL, s->xn, H, s->sg, 1, n);
-    ffn(s, &L->shared, s->xn, s->tmp, n);
+    ffn(s, &L->shared, s->xn, s->tmp, n, 0);
     s->shared_pending = 1;
     return MOE_OK;
 }
@@ -636,7 +652,7 @@ static enum moe_status cpu_lm_head(struct moe_backend *be, int row0, int n, floa
 }
 
 static enum moe_status cpu_ffn_rows(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n) {
-    ffn(ctx(be), f, x, y, n);
+    ffn(ctx(be), f, x, y, n, 1);
     return MOE_OK;
 }
 

@@ -48,6 +48,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     DynamicCache,
     GenerationConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -408,6 +410,63 @@ ARCHS: dict[str, dict] = {
             "routed_scaling_factor. Shared expert ungated. First first_k_dense_replace layers dense."
         ),
     ),
+    "gpt_oss": dict(
+        config_cls=GptOssConfig,
+        model_cls=GptOssForCausalLM,
+        tokenizer="qwen-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=22,
+        seed=8808,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=32,
+            head_dim=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=6,  # layer_types derived: layers 0 and 2 slide, layer 1 full
+            attention_bias=True,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: YaRN without truncation (as the real gpt-oss), a tight SwiGLU clamp so it bites.
+            "f32": dict(
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 150000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "truncate": False,
+                },
+                swiglu_limit=1.2,
+                swiglu_alpha=1.702,
+            ),
+            # bf16: default RoPE, the real clamp (7.0), another alpha.
+            "bf16": dict(
+                rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+                swiglu_limit=7.0,
+                swiglu_alpha=1.5,
+            ),
+        },
+        notes=(
+            "gpt-oss: RMSNorm (eps 1e-5); attention with q/k/v/o biases, GQA 4/2 (head_dim 16), RoPE in halves "
+            "(rotate_half), a learned per-head sink logit (self_attn.sinks) joining every softmax without a value, "
+            "sliding window 6 on the layers layer_types marks (derived: even layers), full attention on the "
+            "others. Router: logits = router.weight x + router.bias, top-2 by logit, weights = softmax of the 2 "
+            "logits. Experts stored merged: gate_up_proj [E, H, 2I] used as x @ W with gate = columns 0::2 and "
+            "up = columns 1::2, gate_up_proj_bias [E, 2I] likewise interleaved; down_proj [E, I, H], "
+            "down_proj_bias [E, H]. Activation: g = min(gate, limit), u = clamp(up, -limit, limit), "
+            "out = (u + 1) * g * sigmoid(alpha * g)."
+        ),
+    ),
 }
 
 
@@ -629,9 +688,16 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | No
     def randn(shape):
         return torch.randn(shape, generator=g, dtype=torch.float32)
 
+    transposed = type(model).__name__.startswith("GptOss")  # experts used as x @ W: fan-in is shape[-2]
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         shape = tuple(p.shape)
-        if name.endswith("embed_tokens.weight"):
+        if name.endswith("self_attn.sinks"):  # gpt-oss: one sink logit per head, the size of a score
+            val = 1.0 * randn(shape)
+        elif name.endswith("_proj_bias"):  # gpt-oss expert biases [E, 2I] / [E, H]
+            val = 0.1 * randn(shape)
+        elif transposed and (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+            val = randn(shape) * (1.0 / shape[-2] ** 0.5)
+        elif name.endswith("embed_tokens.weight"):
             val = randn(shape) * 1.0
             if tied:  # it is also the lm_head: rows with no token never win greedy
                 val[TOKEN_ID_LIMIT:] *= 0.02
@@ -1169,12 +1235,81 @@ def np_reference_deepseek(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
     return x @ W["lm_head.weight"].T
 
 
+NP_GPT_OSS_CLAMPED = [0, 0]  # clamped gate/up values, all gate/up values (the last call)
+
+
+def np_reference_gpt_oss(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
+    """gpt-oss in float64: sinks, per-layer sliding windows, biases, merged experts, clamped SwiGLU."""
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, T = cfg["rms_norm_eps"], len(ids)
+    rp = cfg["rope_parameters"]
+    if rp["rope_type"] == "yarn":
+        inv, af = np_yarn(rp, hd, cfg["max_position_embeddings"])
+    else:
+        inv, af = 1.0 / rp["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd), 1.0
+    f = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(f) * af, np.sin(f) * af
+
+    def rope(x):  # halves
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    def lin(x, name):
+        return x @ W[name + ".weight"].T + W[name + ".bias"]
+
+    qi, kj = np.arange(T)[:, None], np.arange(T)[None, :]
+    sw = cfg["sliding_window"]
+    lim, alpha = cfg["swiglu_limit"], cfg["swiglu_alpha"]
+    E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    clamped = total = 0
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        P, A = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        sliding = cfg["layer_types"][i] == "sliding_attention"
+        mask = np.where((kj <= qi) & ((kj > qi - sw) if sliding else True), 0.0, -np.inf)
+        h = np_rms(x, W[f"{P}.input_layernorm.weight"], eps)
+        q = rope(lin(h, f"{A}.q_proj").reshape(T, nh, hd).transpose(1, 0, 2))
+        k = rope(lin(h, f"{A}.k_proj").reshape(T, nkv, hd).transpose(1, 0, 2))
+        v = lin(h, f"{A}.v_proj").reshape(T, nkv, hd).transpose(1, 0, 2)
+        rep = nh // nkv
+        k, v = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
+        sc = q @ k.transpose(0, 2, 1) * hd**-0.5 + mask  # [nh, T, T]
+        sink = W[f"{A}.sinks"][:, None, None] * np.ones((1, T, 1))
+        comb = np.concatenate([sc, sink], -1)
+        p = np_softmax(comb)[..., :-1]  # the sink takes probability, gives nothing
+        a = (p @ v).transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + lin(a, f"{A}.o_proj")
+        h = np_rms(x, W[f"{P}.post_attention_layernorm.weight"], eps)
+        M = f"{P}.mlp"
+        logits = lin(h, f"{M}.router")
+        gu_w, gu_b = W[f"{M}.experts.gate_up_proj"], W[f"{M}.experts.gate_up_proj_bias"]
+        dn_w, dn_b = W[f"{M}.experts.down_proj"], W[f"{M}.experts.down_proj_bias"]
+        y = np.zeros_like(h)
+        for t in range(T):
+            sel = np.argsort(-logits[t], kind="stable")[:K]
+            w = np_softmax(logits[t, sel])
+            for e, we in zip(sel, w):
+                gu = h[t] @ gu_w[e] + gu_b[e]
+                g, u = gu[0::2], gu[1::2]
+                clamped += int((g > lim).sum() + (np.abs(u) > lim).sum())
+                total += 2 * len(g)
+                g, u = np.minimum(g, lim), np.clip(u, -lim, lim)
+                out = ((u + 1) * g / (1.0 + np.exp(-alpha * g))) @ dn_w[e] + dn_b[e]
+                y[t] += we * out
+        x = x + y
+    NP_GPT_OSS_CLAMPED[:] = [clamped, total]
+    x = np_rms(x, W["model.norm.weight"], eps)
+    return x @ W["lm_head.weight"].T
+
+
 def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
     cfg = json.loads((d / "config.json").read_text())
     W = np_load_checkpoint(d)
     mt = cfg["model_type"]
     if mt.startswith("deepseek"):
         return np_reference_deepseek(cfg, W, ids)
+    if mt == "gpt_oss":
+        return np_reference_gpt_oss(cfg, W, ids)
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh
     eps = cfg["rms_norm_eps"]
@@ -1448,6 +1583,13 @@ def process(job: dict, prompt_source: str) -> dict:
         info["lm_head_weight_in_checkpoint"] = "lm_head.weight" in np_checkpoint_keys(outdir)
     if res["clip"] is not None:
         info["clip_qkv_stats"] = res["clip"]
+    if arch == "gpt_oss":
+        info["swiglu_clamp_stats"] = {
+            "limit": model.config.swiglu_limit,
+            "clamped_values": NP_GPT_OSS_CLAMPED[0],
+            "total_values": NP_GPT_OSS_CLAMPED[1],
+            "note": "gate above limit or |up| above limit, over the NumPy reference's prefill + decode rows",
+        }
     if arch == "phimoe" and longrope:
         orig = model.config.rope_parameters["original_max_position_embeddings"]
         n = len(prompt_ids)

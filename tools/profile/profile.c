@@ -276,8 +276,9 @@ static void stacked_add(const struct recorder *r, const struct moe_model *m, con
                 }
                 q[0] += xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 0;
                 const float *w = routers + (size_t)mj * E * D;
+                const float *rb = m->layers[lj].router_b; /* gpt-oss's router bias */
                 for (int e = 0; e < E; e++) {
-                    double acc = 0;
+                    double acc = rb ? rb[e] : 0.0;
                     for (int d = 0; d < D; d++) acc += (double)w[(size_t)e * D + d] * x[d];
                     logits[e] = (float)acc;
                 }
