@@ -473,6 +473,21 @@ static enum moe_status parse_gpt_oss(const struct cfg_ctx *c, struct moe_config 
     return MOE_OK;
 }
 
+/* parse_quantization: a pre-quantized checkpoint's quantization_config. gpt-oss's
+ * MXFP4 experts are read as they are; other methods (DeepSeek-V3's block-scaled
+ * FP8, GPTQ, AWQ, ...) are refused by name rather than misread. */
+static enum moe_status parse_quantization(const struct cfg_ctx *c, const struct moe_config *cfg) {
+    const cJSON *q = field(c, "quantization_config");
+    if (!q) return MOE_OK;
+    const cJSON *m = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "quant_method") : NULL;
+    const char *method = cJSON_IsString(m) ? m->valuestring : "?";
+    if (cfg->arch == MOE_ARCH_GPT_OSS && !strcmp(method, "mxfp4")) return MOE_OK;
+    MOE_LOGE("%s: quantization_config with quant_method \"%s\" is not supported%s", c->label, method,
+             !strcmp(method, "fp8") ? " (block-scaled FP8 is not read yet: convert the checkpoint to BF16 first)"
+                                    : " (only gpt-oss's mxfp4 experts are read as stored)");
+    return MOE_ERR_UNSUPPORTED;
+}
+
 enum moe_status moe_config_parse(const char *json, size_t len, const char *label,
                                  struct moe_config *out) {
     memset(out, 0, sizeof *out);
@@ -625,6 +640,7 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
 
     double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : a == MOE_ARCH_GPT_OSS ? 150000.0 : 10000.0;
     if (a == MOE_ARCH_GPT_OSS && (st = parse_gpt_oss(c, cfg))) goto fail;
+    if ((st = parse_quantization(c, cfg))) goto fail;
     if ((st = parse_rope(c, cfg, def_theta))) goto fail;
     cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
     if (ds && (st = mla_rope(c, cfg))) goto fail;

@@ -38,6 +38,7 @@ struct src_tensor {
     enum moe_qtype type;
     int n_dims;
     int64_t shape[8];
+    int raw_u8;   /* raw bytes (safetensors U8: packed MXFP4 blocks or scales), not a weight */
 };
 
 /* Binding context: where tensors come from, and the path for messages.
@@ -79,6 +80,10 @@ static enum moe_status find_shape(const struct bind *b, const char *name, int n_
     if (!b->find(b, name, t)) {
         MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
         return MOE_ERR_NOT_FOUND;
+    }
+    if (t->raw_u8) {
+        MOE_LOGE("%s: tensor \"%s\" holds raw bytes (U8), not weights", b->path, name);
+        return MOE_ERR_FORMAT;
     }
     int ok = t->n_dims == n_dims;
     for (int i = 0; ok && i < n_dims; i++) ok = t->shape[i] == dims[i];
@@ -193,6 +198,31 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_ffn *
 
 static enum moe_status own(struct moe_model_impl *mi, void *p);
 
+/* gpt_oss_bias: expert e's biases as gate | up | down floats (gate_up_proj_bias
+ * [E, 2F] alternates gate and up; down_proj_bias [E, H]); row: 2F floats of scratch. */
+static enum moe_status gpt_oss_bias(const struct src_tensor *gub, const struct src_tensor *dnb, int64_t e, int64_t F,
+                                    int64_t H, float *row, float *bias) {
+    const size_t gbs = moe_qtype_row_bytes(gub->type, 2 * F), dbs = moe_qtype_row_bytes(dnb->type, H);
+    enum moe_status st = moe_dequantize_row(gub->type, (const char *)gub->data + (size_t)e * gbs, row, 2 * F);
+    if (!st) st = moe_dequantize_row(dnb->type, (const char *)dnb->data + (size_t)e * dbs, bias + 2 * F, H);
+    for (int64_t f = 0; !st && f < F; f++) bias[f] = row[2 * f], bias[F + f] = row[2 * f + 1];
+    return st;
+}
+
+/* mxfp4_repack_row: one weight row of n_in values from OpenAI's MXFP4 layout
+ * (n_in/32 blocks of 16 bytes, byte j = element 2j low nibble, 2j+1 high;
+ * a separate e8m0 scale per block) into ggml's (moe_block_mxfp4: the scale,
+ * then byte j = element j low, j+16 high). The codes and scales are kept:
+ * the same values bit for bit, no requantization. */
+static void mxfp4_repack_row(const uint8_t *blocks, const uint8_t *scales, int64_t n_in, uint8_t *out) {
+    for (int64_t g = 0; g < n_in / 32; g++, blocks += 16, out += sizeof(moe_block_mxfp4)) {
+        uint8_t q[32];
+        for (int j = 0; j < 16; j++) q[2 * j] = blocks[j] & 15, q[2 * j + 1] = blocks[j] >> 4;
+        out[0] = scales[g];
+        for (int j = 0; j < 16; j++) out[1 + j] = (uint8_t)(q[j] | q[j + 16] << 4);
+    }
+}
+
 /* split_gpt_oss: expert e's gate, up and down of gpt-oss's merged layout
  * (gate_up [E, H, 2F] with gate and up in alternate columns, down [E, F, H],
  * both x @ W) as row-major [F x H], [F x H], [H x F] copies in the stored
@@ -215,10 +245,7 @@ static enum moe_status split_gpt_oss(const struct bind *b, const struct src_tens
     src = (const char *)dn->data + (size_t)(e * F * H) * ed;
     for (int64_t f = 0; !st && f < F; f++)
         for (int64_t i = 0; i < H; i++) memcpy(d + (size_t)(i * F + f) * ed, src + (size_t)(f * H + i) * ed, ed);
-    const size_t gbs = moe_qtype_row_bytes(gub->type, 2 * F), dbs = moe_qtype_row_bytes(dnb->type, H);
-    if (!st) st = moe_dequantize_row(gub->type, (const char *)gub->data + (size_t)e * gbs, row, 2 * F);
-    if (!st) st = moe_dequantize_row(dnb->type, (const char *)dnb->data + (size_t)e * dbs, bias + 2 * F, H);
-    for (int64_t f = 0; !st && f < F; f++) bias[f] = row[2 * f], bias[F + f] = row[2 * f + 1];
+    if (!st) st = gpt_oss_bias(gub, dnb, e, F, H, row, bias);
     free(row);
     if (st) {
         free(g), free(u), free(d), free(bias);
@@ -237,8 +264,91 @@ static enum moe_status split_gpt_oss(const struct bind *b, const struct src_tens
     return MOE_OK;
 }
 
+/* find_u8: a raw-byte (U8) tensor of exactly the given shape. */
+static enum moe_status find_u8(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
+                               struct src_tensor *t) {
+    if (!b->find(b, name, t)) {
+        MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
+        return MOE_ERR_NOT_FOUND;
+    }
+    int ok = t->raw_u8 && t->n_dims == n_dims;
+    for (int i = 0; ok && i < n_dims; i++) ok = t->shape[i] == dims[i];
+    if (!ok) {
+        MOE_LOGE("%s: tensor \"%s\" must be U8 of shape [%lld, %lld, %lld%s]", b->path, name, (long long)dims[0],
+                 (long long)dims[1], (long long)dims[2], n_dims == 4 ? ", 16" : "");
+        return MOE_ERR_SHAPE;
+    }
+    return MOE_OK;
+}
+
+/* bind_gpt_oss_mxfp4: the experts of one layer of a released gpt-oss
+ * checkpoint (MXFP4 `_blocks` and `_scales`, rows = output features, gate and
+ * up rows alternating), repacked into mxfp4 weights the model owns. */
+static enum moe_status bind_gpt_oss_mxfp4(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
+                                          const char *prefix) {
+    const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
+    if (H % 32 || F % 32) {
+        MOE_LOGE("%s: MXFP4 experts need hidden_size (%lld) and intermediate_size (%lld) divisible by 32", b->path,
+                 (long long)H, (long long)F);
+        return MOE_ERR_SHAPE;
+    }
+    char name[256];
+    struct src_tensor gb, gs, db, ds, gub, dnb;
+    enum moe_status st;
+    const int64_t d_gb[4] = {E, 2 * F, H / 32, 16}, d_gs[3] = {E, 2 * F, H / 32}, d_db[4] = {E, H, F / 32, 16},
+                  d_ds[3] = {E, H, F / 32}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
+    if ((st = find_u8(b, name, 4, d_gb, &gb))) return st;
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_scales", prefix);
+    if ((st = find_u8(b, name, 3, d_gs, &gs))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_blocks", prefix);
+    if ((st = find_u8(b, name, 4, d_db, &db))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_scales", prefix);
+    if ((st = find_u8(b, name, 3, d_ds, &ds))) return st;
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b1, &gub))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b2, &dnb))) return st;
+    const size_t rh = moe_qtype_row_bytes(MOE_QTYPE_MXFP4, H), rf = moe_qtype_row_bytes(MOE_QTYPE_MXFP4, F);
+    float *row = malloc(sizeof(float) * (size_t)(2 * F));
+    if (!row) return MOE_ERR_NOMEM;
+    for (int64_t e = 0; e < E && !st; e++) {
+        uint8_t *g = malloc(rh * (size_t)F), *u = malloc(rh * (size_t)F), *d = malloc(rf * (size_t)H);
+        float *bias = malloc(sizeof(float) * (size_t)(2 * F + H));
+        st = g && u && d && bias ? MOE_OK : MOE_ERR_NOMEM;
+        const uint8_t *blk = (const uint8_t *)gb.data + (size_t)(e * 2 * F) * (size_t)(H / 2),
+                      *sc = (const uint8_t *)gs.data + (size_t)(e * 2 * F) * (size_t)(H / 32);
+        for (int64_t f = 0; !st && f < F; f++) {
+            mxfp4_repack_row(blk + (size_t)(2 * f) * (size_t)(H / 2), sc + (size_t)(2 * f) * (size_t)(H / 32), H,
+                             g + (size_t)f * rh);
+            mxfp4_repack_row(blk + (size_t)(2 * f + 1) * (size_t)(H / 2), sc + (size_t)(2 * f + 1) * (size_t)(H / 32),
+                             H, u + (size_t)f * rh);
+        }
+        blk = (const uint8_t *)db.data + (size_t)(e * H) * (size_t)(F / 2);
+        sc = (const uint8_t *)ds.data + (size_t)(e * H) * (size_t)(F / 32);
+        for (int64_t i = 0; !st && i < H; i++)
+            mxfp4_repack_row(blk + (size_t)i * (size_t)(F / 2), sc + (size_t)i * (size_t)(F / 32), F, d + (size_t)i * rf);
+        if (!st) st = gpt_oss_bias(&gub, &dnb, e, F, H, row, bias);
+        void *bufs[4] = {g, u, d, bias};
+        if (st) {
+            for (int k = 0; k < 4; k++) free(bufs[k]);
+            break;
+        }
+        for (int k = 0; k < 4 && !st; k++)
+            if ((st = own(b->m->impl, bufs[k])))
+                for (int r = k + 1; r < 4; r++) free(bufs[r]);
+        if (st) break;
+        experts[e].gate = (struct moe_weight){g, MOE_QTYPE_MXFP4, F, H};
+        experts[e].up = (struct moe_weight){u, MOE_QTYPE_MXFP4, F, H};
+        experts[e].down = (struct moe_weight){d, MOE_QTYPE_MXFP4, H, F};
+        experts[e].bias = bias;
+    }
+    free(row);
+    return st;
+}
+
 /* bind_gpt_oss_experts: every expert of one gpt-oss MoE layer, split from the
- * merged tensors into copies the model owns. */
+ * merged tensors (float, or MXFP4 blocks) into copies the model owns. */
 static enum moe_status bind_gpt_oss_experts(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
                                             const char *prefix) {
     char name[256];
@@ -246,6 +356,8 @@ static enum moe_status bind_gpt_oss_experts(const struct bind *b, struct moe_ffn
     enum moe_status st;
     const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
     const int64_t d1[3] = {E, H, 2 * F}, d2[3] = {E, F, H}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
+    if (has_tensor(b, name)) return bind_gpt_oss_mxfp4(b, experts, c, prefix);
     snprintf(name, sizeof name, "%sexperts.gate_up_proj", prefix);
     if ((st = find_shape(b, name, 3, d1, &gu))) return st;
     snprintf(name, sizeof name, "%sexperts.down_proj", prefix);
@@ -422,9 +534,10 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
 static int st_find(const struct bind *b, const char *name, struct src_tensor *t) {
     const struct moe_st_tensor *x = moe_safetensors_find(b->src, name);
     if (!x) return 0;
-    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16};
+    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16, MOE_QTYPE_F32};
     t->data = x->data;
     t->type = map[x->dtype];
+    t->raw_u8 = x->dtype == MOE_DTYPE_U8;
     t->n_dims = x->n_dims;
     for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
     return 1;
@@ -488,6 +601,7 @@ static int bundle_find(const struct bind *b, const char *name, struct src_tensor
     if (!x) return 0;
     t->data = x->data;
     t->type = (enum moe_qtype)x->type_id;
+    t->raw_u8 = 0;
     t->n_dims = (int)x->n_dims;
     for (uint32_t i = 0; i < x->n_dims; i++) t->shape[i] = (int64_t)x->shape[i];
     if (!moe_qtype_valid(t->type)) t->n_dims = -1; /* find_shape reports it */

@@ -248,6 +248,45 @@ static void test_deepseek(void) {
           "rope_interleave must be a bool: %s", last_log);
 }
 
+/* test_gpt_oss: gpt-oss defaults (biases, sinks, clamped SwiGLU, the
+ * alternating window) and pre-quantized checkpoints: mxfp4 for gpt-oss,
+ * everything else refused by name. */
+static void test_gpt_oss(void) {
+    struct moe_config c;
+    const char *base = "\"architectures\":[\"GptOssForCausalLM\"],\"vocab_size\":32,\"hidden_size\":16,"
+                       "\"num_hidden_layers\":3,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                       "\"head_dim\":8,\"intermediate_size\":6,\"num_local_experts\":4,"
+                       "\"num_experts_per_tok\":2,\"sliding_window\":5";
+    char buf[2048];
+    snprintf(buf, sizeof buf, "{%s}", base);
+    CHECK(parse(buf, &c) == MOE_OK, "gpt-oss: %s", last_log);
+    CHECK(c.arch == MOE_ARCH_GPT_OSS && c.attn_sinks && c.expert_bias && c.router_bias && c.attn_qkv_bias &&
+              c.attn_o_bias && c.expert_act == MOE_ACT_SWIGLU_OAI && c.swiglu_alpha == 1.702f &&
+              c.swiglu_limit == 7.0f && c.norm_topk_prob == 1 && c.rope.theta == 150000.0f,
+          "gpt-oss defaults");
+    CHECK(c.sliding_window == 5 && c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2],
+          "gpt-oss: even layers slide without layer_types");
+    moe_config_clear(&c);
+    snprintf(buf, sizeof buf,
+             "{%s,\"swiglu_limit\":3,\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":32.0,"
+             "\"original_max_position_embeddings\":4096,\"truncate\":false},"
+             "\"quantization_config\":{\"quant_method\":\"mxfp4\"}}",
+             base);
+    CHECK(parse(buf, &c) == MOE_OK && c.swiglu_limit == 3.0f && c.rope.kind == MOE_ROPE_YARN && !c.rope.truncate &&
+              fabsf(c.rope.attention_factor - (float)(0.1 * log(32.0) + 1)) < 1e-6f,
+          "gpt-oss yarn without truncation, mxfp4 accepted: %s", last_log);
+    moe_config_clear(&c);
+    snprintf(buf, sizeof buf, "{%s,\"swiglu_limit\":0}", base);
+    CHECK(parse(buf, &c) == MOE_ERR_INVALID && strstr(last_log, "swiglu_limit"), "limit 0: %s", last_log);
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\","
+                "\"weight_block_size\":[128,128]}}", &c) == MOE_ERR_UNSUPPORTED &&
+              strstr(last_log, "fp8") && strstr(last_log, "BF16"),
+          "FP8 DeepSeek refused by name: %s", last_log);
+    CHECK(parse("{" MIXTRAL_BASE ",\"quantization_config\":{\"quant_method\":\"mxfp4\"}}", &c) ==
+              MOE_ERR_UNSUPPORTED && strstr(last_log, "mxfp4"),
+          "mxfp4 only for gpt-oss: %s", last_log);
+}
+
 /* --- model binding on a synthetic checkpoint ------------------------------ */
 
 /* write_checkpoint: config.json and an all-zero F32 model.safetensors in dir. */
@@ -318,6 +357,7 @@ int main(void) {
     test_arches();
     test_errors();
     test_deepseek();
+    test_gpt_oss();
     test_binding();
     printf("test-config: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;

@@ -542,6 +542,34 @@ EXTRA_VARIANTS: dict[str, dict] = {
             "weighted by its softmax probability (< 1), not by 1."
         ),
     ),
+    "gpt_oss-mxfp4": dict(
+        arch="gpt_oss",
+        dtype="f32",
+        seed=8871,
+        overrides=dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+            },
+            swiglu_limit=7.0,
+        ),
+        mxfp4_experts=True,
+        notes=(
+            "gpt-oss as gpt_oss-f32 (limit 7.0) but with the routed experts stored as the released gpt-oss "
+            "checkpoints store them: MXFP4 in OpenAI's layout, experts.gate_up_proj_blocks [E, 2I, H/32, 16] "
+            "and _scales [E, 2I, H/32] (uint8; rows = output features, gate and up alternating; each byte holds "
+            "elements 2j (low nibble) and 2j+1 (high); value = FP4[code] * 2^(scale - 127)), down_proj_blocks "
+            "[E, H, I/32, 16] and _scales; biases and every other tensor float32. The codes are gguf 0.19's "
+            "MXFP4 quantization of the random float experts. config.json has quantization_config "
+            "{quant_method: mxfp4}; the oracle is transformers loading it with Mxfp4Config(dequantize=True) "
+            "(exactly the MXFP4 values in float32)."
+        ),
+    ),
     "phimoe-norope-f32": dict(
         arch="phimoe",
         dtype="f32",
@@ -581,6 +609,7 @@ def all_jobs() -> list[dict]:
                     notes=spec["notes"],
                     init_scale=None,
                     extra=False,
+                    mxfp4_experts=False,
                 )
             )
     for name, ex in EXTRA_VARIANTS.items():
@@ -596,6 +625,7 @@ def all_jobs() -> list[dict]:
                 notes=ex["notes"],
                 init_scale=ex.get("init_scale"),
                 extra=True,
+                mxfp4_experts=ex.get("mxfp4_experts", False),
             )
         )
     return jobs
@@ -862,8 +892,12 @@ class ClipRecorder:
 
 
 def load(dirpath: Path, dtype):
+    extra = {}
+    if json.loads((dirpath / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "mxfp4":
+        # MXFP4 experts: transformers dequantizes them on a CPU (exactly: FP4 values times powers of two)
+        extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     m = transformers.AutoModelForCausalLM.from_pretrained(
-        str(dirpath), dtype=dtype, attn_implementation="eager", experts_implementation="eager"
+        str(dirpath), dtype=dtype, attn_implementation="eager", experts_implementation="eager", **extra
     )
     m.eval()
     return m
@@ -1235,6 +1269,23 @@ def np_reference_deepseek(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
     return x @ W["lm_head.weight"].T
 
 
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+
+def np_gpt_oss_experts(W: dict, name: str) -> np.ndarray:
+    """A merged expert tensor as used (x @ W, [E, n_in, n_out]): the float tensor, or the MXFP4 blocks and
+    scales decoded with OpenAI's formula: byte j of a block holds elements 2j (low nibble) and 2j+1 (high),
+    value = FP4[code] * 2^(scale - 127)."""
+    if name in W:
+        return W[name]
+    blocks = W[name + "_blocks"].astype(np.uint8)  # [E, out, G, 16] (loaded as float64)
+    scales = W[name + "_scales"].astype(np.int64) - 127  # [E, out, G]
+    codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(*blocks.shape[:-1], 32)
+    vals = FP4_VALUES[codes] * np.exp2(scales)[..., None]
+    E, O = blocks.shape[:2]
+    return vals.reshape(E, O, -1).transpose(0, 2, 1)
+
+
 NP_GPT_OSS_CLAMPED = [0, 0]  # clamped gate/up values, all gate/up values (the last call)
 
 
@@ -1282,8 +1333,8 @@ def np_reference_gpt_oss(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
         h = np_rms(x, W[f"{P}.post_attention_layernorm.weight"], eps)
         M = f"{P}.mlp"
         logits = lin(h, f"{M}.router")
-        gu_w, gu_b = W[f"{M}.experts.gate_up_proj"], W[f"{M}.experts.gate_up_proj_bias"]
-        dn_w, dn_b = W[f"{M}.experts.down_proj"], W[f"{M}.experts.down_proj_bias"]
+        gu_w, gu_b = np_gpt_oss_experts(W, f"{M}.experts.gate_up_proj"), W[f"{M}.experts.gate_up_proj_bias"]
+        dn_w, dn_b = np_gpt_oss_experts(W, f"{M}.experts.down_proj"), W[f"{M}.experts.down_proj_bias"]
         y = np.zeros_like(h)
         for t in range(T):
             sel = np.argsort(-logits[t], kind="stable")[:K]
@@ -1420,6 +1471,44 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def mxfp4_openai(rows: np.ndarray):
+    """float32 rows [R, n] -> (blocks [R, n/32, 16], scales [R, n/32]) in OpenAI's gpt-oss layout, with the
+    codes of gguf's MXFP4 quantizer (ggml block: e, qs[16] with element j low and j+16 high; OpenAI: byte j
+    holds elements 2j low and 2j+1 high, the same e8m0 scale)."""
+    import gguf
+
+    R, n = rows.shape
+    q = np.asarray(gguf.quants.quantize(np.ascontiguousarray(rows, np.float32), gguf.GGMLQuantizationType.MXFP4))
+    q = q.view(np.uint8).reshape(R, n // 32, 17)
+    codes = np.concatenate([q[..., 1:] & 15, q[..., 1:] >> 4], -1)  # [R, G, 32] in element order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), q[..., 0].copy()
+
+
+def write_mxfp4_experts(outdir: Path) -> None:
+    """Replace the saved float experts by MXFP4 blocks and scales, as the released gpt-oss files hold them."""
+    from safetensors.torch import load_file, save_file
+
+    path = outdir / "model.safetensors"
+    W = load_file(str(path))
+    out = {}
+    for k, v in W.items():
+        if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):
+            rows = v.float().transpose(1, 2).numpy()  # x @ W: rows are the output features
+            bl, sc = zip(*[mxfp4_openai(rows[e]) for e in range(rows.shape[0])])
+            out[k + "_blocks"] = torch.from_numpy(np.stack(bl))
+            out[k + "_scales"] = torch.from_numpy(np.stack(sc))
+        else:
+            out[k] = v
+    save_file(out, str(path), metadata={"format": "pt"})
+    cj = outdir / "config.json"
+    c = json.loads(cj.read_text())
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_NOT_CONVERTED}
+    cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+
+
 def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
     spec = ARCHS[job["arch"]]
     cfg_kwargs = copy.deepcopy(spec["config"])
@@ -1454,6 +1543,8 @@ def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
     if c.get("dtype") != want:
         c["dtype"] = want
         cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+    if job.get("mxfp4_experts"):
+        write_mxfp4_experts(outdir)
     if tokdir is not None:
         for fn in ("tokenizer.json", "tokenizer_config.json"):
             src = tokdir / fn
