@@ -275,7 +275,7 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
                 float pw[64];
                 if ((st = bi->router(s->be, j, 1, s->pred_logits))) return st;
                 route(s, j, s->pred_logits, 1, psel, pw);
-                if (moe_store_prefetch_hint(s->store, j, psel, K, ahead) > 0) break; /* HOBBIT: go further
+                if (moe_store_prefetch_hint(s->store, j, psel, pw, K, ahead) > 0) break; /* HOBBIT: go further
                                                                    * only while the predictions are cached */
                 ahead++;
             }
