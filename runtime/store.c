@@ -880,13 +880,15 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     return MOE_OK;
 }
 
-/* view_of: the expert's three matrices in slot memory at precision prec. */
+/* view_of: the expert's matrices (and biases) in slot memory at precision prec. */
 static void view_of(const struct moe_store *st, const struct slot *s, int prec, struct moe_ffn *f) {
     const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
     struct moe_weight *w[3] = {&f->gate, &f->up, &f->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+    /* gpt-oss blobs: an f32 row of gate | up | down biases (checked by the model loader) */
+    f->bias = d->n_parts > 3 ? (const float *)(const void *)((const char *)s->buf.data + d->parts[3].offset) : NULL;
 }
 
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
