@@ -4,8 +4,8 @@
  *   - the cached sweep (layer-l delta, upper layers from the cached residual
  *     stream, LM head on changed rows) equals the naive one (one full forward
  *     pass per expert) on mixtral-f32 and on qwen2_moe-f32 (a dense layer and
- *     a shared expert): KL and NLL sums to 1e-4 relative, proxy and routing
- *     counts exactly; routing counts add up to tokens x K per MoE layer;
+ *     a shared expert): KL sums to 2e-4 and NLL sums to 5e-3 relative (see
+ *     check_library), proxy and routing counts exactly; routing counts add up to tokens x K per MoE layer;
  *   - low == base gives no loss at all (zero proxy, |KL| at rounding level);
  *   - a sweep split across calls (what a checkpoint does) equals one call bit
  *     for bit;
@@ -117,14 +117,26 @@ static void check_library(const char *name) {
     CHECK(moe_sens_run(m, seq, &p, &c, N_SEQ, NULL) == MOE_OK && c.next_seq == N_SEQ, "%s: cached sweep", name);
     p.method = MOE_SENS_NAIVE;
     CHECK(moe_sens_run(m, seq, &p, &nv, N_SEQ, NULL) == MOE_OK, "%s: naive sweep", name);
+    /* The two methods differ by float rounding (cached output + delta against
+     * a full recomputation), and the quantized matrices (q8_0 / q4_0) take
+     * their inputs quantized to 8 bits: a rounding-level change of an input
+     * moves one of its quants by a whole step (1/127 of its block's largest
+     * value) whenever it sits near a rounding boundary, so the differences
+     * are not at rounding level any more. Measured (scalar, AVX2 and AVX-512
+     * VNNI kernels alike): KL sums up to 4.2e-5 and NLL sums up to 1.7e-3
+     * relative on qwen2_moe-f32 (hidden 48: one flipped quant weighs much),
+     * 4e-6 and 8e-5 on mixtral-f32; with float activations both were within
+     * 1e-4. Tolerances: 2e-4 and 5e-3, about 3 to 5 times the measured. */
     const int n = c.n_moe * c.n_expert;
     int ok_kl = 1, ok_px = 1, any_kl = 0;
     for (int i = 0; i < n; i++) {
-        ok_kl &= close_rel(c.kl[i], nv.kl[i], 1e-4, 1e-6) && close_rel(c.dnll[i], nv.dnll[i], 1e-4, 1e-5);
+        const int kl_ok = close_rel(c.kl[i], nv.kl[i], 2e-4, 1e-6), nll_ok = close_rel(c.dnll[i], nv.dnll[i], 5e-3, 1e-5);
+        ok_kl &= kl_ok && nll_ok;
         ok_px &= c.proxy[i] == nv.proxy[i] && c.routed[i] == nv.routed[i];
         any_kl |= c.kl[i] > 1e-4;
-        if (!close_rel(c.kl[i], nv.kl[i], 1e-4, 1e-6))
-            fprintf(stderr, "  %s expert %d: KL cached %.9g naive %.9g\n", name, i, c.kl[i], nv.kl[i]);
+        if (!kl_ok || !nll_ok)
+            fprintf(stderr, "  %s expert %d: KL cached %.9g naive %.9g, NLL cached %.9g naive %.9g\n", name, i,
+                    c.kl[i], nv.kl[i], c.dnll[i], nv.dnll[i]);
     }
     CHECK(ok_kl && any_kl, "%s: cached and naive KL / NLL sums differ (or no expert matters)", name);
     CHECK(ok_px, "%s: proxy or routing counts differ between methods", name);

@@ -1,11 +1,22 @@
 /*
  * backend-cpu.c - the CPU reference backend (moe-backend.h).
  *
- * Clear, not clever: every step mirrors transformers' eager implementation of
- * the supported architectures, in float32, with weights converted row by row
- * from their stored dtype (one-token products use the SIMD dot kernels of
- * moe-quant.h straight from the stored rows). Work is split across a thread
- * pool by output rows (matmuls) and by (token, head) pairs (attention).
+ * Every step mirrors transformers' eager implementation of the supported
+ * architectures, in float32, except the matrix products with quantized
+ * weights: for a weight type that has integer kernels (q8_0, q4_0, q2_k ..
+ * q6_k; moe-quant.h) the input rows are quantized once per matrix (q8_0 or
+ * q8_k blocks, as ggml does) and every weight row is dotted with them in
+ * integer arithmetic; several input rows share each decoded weight block
+ * (moe_mat_dot_act's tiles). Experts run gate and up in one pass with SiLU
+ * (moe_gate_up_act). Weights of other types (f32, f16, bf16) keep the float
+ * path: one-token products use the SIMD dot kernels of moe-quant.h straight
+ * from the stored rows, several tokens convert each row once to float32.
+ * MOE_CPU_INT=0 in the environment (read when a backend is created) makes
+ * every type take the float path: for measuring what the 8-bit activations
+ * change (test-backend-cpu).
+ * Work is split across a thread pool by output rows (matmuls, every expert's
+ * rows across all threads) and by (token, head) pairs (attention). No memory
+ * is allocated after moe_backend_cpu_new.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,24 +47,66 @@ struct cpu {
     unsigned char *part_used;   /* [B x n_slots] */
     float *xe, *ge, *ue, *ye;   /* gathered tokens for one expert: [B x n_embd], [B x n_ff] */
     float *sg;                  /* [B] shared-expert gate */
+    uint8_t *aq;                /* [B x aq_cap] quantized activation rows (integer products) */
+    size_t aq_cap;              /* bytes per row of aq */
     float *row_buf;             /* [n_threads x max_in] weight row conversion */
     float *att_buf;             /* [n_threads x n_ctx] attention scores */
     float *inv_freq;            /* [n_rot/2] */
     float *rope_cos, *rope_sin; /* [B x n_rot/2] */
     int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
     int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
+    int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
+    int use_int;                /* integer products for the types that have them (MOE_CPU_INT) */
 };
 
 /* ---- small kernels ---------------------------------------------------- */
 
-/* dot: float32 dot product with eight independent partial sums. */
-static float dot(const float *a, const float *b, int64_t n) {
-    float s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    for (; i < n; i++) s[0] += a[i] * b[i];
+/* Eight floats as one vector (GCC/Clang vector extension: one AVX register
+ * in the AVX2 copies of the functions that inline these helpers, two SSE
+ * registers otherwise). */
+typedef float v8f __attribute__((vector_size(32)));
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* the helpers are always inlined: no call ABI involved */
+#endif
+static inline __attribute__((always_inline)) v8f ld8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline __attribute__((always_inline)) float sum8(v8f s) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* dot: float32 dot product with eight independent partial sums. */
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
+    v8f s = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s += ld8(a + i) * ld8(b + i);
+    for (; i < n; i++) s[0] += a[i] * b[i];
+    return sum8(s);
+}
+
+/* dot4: dot(a, b + k * ldb, n) for k < 4 into out[k], each exactly as dot()
+ * computes it, in four independent chains (one pass over a). */
+static inline __attribute__((always_inline)) void dot4(const float *a, const float *b, size_t ldb, int64_t n,
+                                                       float *out) {
+    v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const v8f x = ld8(a + i);
+        s0 += x * ld8(b0 + i);
+        s1 += x * ld8(b1 + i);
+        s2 += x * ld8(b2 + i);
+        s3 += x * ld8(b3 + i);
+    }
+    for (; i < n; i++) {
+        s0[0] += a[i] * b0[i];
+        s1[0] += a[i] * b1[i];
+        s2[0] += a[i] * b2[i];
+        s3[0] += a[i] * b3[i];
+    }
+    out[0] = sum8(s0), out[1] = sum8(s1), out[2] = sum8(s2), out[3] = sum8(s3);
 }
 
 /* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
@@ -97,13 +150,112 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats. */
-static void matmul(struct cpu *s, const struct moe_weight *w, const float *bias,
-                   const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
+/* matmul_float: y[t] = W x[t] (+ bias) through the float path. */
+static void matmul_float(struct cpu *s, const struct moe_weight *w, const float *bias, const float *x, int64_t ldx,
+                         float *y, int64_t ldy, int n_tok) {
     struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
     int64_t work = w->n_in * (int64_t)n_tok;
     int64_t min_chunk = work > 0 ? (32768 + work - 1) / work : 1;
     moe_pool_for(s->pool, w->n_out, min_chunk, mm_range, &c);
+}
+
+/* ---- integer products against quantized activations ------------------- */
+
+/* int_path: 1 if products with weights of type t take the integer path (the
+ * type has integer dot kernels, moe-quant.h, and MOE_CPU_INT is not 0). */
+static int int_path(const struct cpu *s, enum moe_qtype t) { return s->use_int && moe_act_type(t) != MOE_QTYPE_F32; }
+
+/* The smallest number of weights x tokens worth a chunk of a parallel loop
+ * (a few microseconds of integer work). */
+#define INT_MIN_WORK 65536
+
+struct qa_ctx {
+    enum moe_qtype wt;
+    const float *x;
+    int64_t ldx, n;
+    uint8_t *out;
+    size_t stride;
+};
+
+static void qa_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    struct qa_ctx *c = vctx;
+    for (int64_t t = b; t < e; t++)
+        moe_quantize_act(c->wt, c->x + (size_t)t * (size_t)c->ldx, c->out + (size_t)t * c->stride, c->n);
+}
+
+/* act_quantize: quantize n_tok rows of x (n floats each, ld ldx) for weights
+ * of type wt into s->aq; returns the byte stride of its rows. */
+static size_t act_quantize(struct cpu *s, enum moe_qtype wt, const float *x, int64_t ldx, int64_t n, int n_tok) {
+    const size_t stride = (moe_act_row_bytes(wt, n) + 63) & ~(size_t)63;
+    struct qa_ctx c = {wt, x, ldx, n, s->aq, stride};
+    moe_pool_for(s->pool, n_tok, n > 0 ? (16384 + n - 1) / n : 1, qa_range, &c);
+    return stride;
+}
+
+struct mq_ctx {
+    const struct moe_weight *w;
+    const uint8_t *xq;
+    size_t xs;
+    const float *bias;
+    float *y;
+    int64_t ldy;
+    int n_tok;
+};
+
+static void mq_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    struct mq_ctx *c = vctx;
+    const struct moe_weight *w = c->w;
+    const size_t rb = moe_qtype_row_bytes(w->type, w->n_in);
+    moe_mat_dot_act(w->type, w->n_in, (const uint8_t *)w->data + (size_t)b * rb, rb, e - b, c->xq, c->xs, c->n_tok,
+                    c->y + b, 1, (size_t)c->ldy);
+    if (c->bias)
+        for (int t = 0; t < c->n_tok; t++)
+            for (int64_t o = b; o < e; o++) c->y[(size_t)t * (size_t)c->ldy + (size_t)o] += c->bias[o];
+}
+
+/* min_rows: the fewest rows of n_in weights worth a chunk for n_tok tokens. */
+static int64_t min_rows(int64_t n_in, int n_tok) {
+    const int64_t work = n_in * (int64_t)n_tok;
+    return work > 0 ? (INT_MIN_WORK + work - 1) / work : 1;
+}
+
+/* matmul_xq: y[t] = W xq[t] (+ bias) for n_tok activation rows quantized for
+ * w's type by act_quantize (row stride xs). */
+static void matmul_xq(struct cpu *s, const struct moe_weight *w, const float *bias, const uint8_t *xq, size_t xs,
+                      float *y, int64_t ldy, int n_tok) {
+    struct mq_ctx c = {w, xq, xs, bias, y, ldy, n_tok};
+    moe_pool_for(s->pool, w->n_out, min_rows(w->n_in, n_tok), mq_range, &c);
+}
+
+/* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats.
+ * Integer path for types that have one, float path otherwise. */
+static void matmul(struct cpu *s, const struct moe_weight *w, const float *bias,
+                   const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
+    if (!int_path(s, w->type)) {
+        matmul_float(s, w, bias, x, ldx, y, ldy, n_tok);
+        return;
+    }
+    const size_t xs = act_quantize(s, w->type, x, ldx, w->n_in, n_tok);
+    matmul_xq(s, w, bias, s->aq, xs, y, ldy, n_tok);
+}
+
+struct gu_ctx {
+    const struct moe_ffn *f;
+    const uint8_t *xq;
+    size_t xs;
+    int n_tok;
+    float *h;
+};
+
+static void gu_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    struct gu_ctx *c = vctx;
+    const struct moe_weight *g = &c->f->gate, *u = &c->f->up;
+    const size_t rb = moe_qtype_row_bytes(g->type, g->n_in);
+    moe_gate_up_act(g->type, g->n_in, (const uint8_t *)g->data + (size_t)b * rb, (const uint8_t *)u->data + (size_t)b * rb,
+                    e - b, c->xq, c->xs, c->n_tok, c->h + b, (size_t)g->n_out);
 }
 
 /* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm. */
@@ -252,8 +404,11 @@ struct att_ctx {
     int layer, pos0, n_tok;
 };
 
-static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
-    struct att_ctx *a = vctx;
+/* att_body: the (token, head) pairs [b, e): scores against the cached keys,
+ * softmax, weighted sum of the cached values. Inlined into a generic and an
+ * AVX2+FMA copy (att_range picks one by the CPU), so that the dot products
+ * and the value sums use the wide registers where the CPU has them. */
+static inline __attribute__((always_inline)) void att_body(struct att_ctx *a, int64_t b, int64_t e, int tid) {
     struct cpu *s = a->s;
     const struct moe_config *c = &s->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_head_kv;
@@ -268,25 +423,76 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
         if (c->layer_sliding[a->layer] && p - c->sliding_window + 1 > 0) lo = p - c->sliding_window + 1;
         const float *qv = s->q + (size_t)t * s->q_dim + (size_t)h * hd;
         float mx = -INFINITY;
-        for (int j = lo; j <= p; j++) {
-            sc[j] = dot(qv, kc + (size_t)j * s->kv_dim + (size_t)kvh * hd, hd) * scale;
+        const float *kh = kc + (size_t)kvh * hd;
+        int j = lo;
+        for (; j + 4 <= p + 1; j += 4) {
+            dot4(qv, kh + (size_t)j * s->kv_dim, (size_t)s->kv_dim, hd, sc + j);
+            for (int u = 0; u < 4; u++) {
+                sc[j + u] *= scale;
+                if (sc[j + u] > mx) mx = sc[j + u];
+            }
+        }
+        for (; j <= p; j++) {
+            sc[j] = dot(qv, kh + (size_t)j * s->kv_dim, hd) * scale;
             if (sc[j] > mx) mx = sc[j];
         }
         const float *sink = s->m->layers[a->layer].sinks; /* gpt-oss: a logit with no value */
         if (sink && sink[h] > mx) mx = sink[h];
         float sum = sink ? expf(sink[h] - mx) : 0.0f;
-        for (int j = lo; j <= p; j++) {
+        for (j = lo; j <= p; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
         }
+        /* out[d] = sum over j in order of w_j * v_j[d], 32 (then 8, then 1)
+         * columns at a time in registers */
         float *out = s->att + (size_t)t * s->q_dim + (size_t)h * hd;
-        memset(out, 0, sizeof(float) * (size_t)hd);
-        for (int j = lo; j <= p; j++) {
-            float w = sc[j] / sum;
-            const float *vv = vc + (size_t)j * s->kv_dim + (size_t)kvh * hd;
-            for (int d = 0; d < hd; d++) out[d] += w * vv[d];
+        const float *vh = vc + (size_t)kvh * hd;
+        for (j = lo; j <= p; j++) sc[j] = sc[j] / sum;
+        int d = 0;
+        for (; d + 32 <= hd; d += 32) {
+            v8f o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
+            for (j = lo; j <= p; j++) {
+                const float *vv = vh + (size_t)j * s->kv_dim + d, w = sc[j];
+                const v8f wv = {w, w, w, w, w, w, w, w};
+                o0 += wv * ld8(vv), o1 += wv * ld8(vv + 8), o2 += wv * ld8(vv + 16), o3 += wv * ld8(vv + 24);
+            }
+            memcpy(out + d, &o0, sizeof o0), memcpy(out + d + 8, &o1, sizeof o1);
+            memcpy(out + d + 16, &o2, sizeof o2), memcpy(out + d + 24, &o3, sizeof o3);
+        }
+        for (; d + 8 <= hd; d += 8) {
+            v8f o0 = {0};
+            for (j = lo; j <= p; j++) {
+                const float w = sc[j];
+                const v8f wv = {w, w, w, w, w, w, w, w};
+                o0 += wv * ld8(vh + (size_t)j * s->kv_dim + d);
+            }
+            memcpy(out + d, &o0, sizeof o0);
+        }
+        for (; d < hd; d++) {
+            float o = 0;
+            for (j = lo; j <= p; j++) o += sc[j] * vh[(size_t)j * s->kv_dim + d];
+            out[d] = o;
         }
     }
+}
+
+static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_body(a, b, e, tid); }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma"))) static void att_avx2(struct att_ctx *a, int64_t b, int64_t e, int tid) {
+    att_body(a, b, e, tid);
+}
+#endif
+
+static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    struct att_ctx *a = vctx;
+    if (a->s->avx2) {
+        att_avx2(a, b, e, tid);
+        return;
+    }
+#endif
+    att_generic(vctx, b, e, tid);
 }
 
 /* attention: self-attention block of layer l for a chunk of n_tok tokens. */
@@ -294,9 +500,18 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
-    matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
-    matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
-    matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+    const enum moe_qtype at = moe_act_type(L->wq.type);
+    if (int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at) {
+        /* q, k and v share one quantization of the input */
+        const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
+        matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
+        matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
+        matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+    } else {
+        matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
+        matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
+        matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+    }
     for (int t = 0; t < n_tok; t++) {
         float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
         float *v = s->v + (size_t)t * s->kv_dim;
@@ -325,7 +540,11 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
         memcpy(s->v_cache + off, v, sizeof(float) * s->kv_dim);
     }
     struct att_ctx a = {s, l, pos0, n_tok};
-    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, 1, att_range, &a);
+    /* (token, head) pairs; a chunk gets at least ~32K multiply-adds (scores
+     * and values over up to pos0 + n_tok positions), or short contexts
+     * would cost more in hand-offs than they gain */
+    const int64_t per_pair = (int64_t)2 * hd * (pos0 + n_tok);
+    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, (32768 + per_pair - 1) / per_pair, att_range, &a);
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
 }
 
@@ -448,14 +667,27 @@ static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
 /* ffn: y = down(act(gate x, up x)) for n rows of x (ld n_embd), with the
  * biases of f->bias if set. act: silu(g) * u, or for a routed expert of a
  * MOE_ACT_SWIGLU_OAI model gpt-oss's clamped form
- * min(g, L) * sigmoid(alpha min(g, L)) * (clamp(u, -L, L) + 1). */
+ * min(g, L) * sigmoid(alpha min(g, L)) * (clamp(u, -L, L) + 1). With SiLU,
+ * no biases and integer kernels for gate and up (same type), both run in one
+ * pass with SiLU fused (moe_gate_up_act). */
 static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n, int expert) {
     const struct moe_config *c = &s->m->cfg;
     int64_t F = f->gate.n_out, H = c->n_embd;
     const float *b = f->bias;
+    const int oai = expert && c->expert_act == MOE_ACT_SWIGLU_OAI;
+    if (!b && !oai && f->gate.type == f->up.type && int_path(s, f->gate.type)) {
+        /* integer kernels: gate and up in one pass over their rows with SiLU
+         * fused, split by rows across the threads */
+        const size_t xs = act_quantize(s, f->gate.type, x, H, H, n);
+        struct gu_ctx gc = {f, s->aq, xs, n, s->ge};
+        /* gate and up: twice the work of one matrix per row */
+        moe_pool_for(s->pool, F, (min_rows(H, n) + 1) / 2, gu_range, &gc);
+        matmul(s, &f->down, NULL, s->ge, F, y, H, n);
+        return;
+    }
     matmul(s, &f->gate, b, x, H, s->ge, F, n);
     matmul(s, &f->up, b ? b + F : NULL, x, H, s->ue, F, n);
-    if (expert && c->expert_act == MOE_ACT_SWIGLU_OAI) {
+    if (oai) {
         const float lim = c->swiglu_limit, alpha = c->swiglu_alpha;
         for (int64_t i = 0; i < (int64_t)n * F; i++) {
             float g = fminf(s->ge[i], lim), u = fminf(fmaxf(s->ue[i], -lim), lim);
@@ -698,6 +930,7 @@ static void cpu_free(struct moe_backend *be) {
                          s->rope_sin, s->qa, s->ckv, s->qlat, s->olat};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
         free(s->part_used);
+        free(s->aq);
         free(s);
     }
     free(be);
@@ -762,6 +995,11 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     ALLOC(s->ue, B * s->max_ff);
     ALLOC(s->ye, B * H);
     ALLOC(s->sg, B);
+    /* quantized activations: the largest row (q8_0 or q8_k blocks) of any matrix input */
+    const int64_t in_k = (s->max_in + MOE_QK_K - 1) / MOE_QK_K * MOE_QK_K;
+    s->aq_cap = (max64((int64_t)moe_qtype_row_bytes(MOE_QTYPE_Q8_0, in_k), (int64_t)moe_qtype_row_bytes(MOE_QTYPE_Q8_K, in_k)) +
+                 63) & ~(size_t)63;
+    ALLOC(s->aq, B * (int64_t)s->aq_cap);
     ALLOC(s->row_buf, T * s->max_in);
     ALLOC(s->att_buf, T * s->p.n_ctx);
     ALLOC(s->inv_freq, c->rope.n_rot / 2);
@@ -774,6 +1012,11 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
         return MOE_ERR_NOMEM;
     }
     rope_init(c, s->inv_freq);
+    const char *ie = getenv("MOE_CPU_INT");
+    s->use_int = !(ie && strcmp(ie, "0") == 0);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    s->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
     *out = be;
     return MOE_OK;
 }

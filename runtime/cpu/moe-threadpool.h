@@ -1,9 +1,15 @@
 /*
  * moe-threadpool.h - a small persistent pthread pool for data-parallel loops.
  *
- * moe_pool_for() splits [0, n) into one contiguous range per thread (the caller
- * runs one of them) and returns when all are done. One loop at a time per pool:
- * a pool is not re-entrant and must be driven from a single thread.
+ * moe_pool_for() splits [0, n) into a few contiguous chunks per thread; every
+ * thread (the caller too) takes chunks until none is left, and the call
+ * returns when all are done. A thread the OS does not run at the moment (its
+ * core is busy with another process) therefore delays a loop by at most the
+ * chunk it holds. Between loops the workers spin for a bounded time (50 us,
+ * MOE_POOL_SPIN_US overrides it), then sleep on a futex; the caller waits for
+ * the last chunk the same way. One loop at a time per pool: a pool is not
+ * re-entrant and must be driven from a single thread. fn may be called
+ * several times per thread per loop, with a thread's own tid each time.
  */
 #ifndef MOE_THREADPOOL_H
 #define MOE_THREADPOOL_H

@@ -1,0 +1,170 @@
+/*
+ * test-backend-cpu.c - the CPU backend's integer path (8-bit activations
+ * against quantized weights) on the trained demo model, quantized with
+ * --experts q8_0,q4_k --dense q8_0 (every matrix then has integer kernels):
+ *   - logits of a 64-token prefill and 8 decoded tokens are bit-identical
+ *     with 1 and 2 threads and with prompt chunks of 64 and 7 tokens (each
+ *     output row's dot products do not depend on how rows and tokens are
+ *     split between threads and tiles);
+ *   - the integer path is the one that runs: with MOE_CPU_INT=0 (float
+ *     activations, the previous path) the logits differ;
+ *   - it stays close: its KL divergence from the unquantized (BF16)
+ *     checkpoint's logits is within the bound stated in compare() of the
+ *     float path's, and the argmax agrees with the float path at (nearly)
+ *     every position.
+ * argv[1] = moe-prep, argv[2] = the demo model directory.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moe-mmap.h"
+#include "moe-session.h"
+#include "moe-test.h"
+#include "moe-tokenizer.h"
+
+#define N_PROMPT 64
+#define N_GEN 8
+
+static char tmpdir[64] = "/tmp/test-backend-cpu-XXXXXX";
+
+/* run: prefill N_PROMPT tokens of `ids` in chunks of `batch`, then feed the
+ * next N_GEN one by one through the KV cache (the same tokens for every
+ * run, so that rows compare); logits [(N_PROMPT + N_GEN) x V]. */
+static int run(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits) {
+    struct moe_session_params sp = moe_session_default_params();
+    sp.n_ctx = 128;
+    sp.n_batch = batch;
+    sp.n_threads = threads;
+    struct moe_session *s = NULL;
+    if (moe_session_create(m, &sp, &s) != MOE_OK) return 0;
+    const int V = m->cfg.n_vocab;
+    int ok = moe_session_forward(s, ids, N_PROMPT, logits, 1) == MOE_OK;
+    for (int i = 0; ok && i < N_GEN; i++)
+        ok = moe_session_forward(s, &ids[N_PROMPT + i], 1, logits + (size_t)(N_PROMPT + i) * V, 0) == MOE_OK;
+    moe_session_free(s);
+    return ok;
+}
+
+/* mean_kl: mean over rows of KL(softmax(p) || softmax(q)). */
+static double mean_kl(const float *p, const float *q, int V) {
+    const int rows = N_PROMPT + N_GEN;
+    double kl = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *x = p + (size_t)r * V, *y = q + (size_t)r * V;
+        double mx = x[0], my = y[0], zx = 0, zy = 0;
+        for (int v = 1; v < V; v++) mx = fmax(mx, x[v]), my = fmax(my, y[v]);
+        for (int v = 0; v < V; v++) zx += exp(x[v] - mx), zy += exp(y[v] - my);
+        for (int v = 0; v < V; v++) {
+            const double lx = x[v] - mx - log(zx), ly = y[v] - my - log(zy);
+            kl += exp(lx) * (lx - ly);
+        }
+    }
+    return kl / rows;
+}
+
+/* same_argmax: rows whose largest logit is at the same index in a and b. */
+static int same_argmax(const float *a, const float *b, int V) {
+    int same = 0;
+    for (int r = 0; r < N_PROMPT + N_GEN; r++) {
+        const float *x = a + (size_t)r * V, *y = b + (size_t)r * V;
+        int ax = 0, ay = 0;
+        for (int v = 1; v < V; v++) {
+            if (x[v] > x[ax]) ax = v;
+            if (y[v] > y[ay]) ay = v;
+        }
+        same += ax == ay;
+    }
+    return same;
+}
+
+/* compare: the integer path (in) and the float path (fl) of one precision
+ * against the unquantized checkpoint's logits (ref). */
+static void compare(const char *prec, const float *in, const float *fl, const float *ref, int V) {
+    const int rows = N_PROMPT + N_GEN;
+    const double kl_in = mean_kl(ref, in, V), kl_fl = mean_kl(ref, fl, V), kl_if = mean_kl(fl, in, V);
+    const int agree = same_argmax(in, fl, V);
+    printf("  %s: mean KL to the BF16 checkpoint: integer path %.3g, float path %.3g; integer vs float %.3g, "
+           "same argmax %d/%d\n", prec, kl_in, kl_fl, kl_if, agree, rows);
+    CHECK(memcmp(in, fl, (size_t)rows * V * sizeof *in) != 0,
+          "%s: MOE_CPU_INT=0 gives the same logits: is the integer path used at all?", prec);
+    /* Bound. The 8-bit activations add about 0.6 % (q8_0 blocks) to 0.8 %
+     * (q8_k) rms error to each dot product (moe-quant.h), comparable to the
+     * weight quantization of q8_0 (0.6 %) and small against q4_k's (7.9 %).
+     * Measured here (AVX-512 VNNI, AVX2 and scalar kernels alike): KL to the
+     * checkpoint 2.0e-4 (integer) against 6.9e-5 (float) at q8_0, 3.4e-3
+     * against 2.7e-3 at q4_k; argmax equal to the float path's at 72/72
+     * positions. (llama.cpp quantizes activations the same way.) Bounds: the
+     * integer path's KL at most 4 x the float path's + 2e-4, argmax equal at
+     * 68 of 72 positions. */
+    CHECK(kl_in <= 4 * kl_fl + 2e-4, "%s: integer path KL %.3g against the float path's %.3g", prec, kl_in, kl_fl);
+    CHECK(agree >= rows - 4, "%s: argmax differs at %d of %d positions", prec, rows - agree, rows);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: test-backend-cpu MOE-PREP MODEL_DIR\n");
+        return 2;
+    }
+    if (!mkdtemp(tmpdir)) return 1;
+    char bundle[256], cmd[2048];
+    snprintf(bundle, sizeof bundle, "%s/demo.moeb", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s quantize %s -o %s --experts q8_0,q4_k --dense q8_0 >/dev/null 2>&1", argv[1], argv[2],
+             bundle);
+    CHECK(system(cmd) == 0, "%s", cmd);
+
+    /* the prompt: the first N_PROMPT tokens of a held-out text */
+    char text_path[2048];
+    snprintf(text_path, sizeof text_path, "%s/heldout/python_docs.txt", argv[2]);
+    char *text = NULL;
+    size_t text_len = 0;
+    CHECK(moe_read_file(text_path, 1 << 20, &text, &text_len) == MOE_OK, "read %s", text_path);
+    /* the reference: the BF16 checkpoint (float path) */
+    struct moe_model *ck = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *ref = NULL;
+    struct moe_model_params cp = moe_model_default_params();
+    CHECK(moe_model_load(argv[2], &cp, &ck) == MOE_OK && ck && ck->tok, "load %s", argv[2]);
+    if (ck && ck->tok && text) {
+        CHECK(moe_tokenizer_encode(ck->tok, text, text_len, 1, &ids, &n_ids) == MOE_OK &&
+                  n_ids >= N_PROMPT + N_GEN,
+              "tokenize");
+        ref = calloc((size_t)(N_PROMPT + N_GEN) * ck->cfg.n_vocab, sizeof *ref);
+        CHECK(ref && n_ids >= N_PROMPT + N_GEN && run(ck, ids, 2, 64, ref), "checkpoint run");
+    }
+    const char *precs[] = {"q8_0", "q4_k"};
+    for (int pi = 0; ref && pi < 2; pi++) {
+        struct moe_model_params mp = moe_model_default_params();
+        mp.expert_precision = precs[pi];
+        struct moe_model *m = NULL;
+        CHECK(moe_model_load(bundle, &mp, &m) == MOE_OK && m && m->tok, "load %s at %s", bundle, precs[pi]);
+        if (!m) continue;
+        const int V = m->cfg.n_vocab;
+        const size_t n = (size_t)(N_PROMPT + N_GEN) * V;
+        float *l1 = calloc(n, sizeof *l1), *l2 = calloc(n, sizeof *l2), *l3 = calloc(n, sizeof *l3),
+              *lf = calloc(n, sizeof *lf);
+        if (l1 && l2 && l3 && lf) {
+            unsetenv("MOE_CPU_INT");
+            CHECK(run(m, ids, 1, 64, l1) && run(m, ids, 2, 64, l2) && run(m, ids, 2, 7, l3), "%s: runs", precs[pi]);
+            CHECK(memcmp(l1, l2, n * sizeof *l1) == 0, "%s: 1 and 2 threads give different logits", precs[pi]);
+            CHECK(memcmp(l2, l3, n * sizeof *l2) == 0, "%s: chunks of 64 and 7 give different logits", precs[pi]);
+            setenv("MOE_CPU_INT", "0", 1);
+            CHECK(run(m, ids, 2, 64, lf), "%s: float run", precs[pi]);
+            unsetenv("MOE_CPU_INT");
+            compare(precs[pi], l1, lf, ref, V);
+        }
+        free(l1), free(l2), free(l3), free(lf);
+        moe_model_free(m);
+    }
+    free(ids);
+    free(ref);
+    moe_model_free(ck);
+    free(text);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    printf("%d checks, %d failed\n", checks, fails);
+    return fails != 0;
+}
