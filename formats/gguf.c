@@ -27,8 +27,8 @@
  *     an array's count times its element size lies within the file (strings:
  *     at least 8 bytes each); bools are 0 or 1;
  *   - general.alignment, if present, is a u32 power of two;
- *   - a tensor has 1..4 dims, each in [0, 2^62), their product fits an
- *     int64, its type is one this reader supports (others are named:
+ *   - a tensor has 1..4 dims, each in [0, 2^62), the product of the non-zero
+ *     ones fits an int64, its type is one this reader supports (others are named:
  *     "q5_0 (ggml type 6)"), ne[0] is a multiple of the type's block size,
  *     and its byte size fits in 64 bits;
  *   - tensor offsets are multiples of the alignment, and [offset, offset +
@@ -381,7 +381,8 @@ static enum moe_status read_tensor_info(struct cursor *c, struct moe_gguf_tensor
         return MOE_ERR_FORMAT;
     }
     t->n_dims = (int)nd;
-    int64_t elems = 1;
+    int64_t elems = 1, nonzero = 1; /* the product of the non-zero dims must fit too: a zero
+                                      * dim must not hide dims whose product overflows */
     for (int d = 0; d < MOE_GGUF_MAX_DIMS; d++) {
         uint64_t v = 1;
         at = c->off;
@@ -392,11 +393,12 @@ static enum moe_status read_tensor_info(struct cursor *c, struct moe_gguf_tensor
             return MOE_ERR_FORMAT;
         }
         t->ne[d] = (int64_t)v;
-        if (v && elems > INT64_MAX / (int64_t)v) {
+        if (v && nonzero > INT64_MAX / (int64_t)v) {
             MOE_LOGE("%s: tensor %s: the element count overflows 64 bits", c->label, name);
             return MOE_ERR_FORMAT;
         }
         elems *= (int64_t)v;
+        if (v) nonzero *= (int64_t)v;
     }
     uint32_t type;
     at = c->off;
@@ -470,15 +472,21 @@ static enum moe_status place_tensors(struct cursor *c, struct moe_gguf *g) {
     for (size_t i = 0; i < g->n_tensors; i++) by_off[i] = &g->tensors[i];
     qsort(by_off, g->n_tensors, sizeof *by_off, cmp_tensor_offset);
     enum moe_status st = MOE_OK;
-    for (size_t i = 1; i < g->n_tensors && !st; i++) {
-        const struct moe_gguf_tensor *p = by_off[i - 1], *t = by_off[i];
-        if (t->nbytes && p->nbytes && t->offset < p->offset + p->nbytes) {
+    /* sorted by offset, non-empty tensors must each begin at or after the end of
+     * the previous non-empty one (empty ones overlap nothing and are skipped, so
+     * that they cannot hide an overlap between their neighbours) */
+    const struct moe_gguf_tensor *p = NULL;
+    for (size_t i = 0; i < g->n_tensors && !st; i++) {
+        const struct moe_gguf_tensor *t = by_off[i];
+        if (!t->nbytes) continue;
+        if (p && t->offset < p->offset + p->nbytes) {
             char pb[SHOW_CAP];
             MOE_LOGE("%s: tensors %s and %s overlap (bytes %llu+%zu and %llu+%zu)", c->label,
                      show(p->name, strlen(p->name), pb, sizeof pb), show(t->name, strlen(t->name), nb, sizeof nb),
                      (unsigned long long)p->offset, p->nbytes, (unsigned long long)t->offset, t->nbytes);
             st = MOE_ERR_FORMAT;
         }
+        p = t;
     }
     free(by_off);
     return st;

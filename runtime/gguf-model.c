@@ -399,6 +399,8 @@ static enum moe_status build_config(struct moe_gguf_model *v) {
     put_int_key(&b, "num_attention_heads", "attention.head_count", 1, 1, 100000, &n_head);
     if (b.st) goto done;
     int64_t vocab = tensor_dim(v, "token_embd.weight", 1);
+    const struct moe_gguf_kv *toks = moe_gguf_find_kv(v->g, "tokenizer.ggml.tokens");
+    if (vocab < 0 && toks && toks->type == MOE_GGUF_ARRAY) vocab = (int64_t)toks->n;
     if (!put_int_key(&b, "vocab_size", "vocab_size", 0, 1, 1 << 30, NULL) && vocab > 0)
         cJSON_AddNumberToObject(r, "vocab_size", (double)vocab);
     put_int_key(&b, "max_position_embeddings", "context_length", 0, 1, 1 << 30, &max_pos);

@@ -746,10 +746,122 @@ def make_q4k_fixture(lib, outdir: Path):
     print(f"  mixtral-q4_k.gguf: {(outdir / 'mixtral-q4_k.gguf').stat().st_size / 1e6:.2f} MB (random, q4_k experts)")
 
 
+def write_fuzz_seeds(outdir: Path):
+    """Small valid GGUFs of each kind the translation reads: the seed corpus of
+    tests/fuzz/fuzz-gguf.c (replayed by ctest)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+
+    def f32(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    def spm_vocab(w):
+        w.add_tokenizer_model("llama")
+        w.add_token_list(["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"])
+        w.add_token_scores([0, 0, 0, -5, -6, -7, -1, -2])
+        w.add_token_types([2, 3, 3, 1, 1, 1, 1, 1])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+
+    def done(w):
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    H, F, E, V = 8, 8, 2, 8
+    # llama MoE (Mixtral), two layers, merged experts
+    w = gguf.GGUFWriter(outdir / "seed-mixtral.gguf", "llama")
+    for k, v in (("block_count", 2), ("embedding_length", H), ("feed_forward_length", F), ("expert_count", E),
+                 ("expert_used_count", 1), ("context_length", 32)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    spm_vocab(w)
+    w.add_tensor("token_embd.weight", f32(V, H))
+    w.add_tensor("output_norm.weight", f32(H))
+    for l in range(2):
+        for n, s in (("attn_norm", (H,)), ("ffn_norm", (H,)), ("attn_q", (H, H)), ("attn_k", (4, H)),
+                     ("attn_v", (4, H)), ("attn_output", (H, H)), ("ffn_gate_inp", (E, H)),
+                     ("ffn_gate_exps", (E, F, H)), ("ffn_up_exps", (E, F, H)), ("ffn_down_exps", (E, H, F))):
+            w.add_tensor(f"blk.{l}.{n}.weight", f32(*s))
+    done(w)
+    # deepseek2 (V3 gating), a dense first layer, k_b / v_b, correction bias, shared expert
+    w = gguf.GGUFWriter(outdir / "seed-deepseek2.gguf", "deepseek2")
+    for k, v in (("block_count", 2), ("embedding_length", H), ("feed_forward_length", F), ("expert_count", 4),
+                 ("expert_used_count", 2), ("context_length", 32), ("leading_dense_block_count", 1),
+                 ("attention.kv_lora_rank", 4), ("attention.key_length", 6), ("attention.value_length", 4),
+                 ("attention.key_length_mla", 6), ("attention.value_length_mla", 4), ("rope.dimension_count", 2),
+                 ("expert_feed_forward_length", F), ("expert_shared_count", 1), ("expert_group_count", 2),
+                 ("expert_group_used_count", 1), ("expert_gating_func", 2)):
+        w.add_uint32(f"deepseek2.{k}", v)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_weights_scale(2.5)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.add_rope_scaling_orig_ctx_len(8)
+    w.add_rope_scaling_yarn_log_mul(0.1)
+    spm_vocab(w)
+    w.add_tensor("token_embd.weight", f32(V, H))
+    w.add_tensor("output_norm.weight", f32(H))
+    w.add_tensor("output.weight", f32(V, H))
+    for l in range(2):
+        for n, s in (("attn_norm", (H,)), ("ffn_norm", (H,)), ("attn_q", (2 * 6, H)), ("attn_kv_a_mqa", (4 + 2, H)),
+                     ("attn_kv_a_norm", (4,)), ("attn_k_b", (2, 4, 4)), ("attn_v_b", (2, 4, 4)),
+                     ("attn_output", (H, 2 * 4))):
+            w.add_tensor(f"blk.{l}.{n}.weight", f32(*s))
+        if l == 0:
+            for n, s in (("ffn_gate", (F, H)), ("ffn_up", (F, H)), ("ffn_down", (H, F))):
+                w.add_tensor(f"blk.{l}.{n}.weight", f32(*s))
+            continue
+        for n, s in (("ffn_gate_inp", (4, H)), ("ffn_gate_exps", (4, F, H)), ("ffn_up_exps", (4, F, H)),
+                     ("ffn_down_exps", (4, H, F)), ("ffn_gate_shexp", (F, H)), ("ffn_up_shexp", (F, H)),
+                     ("ffn_down_shexp", (H, F))):
+            w.add_tensor(f"blk.{l}.{n}.weight", f32(*s))
+        w.add_tensor(f"blk.{l}.exp_probs_b.bias", f32(4))
+    done(w)
+    # gpt-oss with MXFP4 experts, biases and sinks; a gpt2 vocabulary
+    H2 = 32
+    w = gguf.GGUFWriter(outdir / "seed-gpt-oss.gguf", "gpt-oss")
+    for k, v in (("block_count", 1), ("embedding_length", H2), ("expert_feed_forward_length", H2),
+                 ("expert_count", E), ("expert_used_count", 1), ("context_length", 32), ("attention.key_length", 16),
+                 ("attention.value_length", 16), ("attention.sliding_window", 4)):
+        w.add_uint32(f"gpt-oss.{k}", v)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-4o")
+    w.add_token_list(["a", "b", "ab", "\u0120", "\u0120a", "<|endoftext|>", "c", "d"])
+    w.add_token_types([1, 1, 1, 1, 1, 3, 1, 1])
+    w.add_token_merges(["a b", "\u0120 a"])
+    w.add_eos_token_id(5)
+    w.add_tensor("token_embd.weight", f32(V, H2))
+    w.add_tensor("output_norm.weight", f32(H2))
+    w.add_tensor("output.weight", f32(V, H2))
+    for n, s in (("attn_norm", (H2,)), ("post_attention_norm", (H2,)), ("attn_q", (32, H2)), ("attn_k", (16, H2)),
+                 ("attn_v", (16, H2)), ("attn_output", (H2, 32)), ("attn_sinks", (2,)), ("ffn_gate_inp", (E, H2))):
+        w.add_tensor(f"blk.0.{n}.weight", f32(*s))
+    for n, s in (("attn_q", 32), ("attn_k", 16), ("attn_v", 16), ("attn_output", H2), ("ffn_gate_inp", E)):
+        w.add_tensor(f"blk.0.{n}.bias", f32(s))
+    for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        w.add_tensor(f"blk.0.{n}.weight", gguf.quants.quantize(f32(E, H2, H2), QT.MXFP4), raw_dtype=QT.MXFP4)
+        w.add_tensor(f"blk.0.{n}.bias", f32(E, H2))
+    done(w)
+    seed = (outdir / "seed-mixtral.gguf").read_bytes()  # and two refused ones
+    (outdir / "bad-truncated.gguf").write_bytes(seed[:700])
+    (outdir / "bad-tensor-past-end.gguf").write_bytes(seed[:-40])
+    print(f"  fuzz seeds: {sorted(p.name for p in outdir.iterdir())}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ggml-src", required=True, help="ggml/ of llama.cpp (for quantize_row_q4_K_ref)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--fuzz-out", default=str(ROOT / "tests" / "fuzz" / "corpus" / "gguf"))
     a = ap.parse_args()
     out = Path(a.out)
     (out / "tokenizers").mkdir(parents=True, exist_ok=True)
@@ -759,6 +871,7 @@ def main():
     make_q4k_fixture(build_ggml(a.ggml_src), out)
     for name, kind, pre in TOKENIZER_GGUFS:
         make_tokenizer_fixture(name, kind, pre, out / "tokenizers")
+    write_fuzz_seeds(Path(a.fuzz_out))
 
 
 if __name__ == "__main__":
