@@ -776,6 +776,12 @@ static enum moe_status pick_arch(struct moe_gguf_model *v) {
         return MOE_ERR_UNSUPPORTED;
     }
     int64_t x = 0;
+    if (kv_scalar_int(v, moe_gguf_find_kv(v->g, "split.count"), &x) == 1 && x > 1) {
+        MOE_LOGE("%s: this is part of a GGUF split into %lld files, which is not read; merge the parts first "
+                 "(llama.cpp: llama-gguf-split --merge FIRST-PART OUT.gguf)",
+                 v->path, (long long)x);
+        return MOE_ERR_UNSUPPORTED;
+    }
     if (kv_scalar_int(v, akv(v, "block_count"), &x) != 1 || x < 1 || x > 100000) {
         MOE_LOGE("%s: %s.block_count is missing or out of range", v->path, v->arch);
         return MOE_ERR_FORMAT;
