@@ -8,18 +8,14 @@
  * the translated config and tokenizer texts; any inconsistency aborts, which
  * the fuzzer reports as a crash.
  *
- * Run the fuzzer (clang with libFuzzer):
+ * Run the fuzzer (clang with libFuzzer; Debian: apt-get install libclang-rt-14-dev):
  *
- *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DMOE_CUDA=OFF \
- *         -DCMAKE_C_FLAGS="-g -O1 -fsanitize=fuzzer-no-link,address,undefined"
- *   cmake --build build-fuzz --target moe_runtime
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformats -Iruntime tests/fuzz/fuzz-gguf.c \
- *       build-fuzz/libmoe_runtime.a build-fuzz/libmoe_gguf.a build-fuzz/libmoe_tokenizer.a \
- *       build-fuzz/libmoe_safetensors.a build-fuzz/libmoe_bundle.a build-fuzz/libmoe_quant.a \
- *       build-fuzz/libmoe_formats.a -lcjson -lpcre2-8 -lutf8proc -lzstd -lxxhash -lm -lpthread \
- *       -o /tmp/fuzz-gguf
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformats -Iruntime \
+ *       tests/fuzz/fuzz-gguf.c formats/gguf.c formats/status.c formats/mmap.c formats/dtype.c \
+ *       formats/quant*.c runtime/gguf-model.c runtime/gguf-vocab.c runtime/config.c runtime/tokenizer.c \
+ *       $(pkg-config --cflags --libs libcjson libpcre2-8 libutf8proc) -lm -lpthread -o /tmp/fuzz-gguf
  *   mkdir -p /tmp/gguf-corpus
- *   /tmp/fuzz-gguf -max_total_time=60 -max_len=16384 /tmp/gguf-corpus tests/fuzz/corpus/gguf
+ *   /tmp/fuzz-gguf -max_total_time=300 -max_len=16384 /tmp/gguf-corpus tests/fuzz/corpus/gguf
  *
  * Copy small interesting inputs (and any crash-* file, after fixing the bug)
  * into tests/fuzz/corpus/gguf, which ctest replays through replay-main.c

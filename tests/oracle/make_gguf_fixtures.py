@@ -699,7 +699,7 @@ def make_model_fixture(out, src, arch, tokname, kind, pre, outtype, outdir: Path
 
 def make_q4k_fixture(lib, outdir: Path):
     """A random Mixtral-shaped model whose experts are q4_k blocks made by ggml."""
-    H, F, E, L, NH, NKV, V = 256, 256, 4, 2, 4, 2, 1024
+    H, F, E, L, NH, NKV, V = 256, 256, 4, 1, 4, 2, 1024
     hd = H // NH
     rng = np.random.default_rng(4242)
 
