@@ -857,11 +857,58 @@ def write_fuzz_seeds(outdir: Path):
     print(f"  fuzz seeds: {sorted(p.name for p in outdir.iterdir())}")
 
 
+LLAMA_CPP_WRAPPER = """
+import os, sys, runpy
+lc, pre = sys.argv.pop(1), sys.argv.pop(1)
+sys.path[:0] = [sys.argv.pop(1), lc, os.path.join(lc, "gguf-py")]
+os.chdir(lc)
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tok: pre  # the fixtures' tokenizers have no registered hash
+sys.argv[0] = os.path.join(lc, "convert_hf_to_gguf.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def compare_with_llama_cpp(lc: Path, outdir: Path):
+    """Convert the HF fixtures with llama.cpp's own convert_hf_to_gguf.py and compare
+    its files with ours: the same tensors (names, types, bytes), and which keys differ.
+    Needs torch and transformers; a stub stands in for sentencepiece (the fixtures
+    have no tokenizer.model, so the converter falls back to tokenizer.json)."""
+    import subprocess
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="lc-convert-"))
+    (tmp / "sentencepiece.py").write_text("class SentencePieceProcessor:\n    pass\n")
+    (tmp / "wrapper.py").write_text(LLAMA_CPP_WRAPPER)
+    print("llama.cpp's converter on the same fixtures:")
+    for out, src, arch, tokname, kind, pre, outtype in MODEL_GGUFS:
+        if outtype not in ("f32", "f16"):
+            continue
+        dst = tmp / f"{out}.gguf"
+        r = subprocess.run([sys.executable, str(tmp / "wrapper.py"), str(lc), pre or "default", str(tmp),
+                            str(MODELS / src), "--outfile", str(dst), "--outtype", outtype],
+                           capture_output=True, text=True)
+        if r.returncode:
+            last = (r.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"  {out}: llama.cpp's converter fails: {last}")
+            continue
+        a, b = gguf.GGUFReader(outdir / f"{out}.gguf"), gguf.GGUFReader(dst)
+        ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+        same = set(ta) == set(tb) and all(ta[n].tensor_type == tb[n].tensor_type and
+                                          np.array_equal(np.asarray(ta[n].data), np.asarray(tb[n].data)) for n in ta)
+        ka = {k: f.contents() for k, f in a.fields.items() if not k.startswith(("GGUF.", "general.", "tokenizer."))}
+        kb = {k: f.contents() for k, f in b.fields.items() if not k.startswith(("GGUF.", "general.", "tokenizer."))}
+        diff = sorted(k for k in set(ka) | set(kb) if ka.get(k) != kb.get(k))
+        print(f"  {out}: tensors {'identical' if same else 'DIFFERENT'} ({len(ta)}); keys only here or different: "
+              + (", ".join(f"{k.split('.', 1)[1]}={ka.get(k)!r}" for k in diff) or "none"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ggml-src", required=True, help="ggml/ of llama.cpp (for quantize_row_q4_K_ref)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--fuzz-out", default=str(ROOT / "tests" / "fuzz" / "corpus" / "gguf"))
+    ap.add_argument("--llama-cpp", help="vendor/llama.cpp of the sdist: also run its convert_hf_to_gguf.py on "
+                    "the fixtures and compare (needs torch and transformers)")
     a = ap.parse_args()
     out = Path(a.out)
     (out / "tokenizers").mkdir(parents=True, exist_ok=True)
@@ -872,6 +919,8 @@ def main():
     for name, kind, pre in TOKENIZER_GGUFS:
         make_tokenizer_fixture(name, kind, pre, out / "tokenizers")
     write_fuzz_seeds(Path(a.fuzz_out))
+    if a.llama_cpp:
+        compare_with_llama_cpp(Path(a.llama_cpp), out)
 
 
 if __name__ == "__main__":
