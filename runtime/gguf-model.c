@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,18 +369,28 @@ static void put_gpt_oss(struct cfgb *b) {
     }
 }
 
-/* put_tokens: bos / eos ids. */
+/* token_id: tokenizer.ggml.<name>_token_id: 1 = read (an id in [0, 2^31)),
+ * 0 = absent, -1 = malformed (logged, recorded in b). */
+static int token_id(struct cfgb *b, const char *name, int64_t *out) {
+    char key[64];
+    snprintf(key, sizeof key, "tokenizer.ggml.%s_token_id", name);
+    int r = kv_scalar_int(b->v, moe_gguf_find_kv(b->v->g, key), out);
+    if (r == 1 && (*out < 0 || *out > INT32_MAX)) {
+        MOE_LOGE("%s: %s = %lld is not a token id", b->v->path, key, (long long)*out);
+        r = -1;
+    }
+    if (r < 0) fail(b, MOE_ERR_FORMAT);
+    return r;
+}
+
+/* put_tokens: bos / eos ids (EOS and, when different, EOT end generation). */
 static void put_tokens(struct cfgb *b) {
-    const struct moe_gguf_model *v = b->v;
-    int64_t x;
-    if (kv_scalar_int(v, moe_gguf_find_kv(v->g, "tokenizer.ggml.bos_token_id"), &x) == 1)
-        cJSON_AddNumberToObject(b->root, "bos_token_id", (double)x);
+    int64_t x = -1, eot;
+    if (token_id(b, "bos", &x) == 1) cJSON_AddNumberToObject(b->root, "bos_token_id", (double)x);
     cJSON *eos = cJSON_AddArrayToObject(b->root, "eos_token_id");
-    if (kv_scalar_int(v, moe_gguf_find_kv(v->g, "tokenizer.ggml.eos_token_id"), &x) == 1)
-        cJSON_AddItemToArray(eos, cJSON_CreateNumber((double)x));
-    int64_t eot;
-    if (kv_scalar_int(v, moe_gguf_find_kv(v->g, "tokenizer.ggml.eot_token_id"), &eot) == 1 && eot != x)
-        cJSON_AddItemToArray(eos, cJSON_CreateNumber((double)eot));
+    x = -1;
+    if (token_id(b, "eos", &x) == 1) cJSON_AddItemToArray(eos, cJSON_CreateNumber((double)x));
+    if (token_id(b, "eot", &eot) == 1 && eot != x) cJSON_AddItemToArray(eos, cJSON_CreateNumber((double)eot));
 }
 
 /* build_config: the config.json text of the file's model. */

@@ -392,11 +392,14 @@ static int32_t special_id(const struct moe_gguf *g, const char *key, size_t n) {
     return (int32_t)x;
 }
 
-/* flag: a bool key, or the default. */
+/* flag: a bool key, or the default; -1 (logged) when it is not a bool. */
 static int flag(const struct moe_gguf *g, const char *key, int dflt) {
     const struct moe_gguf_kv *kv = moe_gguf_find_kv(g, key);
     int64_t x;
-    return kv && kv->type == MOE_GGUF_BOOL && moe_gguf_kv_int(kv, 0, &x) ? (int)x : dflt;
+    if (!kv) return dflt;
+    if (kv->type == MOE_GGUF_BOOL && moe_gguf_kv_int(kv, 0, &x)) return (int)x;
+    MOE_LOGE("%s: %s must be a bool (it is %s)", moe_gguf_path(g), key, moe_gguf_type_name(kv->type));
+    return -1;
 }
 
 /* post_processor: BOS / EOS around the text, or NULL when neither is added. */
@@ -511,7 +514,13 @@ enum moe_status moe_gguf_vocab_texts(const struct moe_gguf *g, char **tokenizer_
     cJSON_AddNullToObject(root, "truncation");
     cJSON_AddNullToObject(root, "padding");
     cJSON_AddItemToObject(root, "added_tokens", added_tokens(&v));
-    const int space_prefix = spm && flag(g, "tokenizer.ggml.add_space_prefix", 1);
+    const int space_prefix = spm ? flag(g, "tokenizer.ggml.add_space_prefix", 1) : 0;
+    const int add_bos = flag(g, "tokenizer.ggml.add_bos_token", spm ? 1 : pre->add_bos);
+    const int add_eos = flag(g, "tokenizer.ggml.add_eos_token", 0);
+    if (space_prefix < 0 || add_bos < 0 || add_eos < 0) {
+        st = MOE_ERR_FORMAT;
+        goto done;
+    }
     if (spm) {
         cJSON *nz = replace_item(" ", "\xe2\x96\x81");
         if (space_prefix) {
@@ -527,8 +536,6 @@ enum moe_status moe_gguf_vocab_texts(const struct moe_gguf *g, char **tokenizer_
         cJSON_AddItemToObject(root, "pre_tokenizer", pre_tokenizer(pre));
     }
     int32_t bos = special_id(g, "tokenizer.ggml.bos_token_id", v.n), eos = special_id(g, "tokenizer.ggml.eos_token_id", v.n);
-    const int add_bos = flag(g, "tokenizer.ggml.add_bos_token", spm ? 1 : pre->add_bos);
-    const int add_eos = flag(g, "tokenizer.ggml.add_eos_token", 0);
     cJSON *pp = post_processor(&v, add_bos ? bos : -1, add_eos ? eos : -1);
     if (pp)
         cJSON_AddItemToObject(root, "post_processor", pp);
