@@ -13,6 +13,8 @@
  *     checkpoint's float32 experts;
  *   - the vocabulary-only GGUFs tokenize every case text into the ids
  *     llama.cpp's algorithm gives (recorded by the script);
+ *   - moe-prep quantize writes the same tensors and expert blobs from an F32
+ *     GGUF as from its checkpoint directory;
  *   - moe-prep quantize of a q4_k GGUF with --experts q4_k,q2_k keeps every
  *     q4_k expert block and q8_0 matrix byte for byte and makes q2_k from the
  *     dequantized blocks; the bundle's logits equal the GGUF's bit for bit;
@@ -392,6 +394,44 @@ static void check_bundle_blocks(const char *gguf, const char *experts, const cha
     moe_model_free(g);
 }
 
+/* check_same_bundle: quantize gives the same tensors and expert blobs, byte
+ * for byte, from a GGUF as from the checkpoint directory it was made from. */
+static void check_same_bundle(const char *gguf, const char *hf) {
+    char a[600], b[600], out[4096];
+    snprintf(a, sizeof a, "%s/hf-%s.moeb", tmp, hf);
+    snprintf(b, sizeof b, "%s/gguf-%s.moeb", tmp, gguf);
+    CHECK(sh(out, sizeof out, "%s quantize %s/models/%s -o %s --experts f32,q8_0,q4_k --dense q8_0 -t 2 2>&1", prep,
+             MOE_FIXTURES, hf, a) == 0 &&
+              sh(out, sizeof out, "%s quantize %s/gguf/%s.gguf -o %s --experts f32,q8_0,q4_k --dense q8_0 -t 2 2>&1",
+                 prep, MOE_FIXTURES, gguf, b) == 0,
+          "%s: quantize: %s", gguf, out);
+    struct moe_bundle *x = NULL, *y = NULL;
+    CHECK(moe_bundle_open(a, &x) == MOE_OK && moe_bundle_open(b, &y) == MOE_OK, "%s: open the bundles", gguf);
+    int tensors = 0, blobs = 0, bad = 0;
+    for (size_t i = 0; x && y && i < moe_bundle_tensor_count(x); i++, tensors++) {
+        const struct moe_bundle_tensor *t = moe_bundle_tensor_at(x, i), *u = moe_bundle_find_tensor(y, t->name);
+        int ok = u && u->type_id == t->type_id && u->size == t->size && !memcmp(u->data, t->data, t->size);
+        if (!ok) fprintf(stderr, "%s: tensor %s differs\n", gguf, t->name);
+        bad += !ok;
+    }
+    uint32_t nl = 0, ne = 0, np = 0, nl2 = 0, ne2 = 0, np2 = 0;
+    if (x && y) moe_bundle_expert_layout(x, &nl, &ne, &np), moe_bundle_expert_layout(y, &nl2, &ne2, &np2);
+    bad += nl != nl2 || ne != ne2 || np != np2 || (x && y && moe_bundle_tensor_count(x) != moe_bundle_tensor_count(y));
+    for (uint32_t l = 0; l < nl; l++)
+        for (uint32_t e = 0; moe_bundle_layer_has_experts(x, l) && e < ne; e++)
+            for (uint32_t p = 0; p < np; p++, blobs++) {
+                struct moe_bundle_blob bx, by;
+                int ok = !moe_bundle_expert(x, l, e, p, &bx) && !moe_bundle_expert(y, l, e, p, &by) &&
+                         bx.stored_size == by.stored_size && !memcmp(bx.stored, by.stored, bx.stored_size);
+                bad += !ok;
+            }
+    CHECK(tensors > 0 && blobs > 0 && bad == 0, "%s: %d of %d tensors and blobs differ between the bundles", gguf, bad,
+          tensors + blobs);
+    printf("  %-18s bundle = %s's bundle: %d tensors and %d expert blobs byte for byte\n", gguf, hf, tensors, blobs);
+    moe_bundle_free(x);
+    moe_bundle_free(y);
+}
+
 /* check_cli: the bundle of a q4_k GGUF runs with the GGUF's exact logits;
  * moe-run and moe-prep check take .gguf paths. */
 static void check_cli(void) {
@@ -454,6 +494,9 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) check_pair(pairs[i].gguf, pairs[i].hf, pairs[i].tol, 1);
     check_q8_experts();
     check_tokenizers();
+    check_same_bundle("mixtral-f32", "mixtral-f32");
+    check_same_bundle("deepseek_v3-f32", "deepseek_v3-f32");
+    check_same_bundle("gpt_oss-f32", "gpt_oss-f32");
     check_bundle_blocks("mixtral-q4_k", "q4_k,q2_k", "q4_k", "q2_k");
     check_bundle_blocks("gpt_oss-mxfp4", "mxfp4", "mxfp4", NULL);
     check_cli();
