@@ -303,7 +303,7 @@ def make_tokenizer_fixture(name, kind, pre, outdir: Path):
             ids.append(eos)
         same += ids == c["ids"]
         out.append({"text": c["text"], "ids": ids, "same_as_tokenizer_json": ids == c["ids"]})
-    (outdir / f"{name}.json").write_text(json.dumps(out, ensure_ascii=False, indent=0) + "\n")
+    (outdir / f"{name}.json").write_text("[\n" + ",\n".join(json.dumps(c, ensure_ascii=False) for c in out) + "\n]\n")
     print(f"  tokenizers/{name}.gguf: {len(texts)} tokens, {kind}{'/' + pre if pre else ''}; "
           f"{same}/{len(cases)} cases give the tokenizer.json ids")
 
