@@ -680,8 +680,19 @@ static enum moe_status map_tensor(struct moe_gguf_model *v, const struct moe_ggu
     if (!strcmp(n, "output.weight")) return add_plain(v, "lm_head.weight", t);
     if (!strcmp(n, "output.bias")) return add_plain(v, "lm_head.bias", t);
     if (!strcmp(n, "rope_factors_long.weight") || !strcmp(n, "rope_factors_short.weight")) return MOE_OK; /* config */
-    int layer, pos = 0;
-    if (sscanf(n, "blk.%d.%n", &layer, &pos) != 1 || pos == 0 || layer < 0) {
+    int layer = 0, pos = 4; /* "blk.<digits>." (parsed by hand: sscanf's %d has no overflow check) */
+    if (strncmp(n, "blk.", 4) || n[4] < '0' || n[4] > '9') {
+        *used = 0;
+        return MOE_OK;
+    }
+    for (; n[pos] >= '0' && n[pos] <= '9'; pos++) {
+        if (layer > 1000000) { /* far beyond block_count: ignored below */
+            *used = 0;
+            return MOE_OK;
+        }
+        layer = layer * 10 + (n[pos] - '0');
+    }
+    if (n[pos++] != '.') {
         *used = 0;
         return MOE_OK;
     }
