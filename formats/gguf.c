@@ -84,6 +84,7 @@ static const uint8_t k_type_size[MOE_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1,
 static const char *const k_type_names[MOE_GGUF_TYPE_COUNT] = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
 
+/* The GGUF spelling of a value type, "?" when out of range. */
 const char *moe_gguf_type_name(enum moe_gguf_type t) {
     return (unsigned)t < MOE_GGUF_TYPE_COUNT ? k_type_names[t] : "?";
 }
@@ -96,6 +97,7 @@ static const char *const k_ggml_names[] = {
     "i64",     "f64",    "iq1_m",   "bf16",   "q4_0_4_4", "q4_0_4_8", "q4_0_8_8", "tq1_0", "tq2_0",
     "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8", "mxfp4", "nvfp4", "q1_0", "q2_0"};
 
+/* ggml's name of a tensor type id, NULL for ids never used. */
 const char *moe_gguf_ggml_type_name(uint32_t id) {
     return id < sizeof k_ggml_names / sizeof k_ggml_names[0] ? k_ggml_names[id] : NULL;
 }
@@ -128,10 +130,12 @@ static const char *show(const char *s, size_t n, char *buf, size_t cap) {
 }
 #define SHOW_CAP 96
 
+/* Little-endian u32 from possibly unaligned bytes. */
 static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* Little-endian u64 from possibly unaligned bytes. */
 static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
 
 /* True if the n bytes are strict UTF-8 with no control characters (C0, DEL). */
@@ -176,6 +180,7 @@ static int need(struct cursor *c, uint64_t n, const char *what) {
     return 0;
 }
 
+/* get_u32 / get_u64: a little-endian integer at the cursor (0, logged, at the end of the file). */
 static int get_u32(struct cursor *c, uint32_t *v, const char *what) {
     if (!need(c, 4, what)) return 0;
     *v = le32(c->base + c->off);
@@ -572,6 +577,7 @@ static struct moe_gguf *gguf_new(const char *path) {
     return g;
 }
 
+/* Validates a caller-owned image; the handle borrows buf. */
 enum moe_status moe_gguf_open_memory(const void *buf, size_t len, const char *label, struct moe_gguf **out) {
     if (!out) return MOE_ERR_INVALID;
     *out = NULL;
@@ -594,6 +600,7 @@ enum moe_status moe_gguf_open_memory(const void *buf, size_t len, const char *la
     return MOE_OK;
 }
 
+/* Maps the file read-only and validates it. */
 enum moe_status moe_gguf_open(const char *path, struct moe_gguf **out) {
     if (!out) return MOE_ERR_INVALID;
     *out = NULL;
@@ -616,6 +623,7 @@ enum moe_status moe_gguf_open(const char *path, struct moe_gguf **out) {
     return MOE_OK;
 }
 
+/* Sniffs the 4-byte magic; directories and short files are not GGUF. */
 int moe_gguf_is_gguf_file(const char *path) {
     if (!path || moe_is_dir(path)) return 0;
     FILE *f = fopen(path, "rb");
@@ -625,6 +633,7 @@ int moe_gguf_is_gguf_file(const char *path) {
     return ok;
 }
 
+/* Frees the keys, string tables, names and the map. */
 void moe_gguf_free(struct moe_gguf *g) {
     if (!g) return;
     for (size_t i = 0; g->kv && i < g->n_kv; i++) {
@@ -641,6 +650,7 @@ void moe_gguf_free(struct moe_gguf *g) {
     free(g);
 }
 
+/* File-level facts and counts (0 / NULL for a NULL handle). */
 uint32_t moe_gguf_version(const struct moe_gguf *g) { return g ? g->version : 0; }
 uint32_t moe_gguf_alignment(const struct moe_gguf *g) { return g ? g->alignment : 0; }
 uint64_t moe_gguf_data_offset(const struct moe_gguf *g) { return g ? g->data_offset : 0; }
@@ -648,10 +658,12 @@ const char *moe_gguf_path(const struct moe_gguf *g) { return g ? g->path : NULL;
 size_t moe_gguf_n_kv(const struct moe_gguf *g) { return g ? g->n_kv : 0; }
 size_t moe_gguf_n_tensors(const struct moe_gguf *g) { return g ? g->n_tensors : 0; }
 
+/* The i-th metadata item in file order, or NULL. */
 const struct moe_gguf_kv *moe_gguf_kv_at(const struct moe_gguf *g, size_t i) {
     return g && i < g->n_kv ? &g->kv[i] : NULL;
 }
 
+/* The i-th tensor in file order, or NULL. */
 const struct moe_gguf_tensor *moe_gguf_tensor_at(const struct moe_gguf *g, size_t i) {
     return g && i < g->n_tensors ? &g->tensors[i] : NULL;
 }
@@ -684,6 +696,7 @@ static const uint8_t *elem_ptr(const struct moe_gguf_kv *kv, uint64_t i) {
     return (const uint8_t *)kv->data + i * k_type_size[kv->elem];
 }
 
+/* Integer element i, sign- or zero-extended by its GGUF type. */
 int moe_gguf_kv_int(const struct moe_gguf_kv *kv, uint64_t i, int64_t *out) {
     const uint8_t *p = elem_ptr(kv, i);
     if (!p) return 0;
@@ -705,6 +718,7 @@ int moe_gguf_kv_int(const struct moe_gguf_kv *kv, uint64_t i, int64_t *out) {
     }
 }
 
+/* Float element i (f32, f64, or an integer converted). */
 int moe_gguf_kv_float(const struct moe_gguf_kv *kv, uint64_t i, double *out) {
     const uint8_t *p = elem_ptr(kv, i);
     if (!p) return 0;
@@ -727,6 +741,7 @@ int moe_gguf_kv_float(const struct moe_gguf_kv *kv, uint64_t i, double *out) {
     return 1;
 }
 
+/* String element i (borrowed bytes). */
 int moe_gguf_kv_str(const struct moe_gguf_kv *kv, uint64_t i, struct moe_gguf_str *out) {
     if (!kv || !kv->str || i >= kv->n) return 0;
     *out = kv->str[i];

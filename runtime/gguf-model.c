@@ -92,6 +92,7 @@ struct cfgb {
     enum moe_status st;
 };
 
+/* fail: record the first error of a config build. */
 static void fail(struct cfgb *b, enum moe_status st) {
     if (!b->st) b->st = st;
 }
@@ -742,6 +743,7 @@ static enum moe_status map_tensor(struct moe_gguf_model *v, const struct moe_ggu
     return add_plain(v, hf, t);
 }
 
+/* Orders table entries by transformers name (qsort / bsearch). */
 static int cmp_entry(const void *a, const void *b) {
     return strcmp(((const struct moe_gguf_hf_tensor *)a)->name, ((const struct moe_gguf_hf_tensor *)b)->name);
 }
@@ -828,6 +830,7 @@ static enum moe_status pick_arch(struct moe_gguf_model *v) {
     return MOE_OK;
 }
 
+/* Picks the architecture, then builds the config text, the tensor table and the tokenizer texts. */
 enum moe_status moe_gguf_model_open(const struct moe_gguf *g, struct moe_gguf_model **out) {
     *out = NULL;
     struct moe_gguf_model *v = calloc(1, sizeof *v);
@@ -848,6 +851,7 @@ fail:
     return st;
 }
 
+/* Frees the names, the rebuilt buffers and the texts. */
 void moe_gguf_model_free(struct moe_gguf_model *v) {
     if (!v) return;
     for (size_t i = 0; i < v->n_t; i++) free(v->names[i]);
@@ -861,15 +865,18 @@ void moe_gguf_model_free(struct moe_gguf_model *v) {
     free(v);
 }
 
+/* Accessors of the translated texts and the table. */
 const char *moe_gguf_model_config_json(const struct moe_gguf_model *v) { return v->config_json; }
 const char *moe_gguf_model_tokenizer_json(const struct moe_gguf_model *v) { return v->tok_json; }
 const char *moe_gguf_model_tokenizer_config_json(const struct moe_gguf_model *v) { return v->tok_cfg_json; }
 size_t moe_gguf_model_count(const struct moe_gguf_model *v) { return v->n_t; }
 
+/* The i-th table entry (sorted by name), or NULL. */
 const struct moe_gguf_hf_tensor *moe_gguf_model_at(const struct moe_gguf_model *v, size_t i) {
     return i < v->n_t ? &v->t[i] : NULL;
 }
 
+/* Binary search of the name-sorted table. */
 const struct moe_gguf_hf_tensor *moe_gguf_model_find(const struct moe_gguf_model *v, const char *hf_name) {
     if (!v->n_t) return NULL;
     struct moe_gguf_hf_tensor key = {.name = hf_name};
@@ -923,6 +930,7 @@ static enum moe_status expert_bias_row(const struct moe_gguf_model *v, int l, in
     return moe_dequantize_row(t->type, (const char *)t->data + (size_t)e * rb, out, n);
 }
 
+/* Views of one expert's matrices; gpt-oss's biases copied into a block the view owns. */
 enum moe_status moe_gguf_model_expert(struct moe_gguf_model *v, const struct moe_config *c, int layer, int expert,
                                       struct moe_ffn *out) {
     const int64_t H = c->n_embd, F = c->n_ff_expert;

@@ -125,6 +125,7 @@ struct vocab {
     int32_t *slot;
 };
 
+/* FNV-1a of n bytes (the vocabulary hash table). */
 static uint64_t hash_str(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
@@ -140,6 +141,7 @@ static int32_t vocab_find(const struct vocab *v, const char *s, size_t n) {
     }
 }
 
+/* Frees what vocab_load allocated (safe on a partly loaded vocab). */
 static void vocab_free(struct vocab *v) {
     for (size_t i = 0; v->text && i < v->n; i++) free(v->text[i]);
     free(v->text);

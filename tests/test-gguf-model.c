@@ -12,7 +12,9 @@
  *   - q8_0 experts of a GGUF are the bytes moe_quantize_row makes of the
  *     checkpoint's float32 experts;
  *   - the vocabulary-only GGUFs tokenize every case text into the ids
- *     llama.cpp's algorithm gives (recorded by the script);
+ *     llama.cpp's algorithm gives (as the fixture script re-implements it:
+ *     its SentencePiece merge loop, or the tokenizers library set up with
+ *     llama.cpp's pre-tokenizer regexes);
  *   - moe-prep quantize writes the same tensors and expert blobs from an F32
  *     GGUF as from its checkpoint directory;
  *   - moe-prep quantize of a q4_k GGUF with --experts q4_k,q2_k keeps every
