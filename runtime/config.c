@@ -357,14 +357,10 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
 
 /* parse_token_ids: an int or a list of ints (eos_token_id may be either). */
 static void parse_token_ids(const cJSON *v, int *ids, int *n, int max) {
-    if (cJSON_IsNumber(v)) {
-        if (*n < max) ids[(*n)++] = (int)v->valuedouble;
-    } else if (cJSON_IsArray(v)) {
-        const cJSON *e;
-        cJSON_ArrayForEach(e, v) {
-            if (cJSON_IsNumber(e) && *n < max) ids[(*n)++] = (int)e->valuedouble;
-        }
-    }
+    const cJSON *e = cJSON_IsArray(v) ? v->child : v;
+    for (; e; e = cJSON_IsArray(v) ? e->next : NULL) /* ids outside [0, 2^31) are ignored, not cast */
+        if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < 2147483648.0 && *n < max)
+            ids[(*n)++] = (int)e->valuedouble;
 }
 
 /* parse_mla: DeepSeek's multi-head latent attention shapes. q_lora_rank may
@@ -648,7 +644,7 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
 
     cfg->bos_id = -1;
     const cJSON *bos = field(c, "bos_token_id");
-    if (cJSON_IsNumber(bos)) cfg->bos_id = (int)bos->valuedouble;
+    if (cJSON_IsNumber(bos) && bos->valuedouble >= 0 && bos->valuedouble < 2147483648.0) cfg->bos_id = (int)bos->valuedouble;
     parse_token_ids(field(c, "eos_token_id"), cfg->eos_ids, &cfg->n_eos, MOE_MAX_EOS);
     cJSON_Delete(root);
     return MOE_OK;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "moe-bundle.h"
+#include "moe-gguf-model.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-safetensors.h"
@@ -588,6 +589,65 @@ fail:
     return st;
 }
 
+/* ---- GGUF files ------------------------------------------------------- */
+
+/* gguf_find: tensor lookup by transformers name in a GGUF file's view. */
+static int gguf_find(const struct bind *b, const char *name, struct src_tensor *t) {
+    const struct moe_gguf_hf_tensor *x = moe_gguf_model_find(b->src, name);
+    if (!x) return 0;
+    t->data = x->data;
+    t->type = x->type;
+    t->raw_u8 = 0;
+    t->n_dims = x->n_dims;
+    for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
+    return 1;
+}
+
+/* gguf_expert: one routed expert sliced from the merged expert tensors. */
+static enum moe_status gguf_expert(const struct bind *b, int layer, int expert, struct moe_ffn *out) {
+    return moe_gguf_model_expert((struct moe_gguf_model *)(uintptr_t)b->src, &b->m->cfg, layer, expert, out);
+}
+
+enum moe_status moe_model_load_gguf(const char *path, struct moe_model **out) {
+    *out = NULL;
+    struct moe_model *m = model_new(path);
+    if (!m) return MOE_ERR_NOMEM;
+    enum moe_status st;
+    char label[512];
+    if ((st = moe_gguf_open(path, &m->gguf))) goto fail;
+    if ((st = moe_gguf_model_open(m->gguf, &m->gguf_view))) goto fail;
+    const char *cj = moe_gguf_model_config_json(m->gguf_view);
+    snprintf(label, sizeof label, "%s: the config made from its metadata", path);
+    if ((st = moe_config_parse(cj, strlen(cj), label, &m->cfg))) goto fail;
+    struct bind b = {gguf_find, m->gguf_view, path, m, gguf_expert};
+    if ((st = bind_all(&b, m))) goto fail;
+    const char *tj = moe_gguf_model_tokenizer_json(m->gguf_view), *tc = moe_gguf_model_tokenizer_config_json(m->gguf_view);
+    if (tj) {
+        snprintf(label, sizeof label, "%s: the tokenizer made from its metadata", path);
+        if ((st = moe_tokenizer_load_texts(tj, strlen(tj), tc, tc ? strlen(tc) : 0, label, &m->tok))) goto fail;
+    }
+    *out = m;
+    return MOE_OK;
+fail:
+    moe_model_free(m);
+    return st;
+}
+
+/* is_gguf_path: a GGUF file by its magic, or by its name (so that a damaged
+ * *.gguf gets the GGUF reader's message rather than the bundle reader's). */
+static int is_gguf_path(const char *path) {
+    size_t n = strlen(path);
+    return moe_gguf_is_gguf_file(path) || (n > 5 && !strcmp(path + n - 5, ".gguf"));
+}
+
+enum moe_status moe_model_load_source(const char *path, struct moe_model **out) {
+    *out = NULL;
+    if (moe_is_dir(path)) return moe_model_load_hf(path, out);
+    if (is_gguf_path(path)) return moe_model_load_gguf(path, out);
+    MOE_LOGE("%s: not a Hugging Face checkpoint directory (config.json, *.safetensors) or a GGUF file", path);
+    return MOE_ERR_NOT_FOUND;
+}
+
 struct moe_model_params moe_model_default_params(void) {
     struct moe_model_params p = {0};
     return p;
@@ -776,7 +836,7 @@ void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t si
     if (!size) return;
     buf[0] = 0;
     if (!m->bundle || !m->impl->expert_prec) {
-        snprintf(buf, size, "as stored in the checkpoint");
+        snprintf(buf, size, "as stored in the %s", m->gguf ? "GGUF file" : "checkpoint");
         return;
     }
     if (m->expert_precision >= 0) {
@@ -907,6 +967,11 @@ enum moe_status moe_model_load(const char *path, const struct moe_model_params *
             MOE_LOGW("%s: a checkpoint directory has one precision; --expert-precision is ignored", path);
         return moe_model_load_hf(path, out);
     }
+    if (is_gguf_path(path)) {
+        if (params && params->expert_precision)
+            MOE_LOGW("%s: a GGUF file has one precision per tensor; --expert-precision is ignored", path);
+        return moe_model_load_gguf(path, out);
+    }
     return moe_model_load_bundle(path, params, out);
 }
 
@@ -974,6 +1039,8 @@ void moe_model_free(struct moe_model *m) {
     moe_config_clear(&m->cfg);
     moe_safetensors_free(m->st);
     moe_bundle_free(m->bundle);
+    moe_gguf_model_free(m->gguf_view);
+    moe_gguf_free(m->gguf);
     moe_tokenizer_free(m->tok);
     free(m->path);
     free(m);

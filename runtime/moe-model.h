@@ -229,6 +229,8 @@ struct moe_layer {
 
 struct moe_safetensors;
 struct moe_bundle;
+struct moe_gguf;
+struct moe_gguf_model;
 struct moe_tokenizer;
 struct moe_model_impl; /* private: the routed experts and their stored precisions */
 
@@ -243,6 +245,9 @@ struct moe_model {
     int n_refs;
     struct moe_safetensors *st;      /* owns the mapped weights of a checkpoint directory */
     struct moe_bundle *bundle;       /* owns the mapped weights of a bundle */
+    struct moe_gguf *gguf;           /* owns the mapped weights of a GGUF file */
+    struct moe_gguf_model *gguf_view; /* the GGUF seen as a Hugging Face checkpoint: its config.json
+                                      * and tokenizer texts, rebuilt q/k/kv_b buffers (moe-gguf-model.h) */
     int expert_precision;            /* bundles: index of the stored precision every expert uses,
                                       * -1 when they differ (a bit-width map) */
     int n_expert_prec;               /* bundles: stored precisions (0 for checkpoints) */
@@ -272,7 +277,8 @@ struct moe_model_params {
 struct moe_model_params moe_model_default_params(void);
 
 /* moe_model_load: load a model from `path`: a Hugging Face checkpoint
- * directory, or a .moeb bundle file written by `moe-prep quantize`. */
+ * directory, a llama.cpp GGUF file (a file starting with the GGUF magic or
+ * named *.gguf), or a .moeb bundle file written by `moe-prep quantize`. */
 enum moe_status moe_model_load(const char *path, const struct moe_model_params *params,
                                struct moe_model **out);
 
@@ -280,6 +286,18 @@ enum moe_status moe_model_load(const char *path, const struct moe_model_params *
  * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
  * shape; errors name the tensor. */
 enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out);
+
+/* moe_model_load_gguf: load a llama.cpp GGUF file (moe-gguf-model.h says
+ * what is read and how): the config from its metadata, every tensor's
+ * presence and shape checked, routed experts as views into the merged expert
+ * tensors in their stored types, the tokenizer from tokenizer.ggml.* when
+ * present. */
+enum moe_status moe_model_load_gguf(const char *path, struct moe_model **out);
+
+/* moe_model_load_source: a source checkpoint for the offline tools: a
+ * directory (moe_model_load_hf) or a GGUF file (moe_model_load_gguf). Other
+ * paths are refused with a message naming both. */
+enum moe_status moe_model_load_source(const char *path, struct moe_model **out);
 
 /* moe_model_expert: views of routed expert (layer, expert)'s three
  * matrices at stored precision `precision` (bundles: an index into the

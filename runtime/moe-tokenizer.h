@@ -12,7 +12,10 @@
  * library does; so are the pre-tokenizers ByteLevel, Split, Metaspace, Whitespace,
  * WhitespaceSplit, Digits, Punctuation, CharDelimiterSplit, BertPreTokenizer and
  * Sequence, and the decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse,
- * Strip, BPEDecoder and Sequence. Only the BPE model is supported.
+ * Strip, BPEDecoder and Sequence. Only the BPE model is supported. One
+ * extension: a merge may be written ["a", "b", rank] to give merges equal
+ * ranks (equal ranks merge leftmost first), which is how a GGUF SentencePiece
+ * vocabulary's scores are expressed (moe_gguf_vocab_texts, moe-gguf-model.h).
  *
  * Thread-safety: a loaded tokenizer is immutable; encode/decode may run
  * concurrently from several threads.

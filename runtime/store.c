@@ -459,7 +459,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
                               int k, struct moe_store **out) {
     *out = NULL;
     if (!m->bundle) {
-        MOE_LOGE("%s: an expert memory budget needs a bundle (moe-prep quantize); a checkpoint directory runs "
+        MOE_LOGE("%s: an expert memory budget needs a bundle (moe-prep quantize); a checkpoint directory or GGUF file runs "
                  "with every expert mapped", m->path);
         return MOE_ERR_UNSUPPORTED;
     }

@@ -1281,9 +1281,14 @@ static int32_t vocab_lookup(const struct moe_tokenizer *tok, const char *s, size
     return smap_get(&tok->vocab, s, n);
 }
 
-/* load_merge_pair: split one merges entry ("a b" or ["a", "b"]) into its two halves. */
+/* load_merge_pair: split one merges entry ("a b" or ["a", "b"]) into its two halves.
+ * An array may carry a third element, the merge's rank (an integer in
+ * [0, 2^31)): GGUF SentencePiece vocabularies (gguf-vocab.c) give merges of
+ * equal score equal ranks, so that the leftmost of them wins as in
+ * SentencePiece; *rank_out is left alone otherwise. */
 static enum moe_status load_merge_pair(const struct moe_tokenizer *tok, const cJSON *m, size_t rank,
-                                       const char **a, size_t *na, const char **b, size_t *nb, int *skip) {
+                                       const char **a, size_t *na, const char **b, size_t *nb, int *skip,
+                                       uint32_t *rank_out) {
     *skip = 0;
     if (cJSON_IsString(m)) {
         const char *s = m->valuestring;
@@ -1303,15 +1308,23 @@ static enum moe_status load_merge_pair(const struct moe_tokenizer *tok, const cJ
         *nb = strlen(sp + 1);
         return MOE_OK;
     }
-    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(m->child) &&
-        cJSON_IsString(m->child->next)) {
+    const int na_ = cJSON_IsArray(m) ? cJSON_GetArraySize(m) : 0;
+    if ((na_ == 2 || na_ == 3) && cJSON_IsString(m->child) && cJSON_IsString(m->child->next)) {
         *a = m->child->valuestring;
         *na = strlen(*a);
         *b = m->child->next->valuestring;
         *nb = strlen(*b);
-        return MOE_OK;
+        if (na_ == 2) return MOE_OK;
+        const cJSON *r = m->child->next->next;
+        if (cJSON_IsNumber(r) && r->valuedouble >= 0 && r->valuedouble < 2147483648.0 &&
+            floor(r->valuedouble) == r->valuedouble) {
+            *rank_out = (uint32_t)r->valuedouble;
+            return MOE_OK;
+        }
+        MOE_LOGE("%s: merge %zu: the rank (third element) must be an integer in [0, 2^31)", tok->label, rank + 1);
+        return MOE_ERR_FORMAT;
     }
-    MOE_LOGE("%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", tok->label, rank + 1);
+    MOE_LOGE("%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"] (or [\"a\", \"b\", rank])", tok->label, rank + 1);
     return MOE_ERR_FORMAT;
 }
 
@@ -1331,7 +1344,8 @@ static enum moe_status load_merges(struct moe_tokenizer *tok, const cJSON *merge
         const char *a, *b;
         size_t na, nb;
         int skip;
-        if ((st = load_merge_pair(tok, m, rank, &a, &na, &b, &nb, &skip)) != MOE_OK) goto fail;
+        uint32_t r = (uint32_t)rank;
+        if ((st = load_merge_pair(tok, m, rank, &a, &na, &b, &nb, &skip, &r)) != MOE_OK) goto fail;
         if (skip) continue;
         int32_t ia = vocab_lookup(tok, a, na), ib = vocab_lookup(tok, b, nb);
         if (ia < 0 || ib < 0) {
@@ -1359,7 +1373,7 @@ static enum moe_status load_merges(struct moe_tokenizer *tok, const cJSON *merge
             st = MOE_ERR_FORMAT;
             goto fail;
         }
-        merges_put(&tok->merges, ia, ib, (uint32_t)rank, inew);
+        merges_put(&tok->merges, ia, ib, r, inew);
         rank++;
     }
     if (rank == 0 && tok->n_model > 256) {

@@ -15,9 +15,9 @@ struct subcommand {
 };
 
 static const struct subcommand k_commands[] = {
-    {"quantize", moe_prep_quantize, "pack a checkpoint into a multi-precision bundle (.moeb)"},
+    {"quantize", moe_prep_quantize, "pack a checkpoint or GGUF file into a multi-precision bundle (.moeb)"},
     {"inspect", moe_prep_inspect, "what a bundle holds; --verify checks every checksum"},
-    {"check", moe_prep_check, "validate a Hugging Face checkpoint and summarise it"},
+    {"check", moe_prep_check, "validate a Hugging Face checkpoint or GGUF file and summarise it"},
     {"eval", moe_prep_eval, "perplexity on a text; KL divergence against a reference model"},
     {"profile", moe_prep_profile, "record routing over a text; placement, HOBBIT, prefetch, path statistics"},
     {"sensitivity", moe_prep_sensitivity, "per-expert loss when one expert drops to a low precision (EdgeMoE)"},

@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include "moe-bundle.h"
+#include "moe-gguf-model.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-prep.h"
@@ -36,11 +37,13 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-"usage: moe-prep quantize MODEL_DIR -o OUT.moeb [options]\n"
+"usage: moe-prep quantize MODEL -o OUT.moeb [options]\n"
 "\n"
-"Pack a Hugging Face MoE checkpoint into a bundle: every routed expert stored at\n"
-"each requested precision side by side (one contiguous, checksummed blob per\n"
-"expert and precision), every other weight stored once.\n"
+"Pack a MoE model into a bundle: every routed expert stored at each requested\n"
+"precision side by side (one contiguous, checksummed blob per expert and\n"
+"precision), every other weight stored once. MODEL is a Hugging Face checkpoint\n"
+"directory or a llama.cpp GGUF file (its metadata becomes the bundle's config\n"
+"and tokenizer; see docs/format.md, \"GGUF input\").\n"
 "\n"
 "  -o, --output PATH       the bundle to write (replaced atomically when done)\n"
 "      --experts LIST      expert precisions, comma-separated (default q8_0,q4_k,q2_k)\n"
@@ -54,7 +57,9 @@ static void usage(FILE *f) {
 "types: f32 f16 bf16 q8_0 q4_0 q4_k q3_k q2_k (also q5_k q6_k mxfp4). A matrix whose\n"
 "rows do not fit a type's block size falls back as llama.cpp does (k-quants ->\n"
 "q4_0 / q8_0, then f16); fallbacks are printed and recorded in the bundle. A\n"
-"matrix already stored in the requested type (gpt-oss's mxfp4 experts) is copied.\n"
+"matrix already stored in the requested type (gpt-oss's mxfp4 experts, a q4_k\n"
+"GGUF's q4_k experts) is copied block for block; other types are dequantized and\n"
+"quantized again.\n"
 "\n"
 "memory: the checkpoint is read through mmap and each tensor's pages are released\n"
 "after use; resident memory stays below about: the largest non-expert matrix at\n"
@@ -64,7 +69,8 @@ static void usage(FILE *f) {
 "examples:\n"
 "  moe-prep quantize ./Mixtral-8x7B-v0.1 -o mixtral.moeb\n"
 "  moe-prep quantize ./OLMoE-1B-7B-0924 -o olmoe.moeb --experts q8_0,q4_k,q2_k --dense q8_0 -t 8\n"
-"  moe-prep quantize tests/fixtures/models/mixtral-f32 -o /tmp/m.moeb --experts f32 --dense f32\n");
+"  moe-prep quantize tests/fixtures/models/mixtral-f32 -o /tmp/m.moeb --experts f32 --dense f32\n"
+"  moe-prep quantize mixtral-8x7b-q4_k_m.gguf -o mixtral.moeb --experts q4_k,q2_k\n");
 }
 
 struct qargs {
@@ -142,7 +148,7 @@ static int parse_args(int argc, char **argv, struct qargs *a) {
         }
     }
     if (!a->model || !a->out) {
-        fprintf(stderr, "moe-prep quantize: need MODEL_DIR and -o OUT.moeb (see --help)\n");
+        fprintf(stderr, "moe-prep quantize: need MODEL and -o OUT.moeb (see --help)\n");
         return 2;
     }
     if (!parse_types(experts, a->experts, &a->n_experts)) {
@@ -270,6 +276,24 @@ static enum moe_status meta_file_text(struct moe_bundle_writer *w, const char *d
     return st;
 }
 
+/* write_source_texts: the config, generation config and tokenizer texts the
+ * runtime rebuilds the model from: the checkpoint's files, or for a GGUF the
+ * texts made from its metadata. */
+static enum moe_status write_source_texts(struct moe_bundle_writer *w, const struct moe_model *m, const char *model) {
+    enum moe_status st;
+    if (m->gguf) {
+        const char *tj = moe_gguf_model_tokenizer_json(m->gguf_view), *tc = moe_gguf_model_tokenizer_config_json(m->gguf_view);
+        if ((st = moe_bundle_writer_set_meta_str(w, "hf.config.json", moe_gguf_model_config_json(m->gguf_view)))) return st;
+        if (tj && (st = moe_bundle_writer_set_meta_str(w, "hf.tokenizer.json", tj))) return st;
+        if (tc && (st = moe_bundle_writer_set_meta_str(w, "hf.tokenizer_config.json", tc))) return st;
+        return moe_bundle_writer_set_meta_str(w, "provenance.source_format", "gguf");
+    }
+    if ((st = meta_file_text(w, model, "config.json", "hf.config.json", 1))) return st;
+    if ((st = meta_file_text(w, model, "generation_config.json", "hf.generation_config.json", 0))) return st;
+    if ((st = meta_file_text(w, model, "tokenizer.json", "hf.tokenizer.json", 0))) return st;
+    return meta_file_text(w, model, "tokenizer_config.json", "hf.tokenizer_config.json", 0);
+}
+
 /* hash_file: XXH3-64 of a file, read in chunks (not mapped: memory stays flat). */
 static enum moe_status hash_file(const char *path, uint64_t *out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -298,7 +322,7 @@ static enum moe_status hash_file(const char *path, uint64_t *out) {
 static enum moe_status write_provenance(struct moe_bundle_writer *w, const struct moe_model *m, int argc,
                                         char **argv) {
     enum moe_status st;
-    int nf = moe_safetensors_n_files(m->st);
+    int nf = m->gguf ? 1 : moe_safetensors_n_files(m->st);
     const char **names = calloc((size_t)nf, sizeof *names);
     char(*hex)[17] = calloc((size_t)nf, sizeof *hex);
     const char **hexp = calloc((size_t)nf, sizeof *hexp);
@@ -307,7 +331,7 @@ static enum moe_status write_provenance(struct moe_bundle_writer *w, const struc
         goto done;
     }
     for (int i = 0; i < nf; i++) {
-        const char *p = moe_safetensors_file_path(m->st, i);
+        const char *p = m->gguf ? m->path : moe_safetensors_file_path(m->st, i);
         uint64_t h = 0;
         if ((st = hash_file(p, &h))) {
             fprintf(stderr, "moe-prep quantize: cannot hash %s\n", p);
@@ -499,7 +523,7 @@ int moe_prep_quantize(int argc, char **argv) {
     j.a = &a;
     enum moe_status st;
     double t0 = now_s();
-    if ((st = moe_model_load_hf(a.model, &j.m))) {
+    if ((st = moe_model_load_source(a.model, &j.m))) {
         fprintf(stderr, "moe-prep quantize: cannot load %s\n", a.model);
         return 1;
     }
@@ -520,10 +544,7 @@ int moe_prep_quantize(int argc, char **argv) {
     signal(SIGHUP, on_signal);
 
     /* metadata: what the runtime needs to rebuild the model, recipe, provenance */
-    if ((st = meta_file_text(j.w, a.model, "config.json", "hf.config.json", 1))) goto fail;
-    if ((st = meta_file_text(j.w, a.model, "generation_config.json", "hf.generation_config.json", 0))) goto fail;
-    if ((st = meta_file_text(j.w, a.model, "tokenizer.json", "hf.tokenizer.json", 0))) goto fail;
-    if ((st = meta_file_text(j.w, a.model, "tokenizer_config.json", "hf.tokenizer_config.json", 0))) goto fail;
+    if ((st = write_source_texts(j.w, j.m, a.model))) goto fail;
     if ((st = moe_bundle_writer_set_meta_str(j.w, "general.architecture", c->arch_name))) goto fail;
     if ((st = write_provenance(j.w, j.m, argc, argv))) goto fail;
 
