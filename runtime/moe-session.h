@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "moe-backend.h"
 #include "moe-model.h"
 #include "moe-store.h"
 
@@ -79,6 +80,9 @@ struct moe_session_params {
                          * NULL = every expert resident, as mapped (borrowed for
                          * the call) */
     int record_trace;   /* 1: keep the routing of every token run (moe_session_trace) */
+    moe_backend_new_fn backend_new; /* the backend to run on (moe-backend.h); NULL = the CPU
+                         * reference backend. The CUDA backend: moe_backend_cuda_new_fn */
+    void *backend_user; /* passed to backend_new (borrowed for the call) */
 };
 
 struct moe_session_params moe_session_default_params(void);

@@ -99,6 +99,7 @@ struct moe_store_stats {
     int dynamic;                    /* dynamic precision on */
     double t1, t2;
     enum moe_io_mode io;            /* the mode used (after any fallback) */
+    int64_t host_runs;              /* uses computed on the host by the backend's choice (Twiddler) */
 };
 
 struct moe_store;
@@ -123,10 +124,16 @@ struct moe_store_item {
     int expert;
     int n;            /* tokens routed to it */
     int first;        /* its rows start at plan->rows[first] */
-    int handle;       /* the store's slot (-1: resident / skipped) */
+    int handle;       /* the store's slot (-1: skipped, or read into a scratch slot when acquired) */
     int precision;    /* stored precision index used */
     int skipped;      /* HOBBIT skip: not computed */
+    int host;         /* the backend's place() chose the host: moe_store_acquire gives host
+                       * views of the model's mapping (no slot, no wait) */
 };
+
+/* Scratch slots: copies the policy does not keep are read into these, so a
+ * step may hold at most this many such copies acquired at once. */
+#define MOE_STORE_SCRATCH 2
 
 struct moe_store_plan {
     int n_items;
