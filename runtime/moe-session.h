@@ -144,6 +144,10 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
  * moe_store_get_stats. Borrowed: valid until moe_session_free. */
 const struct moe_store *moe_session_store(const struct moe_session *s);
 
+/* moe_session_backend: the backend the session runs on (for its own stats,
+ * e.g. moe_backend_cuda_stats). Borrowed: valid until moe_session_free. */
+const struct moe_backend *moe_session_backend(const struct moe_session *s);
+
 /* The routing the session ran (record_trace): sequence i (a reset starts
  * one) is tokens [seq_start[i], seq_start[i+1]); per token and MoE layer
  * (dense layers are left out) the k experts in rank order and their gate

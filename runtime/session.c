@@ -581,6 +581,7 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
 }
 
 const struct moe_store *moe_session_store(const struct moe_session *s) { return s->store; }
+const struct moe_backend *moe_session_backend(const struct moe_session *s) { return s->be; }
 
 enum moe_status moe_session_trace(const struct moe_session *s, struct moe_session_trace *out) {
     memset(out, 0, sizeof *out);
