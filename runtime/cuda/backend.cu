@@ -1125,7 +1125,7 @@ void cu_free(moe_backend *be) {
             if (p) cudaFreeHost(p);
         for (cudaEvent_t e : {s->rope_ev, s->xn_ev, s->hout_ev})
             if (e) cudaEventDestroy(e);
-        if (s->blas) cublasDestroy(s->blas);
+        if (s->blas) moe_blas_destroy(s->blas);
         if (s->cs) cudaStreamDestroy(s->cs);
         if (s->xs) cudaStreamDestroy(s->xs);
         delete s;
@@ -1226,8 +1226,8 @@ enum moe_status create(cuda *s) {
     s->stats.lat_measured = -1;
     CU(cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking));
     CU(cudaStreamCreateWithFlags(&s->xs, cudaStreamNonBlocking));
-    CUBLAS(cublasCreate(&s->blas));
-    CUBLAS(cublasSetStream(s->blas, s->cs));
+    CUBLAS(moe_blas_create(&s->blas));
+    CUBLAS(moe_blas_set_stream(s->blas, s->cs));
     for (cudaEvent_t *e : {&s->rope_ev, &s->xn_ev, &s->hout_ev}) {
         CU(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         CU(cudaEventRecord(*e, s->cs));
@@ -1350,8 +1350,8 @@ extern "C" int moe_cuda_describe(int dev, char *buf, unsigned long size) {
     if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return -1;
     // make sure cuBLAS can start on this device: the backend depends on it
     cublasHandle_t h;
-    if (cudaSetDevice(dev) != cudaSuccess || cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return -1;
-    cublasDestroy(h);
+    if (cudaSetDevice(dev) != cudaSuccess || moe_blas_create(&h) != CUBLAS_STATUS_SUCCESS) return -1;
+    moe_blas_destroy(h);
     snprintf(buf, size, "%s, %zu MiB, sm_%d%d%s", prop.name, prop.totalGlobalMem >> 20, prop.major, prop.minor,
              prop.integrated ? ", integrated" : "");
     return 0;

@@ -39,6 +39,16 @@
 /* LAUNCHED: check a kernel launch (configuration errors show at once). */
 #define LAUNCHED() CU(cudaGetLastError())
 
+/* cuBLAS through dlopen (blas.cu): CUBLAS_STATUS_NOT_INITIALIZED (logged
+ * once) when the library cannot be loaded. */
+cublasStatus_t moe_blas_create(cublasHandle_t *h);
+cublasStatus_t moe_blas_destroy(cublasHandle_t h);
+cublasStatus_t moe_blas_set_stream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t moe_blas_gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                                cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
+                                cublasComputeType_t compute, cublasGemmAlgo_t algo);
+
 enum { Y_STORE = 0, Y_ADD = 1, Y_SWIGLU = 2 };
 
 /* The most tokens one pass of the GEMV kernel dots a dequantized row with;

@@ -116,13 +116,13 @@ extern "C" enum moe_status moe_cuda_test_matmul(int dev, enum moe_qtype t, const
     if (!wd || !xd || !yd || (bias && !bd)) return MOE_ERR_NOMEM;
     cublasHandle_t h = nullptr;
     gemm_ctx g;
-    if (path && (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || (st = gemm_bufs(m, h, path == 2, n_in, n_out, n_tok, &g)))) {
-        if (h) cublasDestroy(h);
+    if (path && (moe_blas_create(&h) != CUBLAS_STATUS_SUCCESS || (st = gemm_bufs(m, h, path == 2, n_in, n_out, n_tok, &g)))) {
+        if (h) moe_blas_destroy(h);
         return st ? st : MOE_ERR_IO;
     }
     st = run_jobs(m, {job_of(wd, t, n_out, n_in, xd, n_in, n_tok, yd, n_out, bd, Y_STORE)}, path ? &g : nullptr);
     if (!st) st = finish(y, yd, sizeof(float) * (size_t)(n_tok * n_out));
-    if (h) cublasDestroy(h);
+    if (h) moe_blas_destroy(h);
     return st;
 }
 
@@ -141,8 +141,8 @@ extern "C" enum moe_status moe_cuda_test_ffn(int dev, const struct moe_ffn *f, c
     if (!gd || !ud || !dd || !xd || !hd || !yd) return MOE_ERR_NOMEM;
     cublasHandle_t h = nullptr;
     gemm_ctx g;
-    if (path && (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || (st = gemm_bufs(m, h, path == 2, std::max(F, H), std::max(F, H), n, &g)))) {
-        if (h) cublasDestroy(h);
+    if (path && (moe_blas_create(&h) != CUBLAS_STATUS_SUCCESS || (st = gemm_bufs(m, h, path == 2, std::max(F, H), std::max(F, H), n, &g)))) {
+        if (h) moe_blas_destroy(h);
         return st ? st : MOE_ERR_IO;
     }
     gemv_job gu = job_of(gd, f->gate.type, F, H, xd, H, n, hd, F, nullptr, Y_SWIGLU);
@@ -150,7 +150,7 @@ extern "C" enum moe_status moe_cuda_test_ffn(int dev, const struct moe_ffn *f, c
     st = run_jobs(m, {gu}, path ? &g : nullptr);
     if (!st) st = run_jobs(m, {job_of(dd, f->down.type, H, F, hd, F, n, yd, H, nullptr, Y_STORE)}, path ? &g : nullptr);
     if (!st) st = finish(y, yd, sizeof(float) * (size_t)(n * H));
-    if (h) cublasDestroy(h);
+    if (h) moe_blas_destroy(h);
     return st;
 }
 

@@ -647,7 +647,7 @@ enum moe_status run_gemm(const gemv_job *job, const gemm_ctx *g, cudaStream_t st
         MOE_LOGE("CUDA backend: GEMM buffers too small for a [%d x %d] matrix", J.n_out, J.n_in);
         return MOE_ERR_NOMEM;
     }
-    CUBLAS(cublasSetStream(g->blas, stream));
+    CUBLAS(moe_blas_set_stream(g->blas, stream));
     const float one = 1.0f, zero = 0.0f;
     for (int t0 = 0; t0 < J.n_tok; t0 += (int)ntc) {
         const int nt = (int)(J.n_tok - t0 < ntc ? J.n_tok - t0 : ntc);
@@ -663,7 +663,7 @@ enum moe_status run_gemm(const gemv_job *job, const gemm_ctx *g, cudaStream_t st
                     w, J.type, J.row_bytes, (int)o0, r, J.n_in, g->wbuf, out_type);
                 LAUNCHED();
                 // column-major: C[o, t] (ldc n_out) = W_slab^T (k = n_in) x X^T
-                CUBLAS(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, nt, J.n_in, &one, g->wbuf, ct, J.n_in,
+                CUBLAS(moe_blas_gemm_ex(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, nt, J.n_in, &one, g->wbuf, ct, J.n_in,
                                     g->xbuf, ct, J.n_in, &zero, dst + o0, CUDA_R_32F, J.n_out, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT));
             }
