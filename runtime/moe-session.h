@@ -144,6 +144,13 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
  * moe_store_get_stats. Borrowed: valid until moe_session_free. */
 const struct moe_store *moe_session_store(const struct moe_session *s);
 
+/* moe_route_logits: the router's choices for n tokens from their router
+ * logits [n x n_expert], as the session routes (softmax top-k with the
+ * model's renormalisation, or Phi-MoE's sparsemixer): sel, w [n x k] in
+ * rank order. k <= 64 (sparsemixer: <= 2). For backends and tests that
+ * route elsewhere and must agree with the session. */
+void moe_route_logits(const struct moe_config *c, int k, const float *logits, int n, int32_t *sel, float *w);
+
 /* moe_session_backend: the backend the session runs on (for its own stats,
  * e.g. moe_backend_cuda_stats). Borrowed: valid until moe_session_free. */
 const struct moe_backend *moe_session_backend(const struct moe_session *s);

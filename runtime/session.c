@@ -112,16 +112,18 @@ static void route_sparsemixer(const struct moe_config *c, int K, const float *lo
 }
 
 /* route: the router's choices for n tokens from their logits. */
-static void route(const struct moe_session *s, const float *logits, int n, int32_t *sel, float *w) {
-    const struct moe_config *c = &s->m->cfg;
-    const int E = c->n_expert, K = s->p.n_expert_used;
+void moe_route_logits(const struct moe_config *c, int k, const float *logits, int n, int32_t *sel, float *w) {
     for (int t = 0; t < n; t++) {
-        const float *lg = logits + (size_t)t * E;
+        const float *lg = logits + (size_t)t * (size_t)c->n_expert;
         if (c->router == MOE_ROUTER_SPARSEMIXER)
-            route_sparsemixer(c, K, lg, sel + (size_t)t * K, w + (size_t)t * K);
+            route_sparsemixer(c, k, lg, sel + (size_t)t * k, w + (size_t)t * k);
         else
-            route_softmax_topk(c, K, lg, sel + (size_t)t * K, w + (size_t)t * K);
+            route_softmax_topk(c, k, lg, sel + (size_t)t * k, w + (size_t)t * k);
     }
+}
+
+static void route(const struct moe_session *s, const float *logits, int n, int32_t *sel, float *w) {
+    moe_route_logits(&s->m->cfg, s->p.n_expert_used, logits, n, sel, w);
 }
 
 /* ---- session ---------------------------------------------------------- */
