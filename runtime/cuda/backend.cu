@@ -175,6 +175,7 @@ template <typename T> enum moe_status state_alloc(cuda *s, T **p, int64_t n) {
     return MOE_OK;
 }
 
+// pinned_alloc: page-locked host memory (mapped into the device's address space for UMA slots).
 enum moe_status pinned_alloc(cuda *s, moe_gpu_mem_kind kind, size_t bytes, void **out) {
     char msg[256];
     {
@@ -184,7 +185,8 @@ enum moe_status pinned_alloc(cuda *s, moe_gpu_mem_kind kind, size_t bytes, void 
             return MOE_ERR_NOMEM;
         }
     }
-    if (cudaHostAlloc(out, bytes ? bytes : 4096, cudaHostAllocPortable) != cudaSuccess) {
+    const unsigned flags = cudaHostAllocPortable | (kind == MOE_GPU_MEM_SLOTS ? cudaHostAllocMapped : 0);
+    if (cudaHostAlloc(out, bytes ? bytes : 4096, flags) != cudaSuccess) {
         cudaGetLastError();
         std::lock_guard<std::mutex> lk(s->mu);
         moe_gpu_ledger_give(&s->ledger, kind, (int64_t)bytes);
@@ -303,11 +305,12 @@ gemv_job make_job(const dmat &m, const float *x, int64_t ldx, int n_tok, float *
 // many tokens through cuBLAS. The area is committed here.
 enum moe_status run_phase(cuda *s, param_area *a, const std::vector<gemv_job> &jobs) {
     std::vector<gemv_job> small;
-    int max_out = 0;
+    int max_out = 0, max_tok = 0;
     for (const gemv_job &j : jobs)
         if (j.n_tok < MOE_CUDA_GEMM_MIN_TOK) {
             small.push_back(j);
-            max_out = j.n_out > max_out ? j.n_out : max_out;
+            max_out = std::max(max_out, j.n_out);
+            max_tok = std::max(max_tok, j.n_tok);
         }
     const gemv_job *jd = nullptr;
     if (!small.empty() && !(jd = (const gemv_job *)area_push(s, a, small.data(), small.size() * sizeof(gemv_job)))) {
@@ -316,7 +319,7 @@ enum moe_status run_phase(cuda *s, param_area *a, const std::vector<gemv_job> &j
     }
     enum moe_status st = area_commit(s, a);
     if (st) return st;
-    if (!small.empty() && (st = launch_gemv(jd, (int)small.size(), max_out, s->cs))) return st;
+    if (!small.empty() && (st = launch_gemv(jd, (int)small.size(), max_out, max_tok, s->cs))) return st;
     for (const gemv_job &j : jobs)
         if (j.n_tok >= MOE_CUDA_GEMM_MIN_TOK && (st = run_gemm(&j, &s->gemm, s->cs))) return st;
     return MOE_OK;
@@ -819,9 +822,9 @@ enum moe_status cu_expert_batch(moe_backend *be, const moe_expert_work *works, i
             return MOE_ERR_NOMEM;
         }
         if ((st = run_phase(s, a, gu))) return st;
-        int max_out = 0;
-        for (const gemv_job &j : small_dn) max_out = j.n_out > max_out ? j.n_out : max_out;
-        if (!small_dn.empty() && (st = launch_gemv(dn_d, (int)small_dn.size(), max_out, s->cs))) return st;
+        int max_out = 0, max_tok = 0;
+        for (const gemv_job &j : small_dn) max_out = std::max(max_out, j.n_out), max_tok = std::max(max_tok, j.n_tok);
+        if (!small_dn.empty() && (st = launch_gemv(dn_d, (int)small_dn.size(), max_out, max_tok, s->cs))) return st;
         for (const gemv_job &j : dn)
             if (j.n_tok >= MOE_CUDA_GEMM_MIN_TOK && (st = run_gemm(&j, &s->gemm, s->cs))) return st;
         for (dev_buf *b : used)
@@ -1048,8 +1051,9 @@ void ensure_lat(cuda *s) {
     const std::string key = lat_key(s);
     char path[4096];
     const int have_path = moe_lat_cache_path(key.c_str(), path, sizeof path) == MOE_OK;
+    const int n_prec = std::min(s->m->n_expert_prec, MOE_LAT_MAX_PREC);
     if (have_path && !s->g.recalibrate && moe_lat_table_read(path, &s->lat) == MOE_OK && key == s->lat.key &&
-        s->lat.n == s->m->n_expert_prec) {
+        s->lat.n == n_prec) {
         s->lat_state = 0;
         s->stats.lat_measured = 0;
         return;
@@ -1057,7 +1061,7 @@ void ensure_lat(cuda *s) {
     memset(&s->lat, 0, sizeof s->lat);
     snprintf(s->lat.key, sizeof s->lat.key, "%s", key.c_str());
     const double t0 = now_s();
-    for (int p = 0; p < s->m->n_expert_prec && p < MOE_LAT_MAX_PREC; p++) {
+    for (int p = 0; p < n_prec; p++) {
         if (measure_prec(s, p, &s->lat.e[p])) {
             MOE_LOGW("CUDA backend: could not measure the latency of precision %d; experts stay on the GPU", p);
             s->lat_failed = 1;

@@ -101,8 +101,9 @@ struct gemm_ctx {
     size_t obuf_elems;
 };
 
-/* launch_gemv: jobs (device array of n_jobs) on `stream`; max_out: the largest n_out. */
-enum moe_status launch_gemv(const gemv_job *jobs_dev, int n_jobs, int max_out, cudaStream_t stream);
+/* launch_gemv: jobs (device array of n_jobs) on `stream`; max_out: the
+ * largest n_out, max_tok: the largest n_tok (1: the one-token kernel). */
+enum moe_status launch_gemv(const gemv_job *jobs_dev, int n_jobs, int max_out, int max_tok, cudaStream_t stream);
 
 /* run_gemm: one job through cuBLAS (its fields as for the GEMV kernel; the
  * job itself is on the host here, its pointers on the device). */

@@ -77,11 +77,11 @@ enum moe_status run_jobs(dev_mem &m, const std::vector<gemv_job> &jobs, const ge
             if ((st = run_gemm(&j, g, 0))) return st;
         return MOE_OK;
     }
-    int max_out = 0;
-    for (const gemv_job &j : jobs) max_out = std::max(max_out, j.n_out);
+    int max_out = 0, max_tok = 0;
+    for (const gemv_job &j : jobs) max_out = std::max(max_out, j.n_out), max_tok = std::max(max_tok, j.n_tok);
     const gemv_job *jd = (const gemv_job *)m.put(jobs.data(), jobs.size() * sizeof(gemv_job));
     if (!jd) return MOE_ERR_NOMEM;
-    return launch_gemv(jd, (int)jobs.size(), max_out, 0);
+    return launch_gemv(jd, (int)jobs.size(), max_out, max_tok, 0);
 }
 
 enum moe_status finish(void *dst, const void *src, size_t n) {
@@ -341,7 +341,7 @@ extern "C" enum moe_status moe_cuda_bench_gemv(int dev, enum moe_qtype t, int64_
     double best = 0;
     for (int r = 0; r < reps + 1 && !st; r++) {
         cudaEventRecord(e0, 0);
-        st = launch_gemv(jd, 1, (int)n_out, 0);
+        st = launch_gemv(jd, 1, (int)n_out, 1, 0);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         float ms = 0;

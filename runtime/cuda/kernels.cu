@@ -211,10 +211,9 @@ __device__ void epilogue(const gemv_job &J, int t, int o, float a, float b) {
     if (J.used && o == 0) J.used[yi] = 1;
 }
 
-constexpr int GT = MOE_CUDA_GEMV_TOK;
-
-// gemv_warp: one warp computes output row o of J for every token
-template <int T> __device__ void gemv_warp(const gemv_job &J, int o, int lane) {
+// gemv_warp: one warp computes output row o of J for every token, GT tokens
+// per pass over the row (GT = 1: a decode step, fewer registers)
+template <int T, int GT> __device__ void gemv_warp(const gemv_job &J, int o, int lane) {
     const uint8_t *row = J.w + (size_t)o * J.row_bytes;
     const uint8_t *row2 = J.mode == Y_SWIGLU ? J.w2 + (size_t)o * J.row_bytes : nullptr;
     const int ng = J.n_in >> 3;
@@ -248,7 +247,9 @@ template <int T> __device__ void gemv_warp(const gemv_job &J, int o, int lane) {
         }
         for (int i = ng * 8 + lane; i < J.n_in; i += 32) { // float types with n_in % 8 != 0
             const float v = deq<T>::one(row, i), u = row2 ? deq<T>::one(row2, i) : 0.0f;
-            for (int t = 0; t < nt; t++) {
+#pragma unroll
+            for (int t = 0; t < GT; t++) { // constant indices keep a[] and b[] in registers
+                if (t >= nt) break;
                 a[t] += v * xp[t][i];
                 b[t] += u * xp[t][i];
             }
@@ -267,15 +268,26 @@ template <int T> __device__ void gemv_warp(const gemv_job &J, int o, int lane) {
     }
 }
 
+template <int T> __device__ void gemv_warp1(const gemv_job &J, int o, int lane) { gemv_warp<T, 1>(J, o, lane); }
+template <int T> __device__ void gemv_warpn(const gemv_job &J, int o, int lane) {
+    gemv_warp<T, MOE_CUDA_GEMV_TOK>(J, o, lane);
+}
+
 constexpr int GEMV_WARPS = 4;
 
-__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const gemv_job *jobs) {
+// gemv_kernel<MULTI>: MULTI = 0 when every job has one token (a decode step:
+// a separate kernel so its register count is the one-token path's)
+template <int MULTI> __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const gemv_job *jobs) {
     __shared__ gemv_job J;
     if (threadIdx.x == 0) J = jobs[blockIdx.y];
     __syncthreads();
     const int o = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (o >= J.n_out) return;
-    DISPATCH(J.type, gemv_warp, J, o, threadIdx.x & 31);
+    if (MULTI) {
+        DISPATCH(J.type, gemv_warpn, J, o, threadIdx.x & 31);
+    } else {
+        DISPATCH(J.type, gemv_warp1, J, o, threadIdx.x & 31);
+    }
 }
 
 // ---- the cuBLAS path: dequantize / gather + convert, then the epilogue ------
@@ -621,10 +633,11 @@ int grid_for(int64_t n, int threads) {
 
 // ---- launchers ---------------------------------------------------------------------
 
-enum moe_status launch_gemv(const gemv_job *jobs_dev, int n_jobs, int max_out, cudaStream_t stream) {
+enum moe_status launch_gemv(const gemv_job *jobs_dev, int n_jobs, int max_out, int max_tok, cudaStream_t stream) {
     if (n_jobs <= 0) return MOE_OK;
     dim3 grid((unsigned)((max_out + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)n_jobs);
-    gemv_kernel<<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
+    if (max_tok > 1) gemv_kernel<1><<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
+    else gemv_kernel<0><<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
     LAUNCHED();
     return MOE_OK;
 }
