@@ -132,8 +132,17 @@ static enum moe_status w_stage_end(struct moe_backend *be, uint64_t key, void *h
     return st;
 }
 
+/* The counts of the last backend freed (its session is gone by the time a test looks). */
+static struct wrap g_final;
+static struct moe_host_tier_stats g_final_tier;
+static int g_made;
+
 static void w_free(struct moe_backend *be) {
     struct wrap *s = W(be);
+    memset(&g_final_tier, 0, sizeof g_final_tier);
+    if (s->tier) moe_host_tier_get_stats(s->tier, &g_final_tier);
+    g_final = *s;
+    g_final.tier = NULL, g_final.cpu = NULL;
     moe_backend_free(s->cpu);
     moe_host_tier_free(s->tier);
     free(s);
@@ -150,9 +159,8 @@ static void t_free(void *u, void *p) {
     free(p);
 }
 
-/* What the next wrap_new makes, and the last one made (for its counts). */
+/* What the next wrap_new makes. */
 static struct wrap g_cfg;
-static struct wrap *g_last;
 
 static enum moe_status wrap_new(const struct moe_model *m, const struct moe_backend_params *p, void *user,
                                 struct moe_backend **out) {
@@ -179,7 +187,7 @@ static enum moe_status wrap_new(const struct moe_model *m, const struct moe_back
                                     s->device_only ? w_stage_begin : NULL, s->device_only ? w_stage_end : NULL};
     be->iface = i;
     be->ctx = s;
-    g_last = s;
+    g_made = 1;
     *out = be;
     return MOE_OK;
 }
@@ -243,12 +251,12 @@ static int same_counts(const struct moe_store_stats *a, const struct moe_store_s
 
 static void resident_batched(size_t n) {
     float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
-    memset(&g_cfg, 0, sizeof g_cfg);
+    memset(&g_cfg, 0, sizeof g_cfg), g_made = 0;
     CHECK(ref && got && run(model_dir, 0, 0, NULL, ref, NULL) && run(model_dir, 1, 0, NULL, got, NULL), "resident runs");
     CHECK(ref && got && !memcmp(ref, got, n * sizeof *ref), "batched experts: logits bit-identical to the CPU backend");
-    CHECK(g_last && g_last->n_batch_calls > 0 && g_last->n_expert_calls == 0 && g_last->n_works > g_last->n_batch_calls,
-          "one expert_batch call per MoE layer step (%d calls, %d works, %d expert())", g_last ? g_last->n_batch_calls : 0,
-          g_last ? g_last->n_works : 0, g_last ? g_last->n_expert_calls : 0);
+    CHECK(g_made && g_final.n_batch_calls > 0 && g_final.n_expert_calls == 0 && g_final.n_works > g_final.n_batch_calls,
+          "one expert_batch call per MoE layer step (%d calls, %d works, %d expert())", g_made ? g_final.n_batch_calls : 0,
+          g_made ? g_final.n_works : 0, g_made ? g_final.n_expert_calls : 0);
     free(ref);
     free(got);
 }
@@ -261,22 +269,21 @@ static void device_only_store(const char *bundle, size_t n) {
     struct moe_store_stats cpu_st, wrap_st;
     CHECK(ref && got && run(bundle, 0, 0, NULL, ref, NULL), "reference run");
     CHECK(run(bundle, 0, 0, &sp, got, &cpu_st) && !memcmp(ref, got, n * sizeof *ref), "the CPU backend with the budget");
-    memset(&g_cfg, 0, sizeof g_cfg);
+    memset(&g_cfg, 0, sizeof g_cfg), g_made = 0;
     g_cfg.device_only = 1, g_cfg.place_mode = 1;
     CHECK(run(bundle, 1, 0, &sp, got, &wrap_st), "device-only slots, staged loads, place()");
     CHECK(!memcmp(ref, got, n * sizeof *ref), "staged loads and host experts: logits bit-identical to the reference");
     CHECK(same_counts(&cpu_st, &wrap_st), "the policy's counts are unchanged: accesses %lld/%lld, misses %lld/%lld",
           (long long)cpu_st.accesses, (long long)wrap_st.accesses, (long long)cpu_st.misses_high,
           (long long)wrap_st.misses_high);
-    struct moe_host_tier_stats ts = {0};
-    if (g_last) moe_host_tier_get_stats(g_last->tier, &ts);
-    CHECK(g_last && wrap_st.host_runs > 0 && wrap_st.host_runs == g_last->n_place_host &&
-              g_last->n_host_works == wrap_st.host_runs,
-          "host runs: store %lld, place %d, works %d", (long long)wrap_st.host_runs, g_last ? g_last->n_place_host : -1,
-          g_last ? g_last->n_host_works : -1);
-    CHECK(g_last && g_last->n_stage > 0 && ts.hits > 0 && ts.misses > 0 && ts.hits + ts.misses == g_last->n_stage,
+    const struct moe_host_tier_stats ts = g_final_tier;
+    CHECK(g_made && wrap_st.host_runs > 0 && wrap_st.host_runs == g_final.n_place_host &&
+              g_final.n_host_works == wrap_st.host_runs,
+          "host runs: store %lld, place %d, works %d", (long long)wrap_st.host_runs, g_made ? g_final.n_place_host : -1,
+          g_made ? g_final.n_host_works : -1);
+    CHECK(g_made && g_final.n_stage > 0 && ts.hits > 0 && ts.misses > 0 && ts.hits + ts.misses == g_final.n_stage,
           "every load went through the stage hooks (%d), the host tier served some (%lld hits, %lld misses)",
-          g_last ? g_last->n_stage : 0, (long long)ts.hits, (long long)ts.misses);
+          g_made ? g_final.n_stage : 0, (long long)ts.hits, (long long)ts.misses);
     CHECK(wrap_st.loads == cpu_st.loads - (cpu_st.scratch_loads - wrap_st.scratch_loads),
           "loads: the CPU run's minus the scratch reads host experts did not need (%lld, %lld)", (long long)wrap_st.loads,
           (long long)cpu_st.loads);
@@ -302,7 +309,7 @@ static void scratch_groups(const char *bundle, size_t n) {
     sp.dynamic = 0, sp.high_cap = 6, sp.low_cap = 0;
     struct moe_store_stats cpu_st, wrap_st;
     CHECK(ref && got && run(bundle, 0, 6, &sp, ref, &cpu_st), "CPU backend, six experts per token, static placement");
-    memset(&g_cfg, 0, sizeof g_cfg);
+    memset(&g_cfg, 0, sizeof g_cfg), g_made = 0;
     g_cfg.device_only = 1;
     CHECK(run(bundle, 1, 6, &sp, got, &wrap_st), "wrapped backend, same");
     CHECK(!memcmp(ref, got, n * sizeof *ref), "grouped batches: logits bit-identical to the CPU backend's per-expert run");
@@ -310,21 +317,21 @@ static void scratch_groups(const char *bundle, size_t n) {
           "same counts (scratch loads %lld / %lld)", (long long)cpu_st.scratch_loads, (long long)wrap_st.scratch_loads);
     CHECK(cpu_st.scratch_loads > 2LL * 2 * ND * 4, "more scratch copies than scratch slots per decode step (%lld)",
           (long long)cpu_st.scratch_loads);
-    CHECK(g_last && g_last->n_batch_calls > 2 * ND * 4, "decode steps ran in several groups (%d calls)",
-          g_last ? g_last->n_batch_calls : 0);
+    CHECK(g_made && g_final.n_batch_calls > 2 * ND * 4, "decode steps ran in several groups (%d calls)",
+          g_made ? g_final.n_batch_calls : 0);
     free(ref);
     free(got);
 }
 
 static void versions(size_t n) {
     float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
-    memset(&g_cfg, 0, sizeof g_cfg);
+    memset(&g_cfg, 0, sizeof g_cfg), g_made = 0;
     g_cfg.iface.version = 1;
     CHECK(ref && got && run(model_dir, 0, 0, NULL, ref, NULL) && run(model_dir, 1, 0, NULL, got, NULL),
           "a version-1 backend runs");
-    CHECK(ref && got && !memcmp(ref, got, n * sizeof *ref) && g_last && g_last->n_bad_v2_call == 0 &&
-              g_last->n_expert_calls > 0,
-          "without its version-2 members (expert() %d calls)", g_last ? g_last->n_expert_calls : 0);
+    CHECK(ref && got && !memcmp(ref, got, n * sizeof *ref) && g_made && g_final.n_bad_v2_call == 0 &&
+              g_final.n_expert_calls > 0,
+          "without its version-2 members (expert() %d calls)", g_made ? g_final.n_expert_calls : 0);
     g_cfg.iface.version = 99;
     struct moe_model *m = NULL;
     struct moe_session *s = NULL;
