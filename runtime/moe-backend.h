@@ -6,7 +6,8 @@
  * it. A backend decides *how*: it owns the run state in its own memory (the
  * residual stream, the KV cache, scratch) and runs the pieces of a layer on
  * it. The CPU backend (runtime/cpu/backend-cpu.c) is the reference every
- * other backend is checked against; a CUDA backend implements the same table.
+ * other backend is checked against; the CUDA backend (runtime/cuda/,
+ * moe-cuda.h; not yet run on a GPU) implements the same table.
  *
  * The table is versioned as ggml's backends and SQLite's VFS are: a backend
  * sets iface->version to the MOE_BACKEND_VERSION it was written for, and the

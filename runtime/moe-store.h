@@ -3,8 +3,10 @@
  * bytes in a backend's memory and reads missed experts from the bundle.
  *
  * Tiers: the fast tier is a set of slots in the backend's memory (host RAM
- * for the CPU backend), split into a high-precision and a low-precision
- * cache; the slow tier is the .moeb file on storage, read with direct I/O
+ * for the CPU backend, GPU memory for the CUDA one, which the store fills
+ * through the backend's stage_begin / stage_end hooks: pinned host buffers,
+ * possibly the backend's host tier), split into a high-precision and a
+ * low-precision cache; the slow tier is the .moeb file on storage, read with direct I/O
  * (O_DIRECT on the 4096-aligned blobs, so the page cache cannot hide a miss),
  * buffered reads or copies out of the file mapping. Which copies stay is
  * decided by the cache-policy core (moe-cache.h), the same state machine

@@ -632,7 +632,11 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
             for (int32_t g = 0; g < st->L * st->E; g++)
                 if (blob(st, g, st->home[g], &b0) == MOE_OK) {
                     char *probe_buf = st->slots[0].buf.host;
-                    if (probe_buf && pread(st->fd, probe_buf, 4096, (off_t)b0.offset) < 0 && errno == EINVAL) {
+                    void *own = NULL; /* device-only slots (a GPU): probe into an aligned page of our own */
+                    if (!probe_buf && posix_memalign(&own, 4096, 4096) == 0) probe_buf = own;
+                    const int refused = probe_buf && pread(st->fd, probe_buf, 4096, (off_t)b0.offset) < 0 && errno == EINVAL;
+                    free(own);
+                    if (refused) {
                         MOE_LOGW("%s: direct reads refused (EINVAL); reading through the page cache", path);
                         close(st->fd);
                         st->io = MOE_IO_BUFFERED;
