@@ -171,7 +171,7 @@ template <typename T> enum moe_status state_alloc(cuda *s, T **p, int64_t n) {
     if (st) return st;
     s->dev_allocs.push_back({d, (int64_t)bytes});
     *p = (T *)d;
-    CU(cudaMemset(d, 0, bytes));
+    CU(cudaMemsetAsync(d, 0, bytes, s->cs)); // on the compute stream: ordered before its kernels
     return MOE_OK;
 }
 
@@ -218,7 +218,9 @@ enum moe_status upload(cuda *s, const void *p, size_t bytes, const void **out) {
     void *d;
     enum moe_status st = dalloc(s, MOE_GPU_MEM_WEIGHTS, bytes, &d);
     if (st) return st;
-    CU(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice));
+    // on the compute stream: a copy from pageable memory on the default stream may still be
+    // in flight when cudaMemcpy returns, and the compute stream does not wait for that stream
+    CU(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, s->cs));
     s->wmap[p] = d;
     s->wbytes[p] = (int64_t)bytes;
     s->stats.uploads++;
@@ -1002,7 +1004,7 @@ enum moe_status measure_prec(cuda *s, int p, moe_lat_entry *e) {
         }
         std::vector<float> xr((size_t)smax * (size_t)s->H);
         for (size_t i = 0; i < xr.size(); i++) xr[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-        cudaMemcpy(xd, xr.data(), sizeof(float) * xr.size(), cudaMemcpyHostToDevice);
+        cudaMemcpyAsync(xd, xr.data(), sizeof(float) * xr.size(), cudaMemcpyHostToDevice, s->cs);
         st = MOE_OK;
         for (int sn = 1; sn <= smax && !st; sn *= 2) { // GPU: median of 3 after a warm-up
             ts.clear();
