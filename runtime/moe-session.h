@@ -12,6 +12,7 @@
 #ifndef MOE_SESSION_H
 #define MOE_SESSION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moe-backend.h"
@@ -140,16 +141,22 @@ enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n
  * x [n x n_embd], on the session's threads. */
 enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n);
 
+/* moe_route: the router's choice for one token at MoE layer `layer` from its
+ * router logits [n_expert], exactly as a session routes: k experts (k <= the
+ * model's top-k; sparsemixer: 1 or 2) by gate weight, largest first, and
+ * their gate weights (routed_scaling_factor included). For tools that
+ * recompute routing offline (the profiler's stacked-gate prediction). */
+void moe_route(const struct moe_model *m, int layer, int k, const float *logits, int32_t *experts, float *weights);
+
+/* moe_session_kv_bytes: the bytes the session's KV cache holds (allocated for
+ * n_ctx tokens): full keys and values per layer for grouped-query attention,
+ * the compressed latent and the shared rope key for multi-head latent
+ * attention. 0 when the backend does not report it. */
+size_t moe_session_kv_bytes(const struct moe_session *s);
+
 /* moe_session_store: the session's expert store, or NULL (no budget); for
  * moe_store_get_stats. Borrowed: valid until moe_session_free. */
 const struct moe_store *moe_session_store(const struct moe_session *s);
-
-/* moe_route_logits: the router's choices for n tokens from their router
- * logits [n x n_expert], as the session routes (softmax top-k with the
- * model's renormalisation, or Phi-MoE's sparsemixer): sel, w [n x k] in
- * rank order. k <= 64 (sparsemixer: <= 2). For backends and tests that
- * route elsewhere and must agree with the session. */
-void moe_route_logits(const struct moe_config *c, int k, const float *logits, int n, int32_t *sel, float *w);
 
 /* moe_session_backend: the backend the session runs on (for its own stats,
  * e.g. moe_backend_cuda_stats). Borrowed: valid until moe_session_free. */

@@ -1,5 +1,5 @@
 /*
- * test-backend-seam.c - the backend interface's version-2 hooks, host-side,
+ * test-backend-seam.c - the backend interface's version-3 hooks, host-side,
  * with a test backend that wraps the CPU reference backend (so every number
  * is the reference's) but behaves towards the session and the expert store
  * as a GPU backend does:
@@ -14,7 +14,7 @@
  *   - decode steps of six experts under Twiddler's static placement: more
  *     scratch copies than scratch slots per step, so the session must run
  *     them in groups; logits and counts equal the CPU backend's;
- *   - a backend of interface version 1 is driven without the version-2
+ *   - a backend of interface version 1 is driven without the version-3
  *     members, one of an unknown version is refused.
  * argv: moe-prep MODEL_DIR WORK_DIR.
  */
@@ -40,7 +40,7 @@ struct wrap {
     struct moe_host_tier *tier;
     /* counts */
     int n_expert_calls, n_batch_calls, n_works, n_host_works, n_place_host;
-    int n_stage, n_bad_v2_call;
+    int n_stage, n_bad_v3_call;
 };
 
 static struct wrap *W(struct moe_backend *be) { return be->ctx; }
@@ -91,12 +91,13 @@ static enum moe_status w_ffn_rows(struct moe_backend *be, const struct moe_ffn *
 static enum moe_status w_lm_head_rows(struct moe_backend *be, const float *x, int n, float *lg) {
     return C(be)->iface->lm_head_rows(C(be), x, n, lg);
 }
+static size_t w_kv_cache_bytes(struct moe_backend *be) { return C(be)->iface->kv_cache_bytes(C(be)); }
 
 /* w_expert_batch: the works in order through the CPU backend (host works too:
  * their views are host memory, which is the CPU backend's). */
 static enum moe_status w_expert_batch(struct moe_backend *be, const struct moe_expert_work *wk, int n) {
     struct wrap *s = W(be);
-    if (s->iface.version < 2) s->n_bad_v2_call++;
+    if (s->iface.version < 3) s->n_bad_v3_call++;
     s->n_batch_calls++;
     for (int i = 0; i < n; i++) {
         s->n_works++;
@@ -110,7 +111,7 @@ static enum moe_status w_expert_batch(struct moe_backend *be, const struct moe_e
 static void w_place(struct moe_backend *be, int layer, int n, const int32_t *tokens, const int32_t *prec,
                     const uint8_t *resident, uint8_t *host) {
     struct wrap *s = W(be);
-    if (s->iface.version < 2) s->n_bad_v2_call++;
+    if (s->iface.version < 3) s->n_bad_v3_call++;
     for (int i = 0; i < n; i++) {
         host[i] = s->place_mode == 1 && !resident[i] && (i % 2 == 0) && tokens[i] > 0 && prec[i] >= 0;
         s->n_place_host += host[i];
@@ -183,7 +184,7 @@ static enum moe_status wrap_new(const struct moe_model *m, const struct moe_back
     *i = (struct moe_backend_iface){(uint32_t)version, "seam-test", w_free, w_buffer_alloc, w_buffer_free,
                                     w_buffer_write, w_embed, w_set_x, w_get_x, w_get_xn, w_attention, w_ffn_norm,
                                     w_router, w_expert, w_dense, w_residual, w_lm_head, w_ffn_rows, w_lm_head_rows,
-                                    w_expert_batch, s->place_mode ? w_place : NULL,
+                                    w_kv_cache_bytes, w_expert_batch, s->place_mode ? w_place : NULL,
                                     s->device_only ? w_stage_begin : NULL, s->device_only ? w_stage_end : NULL};
     be->iface = i;
     be->ctx = s;
@@ -329,9 +330,9 @@ static void versions(size_t n) {
     g_cfg.iface.version = 1;
     CHECK(ref && got && run(model_dir, 0, 0, NULL, ref, NULL) && run(model_dir, 1, 0, NULL, got, NULL),
           "a version-1 backend runs");
-    CHECK(ref && got && !memcmp(ref, got, n * sizeof *ref) && g_made && g_final.n_bad_v2_call == 0 &&
+    CHECK(ref && got && !memcmp(ref, got, n * sizeof *ref) && g_made && g_final.n_bad_v3_call == 0 &&
               g_final.n_expert_calls > 0,
-          "without its version-2 members (expert() %d calls)", g_made ? g_final.n_expert_calls : 0);
+          "without its version-3 members (expert() %d calls)", g_made ? g_final.n_expert_calls : 0);
     g_cfg.iface.version = 99;
     struct moe_model *m = NULL;
     struct moe_session *s = NULL;

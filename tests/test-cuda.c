@@ -15,7 +15,7 @@
  *   - RMSNorm and LayerNorm (1e-6 relative), RoPE (bit-identical: same
  *     operations), attention for decode (split over the keys) and prefill,
  *     GQA and a sliding window (1e-5 against double), device routing (same
- *     experts, weights within 1e-6 of moe_route_logits), the residual sum in
+ *     experts, weights within 1e-6 of moe_route), the residual sum in
  *     slot order with a shared expert.
  * The whole model (moe-run's paths through the session):
  *   - every architecture fixture and the trained model, prompt then 64
@@ -134,6 +134,7 @@ struct expert {
 };
 
 static void expert_new(struct expert *e, enum moe_qtype t, int64_t H, int64_t F) {
+    memset(e, 0, sizeof *e);
     void *g = quant_matrix(t, F, H, 0.06f, &e->g), *u = quant_matrix(t, F, H, 0.06f, &e->u);
     void *d = quant_matrix(t, H, F, 0.06f, &e->d);
     e->f.gate = (struct moe_weight){g, t, F, H};
@@ -295,9 +296,10 @@ static void norms_rope_attention(void) {
 }
 
 static void routing_and_residual(void) {
-    struct moe_config c;
-    memset(&c, 0, sizeof c);
-    c.n_expert = 60;
+    struct moe_model mod; /* moe_route reads the config (and the layers only for DeepSeek-V3) */
+    memset(&mod, 0, sizeof mod);
+    struct moe_config *cf = &mod.cfg;
+    cf->n_expert = 60, cf->routed_scale = 1.0f, cf->n_group = cf->topk_group = 1;
     const int n = 50;
     float *lg = malloc(sizeof(float) * n * 60);
     for (int i = 0; i < n * 60; i++) lg[i] = 4 * frand();
@@ -305,10 +307,10 @@ static void routing_and_residual(void) {
     float w[50 * 8], gw[50 * 8];
     for (int mode = 0; mode < 3; mode++) {
         const int k = mode == 2 ? 2 : 8;
-        c.router = mode == 2 ? MOE_ROUTER_SPARSEMIXER : MOE_ROUTER_SOFTMAX_TOPK;
-        c.norm_topk_prob = mode == 1;
-        c.router_jitter = 0.01f;
-        moe_route_logits(&c, k, lg, n, sel, w);
+        cf->router = mode == 2 ? MOE_ROUTER_SPARSEMIXER : MOE_ROUTER_SOFTMAX_TOPK;
+        cf->norm_topk_prob = mode == 1;
+        cf->router_jitter = 0.01f;
+        for (int t = 0; t < n; t++) moe_route(&mod, 0, k, lg + t * 60, sel + t * k, w + t * k);
         CHECK(moe_cuda_test_route(dev, lg, n, 60, k, mode == 2, mode == 1, 0.01f, gsel, gw) == MOE_OK, "route %d", mode);
         double worst = 0;
         for (int i = 0; i < n * k; i++) worst = fmax(worst, fabs(w[i] - gw[i]));

@@ -1,4 +1,4 @@
-// backend.cu - the CUDA backend (moe-cuda.h, moe-backend.h version 2).
+// backend.cu - the CUDA backend (moe-cuda.h, moe-backend.h version 3).
 //
 // UNVERIFIED: compiled without a GPU and never run; see moe-cuda.h and
 // docs/architecture.md ("The CUDA backend") for what the tests will check.
@@ -355,6 +355,10 @@ enum moe_status read_buf(cuda *s, dev_buf *b) {
 enum moe_status ffn_dev(cuda *s, const moe_ffn &f, const float *x, int n, float *y, int mode) {
     dmat g, u, d;
     enum moe_status st;
+    if (f.bias) {
+        MOE_LOGE("CUDA backend: feed-forward biases are not supported");
+        return MOE_ERR_UNSUPPORTED;
+    }
     if ((st = dmat_of(s, f.gate, &g)) || (st = dmat_of(s, f.up, &u)) || (st = dmat_of(s, f.down, &d))) return st;
     if (g.type != u.type || g.n_out != u.n_out || g.n_in != u.n_in) {
         MOE_LOGE("CUDA backend: gate and up matrices differ in type or shape");
@@ -401,6 +405,7 @@ void rope_init(const moe_config *c, float *inv_freq) {
             f = scaled;
             break;
         }
+        default: break; // refused at creation (supported())
         }
         inv_freq[i] = f;
     }
@@ -777,6 +782,10 @@ enum moe_status cu_expert_batch(moe_backend *be, const moe_expert_work *works, i
     for (int i = 0; i < n; i++) {
         const moe_expert_work &w = works[i];
         if (w.host || w.n_rows <= 0) continue;
+        if (w.f.bias) {
+            MOE_LOGE("CUDA backend: expert biases are not supported");
+            return MOE_ERR_UNSUPPORTED;
+        }
         dmat g, u, d;
         if ((st = dmat_of(s, w.f.gate, &g)) || (st = dmat_of(s, w.f.up, &u)) || (st = dmat_of(s, w.f.down, &d))) return st;
         if (g.type != u.type || g.n_out != u.n_out || g.n_in != u.n_in || d.n_in != g.n_out || d.n_out != s->H) {
@@ -864,7 +873,7 @@ enum moe_status cu_dense(moe_backend *be, int layer, int n) {
     const moe_layer *L = &s->m->layers[layer];
     if (!c->layer_moe[layer]) return ffn_dev(s, L->dense, s->xn, n, s->acc, Y_STORE);
     if (c->n_ff_shared <= 0) return MOE_OK;
-    enum moe_status st = matmul(s, L->shared_gate, nullptr, s->xn, s->H, n, s->sg, 1, Y_STORE);
+    enum moe_status st = c->shared_gated ? matmul(s, L->shared_gate, nullptr, s->xn, s->H, n, s->sg, 1, Y_STORE) : MOE_OK;
     if (st || (st = ffn_dev(s, L->shared, s->xn, n, s->tmp, Y_STORE))) return st;
     s->shared_pending = 1;
     return MOE_OK;
@@ -874,7 +883,7 @@ enum moe_status cu_residual(moe_backend *be, int n) {
     cuda *s = ctx(be);
     enum moe_status st = flush_host(s);
     if (st) return st;
-    st = launch_residual(s->x, s->acc, s->part, s->part_used, s->shared_pending ? s->sg : nullptr,
+    st = launch_residual(s->x, s->acc, s->part, s->part_used, s->shared_pending && s->c->shared_gated ? s->sg : nullptr,
                          s->shared_pending ? s->tmp : nullptr, n, s->S, (int)s->H, s->cs);
     s->shared_pending = 0;
     return st;
@@ -1095,6 +1104,11 @@ void cu_place(moe_backend *be, int layer, int n, const int32_t *tokens, const in
     for (int i = 0; i < n; i++) s->stats.placed_host += host[i];
 }
 
+size_t cu_kv_cache_bytes(moe_backend *be) {
+    cuda *s = ctx(be);
+    return 2 * sizeof(float) * (size_t)s->c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
+}
+
 // ---- creation -----------------------------------------------------------------------
 
 void cu_free(moe_backend *be);
@@ -1102,7 +1116,7 @@ void cu_free(moe_backend *be);
 const moe_backend_iface k_cuda_iface = {
     MOE_BACKEND_VERSION, "cuda", cu_free, cu_buffer_alloc, cu_buffer_free, cu_buffer_write, cu_embed, cu_set_x,
     cu_get_x, cu_get_xn, cu_attention, cu_ffn_norm, cu_router, cu_expert, cu_dense, cu_residual, cu_lm_head,
-    cu_ffn_rows, cu_lm_head_rows, cu_expert_batch, cu_place, cu_stage_begin, cu_stage_end,
+    cu_ffn_rows, cu_lm_head_rows, cu_kv_cache_bytes, cu_expert_batch, cu_place, cu_stage_begin, cu_stage_end,
 };
 
 void cu_free(moe_backend *be) {
@@ -1143,7 +1157,11 @@ void cu_free(moe_backend *be) {
 enum moe_status supported(const moe_config *c) {
     const char *why = nullptr;
     if ((int)c->arch < MOE_ARCH_MIXTRAL || (int)c->arch > MOE_ARCH_PHIMOE) why = "architecture";
-    else if ((int)c->rope.kind < MOE_ROPE_DEFAULT || (int)c->rope.kind > MOE_ROPE_LLAMA3) why = "RoPE variant";
+    else if (c->attn != MOE_ATTN_GQA) why = "attention kind";
+    else if (c->attn_sinks) why = "attention sinks";
+    else if (c->expert_act != MOE_ACT_SWIGLU || c->expert_bias || c->router_bias) why = "expert activation or biases";
+    else if ((int)c->rope.kind < MOE_ROPE_DEFAULT || (int)c->rope.kind > MOE_ROPE_LLAMA3 || c->rope.interleave)
+        why = "RoPE variant";
     else if (c->head_dim > 256 || c->head_dim <= 0) why = "head size above 256";
     else if (c->rope.n_rot % 2 || c->rope.n_rot > c->head_dim) why = "rotary dimension";
     else if (c->n_head_kv <= 0 || c->n_head % c->n_head_kv) why = "head grouping";
@@ -1175,7 +1193,8 @@ enum moe_status upload_all(cuda *s) {
         if (c->layer_moe[l]) {
             if ((st = dmat_of(s, L->router, &d))) return st;
             if (c->n_ff_shared > 0 && ((st = dmat_of(s, L->shared.gate, &d)) || (st = dmat_of(s, L->shared.up, &d)) ||
-                                       (st = dmat_of(s, L->shared.down, &d)) || (st = dmat_of(s, L->shared_gate, &d))))
+                                       (st = dmat_of(s, L->shared.down, &d)) ||
+                                       (c->shared_gated && (st = dmat_of(s, L->shared_gate, &d)))))
                 return st;
         } else if ((st = dmat_of(s, L->dense.gate, &d)) || (st = dmat_of(s, L->dense.up, &d)) ||
                    (st = dmat_of(s, L->dense.down, &d))) {

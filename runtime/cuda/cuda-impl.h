@@ -147,7 +147,8 @@ struct attn_args {
 };
 enum moe_status launch_attention(const attn_args *a, cudaStream_t stream);
 
-/* launch_residual: x[t] += acc[t] + the used slots in slot order (+ sigmoid(sg[t]) * sh[t]). */
+/* launch_residual: x[t] += acc[t] + the used slots in slot order (+ sh[t],
+ * times sigmoid(sg[t]) when sg is set: a gated shared expert). */
 enum moe_status launch_residual(float *x, const float *acc, const float *part, const uint8_t *used, const float *sg,
                                 const float *sh, int n_tok, int n_slots, int n_embd, cudaStream_t stream);
 
@@ -156,9 +157,10 @@ enum moe_status launch_residual(float *x, const float *acc, const float *part, c
 enum moe_status launch_scatter_slots(float *part, uint8_t *used, const float *src, const int32_t *row,
                                      const int32_t *slot, int n, int n_slots, int n_embd, cudaStream_t stream);
 
-/* launch_route: device routing of n rows of E logits (softmax top-k or sparsemixer). */
+/* launch_route: device routing of n rows of E logits (softmax top-k, its
+ * weights times scale = routed_scale, or sparsemixer), as moe_route. */
 enum moe_status launch_route(const float *logits, int n, int E, int k, int sparsemixer, int norm_topk, float eps,
-                             int32_t *sel, float *w, cudaStream_t stream);
+                             float scale, int32_t *sel, float *w, cudaStream_t stream);
 
 
 #endif

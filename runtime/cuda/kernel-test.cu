@@ -250,7 +250,7 @@ extern "C" enum moe_status moe_cuda_test_route(int dev, const float *logits, int
     int32_t *sd = (int32_t *)m.put(nullptr, sizeof(int32_t) * (size_t)n * k);
     float *wd = (float *)m.put(nullptr, sizeof(float) * (size_t)n * k);
     if (!ld || !sd || !wd) return MOE_ERR_NOMEM;
-    if ((st = launch_route(ld, n, E, k, sparsemixer, norm_topk, eps, sd, wd, 0))) return st;
+    if ((st = launch_route(ld, n, E, k, sparsemixer, norm_topk, eps, 1.0f, sd, wd, 0))) return st;
     if ((st = finish(sel, sd, sizeof(int32_t) * (size_t)n * k))) return st;
     CU(cudaMemcpy(w, wd, sizeof(float) * (size_t)n * k, cudaMemcpyDeviceToHost));
     return MOE_OK;
@@ -268,8 +268,8 @@ extern "C" enum moe_status moe_cuda_test_residual(int dev, float *x, const float
     const float *pd = (const float *)m.put(part, xb * (size_t)n_slots);
     const uint8_t *ud = (const uint8_t *)m.put(used, (size_t)(n_tok * n_slots));
     const float *gd = sg ? (const float *)m.put(sg, sizeof(float) * (size_t)n_tok) : nullptr;
-    const float *hd = sg ? (const float *)m.put(sh, xb) : nullptr;
-    if (!xd || !ad || !pd || !ud || (sg && (!gd || !hd))) return MOE_ERR_NOMEM;
+    const float *hd = sh ? (const float *)m.put(sh, xb) : nullptr;
+    if (!xd || !ad || !pd || !ud || (sg && !gd) || (sh && !hd)) return MOE_ERR_NOMEM;
     if ((st = launch_residual(xd, ad, pd, ud, gd, hd, n_tok, n_slots, (int)n_embd, 0))) return st;
     return finish(x, xd, xb);
 }

@@ -553,7 +553,7 @@ __global__ void residual_kernel(float *x, const float *acc, const float *part, c
         float a = acc[idx];
         for (int k = 0; k < n_slots; k++)
             if (used[(int64_t)t * n_slots + k]) a = __fadd_rn(a, part[((int64_t)t * n_slots + k) * n_embd + d]);
-        if (sg) a = __fadd_rn(a, __fmul_rn(1.0f / (1.0f + expf(-sg[t])), sh[idx]));
+        if (sh) a = __fadd_rn(a, sg ? __fmul_rn(1.0f / (1.0f + expf(-sg[t])), sh[idx]) : sh[idx]);
         x[idx] = __fadd_rn(x[idx], a);
     }
 }
@@ -570,7 +570,7 @@ constexpr int ROUTE_MAX_E = 256;
 
 // route_kernel: one thread per token, the session's routing (session.c) in the same float operations
 __global__ void route_kernel(const float *logits, int n, int E, int K, int sparsemixer, int norm_topk, float eps,
-                             int32_t *sel, float *w) {
+                             float scale, int32_t *sel, float *w) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const float *lg = logits + (int64_t)t * E;
@@ -597,6 +597,7 @@ __global__ void route_kernel(const float *logits, int n, int E, int K, int spars
             for (int k = 0; k < K; k++) ws += wt[k];
             for (int k = 0; k < K; k++) wt[k] /= ws;
         }
+        for (int k = 0; k < K; k++) wt[k] *= scale;
         return;
     }
     for (int e = 0; e < E; e++) p[e] = lg[e]; // masked scores
@@ -761,13 +762,13 @@ enum moe_status launch_scatter_slots(float *part, uint8_t *used, const float *sr
 }
 
 enum moe_status launch_route(const float *logits, int n, int E, int k, int sparsemixer, int norm_topk, float eps,
-                             int32_t *sel, float *w, cudaStream_t stream) {
+                             float scale, int32_t *sel, float *w, cudaStream_t stream) {
     if (E > ROUTE_MAX_E || k > E || k < 1) {
         MOE_LOGE("CUDA routing: %d experts (at most %d), top-%d", E, ROUTE_MAX_E, k);
         return MOE_ERR_UNSUPPORTED;
     }
     if (n <= 0) return MOE_OK;
-    route_kernel<<<(n + 63) / 64, 64, 0, stream>>>(logits, n, E, k, sparsemixer, norm_topk, eps, sel, w);
+    route_kernel<<<(n + 63) / 64, 64, 0, stream>>>(logits, n, E, k, sparsemixer, norm_topk, eps, scale, sel, w);
     LAUNCHED();
     return MOE_OK;
 }

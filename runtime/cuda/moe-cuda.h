@@ -7,7 +7,7 @@
  * tests that exercise it (tests/test-cuda.c, label gpu) skip there. Until
  * they have passed on a device, treat the backend as unverified.
  *
- * The backend implements moe-backend.h (version 2) on one device: the run
+ * The backend implements moe-backend.h (version 3) on one device: the run
  * state (residual stream, KV cache in float32, scratch) in device memory,
  * non-expert weights uploaded once in their stored types, experts read by
  * dequantizing kernels straight from the bundle's blocks (q8_0, q4_0, q2_k,
@@ -118,13 +118,14 @@ enum moe_status moe_cuda_test_rope(int dev, float *v, int n_tok, int n_heads, in
 enum moe_status moe_cuda_test_attention(int dev, const float *q, const float *kc, const float *vc, int n_tok, int pos0,
                                         int n_head, int n_head_kv, int hd, int window, int n_split, float *out);
 
-/* moe_cuda_test_route: softmax top-k (sparsemixer 0) or Phi-MoE's
- * sparsemixer (1, with eps) of n rows of E logits on the device: sel, w [n x k]. */
+/* moe_cuda_test_route: softmax top-k (sparsemixer 0; weights not scaled) or
+ * Phi-MoE's sparsemixer (1, with eps) of n rows of E logits on the device:
+ * sel, w [n x k]. */
 enum moe_status moe_cuda_test_route(int dev, const float *logits, int n, int E, int k, int sparsemixer, int norm_topk,
                                     float eps, int32_t *sel, float *w);
 
 /* moe_cuda_test_residual: x[t] += acc[t] + sum of used slots in slot order
- * (+ sigmoid(sg[t]) * sh[t] when sg != NULL). */
+ * (+ sh[t] when sh != NULL, times sigmoid(sg[t]) when sg != NULL). */
 enum moe_status moe_cuda_test_residual(int dev, float *x, const float *acc, const float *part, const uint8_t *used,
                                        const float *sg, const float *sh, int n_tok, int n_slots, int64_t n_embd);
 
