@@ -6,13 +6,15 @@
  * it. A backend decides *how*: it owns the run state in its own memory (the
  * residual stream, the KV cache, scratch) and runs the pieces of a layer on
  * it. The CPU backend (runtime/cpu/backend-cpu.c) is the reference every
- * other backend is checked against; a CUDA backend implements the same table.
+ * other backend is checked against; the CUDA backend (runtime/cuda/,
+ * moe-cuda.h; not yet run on a GPU) implements the same table.
  *
  * The table is versioned as ggml's backends and SQLite's VFS are: a backend
  * sets iface->version to the MOE_BACKEND_VERSION it was written for, the
  * session refuses a backend whose version is newer than it knows, and calls
  * a member only when the backend's version has it. Members are only ever
- * appended. Version 2 added kv_cache_bytes.
+ * appended. Version 2 added kv_cache_bytes; version 3 expert_batch, place,
+ * stage_begin and stage_end (each may be NULL).
  *
  * Attention kinds: `attention` runs the layer's attention whatever its kind
  * (moe_config.attn): grouped-query attention with K and V in the cache, or
@@ -48,7 +50,7 @@
 extern "C" {
 #endif
 
-#define MOE_BACKEND_VERSION 2
+#define MOE_BACKEND_VERSION 3
 
 /* Memory owned by a backend. */
 struct moe_buffer {
@@ -60,6 +62,17 @@ struct moe_buffer {
 };
 
 struct moe_backend;
+
+/* One routed expert's work in a layer step (expert_batch). */
+struct moe_expert_work {
+    struct moe_ffn f;       /* views in this backend's memory, or in host memory when host != 0 */
+    const int32_t *rows;    /* [n_rows] batch rows */
+    const int32_t *slots;   /* [n_rows] expert slots of those rows */
+    const float *w;         /* [n_rows] gate weights */
+    int n_rows;
+    int host;               /* 1: compute it on the host over host-memory views (Twiddler's CPU side) */
+    float *out;             /* [n_rows x n_embd] unweighted outputs (host), or NULL */
+};
 
 struct moe_backend_iface {
     uint32_t version; /* MOE_BACKEND_VERSION the backend implements */
@@ -121,6 +134,34 @@ struct moe_backend_iface {
     /* kv_cache_bytes: the bytes of the KV cache the backend allocated for
      * n_ctx tokens of every layer (what the attention kind keeps per token). */
     size_t (*kv_cache_bytes)(struct moe_backend *be);
+
+    /* -- version 3 -- */
+    /* expert_batch: expert() for n works of one layer step in one call (a GPU
+     * launches its device works together); works with host != 0 have views in
+     * host memory and run on the host, overlapped with the device's work.
+     * The result is what expert() per work would give. The session uses it
+     * when present; a backend with place must have it. */
+    enum moe_status (*expert_batch)(struct moe_backend *be, const struct moe_expert_work *works, int n);
+    /* place: where n experts of layer `layer` run this step (Twiddler): given
+     * each one's routed rows tokens[i], stored precision prec[i] and
+     * resident[i] (1: its copy is in this backend's memory or loading there
+     * for this use), set host[i] = 1 to compute it on the host over its host
+     * copy instead. Called by the expert store on the session's thread; NULL:
+     * everything runs on the backend. */
+    void (*place)(struct moe_backend *be, int layer, int n, const int32_t *tokens, const int32_t *prec,
+                  const uint8_t *resident, uint8_t *host);
+    /* stage_begin / stage_end: how the expert store fills a buffer without a
+     * host view (host == NULL). stage_begin gives a host buffer of at least
+     * `room` bytes for content `key` (pinned memory on a GPU, so reads can be
+     * direct and the copy asynchronous) and *ready = 1 when it already holds
+     * that content (the backend's host tier: no read needed). stage_end: the
+     * caller is done with it; ok: it holds key's verified `n` raw bytes, to be
+     * copied to dst (the backend orders its later reads of dst after the
+     * copy). Called by the store's loader threads, concurrently. NULL: the
+     * store reads into its own staging and calls buffer_write. */
+    enum moe_status (*stage_begin)(struct moe_backend *be, uint64_t key, size_t room, void **host, int *ready);
+    enum moe_status (*stage_end)(struct moe_backend *be, uint64_t key, void *host, int ok, struct moe_buffer *dst,
+                                 size_t n);
 };
 
 struct moe_backend {
@@ -135,6 +176,11 @@ struct moe_backend_params {
     int n_threads; /* CPU threads (<= 0: all online CPUs) */
     int n_slots;   /* expert slots per token (the most experts a token uses, >= 1) */
 };
+
+/* A backend constructor, for moe_session_params.backend_new (NULL there: the
+ * CPU backend). `user` is moe_session_params.backend_user. */
+typedef enum moe_status (*moe_backend_new_fn)(const struct moe_model *model, const struct moe_backend_params *p,
+                                              void *user, struct moe_backend **out);
 
 /* moe_backend_cpu_new: the CPU reference backend for `model` (borrowed: it
  * must outlive the backend): KV cache and scratch in host memory, a thread

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe-backend.h"
 #include "moe-model.h"
 #include "moe-store.h"
 
@@ -80,6 +81,9 @@ struct moe_session_params {
                          * NULL = every expert resident, as mapped (borrowed for
                          * the call) */
     int record_trace;   /* 1: keep the routing of every token run (moe_session_trace) */
+    moe_backend_new_fn backend_new; /* the backend to run on (moe-backend.h); NULL = the CPU
+                         * reference backend. The CUDA backend: moe_backend_cuda_new_fn */
+    void *backend_user; /* passed to backend_new (borrowed for the call) */
 };
 
 struct moe_session_params moe_session_default_params(void);
@@ -153,6 +157,10 @@ size_t moe_session_kv_bytes(const struct moe_session *s);
 /* moe_session_store: the session's expert store, or NULL (no budget); for
  * moe_store_get_stats. Borrowed: valid until moe_session_free. */
 const struct moe_store *moe_session_store(const struct moe_session *s);
+
+/* moe_session_backend: the backend the session runs on (for its own stats,
+ * e.g. moe_backend_cuda_stats). Borrowed: valid until moe_session_free. */
+const struct moe_backend *moe_session_backend(const struct moe_session *s);
 
 /* The routing the session ran (record_trace): sequence i (a reset starts
  * one) is tokens [seq_start[i], seq_start[i+1]); per token and MoE layer

@@ -3,8 +3,10 @@
  * bytes in a backend's memory and reads missed experts from the bundle.
  *
  * Tiers: the fast tier is a set of slots in the backend's memory (host RAM
- * for the CPU backend), split into a high-precision and a low-precision
- * cache; the slow tier is the .moeb file on storage, read with direct I/O
+ * for the CPU backend, GPU memory for the CUDA one, which the store fills
+ * through the backend's stage_begin / stage_end hooks: pinned host buffers,
+ * possibly the backend's host tier), split into a high-precision and a
+ * low-precision cache; the slow tier is the .moeb file on storage, read with direct I/O
  * (O_DIRECT on the 4096-aligned blobs, so the page cache cannot hide a miss),
  * buffered reads or copies out of the file mapping. Which copies stay is
  * decided by the cache-policy core (moe-cache.h), the same state machine
@@ -100,6 +102,7 @@ struct moe_store_stats {
     int dynamic;                    /* dynamic precision on */
     double t1, t2;
     enum moe_io_mode io;            /* the mode used (after any fallback) */
+    int64_t host_runs;              /* uses computed on the host by the backend's choice (Twiddler) */
 };
 
 struct moe_store;
@@ -124,10 +127,16 @@ struct moe_store_item {
     int expert;
     int n;            /* tokens routed to it */
     int first;        /* its rows start at plan->rows[first] */
-    int handle;       /* the store's slot (-1: resident / skipped) */
+    int handle;       /* the store's slot (-1: skipped, or read into a scratch slot when acquired) */
     int precision;    /* stored precision index used */
     int skipped;      /* HOBBIT skip: not computed */
+    int host;         /* the backend's place() chose the host: moe_store_acquire gives host
+                       * views of the model's mapping (no slot, no wait) */
 };
+
+/* Scratch slots: copies the policy does not keep are read into these, so a
+ * step may hold at most this many such copies acquired at once. */
+#define MOE_STORE_SCRATCH 2
 
 struct moe_store_plan {
     int n_items;

@@ -39,6 +39,7 @@ struct moe_session {
     int32_t *rows, *slots;      /* [B x k] gathered work of one layer */
     float *rw;                  /* [B x k] */
     int32_t *ord;               /* [k] scratch */
+    struct moe_expert_work *works; /* [n_expert] one layer step's works (expert_batch) */
     int *moe_of, n_moe;         /* [n_layer] MoE layer index (-1: dense); MoE layers */
     /* the routing of the run (record_trace): MoE layers only, as profiles */
     int32_t *tr_experts;
@@ -243,6 +244,59 @@ static enum moe_status trace_grow(struct moe_session *s, int n) {
     return MOE_OK;
 }
 
+/* has_batch: the backend takes a layer step's experts in one call, and no
+ * observer needs their outputs one by one. */
+static int has_batch(const struct moe_session *s) {
+    const struct moe_backend_iface *bi = s->be->iface;
+    return bi->version >= 3 && bi->expert_batch && !s->p.on_expert;
+}
+
+/* run_works: n expert works on the backend: one expert_batch call where it
+ * has one, else expert() for each (host works need expert_batch). */
+static enum moe_status run_works(struct moe_session *s, const struct moe_expert_work *w, int n) {
+    const struct moe_backend_iface *bi = s->be->iface;
+    if (bi->version >= 3 && bi->expert_batch) return bi->expert_batch(s->be, w, n);
+    for (int i = 0; i < n; i++) {
+        if (w[i].host) {
+            MOE_LOGE("backend \"%s\" cannot run experts on the host", bi->name);
+            return MOE_ERR_UNSUPPORTED;
+        }
+        enum moe_status st = bi->expert(s->be, &w[i].f, w[i].rows, w[i].slots, w[i].w, w[i].n_rows, w[i].out);
+        if (st) return st;
+    }
+    return MOE_OK;
+}
+
+/* store_step_batched: a decode step's experts from the store in as few
+ * backend calls as the store allows: acquire items (waiting for their
+ * loads), run them together, release them. A group holds at most
+ * MOE_STORE_SCRATCH items that read into scratch (handle < 0): the store has
+ * that many scratch slots, and a held one cannot be reused. */
+static enum moe_status store_step_batched(struct moe_session *s, const struct moe_store_plan *plan) {
+    enum moe_status st = MOE_OK;
+    int first = 0, n = 0, n_scratch = 0, i = 0;
+    for (; i <= plan->n_items; i++) {
+        const struct moe_store_item *it = i < plan->n_items ? &plan->items[i] : NULL;
+        if (it && it->skipped) continue;
+        const int scratch = it && it->handle < 0 && !it->host;
+        if (!it || (scratch && n_scratch == MOE_STORE_SCRATCH)) { /* run and release the group */
+            st = run_works(s, s->works, n);
+            for (int j = first; j < i; j++)
+                if (!plan->items[j].skipped) moe_store_release(s->store, j);
+            if (st || !it) return st;
+            first = i, n = 0, n_scratch = 0;
+        }
+        struct moe_expert_work *wk = &s->works[n];
+        if ((st = moe_store_acquire(s->store, i, &wk->f))) break;
+        *wk = (struct moe_expert_work){wk->f, plan->rows + it->first, plan->slots + it->first, plan->weights + it->first,
+                                       it->n, it->host, NULL};
+        n++, n_scratch += scratch;
+    }
+    for (int j = first; j < i; j++) /* an acquire failed: release the group's held items */
+        if (!plan->items[j].skipped) moe_store_release(s->store, j);
+    return st;
+}
+
 /* moe_layer: the routed experts (+ shared expert) of MoE layer l for the
  * n_tok rows at pos0: router, observers, the store's plan, the experts. */
 static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_tok) {
@@ -280,13 +334,18 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
                 ahead++;
             }
         }
+        if (n_tok == 1 && has_batch(s)) {
+            if ((st = store_step_batched(s, plan))) return st;
+            return bi->dense(s->be, l, n_tok);
+        }
         for (int i = 0; i < plan->n_items; i++) {
             const struct moe_store_item *it = &plan->items[i];
             if (it->skipped) continue;
-            struct moe_ffn f;
-            if ((st = moe_store_acquire(s->store, i, &f))) return st;
-            st = bi->expert(s->be, &f, plan->rows + it->first, plan->slots + it->first, plan->weights + it->first,
-                            it->n, s->p.on_expert ? s->eout : NULL);
+            struct moe_expert_work *wk = &s->works[0];
+            if ((st = moe_store_acquire(s->store, i, &wk->f))) return st;
+            *wk = (struct moe_expert_work){wk->f, plan->rows + it->first, plan->slots + it->first,
+                                           plan->weights + it->first, it->n, it->host, s->p.on_expert ? s->eout : NULL};
+            st = run_works(s, wk, 1);
             moe_store_release(s->store, i);
             if (st) return st;
             if (s->p.on_expert) {
@@ -296,11 +355,13 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
             }
         }
     } else {
+        const int batch = has_batch(s);
+        int n_works = 0, used = 0;
         for (int t = 0; t < n_tok; t++) expert_slots(s->sel + (size_t)t * K, K, s->slots + (size_t)t * K);
         for (int e = 0; e < E; e++) {
-            int n = 0;
-            int32_t *rows = s->rows, *slots = s->slots + (size_t)n_tok * K;
-            float *rw = s->rw;
+            int n = 0; /* batched: each expert's rows follow the previous one's */
+            int32_t *rows = s->rows + used, *slots = s->slots + (size_t)n_tok * K + used;
+            float *rw = s->rw + used;
             for (int t = 0; t < n_tok; t++)
                 for (int k = 0; k < K; k++)
                     if (s->sel[(size_t)t * K + k] == e) {
@@ -312,12 +373,18 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
             if (n == 0) continue;
             struct moe_ffn f; /* asked for at each use: moe_model_set_expert_precision may rebind it */
             if ((st = moe_model_expert(s->m, l, e, -1, &f))) return st;
+            if (batch) {
+                s->works[n_works++] = (struct moe_expert_work){f, rows, slots, rw, n, 0, NULL};
+                used += n;
+                continue;
+            }
             if ((st = bi->expert(s->be, &f, rows, slots, rw, n, s->p.on_expert ? s->eout : NULL))) return st;
             if (s->p.on_expert) {
                 struct moe_expert_event ev = {l, e, pos0, n, rows, rw, s->eout};
                 s->p.on_expert(&ev, s->p.expert_user);
             }
         }
+        if (batch && (st = run_works(s, s->works, n_works))) return st;
     }
     (void)H;
     return bi->dense(s->be, l, n_tok);
@@ -337,6 +404,7 @@ static void session_free_parts(struct moe_session *s) {
     free(s->slots);
     free(s->rw);
     free(s->ord);
+    free(s->works);
     free(s->moe_of);
     free(s->tr_experts);
     free(s->tr_weights);
@@ -366,7 +434,8 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     }
     const int64_t B = s->p.n_batch, H = c->n_embd, K = s->p.n_expert_used;
     struct moe_backend_params bp = {s->p.n_ctx, s->p.n_batch, s->p.n_threads, (int)K};
-    enum moe_status st = moe_backend_cpu_new(model, &bp, &s->be);
+    enum moe_status st = s->p.backend_new ? s->p.backend_new(model, &bp, s->p.backend_user, &s->be)
+                                          : moe_backend_cpu_new(model, &bp, &s->be);
     if (st) {
         free(s);
         return st;
@@ -378,7 +447,7 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
         free(s);
         return MOE_ERR_UNSUPPORTED;
     }
-    s->p.n_threads = moe_backend_cpu_threads(s->be);
+    if (moe_backend_cpu_threads(s->be) > 0) s->p.n_threads = moe_backend_cpu_threads(s->be);
     int ok = 1;
 #define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
     ALLOC(s->history, s->p.n_ctx);
@@ -392,6 +461,7 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     ALLOC(s->slots, 2 * B * K);
     ALLOC(s->rw, B * K);
     ALLOC(s->ord, K);
+    ALLOC(s->works, c->n_expert > K ? c->n_expert : K);
     ALLOC(s->moe_of, c->n_layer);
 #undef ALLOC
     if (!ok) {
@@ -598,6 +668,7 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
 }
 
 const struct moe_store *moe_session_store(const struct moe_session *s) { return s->store; }
+const struct moe_backend *moe_session_backend(const struct moe_session *s) { return s->be; }
 
 size_t moe_session_kv_bytes(const struct moe_session *s) {
     const struct moe_backend_iface *bi = s->be->iface;

@@ -84,7 +84,7 @@ struct moe_store {
     int dynamic, skip;
     double t1, t2;
     struct slot *slots;
-    int n_slots, scratch0;   /* scratch slots are [scratch0, scratch0 + 2) */
+    int n_slots, scratch0;   /* scratch slots are [scratch0, scratch0 + MOE_STORE_SCRATCH) */
     int32_t *slot_hi, *slot_lo; /* [L*E] slot holding the expert's copy, -1 */
     int32_t *free_hi, *free_lo;
     int n_free_hi, n_free_lo;
@@ -113,6 +113,7 @@ struct moe_store {
     int32_t *item_slot;      /* [max items] slot of each item, -1 */
     uint64_t *item_gen;
     int *item_lazy;          /* item reads into scratch when it is reached */
+    uint8_t *item_hit;       /* item's copy was cached (for the backend's place()) */
     int max_items;
     int64_t resident;
     struct moe_store_stats stats;
@@ -195,21 +196,48 @@ static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle
     return MOE_OK;
 }
 
+/* check_sum: the XXH3 of a stored (uncompressed) blob read into p. */
+static enum moe_status check_sum(const struct moe_store *st, const struct moe_bundle_blob *b, const void *p) {
+    if (XXH3_64bits(p, (size_t)b->stored_size) == b->checksum) return MOE_OK;
+    MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)", moe_bundle_path(st->bundle),
+             b->layer, b->expert, b->desc->name);
+    return MOE_ERR_FORMAT;
+}
+
+/* load_staged: a buffer without a host view on a backend with staging hooks
+ * (a GPU): read into the backend's host buffer (pinned; it may already hold
+ * the copy: the backend's host tier), and let the backend copy it over. The
+ * key names the content: g * precisions + prec. */
+static enum moe_status load_staged(struct moe_store *st, struct slot *s, const struct moe_bundle_blob *b, int32_t g,
+                                   int prec, void *staging) {
+    const struct moe_backend_iface *bi = st->be->iface;
+    const uint64_t key = (uint64_t)g * (uint64_t)st->m->n_expert_prec + (uint64_t)prec;
+    const size_t room = round4k(b->raw_size > b->stored_size ? b->raw_size : b->stored_size);
+    void *h = NULL;
+    int ready = 0;
+    enum moe_status rc = bi->stage_begin(st->be, key, room, &h, &ready);
+    if (rc) return rc;
+    if (!ready && b->compression == MOE_BUNDLE_COMP_NONE) {
+        if (!(rc = read_stored(st, b, h, room))) rc = check_sum(st, b, h);
+    } else if (!ready) {
+        if (!(rc = read_stored(st, b, staging, st->staging_size))) rc = moe_bundle_blob_decode(st->bundle, b, staging, h, room);
+    }
+    enum moe_status rc2 = bi->stage_end(st->be, key, h, rc == MOE_OK, &s->buf, (size_t)b->raw_size);
+    return rc ? rc : rc2;
+}
+
 /* load: read and check expert g at precision prec into slot s's buffer. */
 static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int prec, void *staging) {
     struct moe_bundle_blob b;
     enum moe_status rc = blob(st, g, prec, &b);
     if (rc) return rc;
     void *host = s->buf.host;
+    if (!host && st->be->iface->version >= 3 && st->be->iface->stage_begin) return load_staged(st, s, &b, g, prec, staging);
     const int direct_ok = host != NULL && b.compression == MOE_BUNDLE_COMP_NONE;
     void *dst = direct_ok ? host : staging;
     if ((rc = read_stored(st, &b, dst, direct_ok ? s->cap : st->staging_size))) return rc;
     if (b.compression == MOE_BUNDLE_COMP_NONE) {
-        if (XXH3_64bits(dst, (size_t)b.stored_size) != b.checksum) {
-            MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)",
-                     moe_bundle_path(st->bundle), b.layer, b.expert, b.desc->name);
-            return MOE_ERR_FORMAT;
-        }
+        if ((rc = check_sum(st, &b, dst))) return rc;
         if (!host) rc = st->be->iface->buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
         return rc;
     }
@@ -542,7 +570,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     if (!st->cc.freq_high) st->cc.low_cost = hraw > 0 ? (double)lraw / (double)hraw : 0.5;
     if ((rc = moe_cache_new(st->L, st->E, st->policy, &st->cc, &st->cache))) goto fail;
     /* slots */
-    st->n_slots = H + Lc + 2;
+    st->n_slots = H + Lc + MOE_STORE_SCRATCH;
     st->scratch0 = H + Lc;
     const size_t LE = (size_t)st->L * (size_t)st->E;
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
@@ -578,11 +606,12 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     st->item_slot = calloc((size_t)st->max_items, sizeof *st->item_slot);
     st->item_gen = calloc((size_t)st->max_items, sizeof *st->item_gen);
     st->item_lazy = calloc((size_t)st->max_items, sizeof *st->item_lazy);
+    st->item_hit = calloc((size_t)st->max_items, sizeof *st->item_hit);
     st->rows = malloc(sizeof(int32_t) * (size_t)B * (size_t)k);
     st->pslots = malloc(sizeof(int32_t) * (size_t)B * (size_t)k);
     st->weights = malloc(sizeof(float) * (size_t)B * (size_t)k);
     st->need = malloc((size_t)B * (size_t)k);
-    if (!st->items || !st->item_slot || !st->item_gen || !st->item_lazy || !st->rows || !st->pslots || !st->weights ||
+    if (!st->items || !st->item_slot || !st->item_gen || !st->item_lazy || !st->item_hit || !st->rows || !st->pslots || !st->weights ||
         !st->need)
         goto nomem;
     /* I/O */
@@ -605,7 +634,11 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
             for (int32_t g = 0; g < st->L * st->E; g++)
                 if (blob(st, g, st->home[g], &b0) == MOE_OK) {
                     char *probe_buf = st->slots[0].buf.host;
-                    if (probe_buf && pread(st->fd, probe_buf, 4096, (off_t)b0.offset) < 0 && errno == EINVAL) {
+                    void *own = NULL; /* device-only slots (a GPU): probe into an aligned page of our own */
+                    if (!probe_buf && posix_memalign(&own, 4096, 4096) == 0) probe_buf = own;
+                    const int refused = probe_buf && pread(st->fd, probe_buf, 4096, (off_t)b0.offset) < 0 && errno == EINVAL;
+                    free(own);
+                    if (refused) {
                         MOE_LOGW("%s: direct reads refused (EINVAL); reading through the page cache", path);
                         close(st->fd);
                         st->io = MOE_IO_BUFFERED;
@@ -682,6 +715,7 @@ void moe_store_free(struct moe_store *st) {
     free(st->item_slot);
     free(st->item_gen);
     free(st->item_lazy);
+    free(st->item_hit);
     free(st->rows);
     free(st->pslots);
     free(st->weights);
@@ -727,7 +761,7 @@ static void token_needs(const struct moe_store *st, const float *w, int k, uint8
  * by an earlier item of the step is never taken: items run in order). */
 static int scratch_slot(struct moe_store *st) {
     int i = st->scratch0 + st->scratch_turn;
-    st->scratch_turn ^= 1;
+    st->scratch_turn = (st->scratch_turn + 1) % MOE_STORE_SCRATCH;
     return i;
 }
 
@@ -739,6 +773,7 @@ static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, in
     st->stats.accesses++;
     st->item_slot[i] = -1;
     st->item_lazy[i] = 0;
+    st->item_hit[i] = r.outcome == MOE_CACHE_HIT_HIGH || r.outcome == MOE_CACHE_HIT_LOW;
     int slot = -1;
     switch (r.outcome) {
     case MOE_CACHE_HIT_HIGH:
@@ -797,6 +832,32 @@ static void path_prefetch(struct moe_store *st, int ml, const int32_t *sel) {
         if (!moe_cache_prefetch(st->cache, g, 1, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
         place(st, 1, g, st->home[g], r.evicted, 1, next);
     }
+}
+
+/* place_items: ask the backend where each computed item of the step runs
+ * (Twiddler). An item on the host needs no slot for this use: a scratch read
+ * it would have made is dropped; a copy the policy kept still loads, for
+ * later steps. The policy's counts are not touched. */
+static void place_items(struct moe_store *st, int layer, int ni) {
+    int32_t tok[ni + 1], prec[ni + 1], idx[ni + 1];
+    uint8_t res[ni + 1], host[ni + 1];
+    int n = 0;
+    for (int i = 0; i < ni; i++) {
+        if (st->items[i].skipped) continue;
+        idx[n] = i, tok[n] = st->items[i].n, prec[n] = st->items[i].precision, res[n] = st->item_hit[i], host[n] = 0;
+        n++;
+    }
+    if (n == 0) return;
+    st->be->iface->place(st->be, st->layer_of[layer], n, tok, prec, res, host);
+    pthread_mutex_lock(&st->mu);
+    for (int j = 0; j < n; j++) {
+        const int i = idx[j];
+        if (!host[j] || res[j]) continue; /* resident copies always run where they are */
+        st->items[i].host = 1;
+        st->stats.host_runs++;
+        if (st->item_lazy[i]) st->item_lazy[i] = 0, st->stats.scratch_loads--;
+    }
+    pthread_mutex_unlock(&st->mu);
 }
 
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
@@ -871,6 +932,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
         }
     }
     pthread_mutex_unlock(&st->mu);
+    if (st->be->iface->version >= 3 && st->be->iface->place) place_items(st, layer, ni);
     st->plan.n_items = ni;
     st->plan.items = st->items;
     st->plan.rows = st->rows;
@@ -894,6 +956,8 @@ static void view_of(const struct moe_store *st, const struct slot *s, int prec, 
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
     struct moe_store_item *it = &st->items[i];
     const int32_t g = st->step_layer * st->E + it->expert;
+    if (it->host) /* computed on the host: the model's mapping (checked on first use), nothing to wait for */
+        return moe_model_expert(st->m, st->layer_of[st->step_layer], it->expert, it->precision, view);
     pthread_mutex_lock(&st->mu);
     if (st->item_lazy[i]) { /* a copy not kept: read it into a scratch slot now */
         int si = scratch_slot(st);
@@ -1167,6 +1231,6 @@ void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
     json_num(f, "prefetch_recall", s->prefetch_used + s->misses_high + s->misses_low > 0
                                        ? (double)s->prefetch_used / (double)(s->prefetch_used + s->misses_high + s->misses_low)
                                        : NAN, 0);
-    fprintf(f, "\"peak_resident_bytes\": %lld, \"slot_bytes\": %lld}", (long long)s->peak_resident_bytes,
-            (long long)s->slot_bytes);
+    fprintf(f, "\"peak_resident_bytes\": %lld, \"slot_bytes\": %lld, \"host_runs\": %lld}", (long long)s->peak_resident_bytes,
+            (long long)s->slot_bytes, (long long)s->host_runs);
 }

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "moe-bundle.h"
+#include "moe-gpu.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-sampler.h"
@@ -19,6 +20,9 @@
 #include "profile-h5.h"
 #include "moe-session.h"
 #include "moe-tokenizer.h"
+#ifdef MOE_HAVE_CUDA
+#include "moe-cuda.h"
+#endif
 
 static void usage(FILE *f) {
     static const char *const examples =
@@ -30,11 +34,13 @@ static void usage(FILE *f) {
 "  moe-run -m mixtral.moeb --expert-mem 25% --policy lru --dynamic off --prefetch off -p \"Hi\"\n"
 "  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
 "  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
-"  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n";
+"  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n"
+"  moe-run -m mixtral.moeb --device cuda --expert-mem 6G --host-mem 24G -p \"Hi\" (GPU builds)\n";
     fprintf(f,
 "usage: moe-run -m MODEL [options]\n"
 "\n"
-"Run a Mixture-of-Experts model on the CPU (reference path).\n"
+"Run a Mixture-of-Experts model on the CPU (the reference path) or, in builds\n"
+"with -DMOE_CUDA=ON, on a GPU (--device cuda; not yet verified on hardware).\n"
 "MODEL is a Hugging Face checkpoint directory (config.json, *.safetensors,\n"
 "tokenizer.json) of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Phi-MoE, DeepSeek-V2/V3\n"
 "or gpt-oss, a llama.cpp GGUF file of one of them, or a .moeb bundle written by\n"
@@ -79,6 +85,8 @@ static void usage(FILE *f) {
 "                          can replay\n"
 "\n");
     fputs(moe_store_options_help(), f);
+    fprintf(f, "\n");
+    fputs(moe_gpu_options_help(), f);
     fprintf(f, "\n%s", examples);
 }
 
@@ -87,6 +95,7 @@ struct args {
     const char *stats_json, *trace_out;
     struct moe_store_params store;
     int use_store;
+    struct moe_gpu_params gpu;
     int n_predict, top_k, n_threads, n_ctx, n_batch;
     float temp, top_p;
     unsigned long long seed;
@@ -122,6 +131,7 @@ static int parse_float(const char *opt, const char *s, float *out) {
 static int parse_args(int argc, char **argv, struct args *a) {
     memset(a, 0, sizeof *a);
     a->store = moe_store_default_params();
+    a->gpu = moe_gpu_default_params();
     a->n_predict = 64;
     a->top_p = 1.0f;
     a->seed = 42;
@@ -195,6 +205,14 @@ static int parse_args(int argc, char **argv, struct args *a) {
                 fprintf(stderr, "moe-run: %s\n", err);
                 return 2;
             }
+        } else if (moe_gpu_option_takes_value(o) >= 0) {
+            const int takes = moe_gpu_option_takes_value(o);
+            char err[256];
+            if (takes && !(v = NEXT())) return 2;
+            if (moe_gpu_parse_option(&a->gpu, o, takes ? v : NULL, err, sizeof err) != MOE_OK) {
+                fprintf(stderr, "moe-run: %s\n", err);
+                return 2;
+            }
         } else {
             fprintf(stderr, "moe-run: unknown option \"%s\" (see moe-run --help)\n", o);
             return 2;
@@ -203,6 +221,12 @@ static int parse_args(int argc, char **argv, struct args *a) {
 #undef NEXT
     }
     a->use_store = moe_store_params_active(&a->store);
+#ifndef MOE_HAVE_CUDA
+    if (a->gpu.device >= 0) {
+        fprintf(stderr, "moe-run: --device cuda needs a build with -DMOE_CUDA=ON\n");
+        return 2;
+    }
+#endif
     if (!a->model) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
@@ -315,6 +339,13 @@ static int write_stats(const char *path, const struct moe_session *sess, size_t 
     } else {
         fprintf(f, "null");
     }
+#ifdef MOE_HAVE_CUDA
+    struct moe_cuda_stats cs;
+    if (moe_session_backend(sess) && moe_backend_cuda_stats(moe_session_backend(sess), &cs) == MOE_OK) {
+        fprintf(f, ", \"gpu\": ");
+        moe_cuda_stats_json(&cs, f);
+    }
+#endif
     fprintf(f, "}\n");
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         fprintf(stderr, "moe-run: cannot write %s\n", path);
@@ -428,6 +459,12 @@ int main(int argc, char **argv) {
         sp.store = &a.store;
     }
     sp.record_trace = a.trace_out != NULL;
+#ifdef MOE_HAVE_CUDA
+    if (a.gpu.device >= 0) {
+        sp.backend_new = moe_backend_cuda_new_fn;
+        sp.backend_user = &a.gpu;
+    }
+#endif
     sp.n_threads = a.n_threads;
     sp.n_ctx = a.n_ctx;
     sp.n_batch = a.n_batch;
