@@ -181,8 +181,9 @@ const char *moe_store_options_help(void);
 int moe_store_option_takes_value(const char *name);
 
 /* moe_store_parse_option: apply option `name` with value v (NULL for a
- * flag) to *p. "--expert-mem" takes bytes ("512M") or a share ("25%"). MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a
- * bad value; both with a message for the user in err. Nothing is logged. */
+ * flag) to *p; "--expert-mem" takes bytes ("512M") or a share ("25%").
+ * MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a bad value;
+ * both with a message for the user in err. Nothing is logged. */
 enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
                                        size_t err_size);
 

@@ -452,8 +452,6 @@ static void max_copy(const struct moe_store *st, int high, uint64_t *raw, size_t
     }
 }
 
-/* warm: fill the high cache in Twiddler's placement order (least popular of
- * the chosen ones first, so LRU keeps the most popular longest). */
 /* all_high_bytes: raw bytes of every routed expert's high (home) copy,
  * what "--expert-mem 25%" is a share of. */
 static int64_t all_high_bytes(const struct moe_store *st) {
@@ -465,6 +463,8 @@ static int64_t all_high_bytes(const struct moe_store *st) {
     return t;
 }
 
+/* warm: fill the high cache in Twiddler's placement order (least popular of
+ * the chosen ones first, so LRU keeps the most popular longest). */
 static void warm(struct moe_store *st) {
     if (!st->order || st->cc.high_cap <= 0) return;
     int n = 0;
@@ -1127,16 +1127,12 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         ok = 0;
     } else if (!strcmp(name, "--expert-mem")) {
         int64_t b;
-        size_t n = strlen(v);
-        if (n > 1 && v[n - 1] == '%') {
-            char num[64];
-            double share;
-            ok = n - 1 < sizeof num;
-            if (ok) {
-                memcpy(num, v, n - 1), num[n - 1] = 0;
-                ok = opt_double(num, 1e-9, 100, &share);
-            }
-            if (ok) p->expert_mem_share = share / 100.0, p->expert_mem = 0, p->high_cap = p->low_cap = 0;
+        char *end;
+        errno = 0;
+        const double pct = strtod(v, &end);
+        if (end != v && end[0] == '%' && end[1] == 0) { /* a share: "25%" */
+            ok = !errno && pct > 0 && pct <= 100;
+            if (ok) p->expert_mem_share = pct / 100.0, p->expert_mem = 0, p->high_cap = p->low_cap = 0;
         } else {
             ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
             if (ok) p->expert_mem = b, p->expert_mem_share = 0;
