@@ -1,6 +1,7 @@
 /* mmap.c - read-only file maps and small-file helpers. */
 #define _GNU_SOURCE
 #include "moe-mmap.h"
+#include "moe-file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,14 +14,12 @@
 enum moe_status moe_mmap_open(const char *path, struct moe_mmap *out) {
     out->data = NULL;
     out->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        MOE_LOGE("%s: cannot open: %s", path, strerror(errno));
-        return MOE_ERR_IO;
-    }
+    int fd;
+    enum moe_status rs = moe_file_open_read(path, &fd); /* refuses FIFOs, devices, directories */
+    if (rs) return rs == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rs;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        MOE_LOGE("%s: not a regular file", path);
+    if (fstat(fd, &st) != 0) {
+        MOE_LOGE("%s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return MOE_ERR_IO;
     }
@@ -47,11 +46,9 @@ void moe_mmap_close(struct moe_mmap *m) {
 enum moe_status moe_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len) {
     *out = NULL;
     if (out_len) *out_len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        MOE_LOGE("%s: cannot open: %s", path, strerror(errno));
-        return MOE_ERR_IO;
-    }
+    FILE *f;
+    enum moe_status rs = moe_file_fopen_read(path, &f); /* refuses FIFOs, devices, directories */
+    if (rs) return rs == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rs;
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap + 1);
     if (!buf) {

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moe-mmap.h"
 #include "moe-model.h"
@@ -445,14 +446,15 @@ enum moe_status moe_config_load(const char *dir, struct moe_config *out) {
     /* generation_config.json may list more EOS ids (e.g. chat end tokens) */
     char *gpath = moe_path_join(dir, "generation_config.json");
     char *gtext = NULL;
-    FILE *f = gpath ? fopen(gpath, "rb") : NULL;
-    if (f) {
-        fclose(f);
-        if (moe_read_file(gpath, 1u << 20, &gtext, &len) == MOE_OK) moe_config_add_generation(out, gtext, len);
+    if (gpath && access(gpath, F_OK) == 0) { /* present: it must be a readable regular file */
+        if ((st = moe_read_file(gpath, 1u << 20, &gtext, &len)) == MOE_OK)
+            moe_config_add_generation(out, gtext, len);
+        else
+            moe_config_clear(out);
     }
     free(gtext);
     free(gpath);
-    return MOE_OK;
+    return st;
 }
 
 void moe_config_add_generation(struct moe_config *c, const char *json, size_t len) {

@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moe-bundle.h"
+#include "moe-file.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-safetensors.h"
@@ -305,9 +307,7 @@ enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
     struct bind b = {st_find, m->st, dir, m, NULL};
     if ((st = bind_all(&b, m))) goto fail;
     char *tj = moe_path_join(dir, "tokenizer.json");
-    FILE *f = tj ? fopen(tj, "rb") : NULL;
-    if (f) {
-        fclose(f);
+    if (tj && access(tj, F_OK) == 0) { /* present: the loader refuses what is not a regular file */
         st = moe_tokenizer_load(dir, &m->tok);
         if (st) {
             free(tj);
@@ -604,6 +604,28 @@ enum moe_status moe_model_load(const char *path, const struct moe_model_params *
         return moe_model_load_hf(path, out);
     }
     return moe_model_load_bundle(path, params, out);
+}
+
+enum moe_status moe_model_check_output(const struct moe_model *m, const char *output) {
+    if (!output) return MOE_OK;
+    if (m->bundle) {
+        const char *in = m->path;
+        return moe_file_check_output(output, &in, 1);
+    }
+    static const char *const k_side[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                         "tokenizer_config.json", "model.safetensors.index.json"};
+    enum moe_status st = MOE_OK;
+    for (size_t i = 0; !st && i < sizeof k_side / sizeof k_side[0]; i++) {
+        char *p = moe_path_join(m->path, k_side[i]);
+        const char *in = p;
+        st = p ? moe_file_check_output(output, &in, 1) : MOE_ERR_NOMEM;
+        free(p);
+    }
+    for (int i = 0; !st && i < moe_safetensors_n_files(m->st); i++) {
+        const char *in = moe_safetensors_file_path(m->st, i);
+        st = moe_file_check_output(output, &in, 1);
+    }
+    return st;
 }
 
 static int64_t weight_params(const struct moe_weight *w) { return w->data ? w->n_out * w->n_in : 0; }

@@ -10,9 +10,9 @@
 #include "moe-status.h"
 
 struct moe_sampler_params {
-    float temperature; /* <= 0: greedy (argmax, lowest id on ties) */
-    int top_k;         /* <= 0: no top-k filter */
-    float top_p;       /* >= 1: no nucleus filter */
+    float temperature; /* 0: greedy (argmax, lowest id on ties); else > 0 and finite */
+    int top_k;         /* 0: no top-k filter; else >= 1 */
+    float top_p;       /* 1: no nucleus filter; else in (0, 1) */
     uint64_t seed;
 };
 
@@ -20,6 +20,9 @@ struct moe_sampler_params moe_sampler_default_params(void);
 
 struct moe_sampler;
 
+/* moe_sampler_create: a sampler over n_vocab logits. MOE_ERR_INVALID (logged)
+ * for a negative, NaN or infinite temperature, a negative top_k or a top_p
+ * outside (0, 1]: bad values are refused, never read as "greedy". */
 enum moe_status moe_sampler_create(const struct moe_sampler_params *p, int n_vocab,
                                    struct moe_sampler **out);
 void moe_sampler_free(struct moe_sampler *s);

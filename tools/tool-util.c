@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <strings.h>
 
+#include "moe-dataset.h"
+#include "moe-file.h"
+#include "moe-model.h"
+
 void moe_tool_json_string(FILE *f, const char *s) {
     if (!s) {
         fputs("null", f);
@@ -65,4 +69,20 @@ int moe_tool_parse_size(const char *cmd, const char *opt, const char *v, long lo
     fprintf(stderr, "moe-prep %s: %s wants a size such as 2GiB, 512MiB, 1.5GB or 1048576 (bytes), not \"%s\"\n", cmd,
             opt, v);
     return 0;
+}
+
+int moe_tool_output_ok(const char *cmd, const char *output, const struct moe_model *m,
+                       const char *const *datasets, size_t n_datasets, const char *const *files, size_t n_files) {
+    if (!output) return 1;
+    enum moe_status st = m ? moe_model_check_output(m, output) : MOE_OK;
+    if (!st) st = moe_file_check_output(output, files, n_files);
+    for (size_t i = 0; !st && i < n_datasets; i++) {
+        struct moe_dataset_spec *spec = NULL;
+        if (!datasets[i] || moe_dataset_spec_parse(datasets[i], &spec) != MOE_OK) continue; /* reported when read */
+        const char *in[2] = {spec->path, spec->card_path};
+        st = moe_file_check_output(output, in, 2);
+        moe_dataset_spec_free(spec);
+    }
+    if (st) fprintf(stderr, "moe-prep %s: refusing to write %s (see the message above)\n", cmd, output);
+    return st == MOE_OK;
 }

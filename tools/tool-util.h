@@ -20,4 +20,15 @@ int moe_tool_parse_ll(const char *cmd, const char *opt, const char *v, long long
  * and return 0, else store the whole bytes and return 1. */
 int moe_tool_parse_size(const char *cmd, const char *opt, const char *v, long long *out);
 
+struct moe_model;
+
+/* moe_tool_output_ok: 1 if `output` (NULL = none) is none of the files the
+ * command reads: the model's files (m may be NULL; moe_model_check_output),
+ * the data files of the dataset specs datasets[0..n_datasets) and the paths
+ * files[0..n_files) (NULL entries skipped); compared by device and inode.
+ * Otherwise the reason is logged, "moe-prep CMD: refusing to write OUTPUT"
+ * printed, and 0 returned (the caller exits 2). */
+int moe_tool_output_ok(const char *cmd, const char *output, const struct moe_model *m,
+                       const char *const *datasets, size_t n_datasets, const char *const *files, size_t n_files);
+
 #endif

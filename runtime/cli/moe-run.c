@@ -5,11 +5,13 @@
  * stdout: generated text (or ids / token lists); stderr: progress and speed.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "moe-file.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-sampler.h"
@@ -136,6 +138,10 @@ static int parse_args(int argc, char **argv, struct args *a) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 16, &a->n_batch)) return 2;
         } else if (!strcmp(o, "--temp")) {
             if (!(v = NEXT()) || !parse_float(o, v, &a->temp)) return 2;
+            if (!(a->temp >= 0) || isinf(a->temp)) { /* -1 is a mistake, not "greedy" */
+                fprintf(stderr, "moe-run: --temp must be a finite number >= 0 (0 = greedy), got \"%s\"\n", v);
+                return 2;
+            }
         } else if (!strcmp(o, "--top-p")) {
             if (!(v = NEXT()) || !parse_float(o, v, &a->top_p)) return 2;
             if (a->top_p <= 0 || a->top_p > 1) {
@@ -256,7 +262,7 @@ int main(int argc, char **argv) {
     char *file_text = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
-    char *tmp_path = NULL;
+    struct moe_tmp_file lt = {NULL, NULL, -1, NULL}; /* --logits-out, written beside it and renamed */
     int status = 1;
 
     struct moe_model_params mp = moe_model_default_params();
@@ -271,6 +277,13 @@ int main(int argc, char **argv) {
         if (model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
     }
     const struct moe_config *c = &model->cfg;
+    if (a.logits_out) { /* never overwrite the model or the prompt file */
+        const char *in = a.prompt_file;
+        if (moe_model_check_output(model, a.logits_out) || moe_file_check_output(a.logits_out, &in, 1)) {
+            status = 2;
+            goto done;
+        }
+    }
     if (a.tokens) {
         if (!parse_token_list(a.tokens, &ids, &n_ids)) {
             status = 2;
@@ -322,22 +335,16 @@ int main(int argc, char **argv) {
     int all = a.logits_out != NULL;
     logits = malloc(sizeof(float) * V * (all ? n_ids : 1));
     if (!logits) goto done;
-    if (a.logits_out) {
-        size_t pl = strlen(a.logits_out) + 16;
-        tmp_path = malloc(pl);
-        snprintf(tmp_path, pl, "%s.tmp", a.logits_out);
-        lf = fopen(tmp_path, "wb");
-        if (!lf) {
-            fprintf(stderr, "moe-run: cannot write %s: %s\n", tmp_path, strerror(errno));
-            goto done;
-        }
+    if (a.logits_out && (moe_tmp_create(a.logits_out, &lt) || !(lf = moe_tmp_stream(&lt)))) {
+        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", a.logits_out);
+        goto done;
     }
     double t0 = now_s();
     if (moe_session_forward(sess, ids, (int)n_ids, logits, all) != MOE_OK) goto done;
     double t1 = now_s();
     const float *last = logits + (all ? (n_ids - 1) * V : 0);
     if (lf && fwrite(logits, sizeof(float), V * n_ids, lf) != V * n_ids) {
-        fprintf(stderr, "moe-run: write error on %s\n", tmp_path);
+        fprintf(stderr, "moe-run: write error on %s\n", lt.path);
         goto done;
     }
 
@@ -373,7 +380,7 @@ int main(int argc, char **argv) {
             goto done;
         }
         if (lf && fwrite(step_logits, sizeof(float), V, lf) != V) {
-            fprintf(stderr, "moe-run: write error on %s\n", tmp_path);
+            fprintf(stderr, "moe-run: write error on %s\n", lt.path);
             free(seq);
             goto done;
         }
@@ -383,9 +390,8 @@ int main(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (lf) {
-        int bad = fflush(lf) != 0 || fclose(lf) != 0;
         lf = NULL;
-        if (bad || rename(tmp_path, a.logits_out) != 0) {
+        if (moe_tmp_commit(&lt)) { /* fsync, rename; removes the temporary file on failure */
             fprintf(stderr, "moe-run: cannot write %s\n", a.logits_out);
             goto done;
         }
@@ -395,11 +401,7 @@ int main(int argc, char **argv) {
             n_gen > 0 ? (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
     status = 0;
 done:
-    if (lf) {
-        fclose(lf);
-        remove(tmp_path);
-    }
-    free(tmp_path);
+    moe_tmp_discard(&lt);
     free(logits);
     free(ids);
     free(file_text);

@@ -9,6 +9,7 @@
 
 #include "profile-h5.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "moe-dtype.h"
+#include "moe-file.h"
 
 /* ------------------------------------------------------------------ memory */
 
@@ -622,56 +624,66 @@ fail:
     return 0;
 }
 
-/* fsync_path: flush a closed file's data to disk before it is renamed. */
-static int fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return 0;
-    int ok = fsync(fd) == 0;
-    close(fd);
-    return ok;
+/* write_image: bytes [0, n) to a new temporary file beside path, fsynced and
+ * renamed over it (moe_tmp_*: exclusive create, the old file intact on any
+ * error, e.g. a full disk). */
+static enum moe_status write_image(const char *path, const void *buf, size_t n) {
+    struct moe_tmp_file t;
+    enum moe_status st = moe_tmp_create(path, &t);
+    if (st) return st;
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(t.fd, (const char *)buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            MOE_LOGE("%s: cannot write %s: %s; the old file, if any, is unchanged", path, t.path,
+                     w < 0 ? strerror(errno) : "no progress");
+            moe_tmp_discard(&t);
+            return MOE_ERR_IO;
+        }
+        done += (size_t)w;
+    }
+    return moe_tmp_commit(&t);
 }
 
+/* The file is built in memory (HDF5's core driver, no backing store) and its
+ * image written by write_image. HDF5 itself then never writes to disk: a full
+ * disk or an I/O error is one failed write() of ours, reported cleanly, and
+ * never a failed H5Fclose that leaves the file open inside the library (which
+ * crashed at exit). */
 enum moe_status moe_profile_write(const struct moe_profile *p, const char *path) {
     struct h5_quiet q;
     quiet_begin(&q);
     enum moe_status st = MOE_ERR_IO;
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
     hid_t fapl = -1, f = -1;
-    if (!tmp) {
-        st = MOE_ERR_NOMEM;
-        goto fail;
-    }
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    if ((fapl = fapl_strong()) < 0) goto fail;
-    f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    void *img = NULL;
+    ssize_t n = -1;
+    if ((fapl = fapl_strong()) < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0) goto fail;
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl); /* in memory only: path is just its name */
     if (f < 0) {
-        MOE_LOGE("%s: cannot create", tmp);
+        MOE_LOGE("%s: cannot create the HDF5 image in memory", path);
         goto fail;
     }
-    if (!write_contents(p, f)) {
-        MOE_LOGE("%s: HDF5 write failed (disk full?)", tmp);
+    if (!write_contents(p, f) || H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) {
+        MOE_LOGE("%s: building the HDF5 image failed (out of memory?)", path);
+        goto fail;
+    }
+    if ((n = H5Fget_file_image(f, NULL, 0)) <= 0 || !(img = malloc((size_t)n)) ||
+        H5Fget_file_image(f, img, (size_t)n) != n) {
+        MOE_LOGE("%s: cannot get the HDF5 image (%lld bytes)", path, (long long)n);
+        st = img || n <= 0 ? MOE_ERR_IO : MOE_ERR_NOMEM;
         goto fail;
     }
     herr_t closed = H5Fclose(f);
     f = -1;
-    if (closed < 0 || !fsync_path(tmp)) {
-        MOE_LOGE("%s: close/fsync failed", tmp);
+    if (closed < 0) {
+        MOE_LOGE("%s: closing the HDF5 image failed", path);
         goto fail;
     }
-    if (rename(tmp, path) != 0) {
-        MOE_LOGE("cannot rename %s to %s", tmp, path);
-        goto fail;
-    }
-    H5Pclose(fapl);
-    free(tmp);
-    quiet_end(&q);
-    return MOE_OK;
+    st = write_image(path, img, (size_t)n);
 fail:
     if (f >= 0) H5Fclose(f);
     if (fapl >= 0) H5Pclose(fapl);
-    if (tmp) remove(tmp);
-    free(tmp);
+    free(img);
     quiet_end(&q);
     return st;
 }
@@ -1095,13 +1107,12 @@ enum moe_status moe_profile_read(const char *path, struct moe_profile **out) {
     quiet_begin(&q);
     enum moe_status st = MOE_ERR_FORMAT;
     hid_t fapl = -1, f = -1;
-    FILE *probe = fopen(path, "rb");
-    if (!probe) {
-        MOE_LOGE("%s: cannot open", path);
+    int probe;
+    if (moe_file_open_read(path, &probe)) { /* logged; a FIFO would block HDF5's open */
         st = MOE_ERR_IO;
         goto fail;
     }
-    fclose(probe);
+    close(probe);
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
         MOE_LOGE("%s: not an HDF5 file (empty, text or damaged superblock)", path);

@@ -133,9 +133,12 @@ enum moe_status moe_profile_get_i32(const struct moe_profile *p, const char *nam
 /* moe_profile_clear_derived: drop every derived array. */
 void moe_profile_clear_derived(struct moe_profile *p);
 
-/* moe_profile_write: write p to `path`, first as path.tmp.<pid>, fsynced, then
- * renamed over path, so an interrupted run leaves no (partial) file at path.
- * Trace datasets are chunked and deflate-compressed. */
+/* moe_profile_write: write p to `path`. The HDF5 file is built in memory
+ * (the core driver; HDF5 never writes to disk itself), then written to a new
+ * temporary file beside path (moe_tmp_create: exclusive, never through a
+ * symlink), fsynced and renamed over path: an interrupted run or a full disk
+ * leaves no partial file and the old one intact, and is reported as
+ * MOE_ERR_IO. Trace datasets are chunked and deflate-compressed. */
 enum moe_status moe_profile_write(const struct moe_profile *p, const char *path);
 
 /* moe_profile_read: load and validate a profile file: HDF5 at all, format

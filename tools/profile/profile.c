@@ -445,6 +445,10 @@ int moe_prep_profile(int argc, char **argv) {
         goto done;
     }
     const struct moe_config *c = &model->cfg;
+    if (!moe_tool_output_ok("profile", a.out, model, &a.dataset, 1, NULL, 0)) { /* -o naming the model or text */
+        status = 2;
+        goto done;
+    }
     if (a.n_ctx > c->max_pos) {
         fprintf(stderr, "moe-prep profile: --ctx %d exceeds the context of %s (max_position_embeddings %d)\n",
                 a.n_ctx, a.model, c->max_pos);
@@ -595,9 +599,9 @@ int moe_prep_profile(int argc, char **argv) {
     const char *tuning = !a.no_tuning && whole && !moe_is_dir(a.model) ? a.model : NULL;
     struct moe_profile_labels lb = {a.model, a.dataset, a.out, a.n_ctx, seconds};
     status = moe_profile_finish(p, &a.targets, a.out, a.csv_dir, tuning, a.json, &lb, "profile");
-    fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s)%s; wrote %s\n", seq1 - seq0,
+    fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s)%s; %s %s\n", seq1 - seq0,
             (long long)n_done, seconds, seconds > 0 ? n_done / seconds : 0.0,
-            a.big_little_every ? " with the big-little pass" : "", a.out);
+            a.big_little_every ? " with the big-little pass" : "", status ? "nothing written to" : "wrote", a.out);
     if (!whole && !status)
         fprintf(stderr, "moe-prep profile: this is shard %d/%d (sequences %d..%d of %d); the bundle's tuning is "
                         "written when the shards are merged (moe-prep profile merge ... --bundle MODEL)\n",

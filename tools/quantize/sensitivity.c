@@ -4,6 +4,8 @@
  */
 #include "sensitivity.h"
 
+#include "moe-file.h"
+
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -751,9 +753,8 @@ static int write_csv(const struct moe_model *m, const struct moe_sens_state *s, 
     const int n = s->n_moe * s->n_expert;
     double *v = malloc(sizeof(double) * (size_t)n * 4);
     int32_t *order = malloc(sizeof(int32_t) * (size_t)n), *rank = malloc(sizeof(int32_t) * (size_t)n);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = v && order && rank ? fopen(tmp, "w") : NULL;
+    struct moe_tmp_file t = {NULL, NULL, -1, NULL}; /* exclusive, beside path: never through a planted link */
+    FILE *f = v && order && rank && !moe_tmp_create(path, &t) ? moe_tmp_stream(&t) : NULL;
     int ok = 0;
     if (f) {
         moe_sens_scores(s, MOE_SENS_KL, v);
@@ -772,12 +773,10 @@ static int write_csv(const struct moe_model *m, const struct moe_sens_state *s, 
             }
             li++;
         }
-        ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
-        ok &= fclose(f) == 0;
-        if (ok) ok = rename(tmp, path) == 0;
-        if (!ok) remove(tmp);
+        ok = moe_tmp_commit(&t) == MOE_OK; /* flush, fsync, rename; removed on failure */
     }
-    if (!ok) fprintf(stderr, "moe-prep sensitivity: cannot write %s: %s\n", path, strerror(errno));
+    moe_tmp_discard(&t);
+    if (!ok) fprintf(stderr, "moe-prep sensitivity: cannot write %s (see the message above)\n", path);
     free(v);
     free(order);
     free(rank);
@@ -938,6 +937,11 @@ int moe_prep_sensitivity(int argc, char **argv) {
     if (moe_eval_text_load(a.dataset, &dp, &text, &len) || moe_eval_tokenize(m, NULL, text, len, &ids, &n_ids)) {
         fprintf(stderr, "moe-prep sensitivity: cannot read or tokenize the dataset %s (see the message above)\n",
                 a.dataset);
+        goto done;
+    }
+    if (!moe_tool_output_ok("sensitivity", a.out, m, &a.dataset, 1, NULL, 0) ||
+        !moe_tool_output_ok("sensitivity", a.csv, m, &a.dataset, 1, &a.out, 1)) {
+        exit_code = 2; /* -o or --csv naming the bundle, the text, or each other */
         goto done;
     }
     size_t usable = n_ids;

@@ -1,0 +1,272 @@
+/*
+ * test-hostile-inputs.c - the table of hostile inputs of issue 17, run through
+ * the real commands: files that are not regular files (FIFOs, directories,
+ * devices) named as datasets, configs, shards, bundles, profiles or prompts;
+ * outputs that are the same file as an input; symlinks planted at temporary
+ * names; results files and configs that contradict themselves; values out of
+ * range. Each row sets up a scratch directory with shell commands, runs one
+ * command under a time limit (a hang is a failure, not a stuck test), and
+ * checks its exit status, that its stderr names the problem, and optionally a
+ * shell condition afterwards (e.g. the input is intact).
+ *
+ * argv[1] = moe-prep, argv[2] = moe-run, argv[3] = a directory for scratch
+ * files (optional; default /tmp). MOE_TEST_VERBOSE=1 prints every command.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "moe-test.h"
+
+/* far above any row's run time: only a hang reaches it (MOE_TEST_TIME_LIMIT overrides) */
+static int g_limit = 60;
+
+static const char *g_prep, *g_run;
+static char g_root[512];
+
+/* One case: setup (shell, in a fresh directory), the command (shell), the
+ * expected exit status (-1 = any failure), a substring its stderr must hold
+ * (NULL = no check) and a shell condition that must hold afterwards (NULL =
+ * none). Commands see $PREP, $RUN, $FIX (tests/fixtures) and $MODELS. */
+struct row {
+    const char *name, *setup, *cmd;
+    int want_rc;
+    const char *want_err, *after;
+};
+
+/* A small calibration text: the same sentence mix the demo uses. */
+#define TEXT "printf 'the model runs quickly over small machines while the experts rest. %.0s' $(seq 80) > text.txt"
+/* A bundle of the tiny Mixtral with two expert precisions. */
+#define BUNDLE "$PREP quantize $MODELS/mixtral-f32 -o b.moeb --experts f32,q8_0 --dense f32 2>/dev/null"
+/* A profile of it (recorded on the checkpoint, so the bundle's tuning stays as quantize wrote it). */
+#define PROFILE TEXT " && $PREP profile $MODELS/mixtral-f32 --dataset text.txt -o p.h5 --ctx 16 >/dev/null 2>&1"
+/* Writes fail with EFBIG past 10 KiB (RLIMIT_FSIZE, SIGXFSZ ignored): a full disk without root. */
+#define FULL_DISK "trap '' XFSZ; ulimit -f 20; "
+/* The bundle is intact: every checksum matches. */
+#define BUNDLE_OK "$PREP inspect b.moeb --verify >/dev/null 2>&1"
+
+static const struct row k_rows[] = {
+    /* ---- 3: what is not a regular file is refused, never waited on */
+    {"dataset is a FIFO (eval)", "mkfifo ds.txt", "$PREP eval $MODELS/mixtral-f32 --dataset ds.txt --ctx 16", 1,
+     "ds.txt: is a FIFO", NULL},
+    {"dataset is a FIFO (profile)", "mkfifo ds.txt", "$PREP profile $MODELS/mixtral-f32 --dataset ds.txt -o p.h5", 1,
+     "ds.txt: is a FIFO", "test ! -e p.h5"},
+    {"dataset is a directory (eval)", "mkdir ds", "$PREP eval $MODELS/mixtral-f32 --dataset text:ds --ctx 16", 1,
+     "is a directory", NULL},
+    {"dataset is a character device (eval)", "", "$PREP eval $MODELS/mixtral-f32 --dataset text:/dev/zero --ctx 16", 1,
+     "is a character device", NULL},
+    {"config.json is a FIFO (check)", "cp -r $MODELS/mixtral-f32 m && rm m/config.json && mkfifo m/config.json",
+     "$PREP check m", 1, "config.json: is a FIFO", NULL},
+    {"config.json is a FIFO (moe-run)", "cp -r $MODELS/mixtral-f32 m && rm m/config.json && mkfifo m/config.json",
+     "$RUN -m m --tokens 1,2 -n 1", 1, "config.json: is a FIFO", NULL},
+    {"generation_config.json is a FIFO (moe-run)",
+     "cp -r $MODELS/mixtral-f32 m && rm -f m/generation_config.json && mkfifo m/generation_config.json",
+     "$RUN -m m --tokens 1,2 -n 1", 1, "generation_config.json: is a FIFO", NULL},
+    {"tokenizer.json is a FIFO (moe-run)",
+     "cp -r $MODELS/mixtral-f32 m && rm m/tokenizer.json && mkfifo m/tokenizer.json", "$RUN -m m -p hello -n 1", 1,
+     "tokenizer.json: is a FIFO", NULL},
+    {"index shard is a FIFO (quantize)",
+     "cp -r $MODELS/qwen2_moe-f32 m && rm m/model-00002-of-00003.safetensors && "
+     "mkfifo m/model-00002-of-00003.safetensors",
+     "$PREP quantize m -o q.moeb --experts q8_0", 1, "model-00002-of-00003.safetensors: is a FIFO",
+     "test ! -e q.moeb"},
+    {"index shard is a FIFO (check)",
+     "cp -r $MODELS/qwen2_moe-f32 m && rm m/model-00002-of-00003.safetensors && "
+     "mkfifo m/model-00002-of-00003.safetensors",
+     "$PREP check m", 1, "is a FIFO", NULL},
+    {"bundle is a FIFO (moe-run)", "mkfifo b.moeb", "$RUN -m b.moeb --tokens 1,2 -n 1", 1, "b.moeb: is a FIFO", NULL},
+    {"bundle is a FIFO (inspect)", "mkfifo b.moeb", "$PREP inspect b.moeb --verify", 1, "b.moeb: is a FIFO", NULL},
+    {"prompt file is a FIFO (moe-run -f)", "mkfifo prompt.txt", "$RUN -m $MODELS/mixtral-f32 -f prompt.txt -n 1", 1,
+     "prompt.txt: is a FIFO", NULL},
+    {"profile is a FIFO (report)", "mkfifo p.h5", "$PREP profile report p.h5 -o r.html", 1, "p.h5: is a FIFO",
+     "test ! -e r.html"},
+    {"profile shard is a FIFO (merge)", "mkfifo p.h5", "$PREP profile merge p.h5 p.h5 -o m.h5", 1, "p.h5: is a FIFO",
+     "test ! -e m.h5"},
+    /* ---- 6: sampling values out of range are usage errors, not "greedy" */
+    {"--temp -1 (moe-run)", "", "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 2 --temp -1", 2, "--temp must be", NULL},
+    {"--temp inf (moe-run)", "", "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 2 --temp inf", 2, "--temp must be",
+     NULL},
+
+    /* ---- 7: an output that is the same file as an input is refused (device + inode) */
+    {"--logits-out names the bundle (moe-run)", BUNDLE, "$RUN -m b.moeb --tokens 1,2 -n 1 --logits-out b.moeb", 2,
+     "same file as the input", BUNDLE_OK},
+    {"--logits-out names a shard (moe-run)", "cp -r $MODELS/mixtral-f32 m",
+     "$RUN -m m --tokens 1,2 -n 1 --logits-out m/./model.safetensors", 2, "same file as the input",
+     "cmp -s m/model.safetensors $MODELS/mixtral-f32/model.safetensors"},
+    {"--logits-out names the prompt file (moe-run)", "cp -r $MODELS/mixtral-f32 m && echo hello > p.txt",
+     "$RUN -m m -f p.txt -n 1 --logits-out p.txt", 2, "same file as the input", "grep -q hello p.txt"},
+    {"quantize -o MODEL/model.safetensors", "cp -r $MODELS/mixtral-f32 m",
+     "$PREP quantize m -o m/model.safetensors --experts f32 --dense f32", 2, "same file as the input",
+     "cmp -s m/model.safetensors $MODELS/mixtral-f32/model.safetensors"},
+    {"quantize -o a hard link of config.json", "cp -r $MODELS/mixtral-f32 m && ln m/config.json cfg.json",
+     "$PREP quantize m -o cfg.json --experts f32 --dense f32", 2, "same file as the input",
+     "cmp -s m/config.json $MODELS/mixtral-f32/config.json"},
+    {"sensitivity -o names the bundle", BUNDLE " && " TEXT,
+     "$PREP sensitivity b.moeb --dataset text.txt -o b.moeb --ctx 16 --max-tokens 32", 2, "same file as the input",
+     BUNDLE_OK},
+    {"sensitivity --csv names the dataset", BUNDLE " && " TEXT " && cp text.txt text.orig",
+     "$PREP sensitivity b.moeb --dataset text.txt -o s.h5 --csv text.txt --ctx 16 --max-tokens 32", 2,
+     "same file as the input", "cmp -s text.txt text.orig && test ! -e s.h5"},
+    {"profile report P.h5 -o P.h5", PROFILE " && cp p.h5 p.orig", "$PREP profile report p.h5 -o p.h5", 2,
+     "same file as the input", "cmp -s p.h5 p.orig"},
+    {"profile B.moeb -o B.moeb", BUNDLE " && " TEXT, "$PREP profile b.moeb --dataset text.txt -o b.moeb --ctx 16", 2,
+     "same file as the input", BUNDLE_OK},
+    {"profile -o names the dataset", TEXT " && cp text.txt text.orig",
+     "$PREP profile $MODELS/mixtral-f32 --dataset text.txt -o text.txt --ctx 16", 2, "same file as the input",
+     "cmp -s text.txt text.orig"},
+    {"profile merge -o names a shard", PROFILE " && cp p.h5 p.orig", "$PREP profile merge p.h5 -o ./p.h5", 2,
+     "same file as the input", "cmp -s p.h5 p.orig"},
+    {"fit-cache --csv names the profile", BUNDLE " && " PROFILE " && cp p.h5 p.orig",
+     "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --csv p.h5", 2, "same file as the input",
+     "cmp -s p.h5 p.orig"},
+
+    /* ---- 8: a symlink planted at the old temporary name is not followed */
+    {"--logits-out with a symlink at F.tmp (moe-run)", "echo precious > victim && ln -s victim out.f32.tmp",
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --logits-out out.f32", 0, NULL,
+     "grep -q precious victim && test $(stat -c %s out.f32) -eq 8192"},
+
+    /* ---- 9: a full disk is a clean error: no output, the old file intact */
+    {"profile on a full disk", PROFILE " && echo old > p.h5",
+     FULL_DISK "$PREP profile $MODELS/mixtral-f32 --dataset text.txt -o p.h5 --ctx 16", 1, "nothing written to p.h5",
+     "grep -q old p.h5 && ! ls | grep -q tmp"},
+    {"profile merge on a full disk", TEXT " && for i in 1 2; do $PREP profile $MODELS/mixtral-f32 --dataset text.txt "
+     "-o s$i.h5 --ctx 16 --shard $i/2 >/dev/null 2>&1; done",
+     FULL_DISK "$PREP profile merge s1.h5 s2.h5 -o m.h5", 1, "File too large", "test ! -e m.h5 && ! ls | grep -q tmp"},
+    {"sensitivity on a full disk", BUNDLE " && " TEXT,
+     FULL_DISK "$PREP sensitivity b.moeb --dataset text.txt -o s.h5 --ctx 16 --max-tokens 64", 1, "File too large",
+     "test ! -e s.h5 && ! ls | grep -q tmp"},
+    {"fit-cache's profile update on a full disk", BUNDLE " && " PROFILE " && cp p.h5 p.orig",
+     FULL_DISK "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --no-tuning", 1, "File too large",
+     "cmp -s p.h5 p.orig && ! ls | grep -q tmp"},
+    {"profile report on a full disk", PROFILE " && echo old > r.html", FULL_DISK "$PREP profile report p.h5 -o r.html",
+     1, "File too large", "grep -q old r.html && ! ls | grep -q tmp"},
+};
+
+/* run_sh: run cmd with /bin/sh in dir, stdout and stderr to files there,
+ * killed (with its process group) after limit seconds. Returns the exit
+ * status, 128 + signal for a signal, or -2 when it ran out of time. */
+static int run_sh(const char *dir, const char *cmd, int limit) {
+    char full[16384];
+    snprintf(full, sizeof full, "cd '%s' && ( %s ) >>out.txt 2>>err.txt </dev/null", dir, cmd);
+    if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "  $ %s\n", cmd);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setpgid(0, 0);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0 && errno != EINTR) return -1;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec >= limit) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -2;
+        }
+        usleep(20000);
+    }
+}
+
+/* slurp: the (truncated) contents of dir/name, NUL-terminated. */
+static void slurp(const char *dir, const char *name, char *buf, size_t cap) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    buf[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+/* run_row: one case in a fresh scratch directory. */
+static void run_row(int i, const struct row *r) {
+    char dir[600], err[8192];
+    snprintf(dir, sizeof dir, "%s/row%02d", g_root, i);
+    if (mkdir(dir, 0755) != 0) {
+        CHECK(0, "%s: cannot create %s", r->name, dir);
+        return;
+    }
+    if (r->setup && r->setup[0]) {
+        int rc = run_sh(dir, r->setup, g_limit);
+        if (rc != 0) {
+            slurp(dir, "err.txt", err, sizeof err);
+            CHECK(0, "%s: setup failed (%d): %s", r->name, rc, err);
+            return;
+        }
+        char p[700]; /* keep only the command's messages */
+        snprintf(p, sizeof p, "%s/err.txt", dir);
+        unlink(p);
+    }
+    int rc = run_sh(dir, r->cmd, g_limit);
+    slurp(dir, "err.txt", err, sizeof err);
+    if (rc == -2) {
+        CHECK(0, "%s: hung (killed after %d s)", r->name, g_limit);
+        return;
+    }
+    if (r->want_rc < 0)
+        CHECK(rc >= 1 && rc <= 2, "%s: exit %d, expected a clean failure (1 or 2)\n  stderr: %s", r->name, rc, err);
+    else
+        CHECK(rc == r->want_rc, "%s: exit %d, expected %d\n  stderr: %s", r->name, rc, r->want_rc, err);
+    if (r->want_err)
+        CHECK(strstr(err, r->want_err) != NULL, "%s: stderr lacks \"%s\"\n  stderr: %s", r->name, r->want_err, err);
+    if (r->after) {
+        int ok = run_sh(dir, r->after, g_limit);
+        CHECK(ok == 0, "%s: afterwards, \"%s\" does not hold", r->name, r->after);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: test-hostile-inputs MOE-PREP MOE-RUN [SCRATCH_DIR]\n");
+        return 2;
+    }
+    g_prep = realpath(argv[1], NULL); /* rows run in their own directories */
+    g_run = realpath(argv[2], NULL);
+    if (!g_prep || !g_run) {
+        fprintf(stderr, "test-hostile-inputs: cannot find %s or %s\n", argv[1], argv[2]);
+        return 2;
+    }
+    snprintf(g_root, sizeof g_root, "%s/moe-hostile-XXXXXX", argc > 3 ? argv[3] : "/tmp");
+    if (!mkdtemp(g_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char models[600];
+    snprintf(models, sizeof models, "%s/models", MOE_FIXTURES);
+    setenv("PREP", g_prep, 1);
+    setenv("RUN", g_run, 1);
+    setenv("FIX", MOE_FIXTURES, 1);
+    setenv("MODELS", models, 1);
+    if (getenv("MOE_TEST_TIME_LIMIT")) g_limit = atoi(getenv("MOE_TEST_TIME_LIMIT"));
+    if (g_limit < 1) g_limit = 60;
+    const char *only = getenv("MOE_TEST_ONLY"); /* a substring of the row names to run */
+    int n = (int)(sizeof k_rows / sizeof k_rows[0]);
+    for (int i = 0; i < n; i++)
+        if (!only || strstr(k_rows[i].name, only)) run_row(i, &k_rows[i]);
+    if (!fails) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
+        if (system(cmd) != 0) fprintf(stderr, "test-hostile-inputs: could not remove %s\n", g_root);
+    } else {
+        fprintf(stderr, "test-hostile-inputs: scratch files kept in %s\n", g_root);
+    }
+    printf("test-hostile-inputs: %d rows, %s\n", n, fails ? "FAILED" : "ok");
+    return fails != 0;
+}
