@@ -145,6 +145,10 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     float theta;
     if ((st = get_float(c, c->root, "rope_theta", def_theta, &theta))) return st;
     if (rp && (st = get_float(c, rp, "rope_theta", theta, &theta))) return st;
+    if (!(theta > 0)) { /* a RoPE base <= 0 gives NaN frequencies */
+        MOE_LOGE("%s: rope_theta must be a positive number (got %g)", c->label, (double)theta);
+        return MOE_ERR_INVALID;
+    }
     r->theta = theta;
     float prf = 1.0f;
     if ((st = get_float(c, c->root, "partial_rotary_factor", 1.0, &prf))) return st;
@@ -164,6 +168,10 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     const char *type = cJSON_IsString(t) ? t->valuestring : "default";
     if (!strcmp(type, "default")) return MOE_OK;
     if ((st = get_float(c, p, "factor", 1.0, &r->factor))) return st;
+    if (!(r->factor > 0)) {
+        MOE_LOGE("%s: RoPE scaling factor must be a positive number (got %g)", c->label, (double)r->factor);
+        return MOE_ERR_INVALID;
+    }
     if (!strcmp(type, "linear")) {
         r->kind = MOE_ROPE_LINEAR;
         return MOE_OK;
@@ -174,6 +182,12 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
         if ((st = get_float(c, p, "low_freq_factor", 1.0, &r->low_freq_factor))) return st;
         if ((st = get_float(c, p, "high_freq_factor", 4.0, &r->high_freq_factor))) return st;
         if ((st = get_float(c, p, "original_max_position_embeddings", 8192, &omp))) return st;
+        if (!(r->low_freq_factor > 0 && r->high_freq_factor > r->low_freq_factor && omp >= 1 && omp <= (1 << 30))) {
+            MOE_LOGE("%s: llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and "
+                     "original_max_position_embeddings >= 1 (got %g, %g, %g)",
+                     c->label, (double)r->low_freq_factor, (double)r->high_freq_factor, (double)omp);
+            return MOE_ERR_INVALID;
+        }
         r->original_max_pos = (int)omp;
         return MOE_OK;
     }
@@ -184,7 +198,7 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
         double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
         if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
         if (cJSON_IsNumber(top_omp)) omp = (float)top_omp->valuedouble; /* transformers prefers it */
-        if (!(omp >= 1)) {
+        if (!(omp >= 1 && omp <= (1 << 30))) {
             MOE_LOGE("%s: longrope original_max_position_embeddings must be >= 1", c->label);
             return MOE_ERR_INVALID;
         }
@@ -202,6 +216,10 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
             r->has_mscale = 1;
             r->short_mscale = (float)sm->valuedouble;
             r->long_mscale = (float)lm->valuedouble;
+            if (!(isfinite(r->short_mscale) && r->short_mscale > 0 && isfinite(r->long_mscale) && r->long_mscale > 0)) {
+                MOE_LOGE("%s: short_mscale and long_mscale must be positive numbers", c->label);
+                return MOE_ERR_INVALID;
+            }
         }
         /* attention factor as transformers' _compute_longrope_parameters sets it */
         float factor_def = (float)cfg->max_pos / (float)r->original_max_pos;
@@ -214,6 +232,11 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
             r->attention_factor =
                 factor <= 1.0f ? 1.0f
                                : (float)sqrt(1.0 + log(factor) / log((double)r->original_max_pos));
+        if (!(isfinite(r->attention_factor) && r->attention_factor > 0)) {
+            MOE_LOGE("%s: longrope attention_factor must be a positive number (got %g)", c->label,
+                     (double)r->attention_factor);
+            return MOE_ERR_INVALID;
+        }
         return MOE_OK;
     }
     MOE_LOGE("%s: RoPE scaling type \"%s\" is not supported (supported: default, linear, llama3, "
@@ -284,6 +307,23 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
         any |= cfg->layer_sliding[l];
     }
     cfg->sliding_window = any ? window : 0;
+    return MOE_OK;
+}
+
+/* check_token_ids: field `name`, if present, is a token id or a list of token
+ * ids, each an integer in [0, n_vocab). */
+static enum moe_status check_token_ids(const struct cfg_ctx *c, const char *name, int n_vocab) {
+    const cJSON *v = field(c, name), *e;
+    int ok = !v || cJSON_IsNumber(v) || cJSON_IsArray(v);
+    if (v && cJSON_IsNumber(v)) ok = v->valuedouble == floor(v->valuedouble) && v->valuedouble >= 0 &&
+                                     v->valuedouble < n_vocab;
+    if (v && cJSON_IsArray(v))
+        cJSON_ArrayForEach(e, v) ok &= cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) &&
+                                      e->valuedouble >= 0 && e->valuedouble < n_vocab;
+    if (!ok) {
+        MOE_LOGE("%s: field \"%s\" must be a token id (or a list of them) in [0, %d)", c->label, name, n_vocab);
+        return MOE_ERR_RANGE;
+    }
     return MOE_OK;
 }
 
@@ -387,6 +427,11 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         goto fail;
     if (a == MOE_ARCH_PHIMOE) {
         if ((st = get_float(c, root, "router_jitter_noise", 0.01, &cfg->router_jitter))) goto fail;
+        if (cfg->router_jitter < 0) {
+            MOE_LOGE("%s: router_jitter_noise must be >= 0", label);
+            st = MOE_ERR_INVALID;
+            goto fail;
+        }
         if (cfg->n_expert_used != 2) {
             MOE_LOGE("%s: Phi-MoE sparsemixer routing supports num_experts_per_tok = 2 only (got %d)",
                      label, cfg->n_expert_used);
@@ -399,6 +444,11 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     cfg->norm = a == MOE_ARCH_PHIMOE ? MOE_NORM_LAYER : MOE_NORM_RMS;
     double def_eps = (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE) ? 1e-6 : 1e-5;
     if ((st = get_float(c, root, "rms_norm_eps", def_eps, &cfg->norm_eps))) goto fail;
+    if (!(cfg->norm_eps > 0)) { /* <= 0 divides by zero (or takes a root of a negative) on a flat row */
+        MOE_LOGE("%s: rms_norm_eps must be a positive number (got %g)", label, (double)cfg->norm_eps);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
     if (a == MOE_ARCH_QWEN2_MOE) {
         if ((st = get_bool(c, "qkv_bias", 1, &cfg->attn_qkv_bias))) goto fail;
     } else if (a != MOE_ARCH_MIXTRAL) {
@@ -423,8 +473,8 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     if ((st = parse_layer_kinds(c, cfg))) goto fail;
 
     cfg->bos_id = -1;
-    const cJSON *bos = field(c, "bos_token_id");
-    if (cJSON_IsNumber(bos)) cfg->bos_id = (int)bos->valuedouble;
+    if ((st = get_int(c, "bos_token_id", 0, -1, 0, cfg->n_vocab - 1, &cfg->bos_id))) goto fail;
+    if ((st = check_token_ids(c, "eos_token_id", cfg->n_vocab))) goto fail;
     parse_token_ids(field(c, "eos_token_id"), cfg->eos_ids, &cfg->n_eos, MOE_MAX_EOS);
     cJSON_Delete(root);
     return MOE_OK;
@@ -464,6 +514,11 @@ void moe_config_add_generation(struct moe_config *c, const char *json, size_t le
         int ids[MOE_MAX_EOS], n = 0;
         parse_token_ids(e, ids, &n, MOE_MAX_EOS);
         for (int i = 0; i < n; i++) {
+            if (ids[i] < 0 || ids[i] >= c->n_vocab) { /* checked like config.json's, but only advisory here */
+                MOE_LOGW("generation config: eos_token_id %d is outside the vocabulary [0, %d); ignored", ids[i],
+                         c->n_vocab);
+                continue;
+            }
             int dup = 0;
             for (int j = 0; j < c->n_eos; j++) dup |= c->eos_ids[j] == ids[i];
             if (!dup && c->n_eos < MOE_MAX_EOS) c->eos_ids[c->n_eos++] = ids[i];

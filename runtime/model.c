@@ -5,6 +5,7 @@
  * Matrices stay in the mapped files (zero-copy views in their stored dtype);
  * only small vectors (norm weights, biases) are converted to float32 copies.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@
 /* A tensor as a source (checkpoint or bundle) describes it. */
 struct src_tensor {
     const void *data;
+    uint64_t size;   /* bytes the source stores for it (views are checked against it) */
+    size_t index;    /* position in the source's tensor table (see bind.used) */
     enum moe_qtype type;
     int n_dims;
     int64_t shape[8];
@@ -35,6 +38,7 @@ struct bind {
     struct moe_model *m;   /* refs of non-expert tensors are recorded here */
     /* bundles bind routed experts from blobs; NULL = by tensor name */
     enum moe_status (*bind_expert)(const struct bind *b, int layer, int expert, struct moe_ffn *out);
+    unsigned char *used;   /* [source tensor count]: set when a tensor is bound */
 };
 
 static int has_tensor(const struct bind *b, const char *name) {
@@ -79,11 +83,23 @@ static enum moe_status find_shape(const struct bind *b, const char *name, int n_
         MOE_LOGE("%s: tensor \"%s\" has shape [%s], expected [%s]", b->path, name, got, want);
         return MOE_ERR_SHAPE;
     }
-    if (moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]) == 0) {
+    uint64_t need = moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]);
+    if (need == 0) {
         MOE_LOGE("%s: tensor \"%s\": rows of %lld elements cannot be stored as %s", b->path, name,
                  (long long)t->shape[n_dims - 1], moe_qtype_name(t->type));
         return MOE_ERR_SHAPE;
     }
+    /* the view must lie inside what the source stores: a directory entry may
+     * keep a tensor's shape while its stored bytes are fewer */
+    int over = 0;
+    for (int i = 0; i < n_dims - 1; i++) over |= __builtin_mul_overflow(need, (uint64_t)t->shape[i], &need);
+    if (over || need != t->size) {
+        MOE_LOGE("%s: tensor \"%s\" stores %llu bytes; its shape and type (%s) need %s%llu", b->path, name,
+                 (unsigned long long)t->size, moe_qtype_name(t->type), over ? "more than " : "",
+                 (unsigned long long)(over ? UINT64_MAX : need));
+        return MOE_ERR_SHAPE;
+    }
+    if (b->used) b->used[t->index] = 1;
     return MOE_OK;
 }
 
@@ -135,6 +151,13 @@ static enum moe_status bind_vector(const struct bind *b, float **out, int64_t n,
         free(v);
         return st;
     }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) { /* a NaN norm weight or bias makes every logit NaN */
+            MOE_LOGE("%s: tensor \"%s\" holds a non-finite value (%g) at element %lld", b->path, name, (double)v[i],
+                     (long long)i);
+            free(v);
+            return MOE_ERR_RANGE;
+        }
     *out = v;
     return record(b, name, MOE_ROLE_VECTOR, 1, (struct moe_weight){v, MOE_QTYPE_F32, 1, n});
 }
@@ -285,11 +308,47 @@ static int st_find(const struct bind *b, const char *name, struct src_tensor *t)
     if (!x) return 0;
     static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16};
     t->data = x->data;
+    t->size = x->nbytes;
+    t->index = (size_t)(x - moe_safetensors_at(b->src, 0));
     t->type = map[x->dtype];
     t->n_dims = x->n_dims;
     for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
     return 1;
 }
+
+/* ignorable: tensors a checkpoint may hold that the model deliberately does
+ * not bind (they are recomputed from the config). */
+static int ignorable(const char *name) {
+    static const char *const k_suffix[] = {".rotary_emb.inv_freq"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof k_suffix / sizeof k_suffix[0]; i++) {
+        size_t k = strlen(k_suffix[i]);
+        if (n >= k && !strcmp(name + n - k, k_suffix[i])) return 1;
+    }
+    return 0;
+}
+
+/* check_all_bound: every tensor of the source was bound (or is ignorable): a
+ * config with fewer layers than its checkpoint, or tensors of an architecture
+ * feature the config does not declare, must not be silently ignored. */
+static enum moe_status check_all_bound(const char *path, const unsigned char *used, size_t n,
+                                       const char *(*name_at)(const void *src, size_t i), const void *src) {
+    size_t n_bad = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!used[i] && !ignorable(name_at(src, i))) {
+            if (!first) first = name_at(src, i);
+            n_bad++;
+        }
+    if (!n_bad) return MOE_OK;
+    MOE_LOGE("%s: %zu tensor%s the config does not account for, e.g. \"%s\" (does config.json list fewer layers or "
+             "experts than the checkpoint holds, or omit a feature such as biases or a shared expert?)",
+             path, n_bad, n_bad == 1 ? "" : "s", first);
+    return MOE_ERR_SHAPE;
+}
+
+static const char *st_name_at(const void *src, size_t i) { return moe_safetensors_at(src, i)->name; }
+static const char *bundle_name_at(const void *src, size_t i) { return moe_bundle_tensor_at(src, i)->name; }
 
 enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
     *out = NULL;
@@ -304,8 +363,16 @@ enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
     m->path = strdup(dir);
     if ((st = moe_config_load(dir, &m->cfg))) goto fail;
     if ((st = moe_safetensors_open(dir, &m->st))) goto fail;
-    struct bind b = {st_find, m->st, dir, m, NULL};
-    if ((st = bind_all(&b, m))) goto fail;
+    size_t n_src = moe_safetensors_count(m->st);
+    unsigned char *used = calloc(n_src + 1, 1);
+    if (!used) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    struct bind b = {st_find, m->st, dir, m, NULL, used};
+    if (!(st = bind_all(&b, m))) st = check_all_bound(dir, used, n_src, st_name_at, m->st);
+    free(used);
+    if (st) goto fail;
     char *tj = moe_path_join(dir, "tokenizer.json");
     if (tj && access(tj, F_OK) == 0) { /* present: the loader refuses what is not a regular file */
         st = moe_tokenizer_load(dir, &m->tok);
@@ -334,6 +401,8 @@ static int bundle_find(const struct bind *b, const char *name, struct src_tensor
     const struct moe_bundle_tensor *x = moe_bundle_find_tensor(b->src, name);
     if (!x) return 0;
     t->data = x->data;
+    t->size = x->size;
+    t->index = (size_t)(x - moe_bundle_tensor_at(b->src, 0));
     t->type = (enum moe_qtype)x->type_id;
     t->n_dims = (int)x->n_dims;
     for (uint32_t i = 0; i < x->n_dims; i++) t->shape[i] = (int64_t)x->shape[i];
@@ -574,8 +643,16 @@ static enum moe_status moe_model_load_bundle(const char *path, const struct moe_
     for (size_t i = 0; i < le; i++) m->expert_prec[i] = (int16_t)pi;
     m->expert_precision = (int)pi;
     if (!(params && params->expert_precision) && bitwidth_map(m)) m->expert_precision = uniform_precision(m);
-    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert};
-    if ((st = bind_all(&b, m))) goto fail;
+    size_t n_src = moe_bundle_tensor_count(m->bundle);
+    unsigned char *used = calloc(n_src + 1, 1);
+    if (!used) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert, used};
+    if (!(st = bind_all(&b, m))) st = check_all_bound(path, used, n_src, bundle_name_at, m->bundle);
+    free(used);
+    if (st) goto fail;
     for (int i = 0; i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
         const struct moe_bundle_tensor *t = moe_bundle_find_tensor(m->bundle, m->refs[i].name);
         if (t && (st = moe_bundle_tensor_verify(m->bundle, t))) goto fail;

@@ -5,6 +5,7 @@
 #ifndef MOE_SAMPLER_H
 #define MOE_SAMPLER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moe-status.h"
@@ -29,6 +30,12 @@ void moe_sampler_free(struct moe_sampler *s);
 
 /* moe_sampler_sample: pick a token from logits[n_vocab]; logits are not modified. */
 int32_t moe_sampler_sample(struct moe_sampler *s, const float *logits);
+
+/* moe_logits_first_bad: the index of the first NaN or infinite value of
+ * v[0..n), or -1 when all are finite. Callers fail loudly on a bad row (damaged
+ * weights give NaN logits, which greedy decoding would quietly turn into a
+ * token). */
+int64_t moe_logits_first_bad(const float *v, size_t n);
 
 /* moe_argmax: index of the largest value (lowest index on ties). */
 int32_t moe_argmax(const float *v, int n);

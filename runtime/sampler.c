@@ -53,6 +53,12 @@ void moe_sampler_free(struct moe_sampler *s) {
     free(s);
 }
 
+int64_t moe_logits_first_bad(const float *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return (int64_t)i;
+    return -1;
+}
+
 int32_t moe_argmax(const float *v, int n) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "moe-test.h"
 
@@ -41,7 +44,44 @@ struct row {
     const char *name, *setup, *cmd;
     int want_rc;
     const char *want_err, *after;
+    int (*hook)(const char *dir); /* after setup: a change shell cannot make easily; 0 = ok */
 };
+/* most rows have no hook and leave it out (NULL) */
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+/* poison_f32: write a NaN over the first element of F32 tensor `tensor` of the
+ * safetensors file dir/file (offsets from its JSON header). 0 on success. */
+static int poison_f32(const char *dir, const char *file, const char *tensor) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "r+b");
+    unsigned char len8[8];
+    if (!f || fread(len8, 1, 8, f) != 8) {
+        if (f) fclose(f);
+        return -1;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
+    char *hdr = n < ((uint64_t)1 << 24) ? malloc((size_t)n + 1) : NULL;
+    int rc = -1;
+    if (hdr && fread(hdr, 1, (size_t)n, f) == (size_t)n) {
+        hdr[n] = 0;
+        cJSON *j = cJSON_Parse(hdr);
+        const cJSON *t = cJSON_GetObjectItem(j, tensor), *off = cJSON_GetObjectItem(t, "data_offsets");
+        const cJSON *dt = cJSON_GetObjectItem(t, "dtype");
+        if (cJSON_IsArray(off) && cJSON_IsString(dt) && !strcmp(dt->valuestring, "F32")) {
+            const unsigned char nan_le[4] = {0x00, 0x00, 0xc0, 0x7f};
+            long at = (long)(8 + n + (uint64_t)cJSON_GetArrayItem(off, 0)->valuedouble);
+            rc = fseek(f, at, SEEK_SET) == 0 && fwrite(nan_le, 1, 4, f) == 4 ? 0 : -1;
+        }
+        cJSON_Delete(j);
+    }
+    free(hdr);
+    return fclose(f) == 0 ? rc : -1;
+}
+
+static int nan_lm_head(const char *dir) { return poison_f32(dir, "m/model.safetensors", "lm_head.weight"); }
+static int nan_norm(const char *dir) { return poison_f32(dir, "m/model.safetensors", "model.norm.weight"); }
 
 /* A small calibration text: the same sentence mix the demo uses. */
 #define TEXT "printf 'the model runs quickly over small machines while the experts rest. %.0s' $(seq 80) > text.txt"
@@ -93,6 +133,8 @@ static const struct row k_rows[] = {
      "test ! -e m.h5"},
     /* ---- 6: sampling values out of range are usage errors, not "greedy" */
     {"--temp -1 (moe-run)", "", "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 2 --temp -1", 2, "--temp must be", NULL},
+    {"--temp nan (moe-run)", "", "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 2 --temp nan", 2, "expects a number",
+     NULL},
     {"--temp inf (moe-run)", "", "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 2 --temp inf", 2, "--temp must be",
      NULL},
 
@@ -149,6 +191,31 @@ static const struct row k_rows[] = {
      "cmp -s p.h5 p.orig && ! ls | grep -q tmp"},
     {"profile report on a full disk", PROFILE " && echo old > r.html", FULL_DISK "$PREP profile report p.h5 -o r.html",
      1, "File too large", "grep -q old r.html && ! ls | grep -q tmp"},
+
+    /* ---- 5: a config that contradicts its checkpoint, or ids out of range */
+    {"config with fewer layers than the checkpoint (quantize)",
+     "cp -r $MODELS/mixtral-f32 m && sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 1/' m/config.json",
+     "$PREP quantize m -o q.moeb --experts f32 --dense f32", 1, "model.layers.1.", "test ! -e q.moeb"},
+    {"config with fewer layers than the checkpoint (moe-run)",
+     "cp -r $MODELS/mixtral-f32 m && sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 1/' m/config.json",
+     "$RUN -m m --tokens 1,2 -n 1", 1, "does not account for", NULL},
+    {"bos_token_id outside the vocabulary (moe-run)",
+     "cp -r $MODELS/mixtral-f32 m && sed -i 's/\"bos_token_id\": 1/\"bos_token_id\": 5000/' m/config.json",
+     "$RUN -m m -p hello -n 1", 1, "bos_token_id", NULL},
+
+    /* ---- 10: NaN and infinity: constants checked on load, non-finite logits fail loudly */
+    {"negative rms_norm_eps (moe-run)",
+     "cp -r $MODELS/mixtral-f32 m && sed -i 's/\"rms_norm_eps\": 1e-05/\"rms_norm_eps\": -1e-05/' m/config.json",
+     "$RUN -m m --tokens 1,2 -n 1", 1, "rms_norm_eps must be a positive number", NULL},
+    {"rope_theta 0 (eval)",
+     TEXT " && cp -r $MODELS/mixtral-f32 m && sed -i 's/\"rope_theta\": 1000000.0/\"rope_theta\": 0/' m/config.json",
+     "$PREP eval m --dataset text.txt --ctx 16", 1, "rope_theta must be a positive number", NULL},
+    {"NaN in lm_head (moe-run)", "cp -r $MODELS/mixtral-f32 m", "$RUN -m m --tokens 1,2,3 -n 2 --ids", 1,
+     "non-finite logit", NULL, nan_lm_head},
+    {"NaN in lm_head (eval)", TEXT " && cp -r $MODELS/mixtral-f32 m", "$PREP eval m --dataset text.txt --ctx 16", 1,
+     "non-finite logits", NULL, nan_lm_head},
+    {"NaN in a norm weight (moe-run)", "cp -r $MODELS/mixtral-f32 m", "$RUN -m m --tokens 1,2,3 -n 2", 1,
+     "\"model.norm.weight\" holds a non-finite value", NULL, nan_norm},
 };
 
 /* run_sh: run cmd with /bin/sh in dir, stdout and stderr to files there,
@@ -205,7 +272,7 @@ static void run_row(int i, const struct row *r) {
     }
     if (r->setup && r->setup[0]) {
         int rc = run_sh(dir, r->setup, g_limit);
-        if (rc != 0) {
+        if (rc != 0 || (r->hook && r->hook(dir) != 0)) {
             slurp(dir, "err.txt", err, sizeof err);
             CHECK(0, "%s: setup failed (%d): %s", r->name, rc, err);
             return;

@@ -341,6 +341,13 @@ int main(int argc, char **argv) {
     }
     double t0 = now_s();
     if (moe_session_forward(sess, ids, (int)n_ids, logits, all) != MOE_OK) goto done;
+    int64_t bad = moe_logits_first_bad(logits, V * (all ? n_ids : 1));
+    if (bad >= 0) { /* damaged weights or constants: fail loudly, never sample from NaN */
+        fprintf(stderr, "moe-run: the model produced a non-finite logit (NaN or infinity) at prompt position %lld, "
+                        "token %lld: its weights or config are damaged\n",
+                (long long)(all ? bad / (int64_t)V : (int64_t)n_ids - 1), (long long)(bad % (int64_t)V));
+        goto done;
+    }
     double t1 = now_s();
     const float *last = logits + (all ? (n_ids - 1) * V : 0);
     if (lf && fwrite(logits, sizeof(float), V * n_ids, lf) != V * n_ids) {
@@ -376,6 +383,12 @@ int main(int argc, char **argv) {
             break; /* the last token is not fed back */
         }
         if (moe_session_forward(sess, &next, 1, step_logits, 0) != MOE_OK) {
+            free(seq);
+            goto done;
+        }
+        if (moe_logits_first_bad(step_logits, V) >= 0) {
+            fprintf(stderr, "\nmoe-run: the model produced a non-finite logit (NaN or infinity) at generated token "
+                            "%d: its weights or config are damaged\n", n_gen + 1);
             free(seq);
             goto done;
         }

@@ -423,7 +423,15 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     for (int c = 0; c < n_chunks; c++) {
         memcpy(chunk, ids + (size_t)c * (size_t)n_ctx, sizeof(int32_t) * (size_t)n_ctx);
         if (p.bos >= 0) chunk[0] = p.bos; /* replaces a token, as llama-perplexity does */
+        int64_t first = acc.n;
         if ((st = eval_chunk(side, n_side, chunk, n_ctx, &acc))) goto done;
+        for (int64_t i = first; i < acc.n; i++) /* NaN logits must not become "PPL nan" */
+            if (!isfinite(acc.nll[i]) || (ref && !isfinite(acc.ref_nll[i]))) {
+                MOE_LOGE("chunk %d: %s produced non-finite logits (NaN or infinity): its weights or config are "
+                         "damaged", c, !isfinite(acc.nll[i]) ? "the model" : "the reference");
+                st = MOE_ERR_RANGE;
+                goto done;
+            }
         if (p.on_chunk) p.on_chunk(c + 1, n_chunks, now_s() - t0, p.user);
     }
     out->seconds = now_s() - t0;
