@@ -592,13 +592,48 @@ static const char *meta_text(const struct moe_bundle *bd, const char *path, cons
 }
 
 /* moe_model_load_bundle: a model from a .moeb bundle (see docs/format.md). */
+static enum moe_status load_from_bundle(struct moe_model *m, const char *path, const struct moe_model_params *params,
+                                        struct moe_model **out);
+
 static enum moe_status moe_model_load_bundle(const char *path, const struct moe_model_params *params,
                                              struct moe_model **out) {
     struct moe_model *m = calloc(1, sizeof *m);
     if (!m) return MOE_ERR_NOMEM;
     enum moe_status st;
-    m->path = strdup(path);
-    if ((st = moe_bundle_open(path, &m->bundle))) goto fail;
+    if (!(m->path = strdup(path))) {
+        free(m);
+        return MOE_ERR_NOMEM;
+    }
+    if ((st = moe_bundle_open(path, &m->bundle))) {
+        moe_model_free(m);
+        return st;
+    }
+    return load_from_bundle(m, path, params, out);
+}
+
+enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const char *label,
+                                             const struct moe_model_params *params, struct moe_model **out) {
+    *out = NULL;
+    if (!label) label = "<memory>";
+    struct moe_model *m = calloc(1, sizeof *m);
+    if (!m) return MOE_ERR_NOMEM;
+    enum moe_status st;
+    if (!(m->path = strdup(label))) {
+        free(m);
+        return MOE_ERR_NOMEM;
+    }
+    if ((st = moe_bundle_open_memory(buf, len, label, &m->bundle))) {
+        moe_model_free(m);
+        return st;
+    }
+    return load_from_bundle(m, label, params, out);
+}
+
+/* load_from_bundle: bind model m from its open bundle (m->bundle, m->path set);
+ * frees m on error. */
+static enum moe_status load_from_bundle(struct moe_model *m, const char *path, const struct moe_model_params *params,
+                                        struct moe_model **out) {
+    enum moe_status st;
     const char *cfg_text = meta_text(m->bundle, path, "hf.config.json");
     if (!cfg_text) {
         st = MOE_ERR_FORMAT;

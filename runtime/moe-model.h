@@ -219,6 +219,13 @@ struct moe_model_params moe_model_default_params(void);
 enum moe_status moe_model_load(const char *path, const struct moe_model_params *params,
                                struct moe_model **out);
 
+/* moe_model_load_bundle_memory: moe_model_load of a bundle image in memory
+ * (buf[0..len) is borrowed and must outlive the model; label names it in
+ * messages). For tests and the fuzz target that goes from bundle bytes to a
+ * bound model. */
+enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const char *label,
+                                             const struct moe_model_params *params, struct moe_model **out);
+
 /* moe_model_load_hf: load a Hugging Face checkpoint directory (config.json,
  * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
  * shape; errors name the tensor. */
