@@ -35,7 +35,8 @@
  *   - no two tensors or blobs overlap;
  *   tuning slots (A at 512, B at 1024)
  *   - a slot of 64 zero bytes is empty; otherwise magic "MOEBTUNE" and the slot
- *     checksum make it valid (a torn slot is skipped with a warning);
+ *     checksum make it valid (a torn or damaged slot is skipped with a
+ *     warning naming the slot used instead, and reported by verify_all);
  *   - of the valid slots, the one with the highest sequence whose payload is
  *     usable wins: payload size 0 (with offset 0) means no tuning; otherwise the
  *     payload starts on a 4096 boundary after the directory, is at most
@@ -1199,7 +1200,7 @@ struct moe_bundle {
     struct moe_bundle_kv *tuning; /* never NULL after open */
     struct slot tslot;            /* the slot in use */
     int tslot_index;              /* 0 = A, 1 = B */
-    char skipped[256];            /* why a newer slot was skipped ("" if none) */
+    char slot_bad[2][256];        /* per slot: why it is damaged or unusable ("" if fine or empty) */
 };
 
 /* The file offset where the directory ends. */
@@ -1607,10 +1608,8 @@ static enum moe_status select_tuning(struct moe_bundle *b) {
     for (int i = 0; i < 2; i++) {
         s[i] = slot_parse(b->base + slot_offset[i]);
         if (s[i].state == SLOT_BAD) {
-            why[i] = "slot checksum mismatch (torn or damaged)";
-            MOE_LOGW("%s: tuning slot %c: slot checksum mismatch, ignored (an interrupted tuning "
-                     "update leaves this)",
-                     b->label, 'A' + i);
+            why[i] = "slot record checksum mismatch (torn or damaged)";
+            snprintf(b->slot_bad[i], sizeof b->slot_bad[i], "%s", why[i]);
         } else if (s[i].state == SLOT_EMPTY) {
             why[i] = "empty";
         }
@@ -1630,13 +1629,17 @@ static enum moe_status select_tuning(struct moe_bundle *b) {
             b->tuning = kv;
             b->tslot = s[i];
             b->tslot_index = i;
+            if (b->slot_bad[1 - i][0]) /* a run must say that it fell back, and to what */
+                MOE_LOGW("%s: tuning slot %c is damaged (%s); using slot %c (sequence %llu, %zu tuning key%s) "
+                         "instead: settings written by a later tuning update (e.g. a bit-width map) may be "
+                         "missing. Run moe-prep inspect --verify, and rerun the tuning step to repair it.",
+                         b->label, 'A' + (1 - i), b->slot_bad[1 - i], 'A' + i, (unsigned long long)s[i].seq,
+                         moe_bundle_kv_count(kv), moe_bundle_kv_count(kv) == 1 ? "" : "s");
             return MOE_OK;
         }
         if (rc == MOE_ERR_NOMEM) return rc;
-        snprintf(b->skipped, sizeof b->skipped, "sequence %llu: %s",
-                 (unsigned long long)s[i].seq, why[i]);
-        MOE_LOGW("%s: tuning slot %c (sequence %llu): %s; trying the other slot", b->label,
-                 'A' + i, (unsigned long long)s[i].seq, why[i]);
+        snprintf(b->slot_bad[i], sizeof b->slot_bad[i], "sequence %llu: %s", (unsigned long long)s[i].seq,
+                 why[i]);
     }
     MOE_LOGE("%s: no usable tuning slot (slot A: %s; slot B: %s)", b->label, why[0], why[1]);
     return MOE_ERR_FORMAT;
@@ -2044,10 +2047,11 @@ enum moe_status moe_bundle_verify_all(const struct moe_bundle *b, moe_bundle_fai
     snprintf(item, sizeof item, "tuning slot %c", 'A' + b->tslot_index);
     if (b->tslot.size && hash(b->base + b->tslot.offset, (size_t)b->tslot.size) != b->tslot.checksum)
         report(b, fn, user, item, "payload checksum mismatch", &bad);
-    if (b->skipped[0]) {
-        snprintf(item, sizeof item, "tuning slot %c", 'B' - b->tslot_index);
-        report(b, fn, user, item, b->skipped, &bad);
-    }
+    for (int i = 0; i < 2; i++) /* a damaged slot is damage, whichever slot readers fell back to */
+        if (b->slot_bad[i][0]) {
+            snprintf(item, sizeof item, "tuning slot %c", 'A' + i);
+            report(b, fn, user, item, b->slot_bad[i], &bad);
+        }
     for (size_t i = 0; i < b->n_tensors; i++) {
         const struct moe_bundle_tensor *t = &b->tensors[i];
         if (hash(t->data, (size_t)t->size) != t->checksum) {

@@ -221,6 +221,46 @@ static void test_short_tensor(void) {
     CHECK(sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, good) == 0, "the original verifies: %s", out);
 }
 
+/* test_damaged_slot: issue 17 item 11. The active tuning slot (holding the
+ * bit-width map) gets a flipped byte in its record: inspect --verify must
+ * report it, and moe-run must say it falls back to the other slot. */
+static void test_damaged_slot(void) {
+    char path[300], bad[300], out[65536];
+    snprintf(path, sizeof path, "%s/slots.moeb", tmp);
+    snprintf(bad, sizeof bad, "%s/slots-bad.moeb", tmp);
+    CHECK(sh(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32,q8_0 --dense f32 2>&1", prep,
+             MOE_FIXTURES, path) == 0, "quantize");
+    struct moe_bundle *b = NULL;
+    uint32_t nl = 0, ne = 0, np = 0;
+    if (moe_bundle_open(path, &b) == MOE_OK) moe_bundle_expert_layout(b, &nl, &ne, &np);
+    moe_bundle_free(b);
+    int64_t map[64];
+    for (uint32_t i = 0; i < nl * ne && i < 64; i++) map[i] = i % 2;
+    struct moe_bundle_kv *kv = NULL;
+    CHECK(nl * ne <= 64 && moe_bundle_kv_new(&kv) == MOE_OK && moe_bundle_kv_set_str(kv, "note", "first") == MOE_OK &&
+              moe_bundle_replace_tuning(path, kv) == MOE_OK &&
+              moe_bundle_kv_set_i64_array(kv, "edgemoe.bitwidth.map", map, nl * ne) == MOE_OK &&
+              moe_bundle_replace_tuning(path, kv) == MOE_OK,
+          "two tuning updates");
+    moe_bundle_kv_free(kv);
+    struct moe_bundle_info info = {0};
+    b = NULL;
+    if (moe_bundle_open(path, &b) == MOE_OK) moe_bundle_get_info(b, &info);
+    moe_bundle_free(b);
+    CHECK(sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, path) == 0 &&
+              strstr(out, "per-expert map"),
+          "the map is used: %s", out);
+    flip(path, bad, info.tuning_slot == 'B' ? 1024 + 12 : 512 + 12); /* the active slot's sequence */
+    int rc = sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
+    char want[32];
+    snprintf(want, sizeof want, "tuning slot %c", info.tuning_slot);
+    CHECK(rc == 1 && strstr(out, "DAMAGED") && strstr(out, want), "inspect --verify reports the slot (rc %d): %s",
+          rc, out);
+    rc = sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, bad);
+    CHECK(rc == 0 && strstr(out, "is damaged") && strstr(out, "instead") && !strstr(out, "per-expert map"),
+          "moe-run says it falls back (rc %d): %s", rc, out);
+}
+
 /* test_kill: quantize a synthetic model big enough to take a while, kill it
  * mid-way (SIGKILL, then SIGTERM), and check that nothing is at the output. */
 static void test_kill(void) {
@@ -293,6 +333,7 @@ int main(int argc, char **argv) {
     test_kl();
     test_verify();
     test_short_tensor();
+    test_damaged_slot();
     test_kill();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

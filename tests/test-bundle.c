@@ -809,7 +809,17 @@ static void test_tuning(void) {
     spit(crash, img, n_after);
     log_reset();
     open_check_tuning(crash, 4, 'B', "crash (b) garbage");
-    CHECK(strstr(g_warn, "tuning slot A: slot checksum mismatch"), "torn slot warned: %s", g_warn);
+    CHECK(strstr(g_warn, "tuning slot A is damaged (slot record checksum mismatch") &&
+              strstr(g_warn, "using slot B (sequence 4, 4 tuning keys) instead"),
+          "torn slot warned, naming the slot used instead: %s", g_warn);
+    /* issue 17: a damaged slot record is damage: verify_all reports it */
+    b = NULL;
+    moe_bundle_open(crash, &b);
+    struct failures ft = {0};
+    CHECK(b && moe_bundle_verify_all(b, on_failure, &ft) == MOE_ERR_FORMAT && ft.n == 1 &&
+              strcmp(ft.items[0], "tuning slot A") == 0,
+          "verify_all names the torn slot: %d '%s'", ft.n, ft.n ? ft.items[0] : "");
+    moe_bundle_free(b);
     memcpy(img, after, n_after);
     memcpy(img + 512 + 32, before + 512 + 32, 32);
     spit(crash, img, n_after);
@@ -828,7 +838,7 @@ static void test_tuning(void) {
     spit(crash, img, n_after);
     log_reset();
     open_check_tuning(crash, 4, 'B', "damaged newer payload");
-    CHECK(strstr(g_warn, "tuning slot A (sequence 5): payload checksum mismatch"),
+    CHECK(strstr(g_warn, "tuning slot A is damaged (sequence 5: payload checksum mismatch); using slot B"),
           "fallback warned: %s", g_warn);
     b = NULL;
     moe_bundle_open(crash, &b);
