@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 #include <cjson/cJSON.h>
 
 #include "moe-test.h"
+#include "profile-h5.h"
 
 /* far above any row's run time: only a hang reaches it (MOE_TEST_TIME_LIMIT overrides) */
 static int g_limit = 60;
@@ -80,6 +82,52 @@ static int poison_f32(const char *dir, const char *file, const char *tensor) {
     return fclose(f) == 0 ? rc : -1;
 }
 
+/* edit_profile: read dir/name, apply fn, write it back (the writer keeps what
+ * the reader must refuse). 0 on success. */
+static int edit_profile(const char *dir, const char *name, void (*fn)(struct moe_profile *p)) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct moe_profile *p = NULL;
+    if (moe_profile_read(path, &p) != MOE_OK) return -1;
+    fn(p);
+    int rc = moe_profile_write(p, path) == MOE_OK ? 0 : -1;
+    moe_profile_free(p);
+    return rc;
+}
+
+static void inf_weight(struct moe_profile *p) { p->weights[0] = INFINITY; } /* rank 0: a NaN score */
+static void nan_weight(struct moe_profile *p) { p->weights[3] = NAN; }
+static void layer_out_of_range(struct moe_profile *p) { p->moe_layer_index[p->n_layers - 1] = 1 << 24; }
+static void dup_ranking(struct moe_profile *p) {
+    int32_t *o = NULL;
+    int64_t dims[MOE_PROFILE_MAX_DIMS];
+    if (moe_profile_get_i32(p, "sensitivity.order", NULL, dims, (const int32_t **)&o) == MOE_OK && dims[0] > 1)
+        o[1] = o[0];
+}
+static void score_shape(struct moe_profile *p) {
+    int64_t d[2] = {p->n_layers, p->n_experts + 1};
+    double *v = calloc((size_t)(d[0] * d[1]), sizeof *v);
+    if (v) moe_profile_put_f64(p, "sensitivity.score", 2, d, v);
+    free(v);
+}
+static void nan_kl(struct moe_profile *p) {
+    double *v = NULL;
+    if (moe_profile_get_f64(p, "sensitivity.kl", NULL, NULL, (const double **)&v) == MOE_OK) v[0] = NAN;
+}
+static void no_data(struct moe_profile *p) {
+    moe_profile_clear_derived(p);
+    double cfg[7] = {16, 0, 1, 0, 0, 4, 1000};
+    int64_t n = 7;
+    moe_profile_put_f64(p, "config.sensitivity", 1, &n, cfg);
+}
+static int h_inf_weight(const char *dir) { return edit_profile(dir, "s1.h5", inf_weight); }
+static int h_nan_weight(const char *dir) { return edit_profile(dir, "p.h5", nan_weight); }
+static int h_layer(const char *dir) { return edit_profile(dir, "p.h5", layer_out_of_range); }
+static int h_dup_ranking(const char *dir) { return edit_profile(dir, "s.h5", dup_ranking); }
+static int h_score_shape(const char *dir) { return edit_profile(dir, "s.h5", score_shape); }
+static int h_nan_kl(const char *dir) { return edit_profile(dir, "s.h5", nan_kl); }
+static int h_no_data(const char *dir) { return edit_profile(dir, "s.h5", no_data); }
+
 static int nan_lm_head(const char *dir) { return poison_f32(dir, "m/model.safetensors", "lm_head.weight"); }
 static int nan_norm(const char *dir) { return poison_f32(dir, "m/model.safetensors", "model.norm.weight"); }
 
@@ -89,6 +137,11 @@ static int nan_norm(const char *dir) { return poison_f32(dir, "m/model.safetenso
 #define BUNDLE "$PREP quantize $MODELS/mixtral-f32 -o b.moeb --experts f32,q8_0 --dense f32 2>/dev/null"
 /* A profile of it (recorded on the checkpoint, so the bundle's tuning stays as quantize wrote it). */
 #define PROFILE TEXT " && $PREP profile $MODELS/mixtral-f32 --dataset text.txt -o p.h5 --ctx 16 >/dev/null 2>&1"
+/* A finished sensitivity sweep of the bundle (BUNDLE and TEXT first). */
+#define SENS "$PREP sensitivity b.moeb --dataset text.txt -o s.h5 --ctx 16 --max-tokens 64 >/dev/null 2>&1"
+/* Two profile shards of the checkpoint (TEXT first). */
+#define SHARDS "for i in 1 2; do $PREP profile $MODELS/mixtral-f32 --dataset text.txt -o s$i.h5 --ctx 16 " \
+               "--shard $i/2 >/dev/null 2>&1; done"
 /* Writes fail with EFBIG past 10 KiB (RLIMIT_FSIZE, SIGXFSZ ignored): a full disk without root. */
 #define FULL_DISK "trap '' XFSZ; ulimit -f 20; "
 /* The bundle is intact: every checksum matches. */
@@ -216,6 +269,28 @@ static const struct row k_rows[] = {
      "non-finite logits", NULL, nan_lm_head},
     {"NaN in a norm weight (moe-run)", "cp -r $MODELS/mixtral-f32 m", "$RUN -m m --tokens 1,2,3 -n 2", 1,
      "\"model.norm.weight\" holds a non-finite value", NULL, nan_norm},
+
+    /* ---- 4 (and 10): results files that contradict themselves are refused on read */
+    {"profile merge with an infinite gate weight", TEXT " && " SHARDS, "$PREP profile merge s1.h5 s2.h5 -o m.h5", 1,
+     "gate weight inf", "test ! -e m.h5", h_inf_weight},
+    {"profile report with a layer index out of range", PROFILE, "$PREP profile report p.h5 -o r.html", 1,
+     "moe_layer_index", "test ! -e r.html", h_layer},
+    {"fit-cache with a NaN gate weight", BUNDLE " && " PROFILE,
+     "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --no-tuning", 1, "gate weight nan", NULL,
+     h_nan_weight},
+    {"bitwidth with a duplicate in the ranking", BUNDLE " && " TEXT " && " SENS,
+     "$PREP bitwidth b.moeb --sensitivity s.h5 --dataset text.txt --ctx 16 --max-loss 5% --no-tuning", 1,
+     "sensitivity.order is not a permutation", BUNDLE_OK, h_dup_ranking},
+    {"bitwidth with a sensitivity file without data", BUNDLE " && " TEXT " && " SENS,
+     "$PREP bitwidth b.moeb --sensitivity s.h5 --dataset text.txt --ctx 16 --max-loss 5% --no-tuning", 1,
+     "no usable sensitivity data", NULL, h_no_data},
+    {"profile report with a score matrix of the wrong shape", BUNDLE " && " TEXT " && " SENS,
+     "$PREP profile report s.h5 -o r.html", 1, "sensitivity.score has the wrong type or shape", "test ! -e r.html",
+     h_score_shape},
+    {"profile report with NaN KL values", BUNDLE " && " TEXT " && " SENS, "$PREP profile report s.h5 -o r.html", 1,
+     "sensitivity.kl element 0 is nan", "test ! -e r.html", h_nan_kl},
+    {"profile report of a sensitivity file without data", BUNDLE " && " TEXT " && " SENS,
+     "$PREP profile report s.h5 -o r.html", 1, "no usable sensitivity data", "test ! -e r.html", h_no_data},
 };
 
 /* run_sh: run cmd with /bin/sh in dir, stdout and stderr to files there,

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1059,6 +1060,245 @@ fail:
     return st;
 }
 
+/* ------------------------------------------------------------- validation */
+
+/* Symbolic dimensions of the arrays the project writes: the profile's own
+ * shape, or any size. */
+enum { DIM_ANY = -1, DIM_L = -2, DIM_E = -3, DIM_K = -4, DIM_LE = -5 };
+
+/* What the values of an array may be. NaN marks "not measured" in several
+ * results (no held-out sequences, a constant series), never in sums or
+ * counts; infinity never. */
+enum value_rule {
+    V_FINITE,      /* finite */
+    V_NONNEG,      /* finite, >= 0 (times, sums of squares, counts) */
+    V_UNIT,        /* in [0, 1] (shares, rates, thresholds) */
+    V_UNIT_NAN,    /* in [0, 1] or NaN */
+    V_CORR_NAN,    /* in [-1, 1] or NaN (correlations, similarities) */
+    V_NONNEG_NAN,  /* >= 0 finite, or NaN */
+    V_NOT_INF,     /* finite or NaN */
+    V_PERM,        /* integers: a permutation of [0, element count) */
+};
+
+/* One known derived array: element type (-1 = any integer type), rank, dims
+ * (symbolic or fixed) and values. Names not in the table are free-form (other
+ * modules may add arrays) and only checked for their size. */
+struct array_rule {
+    const char *name;
+    int dtype, ndims;
+    int64_t dims[3];
+    enum value_rule values;
+};
+
+#define INT_ANY (-1)
+static const struct array_rule k_rules[] = {
+    /* profile (profile-derive.c, profile.c) */
+    {"targets", MOE_PROFILE_F64, 1, {4}, V_UNIT},
+    {"placement_order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM},
+    {"placement_hit_rate", MOE_PROFILE_F64, 2, {3, 3}, V_UNIT_NAN},
+    {"hobbit_thresholds", MOE_PROFILE_F64, 1, {5}, V_UNIT_NAN},
+    {"gate_output_pearson", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN},
+    {"layer_similarity", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_CORR_NAN},
+    {"stacked_top1", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN},
+    {"stacked_recall", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN},
+    {"path_accuracy_order1", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN},
+    {"path_accuracy_order2", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN},
+    {"path_key_coverage", MOE_PROFILE_F64, 1, {2}, V_UNIT_NAN},
+    {"reuse", MOE_PROFILE_F64, 2, {DIM_L, DIM_K}, V_UNIT_NAN},
+    {"reuse_chance", MOE_PROFILE_F64, 1, {1}, V_UNIT_NAN},
+    {"split_sequences", MOE_PROFILE_I64, 1, {2}, V_NONNEG},
+    {"big_little", MOE_PROFILE_F64, 2, {DIM_ANY, 3}, V_UNIT_NAN},
+    {"big_little_summary", MOE_PROFILE_F64, 1, {5}, V_NONNEG_NAN},
+    {"sum.pearson", MOE_PROFILE_F64, 1, {6}, V_FINITE},
+    {"sum.stacked", MOE_PROFILE_F64, 3, {DIM_L, DIM_ANY, 4}, V_FINITE},
+    {"sum.big_little_maxprob", MOE_PROFILE_I64, 2, {2, DIM_ANY}, V_NONNEG},
+    {"config.record", MOE_PROFILE_I64, 1, {4}, V_NONNEG},
+    {"shard", MOE_PROFILE_I64, 1, {3}, V_NONNEG},
+    /* sensitivity (sensitivity.c): a profile file of MoE layers x experts */
+    {"config.sensitivity", MOE_PROFILE_F64, 1, {DIM_ANY}, V_FINITE},
+    {"sensitivity.progress", MOE_PROFILE_I64, 1, {4}, V_NONNEG},
+    {"sensitivity.times", MOE_PROFILE_F64, 1, {3}, V_NONNEG},
+    {"sensitivity.sum_kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
+    {"sensitivity.sum_dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
+    {"sensitivity.sum_proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG},
+    {"sensitivity.routed", MOE_PROFILE_I64, 2, {DIM_L, DIM_E}, V_NONNEG},
+    {"sensitivity.kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
+    {"sensitivity.dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
+    {"sensitivity.proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG},
+    {"sensitivity.score", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
+    {"sensitivity.order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM},
+    {"sensitivity.spearman_proxy", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN},
+    {"sensitivity.cost", MOE_PROFILE_F64, 1, {4}, V_NONNEG_NAN},
+    /* fit-cache (fit-cache.c, docs/cache-sim.md) */
+    {"cache.sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG},
+    {"cache.low_sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG},
+    {"cache.penalty", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN},
+    {"cache.hit_ratio", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_UNIT_NAN},
+    {"cache.bytes", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN},
+    {"cache.weights", MOE_PROFILE_F64, 1, {4}, V_FINITE},
+    {"cache.size_weights", MOE_PROFILE_F64, 2, {DIM_ANY, 4}, V_FINITE},
+    {"cache.settings", MOE_PROFILE_F64, 1, {8}, V_NOT_INF},
+};
+
+/* value_ok: element x (as a double) obeys rule v. */
+static int value_ok(double x, enum value_rule v) {
+    switch (v) {
+    case V_FINITE: return isfinite(x);
+    case V_NONNEG: return isfinite(x) && x >= 0;
+    case V_UNIT: return x >= 0 && x <= 1;
+    case V_UNIT_NAN: return isnan(x) || (x >= 0 && x <= 1);
+    case V_CORR_NAN: return isnan(x) || (x >= -1 - 1e-9 && x <= 1 + 1e-9);
+    case V_NONNEG_NAN: return isnan(x) || (isfinite(x) && x >= 0);
+    case V_NOT_INF: return !isinf(x);
+    case V_PERM: return 1; /* checked as a whole */
+    }
+    return 0;
+}
+
+/* elem: element i of a derived array as a double. */
+static double elem(const struct moe_profile_array *a, int64_t i) {
+    return a->dtype == MOE_PROFILE_F64   ? ((const double *)a->data)[i]
+           : a->dtype == MOE_PROFILE_I64 ? (double)((const int64_t *)a->data)[i]
+                                         : (double)((const int32_t *)a->data)[i];
+}
+
+/* check_rule: array a against its rule; logs and returns an error naming it. */
+static enum moe_status check_rule(const char *path, const struct moe_profile *p, const struct moe_profile_array *a,
+                                  const struct array_rule *r) {
+    const int64_t L = p->n_layers, E = p->n_experts, K = p->k;
+    int ok = a->ndims == r->ndims && (r->dtype == INT_ANY ? a->dtype != MOE_PROFILE_F64 : (int)a->dtype == r->dtype);
+    char want[96] = "";
+    for (int d = 0; d < r->ndims; d++) {
+        int64_t w = r->dims[d] == DIM_L ? L : r->dims[d] == DIM_E ? E : r->dims[d] == DIM_K ? K
+                    : r->dims[d] == DIM_LE ? L * E : r->dims[d];
+        if (ok && w != DIM_ANY) ok = a->dims[d] == w;
+        if (w == DIM_ANY) snprintf(want + strlen(want), sizeof want - strlen(want), "%s*", d ? " x " : "");
+        else snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? " x " : "", (long long)w);
+    }
+    if (!ok) {
+        MOE_LOGE("%s: /derived/%s has the wrong type or shape (want %s %s)", path, a->name,
+                 r->dtype == MOE_PROFILE_F64 ? "float64" : r->dtype == MOE_PROFILE_I64 ? "int64" : "int32", want);
+        return MOE_ERR_SHAPE;
+    }
+    int64_t n = array_elems(a);
+    if (r->values == V_PERM) {
+        char *seen = calloc((size_t)(n > 0 ? n : 1), 1);
+        if (!seen) return MOE_ERR_NOMEM;
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n && bad < 0; i++) {
+            double x = elem(a, i);
+            if (!(x >= 0 && x < (double)n) || seen[(int64_t)x]) bad = i;
+            else seen[(int64_t)x] = 1;
+        }
+        free(seen);
+        if (bad >= 0) {
+            MOE_LOGE("%s: /derived/%s is not a permutation of 0..%lld: entry %lld is %g (out of range or repeated)",
+                     path, a->name, (long long)n - 1, (long long)bad, elem(a, bad));
+            return MOE_ERR_RANGE;
+        }
+        return MOE_OK;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (!value_ok(elem(a, i), r->values)) {
+            static const char *const k_why[] = {"a finite number", "a finite number >= 0", "in [0, 1]",
+                                                "in [0, 1] (or NaN)", "in [-1, 1] (or NaN)", "finite and >= 0 (or NaN)",
+                                                "not infinite"};
+            MOE_LOGE("%s: /derived/%s element %lld is %g; it must be %s", path, a->name, (long long)i, elem(a, i),
+                     k_why[r->values]);
+            return MOE_ERR_RANGE;
+        }
+    return MOE_OK;
+}
+
+/* has_derived: 1 if p holds derived array `name`. */
+static int has_derived(const struct moe_profile *p, const char *name) { return find_derived(p, name) >= 0; }
+
+/* validate: what the reader promises beyond the HDF5 structure: the layer
+ * index in range and increasing, the trace's gate weights finite, every known
+ * derived array of its shape, type and value range, and the sensitivity
+ * results complete (a ranking comes with its scores). Once, here, so that no
+ * consumer (report, bitwidth, fit-cache, merge) meets NaN or a broken ranking. */
+static enum moe_status validate(const char *path, const struct moe_profile *p) {
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->moe_layer_index[l] < 0 || p->moe_layer_index[l] >= (1 << 20) ||
+            (l > 0 && p->moe_layer_index[l] <= p->moe_layer_index[l - 1])) {
+            MOE_LOGE("%s: moe_layer_index[%d] = %d: model layers must be increasing, from 0", path, l,
+                     p->moe_layer_index[l]);
+            return MOE_ERR_RANGE;
+        }
+    struct moe_trace t;
+    moe_profile_trace(p, &t);
+    enum moe_status st = moe_trace_check(&t); /* expert ids and gate weights (finite, >= 0) */
+    if (st) {
+        MOE_LOGE("%s: the trace is damaged (see the message above)", path);
+        return st;
+    }
+    if (p->logits == MOE_PROFILE_LOGITS_F32) {
+        const float *lg = p->router_logits;
+        int64_t n = moe_profile_n_tokens(p) * p->n_layers * p->n_experts;
+        for (int64_t i = 0; i < n; i++)
+            if (isnan(lg[i])) {
+                MOE_LOGE("%s: router logit %lld is NaN", path, (long long)i);
+                return MOE_ERR_RANGE;
+            }
+    }
+    for (int i = 0; i < p->n_derived; i++)
+        for (size_t r = 0; r < sizeof k_rules / sizeof k_rules[0]; r++)
+            if (!strcmp(p->derived[i].name, k_rules[r].name) &&
+                (st = check_rule(path, p, &p->derived[i], &k_rules[r])))
+                return st;
+    /* a finished sensitivity sweep: the ranking and every matrix it summarises */
+    static const char *const k_sens[] = {"sensitivity.score", "sensitivity.order", "sensitivity.kl",
+                                         "sensitivity.dnll", "sensitivity.proxy", "sensitivity.routed"};
+    int n_sens = 0; /* the finished set; "routed" alone also belongs to a partial sweep's state */
+    for (size_t i = 0; i < sizeof k_sens / sizeof k_sens[0] - 1; i++) n_sens += has_derived(p, k_sens[i]);
+    if (n_sens && (!has_derived(p, "sensitivity.score") || !has_derived(p, "sensitivity.order"))) {
+        MOE_LOGE("%s: sensitivity results without %s: the file is incomplete or damaged", path,
+                 has_derived(p, "sensitivity.score") ? "the ranking (sensitivity.order)" : "the scores (sensitivity.score)");
+        return MOE_ERR_NOT_FOUND;
+    }
+    int complete = 1;
+    for (size_t i = 0; i < sizeof k_sens / sizeof k_sens[0]; i++) complete &= has_derived(p, k_sens[i]);
+    if (n_sens && !complete) {
+        for (size_t i = 0; i < sizeof k_sens / sizeof k_sens[0]; i++)
+            if (!has_derived(p, k_sens[i])) {
+                MOE_LOGE("%s: sensitivity results without %s: the file is incomplete or damaged", path, k_sens[i]);
+                break;
+            }
+        return MOE_ERR_NOT_FOUND;
+    }
+    /* a sensitivity file (its settings array, or its tool) holds a finished
+     * sweep or the complete state of a partial one, never nothing */
+    static const char *const k_state[] = {"sensitivity.progress", "sensitivity.times", "sensitivity.sum_kl",
+                                          "sensitivity.sum_dnll", "sensitivity.sum_proxy", "sensitivity.routed"};
+    int n_state = 0;
+    for (size_t i = 0; i < sizeof k_state / sizeof k_state[0]; i++) n_state += has_derived(p, k_state[i]);
+    int is_sens = has_derived(p, "config.sensitivity") || !strncmp(p->tool_version, "moe-prep sensitivity", 20);
+    if ((is_sens || n_state) && !complete && n_state < (int)(sizeof k_state / sizeof k_state[0])) {
+        MOE_LOGE("%s: a sensitivity file without %s: it holds no usable sensitivity data", path,
+                 n_state ? "the complete state of its sweep" : "any sensitivity results");
+        return MOE_ERR_NOT_FOUND;
+    }
+    int si = find_derived(p, "shard"), sp = find_derived(p, "split_sequences");
+    if (si >= 0) {
+        const int64_t *r = p->derived[si].data;
+        if (!(r[0] <= r[1] && r[1] <= r[2] && r[1] - r[0] == p->n_seq)) {
+            MOE_LOGE("%s: /derived/shard %lld..%lld of %lld does not match the %d sequences of the trace", path,
+                     (long long)r[0], (long long)r[1], (long long)r[2], p->n_seq);
+            return MOE_ERR_RANGE;
+        }
+    }
+    if (sp >= 0) {
+        const int64_t *r = p->derived[sp].data;
+        if (r[0] + r[1] != p->n_seq) {
+            MOE_LOGE("%s: /derived/split_sequences %lld + %lld is not the %d sequences of the trace", path,
+                     (long long)r[0], (long long)r[1], p->n_seq);
+            return MOE_ERR_RANGE;
+        }
+    }
+    return MOE_OK;
+}
+
 /* read_file: everything below the open file f into a new profile. */
 static enum moe_status read_file(const char *path, hid_t f, struct moe_profile **out) {
     char *format = NULL;
@@ -1091,7 +1331,8 @@ static enum moe_status read_file(const char *path, hid_t f, struct moe_profile *
     if (st) goto fail;
     int64_t d1[1] = {L};
     if ((st = read_ds(path, f, "moe_layer_index", H5T_INTEGER, H5T_NATIVE_INT32, 1, d1, p->moe_layer_index)) ||
-        (st = read_trace(path, f, p)) || (st = read_counts(path, f, p)) || (st = read_derived(path, f, p)))
+        (st = read_trace(path, f, p)) || (st = read_counts(path, f, p)) || (st = read_derived(path, f, p)) ||
+        (st = validate(path, p)))
         goto fail;
     *out = p;
     p = NULL;

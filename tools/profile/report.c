@@ -1567,6 +1567,13 @@ int moe_prep_profile_report(int argc, char **argv) {
         fprintf(stderr, "moe-prep profile report: cannot read %s: %s\n", in, moe_status_str(st));
         return 1;
     }
+    const double *score = NULL;
+    if (moe_profile_n_tokens(p) == 0 && moe_profile_get_f64(p, "sensitivity.score", NULL, NULL, &score) != MOE_OK) {
+        fprintf(stderr, "moe-prep profile report: %s holds no routing trace and no finished sensitivity results: "
+                        "nothing to report\n", in);
+        moe_profile_free(p);
+        return 1;
+    }
     st = moe_profile_report_write(p, title, out);
     moe_profile_free(p);
     if (st) {

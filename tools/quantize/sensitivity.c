@@ -725,6 +725,16 @@ static enum moe_status save(const struct moe_model *m, const struct sens_args *a
         moe_sens_scores(s, MOE_SENS_PPL, dn);
         moe_sens_scores(s, MOE_SENS_PROXY, px);
         moe_sens_scores(s, a->metric, score);
+        for (int i = 0; i < 4 * n; i++)
+            if (!isfinite(kl[i])) { /* NaN logits (damaged weights) must not become a ranking */
+                MOE_LOGE("%s: expert %d of MoE layer %d has a non-finite %s; the model produces NaN or infinite "
+                         "outputs (damaged weights?)", path, i % n % s->n_expert, i % n / s->n_expert,
+                         i < n ? "KL" : i < 2 * n ? "NLL increase" : i < 3 * n ? "proxy" : "score");
+                free(kl);
+                free(order);
+                st = MOE_ERR_RANGE;
+                goto done;
+            }
         moe_sens_order(score, n, order);
         double rho = a->metric == MOE_SENS_PROXY ? NAN : moe_spearman(px, score, n);
         if (spearman_out) *spearman_out = rho;
