@@ -30,6 +30,7 @@
 #include <cjson/cJSON.h>
 
 #include "moe-test.h"
+#include "moe-test-model.h"
 #include "profile-h5.h"
 
 /* far above any row's run time: only a hang reaches it (MOE_TEST_TIME_LIMIT overrides) */
@@ -127,6 +128,52 @@ static int h_dup_ranking(const char *dir) { return edit_profile(dir, "s.h5", dup
 static int h_score_shape(const char *dir) { return edit_profile(dir, "s.h5", score_shape); }
 static int h_nan_kl(const char *dir) { return edit_profile(dir, "s.h5", nan_kl); }
 static int h_no_data(const char *dir) { return edit_profile(dir, "s.h5", no_data); }
+
+/* wide_heads: a one-layer Mixtral checkpoint "wide" whose single KV head is
+ * 32768 wide: 256 KiB of KV cache per token, so a context the machine cannot
+ * hold is within --ctx's range (the row's HUGE_CTX, set by main). */
+static int wide_heads(const char *dir) {
+    const int H = 8, HD = 32768, V = 16, F = 8, E = 2;
+    struct tensor_spec *ts = calloc(32, sizeof *ts);
+    if (!ts) return -1;
+    int n = 0;
+#define SPEC(nm, a, b) (snprintf(ts[n].name, sizeof ts[n].name, "%s", nm), ts[n].n_dims = (b) ? 2 : 1, \
+                        ts[n].d[0] = a, ts[n].d[1] = b, n++)
+    SPEC("model.embed_tokens.weight", V, H);
+    SPEC("model.norm.weight", H, 0);
+    SPEC("lm_head.weight", V, H);
+    SPEC("model.layers.0.input_layernorm.weight", H, 0);
+    SPEC("model.layers.0.post_attention_layernorm.weight", H, 0);
+    SPEC("model.layers.0.self_attn.q_proj.weight", HD, H);
+    SPEC("model.layers.0.self_attn.k_proj.weight", HD, H);
+    SPEC("model.layers.0.self_attn.v_proj.weight", HD, H);
+    SPEC("model.layers.0.self_attn.o_proj.weight", H, HD);
+    SPEC("model.layers.0.block_sparse_moe.gate.weight", E, H);
+    for (int e = 0; e < E; e++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.0.block_sparse_moe.experts.%d.w1.weight", e);
+        SPEC(nm, F, H);
+        snprintf(nm, sizeof nm, "model.layers.0.block_sparse_moe.experts.%d.w3.weight", e);
+        SPEC(nm, F, H);
+        snprintf(nm, sizeof nm, "model.layers.0.block_sparse_moe.experts.%d.w2.weight", e);
+        SPEC(nm, H, F);
+    }
+#undef SPEC
+    char path[1024];
+    snprintf(path, sizeof path, "%s/wide", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/wide/model.safetensors", dir);
+    int rc = moe_test_write_safetensors(path, ts, n, 0);
+    free(ts);
+    snprintf(path, sizeof path, "%s/wide/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":%d,\"hidden_size\":%d,"
+               "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"num_key_value_heads\":1,\"head_dim\":%d,"
+               "\"intermediate_size\":%d,\"num_local_experts\":%d,\"num_experts_per_tok\":2}",
+            V, H, HD, F, E);
+    return fclose(f) == 0 ? rc : -1;
+}
 
 static int nan_lm_head(const char *dir) { return poison_f32(dir, "m/model.safetensors", "lm_head.weight"); }
 static int nan_norm(const char *dir) { return poison_f32(dir, "m/model.safetensors", "model.norm.weight"); }
@@ -291,6 +338,21 @@ static const struct row k_rows[] = {
      "sensitivity.kl element 0 is nan", "test ! -e r.html", h_nan_kl},
     {"profile report of a sensitivity file without data", BUNDLE " && " TEXT " && " SENS,
      "$PREP profile report s.h5 -o r.html", 1, "no usable sensitivity data", "test ! -e r.html", h_no_data},
+
+    /* ---- 12: memory follows what was asked for */
+    {"eval --max-chunks 2 on 60 MB of text in 600 MB of address space",
+     "yes 'the model runs quickly over small machines while the experts rest.' | head -c 60000000 > big.txt",
+     "ulimit -v 600000; $PREP eval $MODELS/mixtral-f32 --dataset big.txt --ctx 32 --max-chunks 2 -t 1 --json", 0, NULL,
+     /* the same figures as the whole of a short prefix gives (--unigram reads it all) */
+     "head -c 200000 big.txt > small.txt && $PREP eval $MODELS/mixtral-f32 --dataset small.txt --ctx 32 "
+     "--max-chunks 2 -t 1 --unigram --json > o2.txt 2>/dev/null && grep -o '\"ppl\": {[^}]*}' out.txt > a && "
+     "grep -o '\"ppl\": {[^}]*}' o2.txt > b && test -s a && cmp -s a b"},
+    {"profile --max-tokens 512 on 60 MB of text in 600 MB of address space",
+     "yes 'the model runs quickly over small machines while the experts rest.' | head -c 60000000 > big.txt",
+     "ulimit -v 600000; $PREP profile $MODELS/mixtral-f32 --dataset big.txt --ctx 32 --max-tokens 512 -t 1 -o p.h5", 0,
+     NULL, "test -s p.h5"},
+    {"moe-run with a KV cache larger than memory", "", "$RUN -m wide --tokens 1,2 -n 1 --ctx $HUGE_CTX", 1,
+     "needs a KV cache of", NULL, wide_heads},
 };
 
 /* run_sh: run cmd with /bin/sh in dir, stdout and stderr to files there,
@@ -345,8 +407,8 @@ static void run_row(int i, const struct row *r) {
         CHECK(0, "%s: cannot create %s", r->name, dir);
         return;
     }
-    if (r->setup && r->setup[0]) {
-        int rc = run_sh(dir, r->setup, g_limit);
+    if ((r->setup && r->setup[0]) || r->hook) {
+        int rc = r->setup && r->setup[0] ? run_sh(dir, r->setup, g_limit) : 0;
         if (rc != 0 || (r->hook && r->hook(dir) != 0)) {
             slurp(dir, "err.txt", err, sizeof err);
             CHECK(0, "%s: setup failed (%d): %s", r->name, rc, err);
@@ -379,6 +441,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test-hostile-inputs MOE-PREP MOE-RUN [SCRATCH_DIR]\n");
         return 2;
     }
+    (void)moe_test_mixtral_specs; /* moe-test-model.h: only the writer is used here */
     g_prep = realpath(argv[1], NULL); /* rows run in their own directories */
     g_run = realpath(argv[2], NULL);
     if (!g_prep || !g_run) {
@@ -398,6 +461,12 @@ int main(int argc, char **argv) {
     setenv("MODELS", models, 1);
     if (getenv("MOE_TEST_TIME_LIMIT")) g_limit = atoi(getenv("MOE_TEST_TIME_LIMIT"));
     if (g_limit < 1) g_limit = 60;
+    /* a context whose KV cache (256 KiB a token in the "wide" model) is 1.5 x physical memory */
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double huge = 1.5 * ram / (256.0 * 1024.0) + 1;
+    char huge_ctx[32];
+    snprintf(huge_ctx, sizeof huge_ctx, "%.0f", huge > (1 << 24) ? (double)(1 << 24) : huge);
+    setenv("HUGE_CTX", huge_ctx, 1);
     const char *only = getenv("MOE_TEST_ONLY"); /* a substring of the row names to run */
     int n = (int)(sizeof k_rows / sizeof k_rows[0]);
     for (int i = 0; i < n; i++)

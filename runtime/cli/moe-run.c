@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "moe-file.h"
 #include "moe-mmap.h"
@@ -228,6 +230,31 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* memory_budget: bytes this process can hope to use: physical memory, or
+ * less under an address-space limit. 0 if unknown. */
+static double memory_budget(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double b = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (b == 0 || (double)rl.rlim_cur < b))
+        b = (double)rl.rlim_cur;
+    return b;
+}
+
+/* context_fits: the float32 KV cache of n_ctx tokens (2 x layers x tokens x
+ * kv heads x head_dim x 4 bytes, as the session allocates it) fits in memory;
+ * else say how large it is and what fits. A cache larger than memory would be
+ * reserved lazily and then swap or crawl for hours. */
+static int context_fits(const struct moe_config *c, int n_ctx) {
+    double per_token = 2.0 * c->n_layer * c->n_head_kv * (double)c->head_dim * sizeof(float);
+    double need = per_token * n_ctx, have = memory_budget();
+    if (have <= 0 || need <= have) return 1;
+    fprintf(stderr, "moe-run: a context of %d tokens needs a KV cache of %.1f GiB, more than the %.1f GiB of memory "
+                    "this process can use; at most about %.0f tokens fit: use a shorter prompt or a smaller --ctx\n",
+            n_ctx, need / (1u << 30), have / (1u << 30), have / per_token);
+    return 0;
+}
+
 static int is_eos(const struct moe_model *m, int32_t id) {
     for (int i = 0; i < m->cfg.n_eos; i++)
         if (m->cfg.eos_ids[i] == id) return 1;
@@ -322,6 +349,7 @@ int main(int argc, char **argv) {
         int def = c->max_pos < 4096 ? c->max_pos : 4096;
         sp.n_ctx = need > def ? need : def;
     }
+    if (!context_fits(c, sp.n_ctx)) goto done;
     if (moe_session_create(model, &sp, &sess) != MOE_OK) goto done;
     if ((int)n_ids + a.n_predict > moe_session_n_ctx(sess)) {
         fprintf(stderr, "moe-run: prompt (%zu tokens) + %d to generate exceed the context of %d; "

@@ -423,8 +423,7 @@ int moe_prep_profile(int argc, char **argv) {
     int status = 1;
     struct moe_model *model = NULL;
     struct moe_profile *p = NULL;
-    char *text = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t n_ids = 0;
     int32_t *ids = NULL, *seq = NULL, *layer_of = NULL;
     int *moe_index = NULL;
     float *routers = NULL, *logits = NULL, *big = NULL, *little = NULL;
@@ -435,10 +434,6 @@ int moe_prep_profile(int argc, char **argv) {
     enum moe_status st;
 
     struct moe_dataset_params dp = moe_dataset_default_params();
-    if (moe_eval_text_load(a.dataset, &dp, &text, &len)) {
-        fprintf(stderr, "moe-prep profile: cannot read the dataset %s\n", a.dataset);
-        goto done;
-    }
     struct moe_model_params mp = moe_model_default_params();
     if (moe_model_load(a.model, &mp, &model)) {
         fprintf(stderr, "moe-prep profile: cannot load the model from %s (see the message above)\n", a.model);
@@ -454,8 +449,10 @@ int moe_prep_profile(int argc, char **argv) {
                 a.n_ctx, a.model, c->max_pos);
         goto done;
     }
-    if (moe_eval_tokenize(model, NULL, text, len, &ids, &n_ids)) {
-        fprintf(stderr, "moe-prep profile: cannot tokenize %s (see the message above)\n", a.dataset);
+    /* with --max-tokens, read only the text those tokens (and one sequence more) need */
+    if (moe_tool_load_tokens(model, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens + (size_t)a.n_ctx : 0,
+                             &ids, &n_ids)) {
+        fprintf(stderr, "moe-prep profile: cannot read or tokenize %s (see the message above)\n", a.dataset);
         goto done;
     }
     const int32_t bos = moe_eval_bos(model->tok);
@@ -627,7 +624,6 @@ done:
     free(layer_of);
     free(moe_index);
     free(ids);
-    free(text);
     moe_model_free(model);
     return status;
 }

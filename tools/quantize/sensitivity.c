@@ -892,9 +892,9 @@ int moe_prep_sensitivity(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
     moe_log_set_level(MOE_LOG_WARN);
     struct moe_model *m = NULL;
-    char *text = NULL, *partial = NULL;
+    char *partial = NULL;
     int32_t *ids = NULL, *seqs = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t n_ids = 0;
     struct moe_sens_state s = {0};
     int exit_code = 1;
     double t_start = now_s();
@@ -943,8 +943,8 @@ int moe_prep_sensitivity(int argc, char **argv) {
         exit_code = 2;
         goto done;
     }
-    struct moe_dataset_params dp = moe_dataset_default_params();
-    if (moe_eval_text_load(a.dataset, &dp, &text, &len) || moe_eval_tokenize(m, NULL, text, len, &ids, &n_ids)) {
+    struct moe_dataset_params dp = moe_dataset_default_params(); /* --max-tokens: read only what it needs */
+    if (moe_tool_load_tokens(m, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens : 0, &ids, &n_ids)) {
         fprintf(stderr, "moe-prep sensitivity: cannot read or tokenize the dataset %s (see the message above)\n",
                 a.dataset);
         goto done;
@@ -1035,7 +1035,6 @@ int moe_prep_sensitivity(int argc, char **argv) {
 done:
     moe_sens_state_clear(&s);
     moe_model_free(m);
-    free(text);
     free(ids);
     free(seqs);
     free(partial);
