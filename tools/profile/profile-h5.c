@@ -11,6 +11,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/wait.h>
+#include <sys/stat.h>
+#include <signal.h>
 #include <hdf5.h>
 #include <limits.h>
 #include <math.h>
@@ -1226,6 +1229,13 @@ static enum moe_status validate(const char *path, const struct moe_profile *p) {
                      p->moe_layer_index[l]);
             return MOE_ERR_RANGE;
         }
+    const int64_t le = (int64_t)p->n_layers * p->n_experts;
+    for (int64_t i = 0; i < le; i++)
+        if (p->popularity[i] < 0) goto negative;
+    for (int64_t i = 0; i < (int64_t)p->n_seq * le; i++)
+        if (p->seq_popularity[i] < 0) goto negative;
+    for (int64_t i = 0; i < (int64_t)p->k * p->n_bins; i++)
+        if (p->hobbit_hist[i] < 0) goto negative;
     struct moe_trace t;
     moe_profile_trace(p, &t);
     enum moe_status st = moe_trace_check(&t); /* expert ids and gate weights (finite, >= 0) */
@@ -1297,6 +1307,9 @@ static enum moe_status validate(const char *path, const struct moe_profile *p) {
         }
     }
     return MOE_OK;
+negative:
+    MOE_LOGE("%s: negative count", path);
+    return MOE_ERR_RANGE;
 }
 
 /* read_file: everything below the open file f into a new profile. */
@@ -1342,18 +1355,13 @@ fail:
     return st;
 }
 
-enum moe_status moe_profile_read(const char *path, struct moe_profile **out) {
+/* read_in_process: open and read the file with HDF5 in this process. */
+static enum moe_status read_in_process(const char *path, struct moe_profile **out) {
     *out = NULL;
     struct h5_quiet q;
     quiet_begin(&q);
     enum moe_status st = MOE_ERR_FORMAT;
     hid_t fapl = -1, f = -1;
-    int probe;
-    if (moe_file_open_read(path, &probe)) { /* logged; a FIFO would block HDF5's open */
-        st = MOE_ERR_IO;
-        goto fail;
-    }
-    close(probe);
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
         MOE_LOGE("%s: not an HDF5 file (empty, text or damaged superblock)", path);
@@ -1370,4 +1378,267 @@ fail:
     if (fapl >= 0) H5Pclose(fapl);
     quiet_end(&q);
     return st;
+}
+
+/* ------------------------------------------------------------ containment */
+
+/*
+ * libhdf5 1.10 is not safe on hostile files: fuzzing found heap overflows,
+ * use-after-free, SEGVs, multi-terabyte allocation requests and leaks inside
+ * the library (docs/fuzzing.md). So the file is read in a child process: the
+ * child parses it with HDF5 and our reader, and streams the profile through a
+ * pipe; whatever libhdf5 does to the child (a crash, an abort, an endless
+ * loop, stopped by an alarm) ends there, and the parent reports the file as
+ * damaged. The parent decodes the stream with bounds checks and validates the
+ * result again, trusting the child no more than the file.
+ */
+#define PIPE_MAGIC 0x45504950524f454dull /* "MOEPRPIPE" */
+#define PIPE_MAX_MSGS 64
+
+/* A child's log: the messages of the read, forwarded to the parent's log. */
+struct child_log {
+    int n;
+    int level[PIPE_MAX_MSGS];
+    char msg[PIPE_MAX_MSGS][512];
+};
+
+static void child_capture(enum moe_log_level level, const char *msg, void *user) {
+    struct child_log *l = user;
+    if (l->n < PIPE_MAX_MSGS) {
+        l->level[l->n] = (int)level;
+        snprintf(l->msg[l->n++], sizeof l->msg[0], "%s", msg);
+    }
+}
+
+/* put_all: write n bytes to fd; 0 on success. */
+static int put_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        c += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int put_i64(int fd, int64_t v) { return put_all(fd, &v, sizeof v); }
+
+static int put_str(int fd, const char *s) {
+    size_t n = strlen(s);
+    return put_i64(fd, (int64_t)n) || put_all(fd, s, n);
+}
+
+/* child_send: status, log and (on success) the whole profile, in the order
+ * the parent decodes them (pipe_decode). */
+static int child_send(int fd, enum moe_status st, const struct child_log *l, const struct moe_profile *p) {
+    if (put_i64(fd, (int64_t)PIPE_MAGIC) || put_i64(fd, st) || put_i64(fd, l->n)) return -1;
+    for (int i = 0; i < l->n; i++)
+        if (put_i64(fd, l->level[i]) || put_str(fd, l->msg[i])) return -1;
+    if (st) return 0;
+    const int64_t L = p->n_layers, E = p->n_experts, K = p->k, n_tok = moe_profile_n_tokens(p);
+    if (put_str(fd, p->arch) || put_str(fd, p->model_path) || put_str(fd, p->dataset) ||
+        put_str(fd, p->tool_version) || put_i64(fd, L) || put_i64(fd, E) || put_i64(fd, K) ||
+        put_i64(fd, p->n_bins) || put_i64(fd, p->logits) || put_i64(fd, p->n_seq) ||
+        put_all(fd, p->moe_layer_index, (size_t)L * sizeof(int32_t)) ||
+        put_all(fd, p->seq_start, (size_t)(p->n_seq + 1) * sizeof(int64_t)) ||
+        put_all(fd, p->experts, (size_t)(n_tok * L * K) * sizeof(int16_t)) ||
+        put_all(fd, p->weights, (size_t)(n_tok * L * K) * sizeof(float)) ||
+        (p->logits && put_all(fd, p->router_logits, (size_t)(n_tok * L * E) * logit_size(p->logits))) ||
+        put_all(fd, p->popularity, (size_t)(L * E) * sizeof(int64_t)) ||
+        put_all(fd, p->seq_popularity, (size_t)((int64_t)p->n_seq * L * E) * sizeof(int64_t)) ||
+        put_all(fd, p->hobbit_hist, (size_t)(K * p->n_bins) * sizeof(int64_t)) || put_i64(fd, p->n_derived))
+        return -1;
+    for (int i = 0; i < p->n_derived; i++) {
+        const struct moe_profile_array *a = &p->derived[i];
+        if (put_str(fd, a->name) || put_i64(fd, a->dtype) || put_i64(fd, a->ndims) ||
+            put_all(fd, a->dims, sizeof a->dims) ||
+            put_all(fd, a->data, (size_t)array_elems(a) * DTYPE_SIZE[a->dtype]))
+            return -1;
+    }
+    return put_i64(fd, (int64_t)PIPE_MAGIC);
+}
+
+/* get_all: read exactly n bytes from fd; 0 on success, -1 at EOF or error. */
+static int get_all(int fd, void *p, size_t n) {
+    char *c = p;
+    while (n) {
+        ssize_t r = read(fd, c, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        c += r, n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int get_i64(int fd, int64_t *v) { return get_all(fd, v, sizeof *v); }
+
+/* get_i64_in: an int64 in [lo, hi]. */
+static int get_i64_in(int fd, int64_t lo, int64_t hi, int64_t *v) { return get_i64(fd, v) || *v < lo || *v > hi; }
+
+/* get_str: a string of at most max bytes, malloc'd and NUL-terminated. */
+static int get_str(int fd, size_t max, char **out) {
+    int64_t n;
+    *out = NULL;
+    if (get_i64_in(fd, 0, (int64_t)max, &n) || !(*out = malloc((size_t)n + 1))) return -1;
+    (*out)[n] = 0;
+    return get_all(fd, *out, (size_t)n) || memchr(*out, 0, (size_t)n) ? -1 : 0;
+}
+
+/* pipe_decode: the child's stream into a new profile; MOE_ERR_FORMAT on any
+ * inconsistency (a child that lost its mind counts as a damaged file). The
+ * child's status and log come first; its status is returned as is. */
+static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile **out) {
+    int64_t magic, status, n_msgs, v[6];
+    struct moe_profile *p = NULL;
+    char *str[4] = {NULL, NULL, NULL, NULL};
+    void *buf = NULL;
+    enum moe_status st = MOE_ERR_FORMAT;
+    *out = NULL;
+    if (get_i64(fd, &magic) || magic != (int64_t)PIPE_MAGIC || get_i64_in(fd, MOE_ERR_RANGE, MOE_OK, &status) ||
+        get_i64_in(fd, 0, PIPE_MAX_MSGS, &n_msgs))
+        return MOE_ERR_FORMAT;
+    for (int64_t i = 0; i < n_msgs; i++) {
+        int64_t level;
+        char *m = NULL;
+        if (get_i64_in(fd, MOE_LOG_DEBUG, MOE_LOG_ERROR, &level) || get_str(fd, 4096, &m)) {
+            free(m);
+            return MOE_ERR_FORMAT;
+        }
+        moe_log((enum moe_log_level)level, "%s", m);
+        free(m);
+    }
+    if (status) return (enum moe_status)status;
+    for (int i = 0; i < 4; i++)
+        if (get_str(fd, 1 << 20, &str[i])) goto fail;
+    if (get_i64_in(fd, 1, 65536, &v[0]) || get_i64_in(fd, 1, INT16_MAX, &v[1]) || get_i64_in(fd, 1, v[1], &v[2]) ||
+        get_i64_in(fd, 1, 1 << 24, &v[3]) || get_i64_in(fd, 0, 2, &v[4]) || get_i64_in(fd, 0, INT_MAX - 1, &v[5]))
+        goto fail;
+    if ((st = moe_profile_new((int)v[0], (int)v[1], (int)v[2], (int)v[3], (enum moe_profile_logits)v[4], &p)) ||
+        (st = moe_profile_set_meta(p, str[0], str[1], str[2], str[3])))
+        goto fail;
+    st = MOE_ERR_FORMAT;
+    const int64_t L = v[0], E = v[1], K = v[2], n_seq = v[5];
+    if (get_all(fd, p->moe_layer_index, (size_t)L * sizeof(int32_t))) goto fail;
+    if ((st = reserve(p, n_seq, 0))) goto fail;
+    st = MOE_ERR_FORMAT;
+    if (get_all(fd, p->seq_start, (size_t)(n_seq + 1) * sizeof(int64_t))) goto fail;
+    int64_t n_tok = p->seq_start[n_seq], slots, ltot;
+    if (p->seq_start[0] != 0 || n_tok < 0 || !mul_ok(n_tok, L * K, &slots) || !mul_ok(n_tok, L * E, &ltot)) {
+        p->seq_start[n_seq] = 0;
+        goto fail;
+    }
+    p->seq_start[n_seq] = 0; /* reserve() counts existing tokens from here (see read_trace) */
+    if ((st = reserve(p, n_seq, n_tok))) goto fail;
+    st = MOE_ERR_FORMAT;
+    p->seq_start[n_seq] = n_tok;
+    p->n_seq = (int)n_seq;
+    int64_t seqpop;
+    if (!mul_ok(n_seq, L * E, &seqpop) || get_all(fd, p->experts, (size_t)slots * sizeof(int16_t)) ||
+        get_all(fd, p->weights, (size_t)slots * sizeof(float)) ||
+        (p->logits && get_all(fd, p->router_logits, (size_t)ltot * logit_size(p->logits))) ||
+        get_all(fd, p->popularity, (size_t)(L * E) * sizeof(int64_t)) ||
+        get_all(fd, p->seq_popularity, (size_t)seqpop * sizeof(int64_t)) ||
+        get_all(fd, p->hobbit_hist, (size_t)(K * p->n_bins) * sizeof(int64_t)))
+        goto fail;
+    int64_t n_derived;
+    if (get_i64_in(fd, 0, 1 << 16, &n_derived)) goto fail;
+    for (int64_t i = 0; i < n_derived; i++) {
+        char *name = NULL;
+        int64_t dtype, nd, dims[MOE_PROFILE_MAX_DIMS], n = 1;
+        int ok = !get_str(fd, MOE_PROFILE_MAX_NAME, &name) && valid_name(name) && !get_i64_in(fd, 0, 2, &dtype) &&
+                 !get_i64_in(fd, 1, MOE_PROFILE_MAX_DIMS, &nd) && !get_all(fd, dims, sizeof dims);
+        for (int d = 0; ok && d < nd; d++) ok = mul_ok(n, dims[d], &n);
+        if (ok && !(buf = xalloc(n, DTYPE_SIZE[dtype]))) {
+            free(name);
+            st = MOE_ERR_NOMEM;
+            goto fail;
+        }
+        ok = ok && !get_all(fd, buf, (size_t)n * DTYPE_SIZE[dtype]) &&
+             put_array(p, name, (enum moe_profile_dtype)dtype, (int)nd, dims, buf) == MOE_OK;
+        free(name);
+        free(buf);
+        buf = NULL;
+        if (!ok) goto fail;
+    }
+    if (get_i64(fd, &magic) || magic != (int64_t)PIPE_MAGIC) goto fail;
+    if ((st = validate(path, p))) goto fail;
+    *out = p;
+    p = NULL;
+    st = MOE_OK;
+fail:
+    if (st == MOE_ERR_FORMAT) MOE_LOGE("%s: reading it ended early (the file is damaged)", path);
+    for (int i = 0; i < 4; i++) free(str[i]);
+    free(buf);
+    moe_profile_free(p);
+    return st;
+}
+
+/* read_contained: read_in_process in a child process (see above). */
+static enum moe_status read_contained(const char *path, off_t size, struct moe_profile **out) {
+    int fd[2];
+    *out = NULL;
+    if (pipe(fd) != 0) {
+        MOE_LOGE("%s: pipe: %s", path, strerror(errno));
+        return MOE_ERR_IO;
+    }
+    fflush(NULL); /* nothing buffered is written twice */
+    pid_t pid = fork();
+    if (pid < 0) {
+        MOE_LOGE("%s: fork: %s", path, strerror(errno));
+        close(fd[0]);
+        close(fd[1]);
+        return MOE_ERR_IO;
+    }
+    if (pid == 0) { /* the child: read, send, and leave without running any exit handler */
+        close(fd[0]);
+        signal(SIGPIPE, SIG_DFL);
+        int null = open("/dev/null", O_WRONLY | O_CLOEXEC); /* what libhdf5 (or a sanitizer) prints about */
+        if (null >= 0) {                                   /* a damaged file stays out of the tool's output */
+            dup2(null, STDOUT_FILENO);
+            dup2(null, STDERR_FILENO);
+            close(null);
+        }
+        alarm((unsigned)(20 + size / (8 << 20))); /* an endless loop inside libhdf5 ends here */
+        static struct child_log log; /* static: large, and the child's alone */
+        moe_log_set(child_capture, &log);
+        struct moe_profile *p = NULL;
+        enum moe_status st = read_in_process(path, &p);
+        int rc = child_send(fd[1], st, &log, p);
+        _exit(rc ? 1 : 0);
+    }
+    close(fd[1]);
+    enum moe_status st = pipe_decode(fd[0], path, out);
+    close(fd[0]); /* a child still writing gets SIGPIPE */
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFSIGNALED(ws) || (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)) {
+        if (st == MOE_OK) {
+            moe_profile_free(*out);
+            *out = NULL;
+        }
+        if (WIFSIGNALED(ws) && WTERMSIG(ws) == SIGALRM)
+            MOE_LOGE("%s: libhdf5 did not finish reading it in %d s (an endless loop on a damaged file?): refused",
+                     path, (int)(20 + size / (8 << 20)));
+        else if (WIFSIGNALED(ws))
+            MOE_LOGE("%s: libhdf5 crashed reading it (signal %d; the process that read it was a separate one): "
+                     "the file is damaged", path, WTERMSIG(ws));
+        else
+            MOE_LOGE("%s: libhdf5 failed reading it (exit %d): the file is damaged", path, WEXITSTATUS(ws));
+        return st == MOE_OK || st == MOE_ERR_FORMAT ? MOE_ERR_FORMAT : st;
+    }
+    return st;
+}
+
+enum moe_status moe_profile_read(const char *path, struct moe_profile **out) {
+    *out = NULL;
+    int probe;
+    if (moe_file_open_read(path, &probe)) return MOE_ERR_IO; /* logged; a FIFO would block HDF5's open */
+    struct stat sb;
+    off_t size = fstat(probe, &sb) == 0 ? sb.st_size : 0;
+    close(probe);
+    const char *inproc = getenv("MOE_PROFILE_READ_INPROCESS"); /* debugging and fuzzing libhdf5 itself */
+    if (inproc && inproc[0] == '1') return read_in_process(path, out);
+    return read_contained(path, size, out);
 }
