@@ -390,6 +390,12 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         goto fail;
     }
     if ((st = get_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
+    if (cfg->head_dim < 1) { /* the default, hidden_size / num_attention_heads, rounded down to 0 */
+        MOE_LOGE("%s: hidden_size (%d) is smaller than num_attention_heads (%d) and no head_dim is given", label,
+                 cfg->n_embd, cfg->n_head);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
     if (cfg->head_dim % 2) {
         MOE_LOGE("%s: head_dim %d must be even for RoPE", label, cfg->head_dim);
         st = MOE_ERR_INVALID;

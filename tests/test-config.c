@@ -178,6 +178,12 @@ static void test_errors(void) {
         {"\"eos_token_id\":[2,-1]", "eos_token_id"},
         {"\"eos_token_id\":\"2\"", "eos_token_id"},
     };
+    /* found by fuzz-config: hidden_size < heads made the default head_dim 0 */
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":2,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":6,"
+                "\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "no head_dim is given"),
+          "head_dim 0 by default: %s", last_log);
     for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
         char json[1024];
         snprintf(json, sizeof json, "{" MIXTRAL_BASE ",%s}", k_bad[i].extra);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -48,6 +49,7 @@ struct row {
     int want_rc;
     const char *want_err, *after;
     int (*hook)(const char *dir); /* after setup: a change shell cannot make easily; 0 = ok */
+    int max_rss_mb;               /* the command's peak resident memory must stay below (0 = any) */
 };
 /* most rows have no hook and leave it out (NULL) */
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
@@ -340,25 +342,28 @@ static const struct row k_rows[] = {
      "$PREP profile report s.h5 -o r.html", 1, "no usable sensitivity data", "test ! -e r.html", h_no_data},
 
     /* ---- 12: memory follows what was asked for */
-    {"eval --max-chunks 2 on 60 MB of text in 600 MB of address space",
+    {"eval --max-chunks 2 on 60 MB of text in under 600 MB of memory",
      "yes 'the model runs quickly over small machines while the experts rest.' | head -c 60000000 > big.txt",
-     "ulimit -v 600000; $PREP eval $MODELS/mixtral-f32 --dataset big.txt --ctx 32 --max-chunks 2 -t 1 --json", 0, NULL,
+     "$PREP eval $MODELS/mixtral-f32 --dataset big.txt --ctx 32 --max-chunks 2 -t 1 --json", 0, NULL,
      /* the same figures as the whole of a short prefix gives (--unigram reads it all) */
      "head -c 200000 big.txt > small.txt && $PREP eval $MODELS/mixtral-f32 --dataset small.txt --ctx 32 "
      "--max-chunks 2 -t 1 --unigram --json > o2.txt 2>/dev/null && grep -o '\"ppl\": {[^}]*}' out.txt > a && "
-     "grep -o '\"ppl\": {[^}]*}' o2.txt > b && test -s a && cmp -s a b"},
-    {"profile --max-tokens 512 on 60 MB of text in 600 MB of address space",
+     "grep -o '\"ppl\": {[^}]*}' o2.txt > b && test -s a && cmp -s a b", .max_rss_mb = 600},
+    {"profile --max-tokens 512 on 60 MB of text in under 600 MB of memory",
      "yes 'the model runs quickly over small machines while the experts rest.' | head -c 60000000 > big.txt",
-     "ulimit -v 600000; $PREP profile $MODELS/mixtral-f32 --dataset big.txt --ctx 32 --max-tokens 512 -t 1 -o p.h5", 0,
-     NULL, "test -s p.h5"},
+     "$PREP profile $MODELS/mixtral-f32 --dataset big.txt --ctx 32 --max-tokens 512 -t 1 -o p.h5", 0, NULL,
+     "test -s p.h5", .max_rss_mb = 600},
     {"moe-run with a KV cache larger than memory", "", "$RUN -m wide --tokens 1,2 -n 1 --ctx $HUGE_CTX", 1,
      "needs a KV cache of", NULL, wide_heads},
 };
 
 /* run_sh: run cmd with /bin/sh in dir, stdout and stderr to files there,
  * killed (with its process group) after limit seconds. Returns the exit
- * status, 128 + signal for a signal, or -2 when it ran out of time. */
-static int run_sh(const char *dir, const char *cmd, int limit) {
+ * status, 128 + signal for a signal, or -2 when it ran out of time; *rss_kb
+ * (may be NULL) gets the largest peak resident size of its processes. */
+static int run_sh_rss(const char *dir, const char *cmd, int limit, long *rss_kb);
+static int run_sh(const char *dir, const char *cmd, int limit) { return run_sh_rss(dir, cmd, limit, NULL); }
+static int run_sh_rss(const char *dir, const char *cmd, int limit, long *rss_kb) {
     char full[16384];
     snprintf(full, sizeof full, "cd '%s' && ( %s ) >>out.txt 2>>err.txt </dev/null", dir, cmd);
     if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "  $ %s\n", cmd);
@@ -374,8 +379,12 @@ static int run_sh(const char *dir, const char *cmd, int limit) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        struct rusage ru;
+        pid_t r = wait4(pid, &st, WNOHANG, &ru); /* ru_maxrss: the largest of the shell and what it waited for */
+        if (r == pid) {
+            if (rss_kb) *rss_kb = ru.ru_maxrss;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
         if (r < 0 && errno != EINTR) return -1;
         clock_gettime(CLOCK_MONOTONIC, &t);
         if (t.tv_sec - t0.tv_sec >= limit) {
@@ -418,8 +427,12 @@ static void run_row(int i, const struct row *r) {
         snprintf(p, sizeof p, "%s/err.txt", dir);
         unlink(p);
     }
-    int rc = run_sh(dir, r->cmd, g_limit);
+    long rss_kb = 0;
+    int rc = run_sh_rss(dir, r->cmd, g_limit, &rss_kb);
     slurp(dir, "err.txt", err, sizeof err);
+    if (r->max_rss_mb)
+        CHECK(rss_kb > 0 && rss_kb < (long)r->max_rss_mb * 1024, "%s: peak memory %ld MB, the limit is %d MB", r->name,
+              rss_kb / 1024, r->max_rss_mb);
     if (rc == -2) {
         CHECK(0, "%s: hung (killed after %d s)", r->name, g_limit);
         return;

@@ -12,7 +12,7 @@
  * arrays of the wrong shape, NaN where a number is required, incomplete
  * sensitivity results.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 
 #include <hdf5.h>
 #include <math.h>
@@ -424,6 +424,48 @@ static void test_inconsistent(void) {
     moe_log_set(NULL, NULL);
 }
 
+/* test_stream: the containment stream round-trips a profile bit for bit,
+ * and a truncated or altered stream is refused, never trusted. */
+static void test_stream(void) {
+    struct moe_profile *p = make(0, 2, MOE_PROFILE_LOGITS_F16), *r = NULL;
+    const char *path = tmp_path("stream.bin");
+    FILE *f = fopen(path, "w+b");
+    CHECK(p && f && moe_profile_encode(fileno(f), p) == MOE_OK, "encode");
+    long n = f ? ftell(f) : 0;
+    if (f) rewind(f);
+    CHECK(f && moe_profile_decode(fileno(f), "stream", &r) == MOE_OK && r && same(p, r, 1), "round trip");
+    moe_profile_free(r);
+    r = NULL;
+    char *img = malloc((size_t)(n > 0 ? n : 1));
+    if (f) rewind(f);
+    CHECK(f && img && fread(img, 1, (size_t)n, f) == (size_t)n, "read back");
+    if (f) fclose(f);
+    moe_log_set(capture, NULL);
+    for (long cut = 0; img && cut < n; cut += n / 7 + 1) { /* truncated */
+        FILE *g = fopen(path, "w+b");
+        fwrite(img, 1, (size_t)cut, g);
+        rewind(g);
+        CHECK(moe_profile_decode(fileno(g), "stream", &r) != MOE_OK && !r, "a stream cut at %ld of %ld is refused", cut,
+              n);
+        fclose(g);
+    }
+    if (img && n > 200) { /* a weight turned NaN: decoded, then refused by validation */
+        float w = p->weights[3], nan = NAN;
+        char *hit = memmem(img, (size_t)n, &w, sizeof w);
+        if (hit) memcpy(hit, &nan, sizeof nan);
+        FILE *g = fopen(path, "w+b");
+        fwrite(img, 1, (size_t)n, g);
+        rewind(g);
+        log_reset();
+        CHECK(hit && moe_profile_decode(fileno(g), "stream", &r) == MOE_ERR_RANGE && !r && strstr(g_err, "gate weight"),
+              "a NaN weight in the stream is refused: %s", g_err);
+        fclose(g);
+    }
+    moe_log_set(NULL, NULL);
+    free(img);
+    moe_profile_free(p);
+}
+
 /* test_bad_args: API misuse by callers is an error, not a crash. */
 static void test_bad_args(void) {
     struct moe_profile *p = NULL;
@@ -457,6 +499,7 @@ int main(void) {
     test_merge();
     test_malformed();
     test_inconsistent();
+    test_stream();
     test_bad_args();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

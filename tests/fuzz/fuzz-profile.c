@@ -25,9 +25,11 @@
  *
  * The seeds in tests/fuzz/corpus/profile are written by
  * `test-profile-derive --write-seeds tests/fuzz/corpus/profile`, plus the
- * hdf5-* inputs above; ctest replays them through replay-main.c as
- * fuzz-profile-replay (under MOE_SANITIZE, the hdf5-* ones fail without the
- * containment).
+ * hdf5-* inputs above, and stream-* inputs: an input that starts with the
+ * containment stream's magic ("MOEPRPIP") goes to
+ * moe_profile_decode instead, the parent's side of the containment. ctest
+ * replays them through replay-main.c as fuzz-profile-replay (under
+ * MOE_SANITIZE, the hdf5-* ones fail without the containment).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -55,8 +57,31 @@ static void exercise(struct moe_profile *p) {
     }
 }
 
+/* decode_stream: an input that starts with the stream magic is fed to
+ * moe_profile_decode, the parent side of the containment (the trust boundary
+ * once libhdf5 runs in a child), through a temporary file. */
+static void decode_stream(const uint8_t *data, size_t size) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/fuzz-profile-%ld.bin", (long)getpid());
+    FILE *f = fopen(path, "w+b");
+    if (!f) return;
+    if (size) fwrite(data, 1, size, f);
+    fflush(f);
+    rewind(f);
+    struct moe_profile *p = NULL;
+    if (moe_profile_decode(fileno(f), "fuzz", &p) == MOE_OK) exercise(p);
+    else if (p) abort(); /* no profile on error */
+    moe_profile_free(p);
+    fclose(f);
+    unlink(path);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     moe_log_set(quiet, NULL);
+    if (size >= 8 && !memcmp(data, "MOEPRPIP", 8)) {
+        decode_stream(data, size);
+        return 0;
+    }
     char path[64];
     snprintf(path, sizeof path, "/tmp/fuzz-profile-%ld.h5", (long)getpid());
     FILE *f = fopen(path, "wb");

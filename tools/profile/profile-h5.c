@@ -22,6 +22,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define MOE_SANITIZER_HOOKS 1
+#endif
+#elif defined(__SANITIZE_ADDRESS__)
+#define MOE_SANITIZER_HOOKS 1
+#endif
+#ifdef MOE_SANITIZER_HOOKS
+#include <sanitizer/common_interface_defs.h> /* the child drops the parent's death callback */
+#endif
+
 #include "moe-dtype.h"
 #include "moe-file.h"
 
@@ -1392,7 +1403,7 @@ fail:
  * damaged. The parent decodes the stream with bounds checks and validates the
  * result again, trusting the child no more than the file.
  */
-#define PIPE_MAGIC 0x45504950524f454dull /* "MOEPRPIPE" */
+#define PIPE_MAGIC 0x5049505250454f4dull /* the bytes "MOEPRPIP" as a little-endian u64 */
 #define PIPE_MAX_MSGS 64
 
 /* A child's log: the messages of the read, forwarded to the parent's log. */
@@ -1574,6 +1585,19 @@ fail:
     return st;
 }
 
+enum moe_status moe_profile_encode(int fd, const struct moe_profile *p) {
+    static const struct child_log none; /* no messages */
+    if (child_send(fd, MOE_OK, &none, p)) {
+        MOE_LOGE("cannot write the profile stream: %s", strerror(errno));
+        return MOE_ERR_IO;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_profile_decode(int fd, const char *label, struct moe_profile **out) {
+    return pipe_decode(fd, label ? label : "<stream>", out);
+}
+
 /* read_contained: read_in_process in a child process (see above). */
 static enum moe_status read_contained(const char *path, off_t size, struct moe_profile **out) {
     int fd[2];
@@ -1592,7 +1616,13 @@ static enum moe_status read_contained(const char *path, off_t size, struct moe_p
     }
     if (pid == 0) { /* the child: read, send, and leave without running any exit handler */
         close(fd[0]);
-        signal(SIGPIPE, SIG_DFL);
+        /* the parent's crash handlers (a fuzzer's, a sanitizer's report hook) are
+         * not the child's: a crash here ends the child and nothing else */
+        static const int k_sigs[] = {SIGPIPE, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGALRM, SIGTERM, SIGINT};
+        for (size_t i = 0; i < sizeof k_sigs / sizeof k_sigs[0]; i++) signal(k_sigs[i], SIG_DFL);
+#ifdef MOE_SANITIZER_HOOKS
+        __sanitizer_set_death_callback(NULL);
+#endif
         int null = open("/dev/null", O_WRONLY | O_CLOEXEC); /* what libhdf5 (or a sanitizer) prints about */
         if (null >= 0) {                                   /* a damaged file stays out of the tool's output */
             dup2(null, STDOUT_FILENO);

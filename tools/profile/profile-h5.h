@@ -150,6 +150,17 @@ enum moe_status moe_profile_write(const struct moe_profile *p, const char *path)
  * On success *out is a new profile owned by the caller. */
 enum moe_status moe_profile_read(const char *path, struct moe_profile **out);
 
+/* moe_profile_encode / moe_profile_decode: the stream in which
+ * moe_profile_read's child process hands a profile to its parent (libhdf5
+ * runs in the child; see docs/format.md, "Containment"). encode writes p to
+ * fd (MOE_ERR_IO on a write error); decode reads a stream from fd into a new
+ * profile, checking every count and size against the limits above before
+ * allocating, and validating the result as moe_profile_read validates a file
+ * (MOE_ERR_FORMAT for a short or inconsistent stream; label names it in
+ * messages). Public for the round-trip test and the fuzz target. */
+enum moe_status moe_profile_encode(int fd, const struct moe_profile *p);
+enum moe_status moe_profile_decode(int fd, const char *label, struct moe_profile **out);
+
 /* moe_profile_merge: add shard src into dst. Requires the same arch,
  * model_path, n_layers, n_experts, k, n_bins, logits mode and
  * moe_layer_index (MOE_ERR_INVALID otherwise; dataset and tool_version are not
