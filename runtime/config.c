@@ -8,6 +8,7 @@
  * required and their absence is an error naming the field.
  */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,8 +76,8 @@ static enum moe_status get_float(const struct cfg_ctx *c, const cJSON *obj, cons
         *out = (float)def;
         return MOE_OK;
     }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        MOE_LOGE("%s: field \"%s\" must be a number", c->label, name);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !isfinite((float)v->valuedouble)) {
+        MOE_LOGE("%s: field \"%s\" must be a number within float range", c->label, name);
         return MOE_ERR_INVALID;
     }
     *out = (float)v->valuedouble;
@@ -115,8 +116,8 @@ static enum moe_status read_factor_list(const struct cfg_ctx *c, const cJSON *rp
     int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, a) {
-        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0)) {
-            MOE_LOGE("%s: \"%s\"[%d] must be a positive number", c->label, name, i);
+        if (!cJSON_IsNumber(e) || !((float)e->valuedouble > 0) || !isfinite((float)e->valuedouble)) {
+            MOE_LOGE("%s: \"%s\"[%d] must be a positive number within float range", c->label, name, i);
             free(f);
             return MOE_ERR_INVALID;
         }
@@ -266,7 +267,7 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
             moe = ((l + 1) % step) == 0;
         const cJSON *e;
         cJSON_ArrayForEach(e, mlp_only) {
-            if (cJSON_IsNumber(e) && (int)e->valuedouble == l) moe = 0;
+            if (cJSON_IsNumber(e) && e->valuedouble == (double)l) moe = 0; /* no cast of a huge value */
         }
         cfg->layer_moe[l] = (uint8_t)moe;
         has_dense |= !moe;
@@ -327,14 +328,21 @@ static enum moe_status check_token_ids(const struct cfg_ctx *c, const char *name
     return MOE_OK;
 }
 
-/* parse_token_ids: an int or a list of ints (eos_token_id may be either). */
+/* token_id_ok: v is an integer an int can hold (a cast of anything else is undefined). */
+static int token_id_ok(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= INT_MIN &&
+           v->valuedouble <= INT_MAX;
+}
+
+/* parse_token_ids: an int or a list of ints (eos_token_id may be either);
+ * values that are not ints are left out (the callers range-check the rest). */
 static void parse_token_ids(const cJSON *v, int *ids, int *n, int max) {
     if (cJSON_IsNumber(v)) {
-        if (*n < max) ids[(*n)++] = (int)v->valuedouble;
+        if (*n < max && token_id_ok(v)) ids[(*n)++] = (int)v->valuedouble;
     } else if (cJSON_IsArray(v)) {
         const cJSON *e;
         cJSON_ArrayForEach(e, v) {
-            if (cJSON_IsNumber(e) && *n < max) ids[(*n)++] = (int)e->valuedouble;
+            if (*n < max && token_id_ok(e)) ids[(*n)++] = (int)e->valuedouble;
         }
     }
 }
