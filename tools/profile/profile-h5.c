@@ -1345,6 +1345,14 @@ static enum moe_status read_file(const char *path, hid_t f, struct moe_profile *
         (st = read_int_attr(path, f, "n_experts", 1, INT16_MAX, &E)) ||
         (st = read_int_attr(path, f, "k", 1, E, &K)) || (st = read_int_attr(path, f, "n_bins", 1, 1 << 24, &bins)))
         goto fail;
+    int64_t le, kb;
+    if (!mul_ok(L, E, &le) || !mul_ok(K, bins, &kb) || le > (1 << 24) || kb > (1 << 24)) {
+        /* the counts are allocated before their datasets are read: a damaged shape must not ask for terabytes */
+        MOE_LOGE("%s: %lld layers x %lld experts, k %lld x %lld bins: too large for a profile (damaged attributes?)",
+                 path, (long long)L, (long long)E, (long long)K, (long long)bins);
+        st = MOE_ERR_RANGE;
+        goto fail;
+    }
     if ((st = moe_profile_new((int)L, (int)E, (int)K, (int)bins, MOE_PROFILE_LOGITS_NONE, &p))) goto fail;
     char *s[4] = {NULL, NULL, NULL, NULL};
     static const char *names[4] = {"arch", "model_path", "dataset", "tool_version"};
@@ -1496,9 +1504,48 @@ static int get_str(int fd, size_t max, char **out) {
     return get_all(fd, *out, (size_t)n) || memchr(*out, 0, (size_t)n) ? -1 : 0;
 }
 
+/* get_grow: read count elements of esize bytes into a new buffer that grows
+ * only as the bytes arrive (1 MiB, then doubling): a stream that claims 2^36
+ * elements and then ends costs what it sent, not the claim. 0 on success. */
+static int get_grow(int fd, int64_t count, size_t esize, void **out) {
+    *out = NULL;
+    int64_t total;
+    if (!mul_ok(count, (int64_t)esize, &total)) return -1;
+    size_t cap = total < (1 << 20) ? (size_t)total : (size_t)1 << 20, have = 0;
+    char *buf = malloc(cap ? cap : 1);
+    if (!buf) return -1;
+    while (have < (size_t)total) {
+        if (have == cap) {
+            size_t next = cap * 2 < (size_t)total ? cap * 2 : (size_t)total;
+            char *b = realloc(buf, next);
+            if (!b) break;
+            buf = b, cap = next;
+        }
+        if (get_all(fd, buf + have, cap - have)) break;
+        have = cap;
+    }
+    if (have < (size_t)total) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    return 0;
+}
+
+/* take: replace *slot (owned by the profile) by a buffer read with get_grow. */
+static int take(int fd, int64_t count, size_t esize, void **slot) {
+    void *b;
+    if (get_grow(fd, count, esize, &b)) return -1;
+    free(*slot);
+    *slot = b;
+    return 0;
+}
+
 /* pipe_decode: the child's stream into a new profile; MOE_ERR_FORMAT on any
  * inconsistency (a child that lost its mind counts as a damaged file). The
- * child's status and log come first; its status is returned as is. */
+ * child's status and log come first; its status is returned as is. Nothing
+ * is allocated ahead of the bytes that fill it (get_grow), whatever the
+ * stream claims. */
 static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile **out) {
     int64_t magic, status, n_msgs, v[6];
     struct moe_profile *p = NULL;
@@ -1508,13 +1555,13 @@ static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile 
     *out = NULL;
     if (get_i64(fd, &magic) || magic != (int64_t)PIPE_MAGIC || get_i64_in(fd, MOE_ERR_RANGE, MOE_OK, &status) ||
         get_i64_in(fd, 0, PIPE_MAX_MSGS, &n_msgs))
-        return MOE_ERR_FORMAT;
+        goto fail;
     for (int64_t i = 0; i < n_msgs; i++) {
         int64_t level;
         char *m = NULL;
         if (get_i64_in(fd, MOE_LOG_DEBUG, MOE_LOG_ERROR, &level) || get_str(fd, 4096, &m)) {
             free(m);
-            return MOE_ERR_FORMAT;
+            goto fail;
         }
         moe_log((enum moe_log_level)level, "%s", m);
         free(m);
@@ -1525,32 +1572,32 @@ static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile 
     if (get_i64_in(fd, 1, 65536, &v[0]) || get_i64_in(fd, 1, INT16_MAX, &v[1]) || get_i64_in(fd, 1, v[1], &v[2]) ||
         get_i64_in(fd, 1, 1 << 24, &v[3]) || get_i64_in(fd, 0, 2, &v[4]) || get_i64_in(fd, 0, INT_MAX - 1, &v[5]))
         goto fail;
-    if ((st = moe_profile_new((int)v[0], (int)v[1], (int)v[2], (int)v[3], (enum moe_profile_logits)v[4], &p)) ||
-        (st = moe_profile_set_meta(p, str[0], str[1], str[2], str[3])))
-        goto fail;
-    st = MOE_ERR_FORMAT;
     const int64_t L = v[0], E = v[1], K = v[2], n_seq = v[5];
-    if (get_all(fd, p->moe_layer_index, (size_t)L * sizeof(int32_t))) goto fail;
-    if ((st = reserve(p, n_seq, 0))) goto fail;
-    st = MOE_ERR_FORMAT;
-    if (get_all(fd, p->seq_start, (size_t)(n_seq + 1) * sizeof(int64_t))) goto fail;
-    int64_t n_tok = p->seq_start[n_seq], slots, ltot;
-    if (p->seq_start[0] != 0 || n_tok < 0 || !mul_ok(n_tok, L * K, &slots) || !mul_ok(n_tok, L * E, &ltot)) {
-        p->seq_start[n_seq] = 0;
+    int64_t le, kb, n_tok, slots, ltot, seqpop;
+    if (!mul_ok(L, E, &le) || !mul_ok(K, v[3], &kb)) goto fail;
+    /* the profile is assembled from buffers read as they arrive, not from moe_profile_new's allocations */
+    if (!(p = calloc(1, sizeof *p))) {
+        st = MOE_ERR_NOMEM;
         goto fail;
     }
-    p->seq_start[n_seq] = 0; /* reserve() counts existing tokens from here (see read_trace) */
-    if ((st = reserve(p, n_seq, n_tok))) goto fail;
-    st = MOE_ERR_FORMAT;
-    p->seq_start[n_seq] = n_tok;
+    p->n_layers = (int)L, p->n_experts = (int)E, p->k = (int)K, p->n_bins = (int)v[3];
+    p->logits = (enum moe_profile_logits)v[4];
+    p->arch = str[0], p->model_path = str[1], p->dataset = str[2], p->tool_version = str[3];
+    str[0] = str[1] = str[2] = str[3] = NULL;
+    if (take(fd, L, sizeof(int32_t), (void **)&p->moe_layer_index) ||
+        take(fd, n_seq + 1, sizeof(int64_t), (void **)&p->seq_start))
+        goto fail;
+    n_tok = p->seq_start[n_seq];
+    if (p->seq_start[0] != 0 || n_tok < 0 || !mul_ok(n_tok, L * K, &slots) || !mul_ok(n_tok, le, &ltot) ||
+        !mul_ok(n_seq, le, &seqpop))
+        goto fail;
     p->n_seq = (int)n_seq;
-    int64_t seqpop;
-    if (!mul_ok(n_seq, L * E, &seqpop) || get_all(fd, p->experts, (size_t)slots * sizeof(int16_t)) ||
-        get_all(fd, p->weights, (size_t)slots * sizeof(float)) ||
-        (p->logits && get_all(fd, p->router_logits, (size_t)ltot * logit_size(p->logits))) ||
-        get_all(fd, p->popularity, (size_t)(L * E) * sizeof(int64_t)) ||
-        get_all(fd, p->seq_popularity, (size_t)seqpop * sizeof(int64_t)) ||
-        get_all(fd, p->hobbit_hist, (size_t)(K * p->n_bins) * sizeof(int64_t)))
+    if (take(fd, slots, sizeof(int16_t), (void **)&p->experts) ||
+        take(fd, slots, sizeof(float), (void **)&p->weights) ||
+        (p->logits && take(fd, ltot, logit_size(p->logits), &p->router_logits)) ||
+        take(fd, le, sizeof(int64_t), (void **)&p->popularity) ||
+        take(fd, seqpop, sizeof(int64_t), (void **)&p->seq_popularity) ||
+        take(fd, kb, sizeof(int64_t), (void **)&p->hobbit_hist))
         goto fail;
     int64_t n_derived;
     if (get_i64_in(fd, 0, 1 << 16, &n_derived)) goto fail;
@@ -1560,12 +1607,7 @@ static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile 
         int ok = !get_str(fd, MOE_PROFILE_MAX_NAME, &name) && valid_name(name) && !get_i64_in(fd, 0, 2, &dtype) &&
                  !get_i64_in(fd, 1, MOE_PROFILE_MAX_DIMS, &nd) && !get_all(fd, dims, sizeof dims);
         for (int d = 0; ok && d < nd; d++) ok = mul_ok(n, dims[d], &n);
-        if (ok && !(buf = xalloc(n, DTYPE_SIZE[dtype]))) {
-            free(name);
-            st = MOE_ERR_NOMEM;
-            goto fail;
-        }
-        ok = ok && !get_all(fd, buf, (size_t)n * DTYPE_SIZE[dtype]) &&
+        ok = ok && !get_grow(fd, n, DTYPE_SIZE[dtype], &buf) &&
              put_array(p, name, (enum moe_profile_dtype)dtype, (int)nd, dims, buf) == MOE_OK;
         free(name);
         free(buf);
@@ -1578,7 +1620,7 @@ static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile 
     p = NULL;
     st = MOE_OK;
 fail:
-    if (st == MOE_ERR_FORMAT) MOE_LOGE("%s: reading it ended early (the file is damaged)", path);
+    if (st == MOE_ERR_FORMAT) MOE_LOGE("%s: reading it ended early or inconsistently (the file is damaged)", path);
     for (int i = 0; i < 4; i++) free(str[i]);
     free(buf);
     moe_profile_free(p);
