@@ -74,6 +74,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "moe-file.h"
 #include "moe-mmap.h"
 
 /* header page layout (docs/format.md, "Header page") */
@@ -1737,6 +1738,24 @@ void moe_bundle_free(struct moe_bundle *b) {
     free(b->layer_has);
     free(b->label);
     free(b);
+}
+
+enum moe_status moe_bundle_open_fd(const struct moe_bundle *b, int *fd) {
+    *fd = -1;
+    if (!b || !b->map.ino) return MOE_ERR_UNSUPPORTED; /* from memory (or an empty file: nothing to read) */
+    int d;
+    enum moe_status rc = moe_file_open_read(b->label, &d); /* regular files only, never blocks */
+    if (rc) return rc == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rc;
+    struct stat st;
+    if (fstat(d, &st) != 0 || (unsigned long long)st.st_dev != b->map.dev ||
+        (unsigned long long)st.st_ino != b->map.ino || (uint64_t)st.st_size != b->size) {
+        MOE_LOGE("%s: no longer the file that was opened (replaced or resized since): refusing to read experts "
+                 "from it", b->label);
+        close(d);
+        return MOE_ERR_IO;
+    }
+    *fd = d;
+    return MOE_OK;
 }
 
 /* The path or label given at open. */

@@ -76,6 +76,25 @@ int moe_file_same(const char *a, const char *b) {
     return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
+/* split_dir: the directory part of path ("." if none) as a malloc'd string,
+ * and its final name in *base (borrowed from path). */
+static char *split_dir(const char *path, const char **base) {
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    return slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+}
+
+int moe_file_same_target(const char *a, const char *b) {
+    if (!a || !b) return 0;
+    if (moe_file_same(a, b)) return 1;
+    const char *ba, *bb;
+    char *da = split_dir(a, &ba), *db = split_dir(b, &bb);
+    int same = da && db && ba[0] && !strcmp(ba, bb) && moe_file_same(da, db);
+    free(da);
+    free(db);
+    return same;
+}
+
 enum moe_status moe_file_check_output(const char *output, const char *const *inputs, size_t n) {
     for (size_t i = 0; output && i < n; i++) {
         if (inputs[i] && moe_file_same(output, inputs[i])) {

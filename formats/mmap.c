@@ -14,6 +14,7 @@
 enum moe_status moe_mmap_open(const char *path, struct moe_mmap *out) {
     out->data = NULL;
     out->size = 0;
+    out->dev = out->ino = 0;
     int fd;
     enum moe_status rs = moe_file_open_read(path, &fd); /* refuses FIFOs, devices, directories */
     if (rs) return rs == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rs;
@@ -23,6 +24,8 @@ enum moe_status moe_mmap_open(const char *path, struct moe_mmap *out) {
         close(fd);
         return MOE_ERR_IO;
     }
+    out->dev = (unsigned long long)st.st_dev;
+    out->ino = (unsigned long long)st.st_ino;
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -41,6 +44,7 @@ void moe_mmap_close(struct moe_mmap *m) {
     if (m->data) munmap(m->data, m->size);
     m->data = NULL;
     m->size = 0;
+    m->dev = m->ino = 0;
 }
 
 enum moe_status moe_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len) {

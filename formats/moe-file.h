@@ -54,6 +54,12 @@ const char *moe_file_kind(unsigned mode);
  * inode, symlinks followed), else 0. */
 int moe_file_same(const char *a, const char *b);
 
+/* moe_file_same_target: 1 if a and b name the same output: the same existing
+ * file (moe_file_same), or, when they do not exist yet, the same name in the
+ * same directory ("x", "./x" and "dir/../x" all match). For refusing two
+ * outputs of one command that would replace each other. */
+int moe_file_same_target(const char *a, const char *b);
+
 /* moe_file_check_output: MOE_ERR_INVALID (logged: "OUT is the same file as
  * the input IN: refusing to overwrite it") if `output` names the same file as
  * any of inputs[0..n) (NULL entries are skipped). MOE_OK otherwise, also when

@@ -15,6 +15,8 @@ extern "C" {
 struct moe_mmap {
     void *data;  /* NULL for an empty file */
     size_t size; /* bytes */
+    unsigned long long dev, ino; /* the mapped file's device and inode (0 in a zeroed struct): lets a
+                                  * later open of the same path check it still names this file */
 };
 
 /* moe_mmap_open: map `path` read-only. Anything but a regular file (a FIFO,

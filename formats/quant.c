@@ -959,8 +959,15 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
         k->dequant[MOE_QTYPE_##T] = deq_##N;                                   \
     } while (0)
 
+/* Activation quantizers of the scalar table: the reference quantizers. */
+static void act_q8_0(const float *x, void *y, int64_t nb) { quantize_q8_0(x, y, nb); }
+static void act_q8_K(const float *x, void *y, int64_t nb) { quantize_q8_K(x, y, nb); }
+
 /* Fill a table with the scalar reference kernels. */
 static void fill_scalar(struct moe_quant_kernels *k) {
+    k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
+    k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
+    moe_quant_int_kernels_scalar(k);
     SET_REF(F32, f32);
     SET_REF(F16, f16);
     SET_REF(BF16, bf16);
@@ -995,7 +1002,13 @@ static void init_once(void) {
                                         __builtin_cpu_supports("avx512bw") &&
                                         __builtin_cpu_supports("avx512vl");
     moe_quant_kernels_avx2(&g_kernels[MOE_QUANT_ISA_AVX2]);
+    moe_quant_int_kernels_avx2(&g_kernels[MOE_QUANT_ISA_AVX2]);
     moe_quant_kernels_avx512(&g_kernels[MOE_QUANT_ISA_AVX512]);
+    /* integer dots: VNNI where the CPU has it, else the AVX2 ones (AVX-512 CPUs
+     * without VNNI, e.g. Skylake-X, run AVX2 code fine) */
+    moe_quant_int_kernels_avx2(&g_kernels[MOE_QUANT_ISA_AVX512]);
+    if (g_supported[MOE_QUANT_ISA_AVX512] && __builtin_cpu_supports("avx512vnni"))
+        moe_quant_int_kernels_avx512vnni(&g_kernels[MOE_QUANT_ISA_AVX512]);
 #endif
     int isa = g_supported[MOE_QUANT_ISA_AVX512] ? MOE_QUANT_ISA_AVX512
               : g_supported[MOE_QUANT_ISA_AVX2] ? MOE_QUANT_ISA_AVX2
@@ -1019,6 +1032,8 @@ static const struct moe_quant_kernels *kernels(void) {
     pthread_once(&g_once, init_once);
     return &g_kernels[__atomic_load_n(&g_isa, __ATOMIC_ACQUIRE)];
 }
+
+const struct moe_quant_kernels *moe_quant_kernels_now(void) { return kernels(); }
 
 int moe_quant_isa_supported(enum moe_quant_isa isa) {
     pthread_once(&g_once, init_once);

@@ -6,6 +6,7 @@
  * only small vectors (norm weights, biases) are converted to float32 copies.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,21 @@
 #include "moe-model.h"
 #include "moe-safetensors.h"
 #include "moe-tokenizer.h"
+
+/* The model's private part: the routed experts, asked for by (layer, expert,
+ * precision) through moe_model_expert(), never handed out as an array. */
+struct moe_model_impl {
+    struct moe_ffn *experts;   /* [n_layer x n_expert] views at the bound precision (zeroed for
+                                * dense layers, and for bundles loaded with lazy_experts until used) */
+    int16_t *expert_prec;      /* bundles: [n_layer x n_expert] stored precision each expert is bound
+                                * at (0 for layers without experts); NULL for checkpoints */
+    const void **expert_base;  /* bundles: [n_layer x n_expert x n_expert_prec] raw blob bytes once
+                                * checked (in the map, or decompressed into `owned`); NULL = not yet */
+    void **owned;              /* [n_owned] buffers owned by the model (decompressed blobs) */
+    int n_owned;
+    int lazy;                  /* experts not bound at load (moe_model_params.lazy_experts) */
+    pthread_mutex_t lock;      /* guards expert_base / owned for moe_model_expert */
+};
 
 /* A tensor as a source (checkpoint or bundle) describes it. */
 struct src_tensor {
@@ -179,7 +195,7 @@ static enum moe_status bind_ffn(const struct bind *b, struct moe_ffn *f, int64_t
 
 /* bind_fused_experts: transformers-v5 fused layout, experts.gate_up_proj
  * [E, 2*n_ff, n_embd] and experts.down_proj [E, n_embd, n_ff]; views per expert. */
-static enum moe_status bind_fused_experts(const struct bind *b, struct moe_layer *L,
+static enum moe_status bind_fused_experts(const struct bind *b, struct moe_ffn *experts,
                                           const struct moe_config *c, const char *prefix) {
     char name[256];
     struct src_tensor gu, dn;
@@ -193,9 +209,9 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_layer
     size_t gu_row = moe_qtype_row_bytes(gu.type, H), dn_row = moe_qtype_row_bytes(dn.type, F);
     for (int64_t e = 0; e < E; e++) {
         const char *base = (const char *)gu.data + (size_t)(e * 2 * F) * gu_row;
-        L->experts[e].gate = (struct moe_weight){base, gu.type, F, H};
-        L->experts[e].up = (struct moe_weight){base + (size_t)F * gu_row, gu.type, F, H};
-        L->experts[e].down = (struct moe_weight){(const char *)dn.data + (size_t)(e * H) * dn_row, dn.type, H, F};
+        experts[e].gate = (struct moe_weight){base, gu.type, F, H};
+        experts[e].up = (struct moe_weight){base + (size_t)F * gu_row, gu.type, F, H};
+        experts[e].down = (struct moe_weight){(const char *)dn.data + (size_t)(e * H) * dn_row, dn.type, H, F};
     }
     return MOE_OK;
 }
@@ -212,20 +228,19 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
     if (mixtral_names && !has_tensor(b, probe)) /* v5-native spelling */
         snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.", l);
     if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%sgate.weight", prefix))) return st;
-    L->experts = calloc((size_t)c->n_expert, sizeof *L->experts);
-    if (!L->experts) return MOE_ERR_NOMEM;
+    struct moe_ffn *experts = b->m->impl->experts + (size_t)l * (size_t)c->n_expert;
     snprintf(probe, sizeof probe, "%sexperts.gate_up_proj", prefix);
     if (b->bind_expert) { /* bundle: one blob per expert */
-        for (int e = 0; e < c->n_expert; e++)
-            if ((st = b->bind_expert(b, l, e, &L->experts[e]))) return st;
+        for (int e = 0; e < c->n_expert && !b->m->impl->lazy; e++)
+            if ((st = b->bind_expert(b, l, e, &experts[e]))) return st;
     } else if (has_tensor(b, probe)) {
-        if ((st = bind_fused_experts(b, L, c, prefix))) return st;
+        if ((st = bind_fused_experts(b, experts, c, prefix))) return st;
     } else {
         for (int e = 0; e < c->n_expert; e++) {
             char ep[160];
             snprintf(ep, sizeof ep, "%sexperts.%d.", prefix, e);
-            st = mixtral_names ? bind_ffn(b, &L->experts[e], c->n_embd, c->n_ff_expert, ep, "w1", "w3", "w2", 1)
-                               : bind_ffn(b, &L->experts[e], c->n_embd, c->n_ff_expert, ep,
+            st = mixtral_names ? bind_ffn(b, &experts[e], c->n_embd, c->n_ff_expert, ep, "w1", "w3", "w2", 1)
+                               : bind_ffn(b, &experts[e], c->n_embd, c->n_ff_expert, ep,
                                           "gate_proj", "up_proj", "down_proj", 1);
             if (st) return st;
         }
@@ -296,7 +311,8 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
     }
     if (c->lm_head_bias && (st = bind_vector(b, &m->lm_head_b, c->n_vocab, 0, "lm_head.bias"))) return st;
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-    if (!m->layers) return MOE_ERR_NOMEM;
+    m->impl->experts = calloc((size_t)c->n_layer * (size_t)c->n_expert + 1, sizeof *m->impl->experts);
+    if (!m->layers || !m->impl->experts) return MOE_ERR_NOMEM;
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(b, &m->layers[l], c, l))) return st;
     return MOE_OK;
@@ -350,6 +366,19 @@ static enum moe_status check_all_bound(const char *path, const unsigned char *us
 static const char *st_name_at(const void *src, size_t i) { return moe_safetensors_at(src, i)->name; }
 static const char *bundle_name_at(const void *src, size_t i) { return moe_bundle_tensor_at(src, i)->name; }
 
+/* model_new: an empty model with its private part. */
+static struct moe_model *model_new(const char *path) {
+    struct moe_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    if (!(m->impl = calloc(1, sizeof *m->impl))) {
+        free(m);
+        return NULL;
+    }
+    pthread_mutex_init(&m->impl->lock, NULL);
+    m->path = strdup(path);
+    return m;
+}
+
 enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
     *out = NULL;
     if (!moe_is_dir(dir)) {
@@ -357,10 +386,9 @@ enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
                  "config.json and *.safetensors)", dir);
         return MOE_ERR_NOT_FOUND;
     }
-    struct moe_model *m = calloc(1, sizeof *m);
+    struct moe_model *m = model_new(dir);
     if (!m) return MOE_ERR_NOMEM;
     enum moe_status st;
-    m->path = strdup(dir);
     if ((st = moe_config_load(dir, &m->cfg))) goto fail;
     if ((st = moe_safetensors_open(dir, &m->st))) goto fail;
     size_t n_src = moe_safetensors_count(m->st);
@@ -411,36 +439,24 @@ static int bundle_find(const struct bind *b, const char *name, struct src_tensor
 }
 
 /* own: keep a buffer alive as long as the model. */
-static enum moe_status own(struct moe_model *m, void *p) {
-    void **o = realloc(m->owned, sizeof *o * (size_t)(m->n_owned + 1));
+static enum moe_status own(struct moe_model_impl *mi, void *p) {
+    void **o = realloc(mi->owned, sizeof *o * (size_t)(mi->n_owned + 1));
     if (!o) {
         free(p);
         return MOE_ERR_NOMEM;
     }
-    m->owned = o;
-    m->owned[m->n_owned++] = p;
+    mi->owned = o;
+    mi->owned[mi->n_owned++] = p;
     return MOE_OK;
 }
 
-/* expert_base: the raw bytes of expert (layer, expert) at stored precision
- * `prec`, checked once and then remembered in m->expert_base: an uncompressed
- * blob is verified against its checksum and used in place (zero-copy), a
- * compressed one is decompressed (which checks it) into a buffer the model
- * owns. Also checks that the blob holds gate/up/down of the config's shape. */
-static enum moe_status expert_base(struct moe_model *m, int layer, int expert, int prec,
-                                   const struct moe_bundle_precision **desc, const char **out) {
-    const struct moe_config *c = &m->cfg;
-    const char *path = m->path;
-    struct moe_bundle_blob blob;
-    enum moe_status st = moe_bundle_expert(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec, &blob);
-    if (st) return st;
-    const struct moe_bundle_precision *d = blob.desc;
-    *desc = d;
-    const size_t slot = ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)m->n_expert_prec + (size_t)prec;
-    if (m->expert_base[slot]) {
-        *out = m->expert_base[slot];
-        return MOE_OK;
-    }
+/* precision_fits: a stored precision's blobs hold exactly gate and up
+ * [n_ff_expert x n_embd] and down [n_embd x n_ff_expert] of known types, each
+ * part's bytes what its shape and type need: every expert view bound from it
+ * (by the model, lazily, or in the expert store's slots) then lies inside the
+ * blob. */
+static enum moe_status precision_fits(const char *path, const struct moe_config *c,
+                                      const struct moe_bundle_precision *d) {
     const int64_t H = c->n_embd, F = c->n_ff_expert;
     int ok = d->n_parts == 3 && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
              d->parts[1].rows == (uint64_t)F && d->parts[1].cols == (uint64_t)H && d->parts[2].rows == (uint64_t)H &&
@@ -454,6 +470,30 @@ static enum moe_status expert_base(struct moe_model *m, int layer, int expert, i
                  path, d->name, (long long)F, (long long)H, (long long)H, (long long)F);
         return MOE_ERR_SHAPE;
     }
+    return MOE_OK;
+}
+
+/* expert_base: the raw bytes of expert (layer, expert) at stored precision
+ * `prec`, checked once and then remembered in m->expert_base: an uncompressed
+ * blob is verified against its checksum and used in place (zero-copy), a
+ * compressed one is decompressed (which checks it) into a buffer the model
+ * owns. Also checks that the blob holds gate/up/down of the config's shape. */
+static enum moe_status expert_base(const struct moe_model *m, int layer, int expert, int prec,
+                                   const struct moe_bundle_precision **desc, const char **out) {
+    struct moe_model_impl *mi = m->impl;
+    const struct moe_config *c = &m->cfg;
+    const char *path = m->path;
+    struct moe_bundle_blob blob;
+    enum moe_status st = moe_bundle_expert(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec, &blob);
+    if (st) return st;
+    const struct moe_bundle_precision *d = blob.desc;
+    *desc = d;
+    const size_t slot = ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)m->n_expert_prec + (size_t)prec;
+    if (mi->expert_base[slot]) {
+        *out = mi->expert_base[slot];
+        return MOE_OK;
+    }
+    if ((st = precision_fits(path, c, d))) return st;
     const char *base;
     if (blob.compression == MOE_BUNDLE_COMP_NONE) {
         if ((st = moe_bundle_expert_verify(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec))) return st;
@@ -466,10 +506,10 @@ static enum moe_status expert_base(struct moe_model *m, int layer, int expert, i
             free(buf);
             return st;
         }
-        if ((st = own(m, buf))) return st;
+        if ((st = own(mi, buf))) return st;
         base = buf;
     }
-    m->expert_base[slot] = base;
+    mi->expert_base[slot] = base;
     *out = base;
     return MOE_OK;
 }
@@ -485,7 +525,7 @@ static void bind_blob(const struct moe_bundle_precision *d, const char *base, st
 /* bundle_expert: bind one expert at the precision m->expert_prec gives it. */
 static enum moe_status bundle_expert(const struct bind *b, int layer, int expert, struct moe_ffn *out) {
     struct moe_model *m = b->m;
-    int prec = m->expert_prec[(size_t)layer * (size_t)m->cfg.n_expert + (size_t)expert];
+    int prec = m->impl->expert_prec[(size_t)layer * (size_t)m->cfg.n_expert + (size_t)expert];
     const struct moe_bundle_precision *d;
     const char *base;
     enum moe_status st = expert_base(m, layer, expert, prec, &d, &base);
@@ -500,7 +540,7 @@ static int uniform_precision(const struct moe_model *m) {
     int u = -2;
     for (int l = 0; l < c->n_layer; l++)
         for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
-            int p = m->expert_prec[(size_t)l * (size_t)c->n_expert + (size_t)e];
+            int p = m->impl->expert_prec[(size_t)l * (size_t)c->n_expert + (size_t)e];
             if (u == -2) u = p;
             else if (u != p) return -1;
         }
@@ -520,28 +560,58 @@ enum moe_status moe_model_set_expert_precision(struct moe_model *m, int layer, i
         return MOE_ERR_INVALID;
     }
     const size_t i = (size_t)layer * (size_t)c->n_expert + (size_t)expert;
-    if (m->expert_prec[i] == precision) return MOE_OK;
+    struct moe_model_impl *mi = m->impl;
+    if (mi->expert_prec[i] == precision && (mi->experts[i].gate.data || mi->lazy)) return MOE_OK;
     const struct moe_bundle_precision *d;
     const char *base;
+    pthread_mutex_lock(&mi->lock);
     enum moe_status st = expert_base(m, layer, expert, precision, &d, &base);
+    pthread_mutex_unlock(&mi->lock);
     if (st) return st;
-    bind_blob(d, base, &m->layers[layer].experts[expert]);
-    m->expert_prec[i] = (int16_t)precision;
+    bind_blob(d, base, &mi->experts[i]);
+    mi->expert_prec[i] = (int16_t)precision;
     m->expert_precision = uniform_precision(m);
+    return MOE_OK;
+}
+
+enum moe_status moe_model_expert(const struct moe_model *m, int layer, int expert, int precision,
+                                 struct moe_ffn *out) {
+    const struct moe_config *c = &m->cfg;
+    struct moe_model_impl *mi = m->impl;
+    memset(out, 0, sizeof *out);
+    if (layer < 0 || layer >= c->n_layer || !c->layer_moe[layer] || expert < 0 || expert >= c->n_expert ||
+        precision < -1 || precision >= (m->bundle ? m->n_expert_prec : 0)) {
+        MOE_LOGE("%s: no routed expert %d of layer %d at precision %d (%d layers, %d experts, %d stored precisions)",
+                 m->path, expert, layer, precision, c->n_layer, c->n_expert, m->bundle ? m->n_expert_prec : 1);
+        return MOE_ERR_INVALID;
+    }
+    const size_t i = (size_t)layer * (size_t)c->n_expert + (size_t)expert;
+    if (!m->bundle || (precision < 0 && mi->experts[i].gate.data)) {
+        *out = mi->experts[i];
+        return MOE_OK;
+    }
+    const int prec = precision < 0 ? mi->expert_prec[i] : precision;
+    const struct moe_bundle_precision *d;
+    const char *base;
+    pthread_mutex_lock(&mi->lock);
+    enum moe_status st = expert_base(m, layer, expert, prec, &d, &base);
+    pthread_mutex_unlock(&mi->lock);
+    if (st) return st;
+    bind_blob(d, base, out);
     return MOE_OK;
 }
 
 int moe_model_get_expert_precision(const struct moe_model *m, int layer, int expert) {
     const struct moe_config *c = &m->cfg;
-    if (!m->expert_prec || layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert) return -1;
-    return m->expert_prec[(size_t)layer * (size_t)c->n_expert + (size_t)expert];
+    if (!m->impl->expert_prec || layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert) return -1;
+    return m->impl->expert_prec[(size_t)layer * (size_t)c->n_expert + (size_t)expert];
 }
 
 void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t size) {
     const struct moe_config *c = &m->cfg;
     if (!size) return;
     buf[0] = 0;
-    if (!m->bundle || !m->expert_prec) {
+    if (!m->bundle || !m->impl->expert_prec) {
         snprintf(buf, size, "as stored in the checkpoint");
         return;
     }
@@ -553,7 +623,7 @@ void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t si
     for (int p = 0; p < m->n_expert_prec && used < size; p++) {
         int n = 0;
         for (int l = 0; l < c->n_layer; l++)
-            for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) n += m->expert_prec[(size_t)l * c->n_expert + e] == p;
+            for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) n += m->impl->expert_prec[(size_t)l * c->n_expert + e] == p;
         if (n)
             used += (size_t)snprintf(buf + used, size - used, " %d x %s", n,
                                      moe_bundle_precision_at(m->bundle, (uint32_t)p)->name);
@@ -580,7 +650,7 @@ static int bitwidth_map(struct moe_model *m) {
                  m->path, MOE_TUNING_BITWIDTH_MAP, n, c->n_layer, c->n_expert);
         return 0;
     }
-    for (size_t i = 0; i < le; i++) m->expert_prec[i] = (int16_t)(map[i] < 0 ? 0 : map[i]);
+    for (size_t i = 0; i < le; i++) m->impl->expert_prec[i] = (int16_t)(map[i] < 0 ? 0 : map[i]);
     return 1;
 }
 
@@ -597,13 +667,14 @@ static enum moe_status load_from_bundle(struct moe_model *m, const char *path, c
 
 static enum moe_status moe_model_load_bundle(const char *path, const struct moe_model_params *params,
                                              struct moe_model **out) {
-    struct moe_model *m = calloc(1, sizeof *m);
+    struct moe_model *m = model_new(path);
     if (!m) return MOE_ERR_NOMEM;
     enum moe_status st;
-    if (!(m->path = strdup(path))) {
-        free(m);
+    if (!m->path) {
+        moe_model_free(m);
         return MOE_ERR_NOMEM;
     }
+    m->impl->lazy = params && params->lazy_experts;
     if ((st = moe_bundle_open(path, &m->bundle))) {
         moe_model_free(m);
         return st;
@@ -615,13 +686,14 @@ enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const 
                                              const struct moe_model_params *params, struct moe_model **out) {
     *out = NULL;
     if (!label) label = "<memory>";
-    struct moe_model *m = calloc(1, sizeof *m);
+    struct moe_model *m = model_new(label);
     if (!m) return MOE_ERR_NOMEM;
     enum moe_status st;
-    if (!(m->path = strdup(label))) {
-        free(m);
+    if (!m->path) {
+        moe_model_free(m);
         return MOE_ERR_NOMEM;
     }
+    m->impl->lazy = params && params->lazy_experts;
     if ((st = moe_bundle_open_memory(buf, len, label, &m->bundle))) {
         moe_model_free(m);
         return st;
@@ -669,13 +741,18 @@ static enum moe_status load_from_bundle(struct moe_model *m, const char *path, c
         goto fail;
     }
     m->n_expert_prec = (int)np;
+    int any_moe = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) any_moe |= m->cfg.layer_moe[l] != 0;
+    for (uint32_t p = 0; any_moe && p < np; p++) /* once for all experts, whether bound now, lazily or by a store */
+        if ((st = precision_fits(path, &m->cfg, moe_bundle_precision_at(m->bundle, p)))) goto fail;
     const size_t le = (size_t)m->cfg.n_layer * (size_t)m->cfg.n_expert;
-    if (!(m->expert_prec = malloc(le * sizeof *m->expert_prec + 1)) ||
-        !(m->expert_base = calloc(le * np + 1, sizeof *m->expert_base))) {
+    struct moe_model_impl *mi = m->impl;
+    if (!(mi->expert_prec = malloc(le * sizeof *mi->expert_prec + 1)) ||
+        !(mi->expert_base = calloc(le * np + 1, sizeof *mi->expert_base))) {
         st = MOE_ERR_NOMEM;
         goto fail;
     }
-    for (size_t i = 0; i < le; i++) m->expert_prec[i] = (int16_t)pi;
+    for (size_t i = 0; i < le; i++) mi->expert_prec[i] = (int16_t)pi;
     m->expert_precision = (int)pi;
     if (!(params && params->expert_precision) && bitwidth_map(m)) m->expert_precision = uniform_precision(m);
     size_t n_src = moe_bundle_tensor_count(m->bundle);
@@ -755,7 +832,10 @@ int64_t moe_model_n_params(const struct moe_model *m) {
         n += weight_params(&L->wq) + weight_params(&L->wk) + weight_params(&L->wv) + weight_params(&L->wo);
         n += weight_params(&L->router) + ffn_params(&L->shared) + weight_params(&L->shared_gate);
         n += ffn_params(&L->dense);
-        for (int e = 0; L->experts && e < c->n_expert; e++) n += ffn_params(&L->experts[e]);
+        for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
+            struct moe_ffn f;
+            if (moe_model_expert(m, l, e, -1, &f) == MOE_OK) n += ffn_params(&f);
+        }
     }
     return n;
 }
@@ -774,17 +854,22 @@ void moe_model_free(struct moe_model *m) {
         free(L->bo);
         free(L->q_norm);
         free(L->k_norm);
-        free(L->experts);
     }
     free(m->layers);
     free(m->out_norm);
     free(m->out_norm_b);
     free(m->lm_head_b);
     free(m->refs);
-    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
-    free(m->owned);
-    free(m->expert_prec);
-    free(m->expert_base);
+    if (m->impl) {
+        struct moe_model_impl *mi = m->impl;
+        for (int i = 0; i < mi->n_owned; i++) free(mi->owned[i]);
+        free(mi->owned);
+        free(mi->expert_prec);
+        free(mi->expert_base);
+        free(mi->experts);
+        pthread_mutex_destroy(&mi->lock);
+        free(mi);
+    }
     moe_config_clear(&m->cfg);
     moe_safetensors_free(m->st);
     moe_bundle_free(m->bundle);

@@ -46,7 +46,7 @@ enum moe_cache_policy {
     MOE_CACHE_BELADY = 8,     /* next use furthest in the future (offline only) */
 };
 #define MOE_CACHE_N_POLICIES 9
-#define MOE_CACHE_N_WEIGHTS 4 /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld */
+#define MOE_CACHE_N_WEIGHTS 5 /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld, w_pop */
 
 /* What an access needs under HOBBIT's precision rule. */
 enum moe_cache_need {
@@ -73,20 +73,34 @@ struct moe_cache_config {
     int high_cap, low_cap;  /* copies the high and low caches hold (>= 0; 0 = nothing kept) */
     double low_cost;        /* penalty of a low-precision miss (B_low / B_high); a high miss costs 1 */
     double high_bytes, low_bytes; /* bytes of one copy, for the bytes moved (0: not counted) */
-    double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld (>= 0, summing to 1) */
-    const double *freq;     /* [L*E] activation frequency (EdgeMoE); NULL = all 1 */
+    double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld, w_pop (>= 0, summing
+                             * to 1); w_pop weighs the static popularity of freq_high / freq_low
+                             * (else freq); w_pop 0 and admit 0: the paper's HOBBIT */
+    const double *freq;     /* [L*E] activation frequency (EdgeMoE; HOBBIT's w_pop without the
+                             * two below): token slots per token in [0, 1]; NULL = all 1 */
+    const double *freq_high, *freq_low; /* [L*E] HOBBIT's w_pop: token shares of the expert's
+                             * high-need and low-need uses (both or neither; NULL = use freq):
+                             * a high copy's popularity is freq_high + low_cost freq_low, a low
+                             * copy's freq_low (docs/cache-sim.md) */
     const int32_t *order;   /* [L*E] layer*E + expert, most popular first; needed by STATIC */
+    int admit;              /* HOBBIT: 1 = admission control: keep a demand-loaded copy only if
+                             * its priority after the access outranks the copy it would evict
+                             * (else kept = 0), and rank a low copy whose high copy is cached
+                             * below every other (it serves nothing the high copy does not);
+                             * 0 = the paper's HOBBIT */
     int prefetch;           /* simulator: 1 = load the trace's prefetch lists before each
                              * decode step (ignored by STATIC and BELADY) */
 };
 
 /* moe_cache_default_config: empty caches, low_cost 0.5, no byte sizes,
- * HOBBIT weights 0.25 each, no frequencies or order, no prefetch. */
+ * HOBBIT weights 0.25 each for w_lru, w_lfu, w_lhu, w_fld and 0 for w_pop,
+ * no frequencies or order, no prefetch. */
 struct moe_cache_config moe_cache_default_config(void);
 
 /* moe_cache_check_config: what moe_cache_new refuses (logged): a bad policy,
  * negative capacities or costs, STATIC without an order, HOBBIT weights
- * negative or not summing to 1 within 1e-6. */
+ * negative or not summing to 1 within 1e-6, admit not 0 or 1, only one of
+ * freq_high and freq_low. */
 enum moe_status moe_cache_check_config(enum moe_cache_policy p, const struct moe_cache_config *c);
 
 /* What one access or prefetch did. */
@@ -97,12 +111,14 @@ enum moe_cache_outcome {
     MOE_CACHE_MISS_LOW = 3,  /* the low copy must be loaded */
     MOE_CACHE_SKIP = 4,      /* need skip and no copy cached: the expert is not computed */
 };
+#define MOE_CACHE_N_OUTCOMES 5
 
 struct moe_cache_result {
     enum moe_cache_outcome outcome;
     int kept;        /* misses (and loading prefetches): 1 if the loaded copy is now cached;
-                      * 0 if it is not kept (Belady's bypass, Twiddler's scratch slot, or
-                      * every copy protected): load it into scratch, use it, drop it */
+                      * 0 if it is not kept (Belady's bypass, Twiddler's scratch slot,
+                      * HOBBIT's admission control, or every copy protected): load it
+                      * into scratch, use it, drop it */
     int32_t evicted; /* the expert whose copy left the cache that received the load
                       * (the same precision as the load), or -1 */
     int prefetch_hit;/* hits: served by a copy a prefetch loaded for this step */
@@ -135,6 +151,14 @@ void moe_cache_begin_step(struct moe_cache *c, int layer, int32_t T);
  * served access (not of a skip) and fills *r. */
 void moe_cache_access(struct moe_cache *c, int32_t g, enum moe_cache_need need, int32_t next_high,
                       int32_t next_low, struct moe_cache_result *r);
+
+/* moe_cache_access_n: n accesses of the current step in a row, exactly as n
+ * calls of moe_cache_access (g[i], need[i] (enum moe_cache_need values),
+ * next_high[i], next_low[i]; NULL arrays = MOE_CACHE_NEVER), for drivers that
+ * only count: counts[outcome] and *prefetch_hits (may be NULL) are
+ * incremented; evictions and kept flags are not reported. */
+void moe_cache_access_n(struct moe_cache *c, int n, const int32_t *g, const uint8_t *need, const int32_t *next_high,
+                        const int32_t *next_low, int64_t counts[MOE_CACHE_N_OUTCOMES], int64_t *prefetch_hits);
 
 /* moe_cache_prefetch: load expert g's high copy ahead of its use and
  * protect it from eviction until the step `ahead` steps after the current

@@ -162,9 +162,9 @@ struct moe_layer {
     struct moe_weight wo;            /* [n_embd x n_head*head_dim] */
     float *bq, *bk, *bv, *bo;        /* biases or NULL */
     float *q_norm, *k_norm;          /* [head_dim] or [proj] per qk_norm, or NULL */
-    /* MoE block (layer_moe[l]) */
+    /* MoE block (layer_moe[l]); the routed experts are private to the model:
+     * ask for them with moe_model_expert() */
     struct moe_weight router;        /* [n_expert x n_embd] */
-    struct moe_ffn *experts;         /* [n_expert] */
     struct moe_ffn shared;           /* n_ff_shared > 0 */
     struct moe_weight shared_gate;   /* [1 x n_embd] */
     /* dense MLP (!layer_moe[l]) */
@@ -174,6 +174,7 @@ struct moe_layer {
 struct moe_safetensors;
 struct moe_bundle;
 struct moe_tokenizer;
+struct moe_model_impl; /* private: the routed experts and their stored precisions */
 
 struct moe_model {
     struct moe_config cfg;
@@ -188,13 +189,8 @@ struct moe_model {
     struct moe_bundle *bundle;       /* owns the mapped weights of a bundle */
     int expert_precision;            /* bundles: index of the stored precision every expert uses,
                                       * -1 when they differ (a bit-width map) */
-    int16_t *expert_prec;            /* bundles: [n_layer x n_expert] stored precision each expert is
-                                      * bound at (0 for layers without experts); NULL for checkpoints */
-    int n_expert_prec;               /* bundles: stored precisions */
-    const void **expert_base;        /* bundles: [n_layer x n_expert x n_expert_prec] raw blob bytes once
-                                      * checked (in the map, or decompressed into `owned`); NULL = not yet */
-    void **owned;                    /* [n_owned] buffers owned by the model (decompressed blobs) */
-    int n_owned;
+    int n_expert_prec;               /* bundles: stored precisions (0 for checkpoints) */
+    struct moe_model_impl *impl;     /* private (model.c) */
     struct moe_tokenizer *tok;       /* NULL if the model has no tokenizer */
     char *path;
 };
@@ -205,6 +201,11 @@ struct moe_model_params {
      * bit-widths of its tuning key MOE_TUNING_BITWIDTH_MAP if present (written
      * by `moe-prep bitwidth`), else the first stored precision. */
     const char *expert_precision;
+    /* Bundles only: 1 = do not bind (and check) the routed experts at load;
+     * each blob is checked when moe_model_expert first asks for it. For the
+     * offloading store, which reads blobs itself and must not touch every
+     * expert's pages at start-up. 0 (default) = bind and check all at load. */
+    int lazy_experts;
 };
 
 /* The bundle tuning key of EdgeMoE's per-expert bit-width map: i64
@@ -230,6 +231,18 @@ enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const 
  * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
  * shape; errors name the tensor. */
 enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out);
+
+/* moe_model_expert: views of routed expert (layer, expert)'s three
+ * matrices at stored precision `precision` (bundles: an index into the
+ * precision table, see moe_bundle_precision_at; -1 = the precision the
+ * expert is bound at; checkpoints: -1 only). The first use of a bundle blob
+ * checks it (checksum, or decompression into a buffer the model owns); the
+ * views stay valid until moe_model_free. Thread-safe (a lock guards the
+ * first check). MOE_ERR_INVALID (logged) for indices out of range, a layer
+ * without experts or a precision a checkpoint does not have; MOE_ERR_FORMAT
+ * for a damaged blob. */
+enum moe_status moe_model_expert(const struct moe_model *m, int layer, int expert, int precision,
+                                 struct moe_ffn *out);
 
 /* moe_model_set_expert_precision: rebind routed expert (layer, expert) of a
  * bundle to stored precision index `precision` (see moe_bundle_precision_at).

@@ -1,10 +1,13 @@
 /*
- * moe-session.h - run state of a model: KV cache, scratch buffers, thread pool,
- * and the CPU reference forward pass (batched prefill and one-token decode).
+ * moe-session.h - run state of a model and the forward pass (batched prefill
+ * and one-token decode) on a backend (moe-backend.h; the CPU reference by
+ * default), with every routed expert resident or, given a memory budget, in
+ * the expert store (moe-store.h).
  *
- * The forward pass is the specification every faster path is checked against:
- * float32 accumulation, weights read in their stored dtype, the arithmetic of
- * transformers' eager implementation. A session is used by one thread at a time.
+ * The CPU forward pass is the specification every faster path is checked
+ * against: float32 accumulation, weights read in their stored dtype, the
+ * arithmetic of transformers' eager implementation. A session is used by one
+ * thread at a time.
  */
 #ifndef MOE_SESSION_H
 #define MOE_SESSION_H
@@ -12,6 +15,7 @@
 #include <stdint.h>
 
 #include "moe-model.h"
+#include "moe-store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,6 +74,11 @@ struct moe_session_params {
     void *layer_user;
     int n_expert_used;  /* experts per token; 0 = the model's top-k. MoBiLE's
                          * "little" model runs with k/2 (sparsemixer: 1 or 2) */
+    const struct moe_store_params *store; /* a memory budget for the routed experts
+                         * (bundles; the model ideally loaded with lazy_experts);
+                         * NULL = every expert resident, as mapped (borrowed for
+                         * the call) */
+    int record_trace;   /* 1: keep the routing of every token run (moe_session_trace) */
 };
 
 struct moe_session_params moe_session_default_params(void);
@@ -126,6 +135,26 @@ enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n
  * model's experts, at whatever precision it is bound) applied to the rows
  * x [n x n_embd], on the session's threads. */
 enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n);
+
+/* moe_session_store: the session's expert store, or NULL (no budget); for
+ * moe_store_get_stats. Borrowed: valid until moe_session_free. */
+const struct moe_store *moe_session_store(const struct moe_session *s);
+
+/* The routing the session ran (record_trace): sequence i (a reset starts
+ * one) is tokens [seq_start[i], seq_start[i+1]); per token and MoE layer
+ * (dense layers are left out) the k experts in rank order and their gate
+ * weights. The layout of the profile's trace (tools/profile/routing-stats.h). */
+struct moe_session_trace {
+    int n_layers, k, n_seq;      /* n_layers: MoE layers */
+    int64_t n_tokens;
+    const int32_t *seq_start;  /* [n_seq + 1] */
+    const int32_t *experts;    /* [n_tokens x n_layers x k] */
+    const float *weights;      /* [n_tokens x n_layers x k] */
+};
+
+/* moe_session_trace: the recorded routing (arrays borrowed until the next
+ * forward or moe_session_free). MOE_ERR_INVALID without record_trace. */
+enum moe_status moe_session_trace(const struct moe_session *s, struct moe_session_trace *out);
 
 #ifdef __cplusplus
 }

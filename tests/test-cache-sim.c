@@ -154,7 +154,7 @@ static void test_sequences(void) {
     s = sim(tr, MOE_CACHE_LFU_SEQ, 2, 0, NULL);
     HM(s, 3, 4, "lfu-seq over two sequences");
     /* HOBBIT with w_lfu = 1 is the per-sequence LFU: its records reset too */
-    const double w[4] = {0, 1, 0, 0};
+    const double w[MOE_CACHE_N_WEIGHTS] = {0, 1, 0, 0};
     s = sim(tr, MOE_CACHE_HOBBIT, 2, 0, w);
     HM(s, 3, 4, "hobbit w_lfu = 1 over two sequences");
     moe_cache_trace_free(tr);
@@ -241,7 +241,7 @@ static void test_lhu(void) {
     s = sim(tr, MOE_CACHE_LHU, 2, 0, NULL);
     CHECK(s.hits_high == 5 && s.misses_high == 4 && s.misses_low == 3, "lhu: %lld hits, %lld high misses",
           (long long)s.hits_high, (long long)s.misses_high);
-    const double w_lhu[4] = {0, 0, 1, 0};
+    const double w_lhu[MOE_CACHE_N_WEIGHTS] = {0, 0, 1, 0};
     s = sim(tr, MOE_CACHE_HOBBIT, 2, 0, w_lhu);
     CHECK(s.hits_high == 5 && s.misses_high == 4, "hobbit w_lhu = 1 is LHU");
     moe_cache_trace_free(tr);
@@ -272,7 +272,7 @@ static void test_layers(void) {
     HM(s, 0, 6, "lru over layers");
     s = sim(tr, MOE_CACHE_FLD, 2, 0, NULL);
     HM(s, 2, 4, "fld");
-    const double w[4] = {0, 0, 0, 1};
+    const double w[MOE_CACHE_N_WEIGHTS] = {0, 0, 0, 1};
     s = sim(tr, MOE_CACHE_HOBBIT, 2, 0, w);
     HM(s, 2, 4, "hobbit w_fld = 1");
     struct moe_cache_config c = moe_cache_default_config();
@@ -464,22 +464,36 @@ static void test_properties(void) {
                   "corner %d", i);
             if (memcmp(&s, &h, sizeof s) != 0) unequal++;
         }
-        double w[4];
+        double w[MOE_CACHE_N_WEIGHTS];
         struct moe_cache_stats fs, cs;
         struct moe_cache_fit_params fp = moe_cache_fit_default_params();
         fp.grid = 4, fp.refine_rounds = 2;
-        CHECK(moe_cache_fit_hobbit(tr, &c, &fp, w, &fs, NULL) == MOE_OK, "fit");
-        CHECK(w[0] >= 0 && w[1] >= 0 && w[2] >= 0 && w[3] >= 0 && fabs(w[0] + w[1] + w[2] + w[3] - 1) < 1e-9,
+        int admit = -1;
+        CHECK(moe_cache_fit_hobbit(tr, &c, &fp, w, &admit, &fs, NULL) == MOE_OK && (admit == 0 || admit == 1), "fit");
+        CHECK(w[0] >= 0 && w[1] >= 0 && w[2] >= 0 && w[3] >= 0 && w[4] >= 0 &&
+                  fabs(w[0] + w[1] + w[2] + w[3] + w[4] - 1) < 1e-9,
               "fitted weights on the simplex");
+        for (int i = 0; i < 2 * MOE_CACHE_N_WEIGHTS; i++) { /* every corner, without and with admission */
+            memset(c.w, 0, sizeof c.w);
+            c.w[i % MOE_CACHE_N_WEIGHTS] = 1, c.admit = i >= MOE_CACHE_N_WEIGHTS;
+            CHECK(moe_cache_simulate(tr, MOE_CACHE_HOBBIT, &c, &cs) == MOE_OK, "corner");
+            fit_worse += fs.penalty > cs.penalty + 1e-9;
+        }
+        memcpy(c.w, w, sizeof w);
+        c.admit = admit;
+        CHECK(moe_cache_simulate(tr, MOE_CACHE_HOBBIT, &c, &cs) == MOE_OK && cs.penalty == fs.penalty,
+              "the fitted weights replay to the reported penalty");
+        /* the paper's fit: four weights, no admission */
+        fp.n_weights = 4, fp.admit = 0;
+        CHECK(moe_cache_fit_hobbit(tr, &c, &fp, w, &admit, &fs, NULL) == MOE_OK && admit == 0 && w[4] == 0,
+              "the paper's fit leaves w_pop at 0 and admission off");
+        c.admit = 0;
         for (int i = 0; i < 4; i++) {
             memset(c.w, 0, sizeof c.w);
             c.w[i] = 1;
             CHECK(moe_cache_simulate(tr, MOE_CACHE_HOBBIT, &c, &cs) == MOE_OK, "corner");
             fit_worse += fs.penalty > cs.penalty + 1e-9;
         }
-        memcpy(c.w, w, sizeof w);
-        CHECK(moe_cache_simulate(tr, MOE_CACHE_HOBBIT, &c, &cs) == MOE_OK && cs.penalty == fs.penalty,
-              "the fitted weights replay to the reported penalty");
         moe_cache_trace_free(tr);
     }
     CHECK(violations == 0, "no policy beats Belady with one precision (%d violations)", violations);
@@ -543,9 +557,9 @@ static void test_errors(void) {
               strcmp(moe_cache_policy_name((enum moe_cache_policy)42), "?") == 0,
           "policy names");
     struct moe_cache_fit_params fp = moe_cache_fit_default_params();
-    double w[4];
+    double w[MOE_CACHE_N_WEIGHTS];
     fp.grid = 0;
-    CHECK(moe_cache_fit_hobbit(tr, &c, &fp, w, NULL, NULL) == MOE_ERR_INVALID, "grid 0");
+    CHECK(moe_cache_fit_hobbit(tr, &c, &fp, w, NULL, NULL, NULL) == MOE_ERR_INVALID, "grid 0");
     moe_cache_trace_free(tr);
     moe_cache_trace_free(NULL);
 }

@@ -245,7 +245,9 @@ static void test_binding(void) {
     if (m) {
         CHECK(moe_model_n_params(m) == 32 * 8 * 2 + 2 * (8 * 8 * 2 + 4 * 8 * 2 + 3 * 8 + 3 * 3 * 6 * 8),
               "param count %lld", (long long)moe_model_n_params(m));
-        CHECK(m->layers[1].experts[2].down.n_out == 8 && m->layers[1].experts[2].down.n_in == 6, "expert view");
+        struct moe_ffn f;
+        CHECK(moe_model_expert(m, 1, 2, -1, &f) == MOE_OK && f.down.n_out == 8 && f.down.n_in == 6, "expert view");
+        CHECK(moe_model_expert(m, 1, 2, 0, &f) == MOE_ERR_INVALID, "a checkpoint has no stored precision 0");
     }
     moe_model_free(m);
     m = NULL;

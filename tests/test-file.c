@@ -123,6 +123,19 @@ static void test_same(void) {
           "an output equal to an input is refused: %s", g_err);
     CHECK(moe_file_check_output(path_in("new.bin"), ins, 3) == MOE_OK, "a new output is fine");
     CHECK(moe_file_check_output(copy, ins + 1, 2) == MOE_OK, "an unrelated existing file is fine");
+    /* two outputs of one command: the same name in the same directory, existing or not */
+    char new_other[600];
+    snprintf(new_other, sizeof new_other, "%s/./../%s/new.bin", g_dir, strrchr(g_dir, '/') + 1);
+    CHECK(moe_file_same_target(path_in("new.bin"), new_other), "a file not written yet, spelled two ways");
+    CHECK(moe_file_same_target(a, hard) && moe_file_same_target(a, other), "an existing file, spelled two ways");
+    CHECK(!moe_file_same_target(path_in("new.bin"), path_in("new2.bin")) && !moe_file_same_target(a, copy),
+          "different names are different outputs");
+    char elsewhere[600];
+    snprintf(elsewhere, sizeof elsewhere, "%s/new.bin", g_dir);
+    *strrchr(elsewhere, '/') = 0;
+    *strrchr(elsewhere, '/') = 0; /* g_dir's parent */
+    strcat(elsewhere, "/new.bin");
+    CHECK(!moe_file_same_target(path_in("new.bin"), elsewhere), "the same name in another directory is another output");
 }
 
 static void test_tmp(void) {

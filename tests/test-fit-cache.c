@@ -7,12 +7,16 @@
  *     with low_cost their size ratio, takes T1/T2 from the profile, and
  *     reports on held-out sequences; every gap to Belady is >= 0 here; the
  *     CSV has a row per policy and size;
- *   - the bundle's tuning section holds hobbit.cache.* (the JSON's weights,
- *     8 and 4 experts) and still every key `profile` wrote;
+ *   - the fit is no worse than HOBBIT's corners (LRU, LFU-seq, LHU) on the
+ *     fit part;
+ *   - the bundle's tuning section holds hobbit.cache.* (the JSON's five
+ *     weights and admission, 8 and 4 experts, the per-need shares and low
+ *     cost of the popularity term) and still every key `profile` wrote;
  *   - the profile gained the cache.* arrays with their shapes (penalty
  *     finite, Belady's lowest, every policy better with a larger cache) and
  *     kept its trace; `profile report` shows the section;
  *   - --fast-mem splits the budget by --low-share with the real blob sizes;
+ *     --paper-hobbit fits the paper's four weights without admission;
  *     --no-tuning and --no-profile-update leave both files as they were;
  *   - usage errors exit 2 naming the option, a missing profile or one of
  *     another model exit 1 saying what to do, --help exits 0 with an example.
@@ -138,7 +142,8 @@ static void test_main_run(void) {
     CHECK(rc == 0, "fit-cache exits 0 (%d)", rc);
     char *js = slurp(path("out.json"), NULL), *err = slurp(path("err.txt"), NULL);
     CHECK(js && json_balanced(js), "JSON balanced and finite");
-    double w[4] = {NAN, NAN, NAN, NAN};
+    double w[5] = {NAN, NAN, NAN, NAN, NAN}, low_cost = NAN;
+    int admission = -1;
     if (js) {
         CHECK(strstr(js, "\"policies\": [\"lru\", \"lfu-seq\", \"lfu-global\", \"lhu\", \"fld\", \"edgemoe\", "
                          "\"twiddler\", \"hobbit\", \"belady\"]") != NULL,
@@ -154,10 +159,27 @@ static void test_main_run(void) {
         CHECK(strstr(js, "\"source\": \"profile\"") && strstr(js, "\"reported_on\": \"heldout\""),
               "thresholds from the profile, held-out report");
         const char *fw = strstr(js, "\"fit\": {\"weights\": {");
-        static const char *const wn[4] = {"lru", "lfu", "lhu", "fld"};
-        for (int i = 0; i < 4; i++) w[i] = json_num(fw, wn[i]);
-        CHECK(fabs(w[0] + w[1] + w[2] + w[3] - 1) < 1e-6 && w[0] >= 0 && w[1] >= 0 && w[2] >= 0 && w[3] >= 0,
-              "weights on the simplex: %g %g %g %g", w[0], w[1], w[2], w[3]);
+        static const char *const wn[5] = {"lru", "lfu", "lhu", "fld", "pop"};
+        for (int i = 0; i < 5; i++) w[i] = json_num(fw, wn[i]);
+        CHECK(fabs(w[0] + w[1] + w[2] + w[3] + w[4] - 1) < 1e-6 && w[0] >= 0 && w[1] >= 0 && w[2] >= 0 && w[3] >= 0 &&
+                  w[4] >= 0,
+              "weights on the simplex: %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4]);
+        const char *ad = fw ? strstr(fw, "\"admission\": ") : NULL;
+        admission = ad ? !strncmp(ad + 13, "true", 4) : -1;
+        CHECK(ad && (admission || !strncmp(ad + 13, "false", 5)), "the fit's admission setting");
+        low_cost = json_num(js, "low_cost");
+        /* HOBBIT's corners are LRU, LFU-seq and LHU: the fit is no worse than any of them on the fit part */
+        const char *fr = fw ? strstr(fw, "\"results\": [") : NULL;
+        double pen[9];
+        for (int q = 0; q < 9; q++) {
+            static const char *const pn[9] = {"lru", "lfu-seq", "lfu-global", "lhu", "fld", "edgemoe", "twiddler",
+                                              "hobbit", "belady"};
+            char tag[48];
+            snprintf(tag, sizeof tag, "\"policy\": \"%s\"", pn[q]);
+            pen[q] = json_num(fr ? strstr(fr, tag) : NULL, "penalty");
+        }
+        CHECK(pen[7] <= pen[0] && pen[7] <= pen[1] && pen[7] <= pen[3], "fit part: hobbit %g, lru %g, lfu-seq %g, lhu %g",
+              pen[7], pen[0], pen[1], pen[3]);
         int neg = 0, n_gap = 0;
         for (const char *q = js; (q = strstr(q, "\"gap_to_belady_pct\": ")); q++, n_gap++) neg += strtod(q + 21, NULL) < 0;
         CHECK(n_gap == 27 && neg == 0, "27 gaps to Belady, none negative (%d, %d)", n_gap, neg);
@@ -173,14 +195,22 @@ static void test_main_run(void) {
     CHECK(moe_bundle_open(path("m.moeb"), &b) == MOE_OK, "open the bundle");
     if (b) {
         const struct moe_bundle_kv *kv = moe_bundle_tuning(b);
-        static const char *const keys[4] = {"hobbit.cache.w_lru", "hobbit.cache.w_lfu", "hobbit.cache.w_lhu",
-                                            "hobbit.cache.w_fld"};
-        for (int i = 0; i < 4; i++) {
+        static const char *const keys[5] = {"hobbit.cache.w_lru", "hobbit.cache.w_lfu", "hobbit.cache.w_lhu",
+                                            "hobbit.cache.w_fld", "hobbit.cache.w_pop"};
+        for (int i = 0; i < 5; i++) {
             double x = NAN;
             CHECK(moe_bundle_kv_f64(kv, keys[i], &x) == MOE_OK && fabs(x - w[i]) < 1e-8, "%s = %g (JSON %g)", keys[i],
                   x, w[i]);
         }
-        int64_t h = 0, l = 0;
+        int64_t h = 0, l = 0, adm = -1;
+        size_t nf = 0, nl = 0;
+        double lc = NAN;
+        CHECK(moe_bundle_kv_i64(kv, "hobbit.cache.admit", &adm) == MOE_OK && adm == admission, "admit %lld",
+              (long long)adm);
+        CHECK(moe_bundle_kv_f64_array(kv, "hobbit.cache.freq_high", &nf) && nf == 32 &&
+                  moe_bundle_kv_f64_array(kv, "hobbit.cache.freq_low", &nl) && nl == 32 &&
+                  moe_bundle_kv_f64(kv, "hobbit.cache.low_cost", &lc) == MOE_OK && fabs(lc - low_cost) < 1e-9,
+              "the popularity the weights were fitted with (%zu, %zu, low cost %g)", nf, nl, lc);
         CHECK(moe_bundle_kv_i64(kv, "hobbit.cache.high_experts", &h) == MOE_OK && h == 8, "high_experts %lld",
               (long long)h);
         CHECK(moe_bundle_kv_i64(kv, "hobbit.cache.low_experts", &l) == MOE_OK && l == 4, "low_experts %lld",
@@ -211,9 +241,9 @@ static void test_main_run(void) {
                   dims[1] == 3,
               "cache.penalty [9 x 3]");
         CHECK(moe_profile_get_f64(after, "cache.hit_ratio", &nd, dims, &hit) == MOE_OK && dims[0] == 9, "hit ratio");
-        CHECK(moe_profile_get_f64(after, "cache.weights", &nd, dims, &cw) == MOE_OK && nd == 1 && dims[0] == 4 &&
-                  fabs(cw[0] - w[0]) < 1e-8 && fabs(cw[3] - w[3]) < 1e-8,
-              "cache.weights");
+        CHECK(moe_profile_get_f64(after, "cache.weights", &nd, dims, &cw) == MOE_OK && nd == 1 && dims[0] == 6 &&
+                  fabs(cw[0] - w[0]) < 1e-8 && fabs(cw[4] - w[4]) < 1e-8 && cw[5] == admission,
+              "cache.weights: five weights and the admission flag");
         CHECK(moe_profile_get_f64(after, "hobbit_thresholds", NULL, NULL, &cw) == MOE_OK, "derived arrays kept");
         if (pen && hit && sz) {
             int bad = 0;
@@ -275,6 +305,15 @@ static void test_fast_mem(void) {
     CHECK(h && json_num(h, "prefetch_loads") > 0 && json_num(h, "prefetch_hits") > 0, "hobbit prefetches");
     CHECK(bl && json_num(bl, "prefetch_loads") == 0, "Belady does not");
     CHECK(js && strstr(js, "\"prompt_len\": 16") && count(js, "\"weights\": {") == 3, "settings and weights per size");
+    free(js);
+    /* the paper's HOBBIT: no popularity term, no admission control */
+    rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --paper-hobbit --sizes 12 --no-tuning "
+            "--no-profile-update --json >%s 2>/dev/null",
+            moe_prep, path("m.moeb"), path("p.h5"), path("pp.json"));
+    js = slurp(path("pp.json"), NULL);
+    CHECK(rc == 0 && js && count(js, "\"pop\": 0}") == 3 && count(js, "\"admission\": false") == 3 &&
+              !strstr(js, "\"admission\": true"),
+          "--paper-hobbit: w_pop 0 and admission off at every size");
     free(js);
 }
 

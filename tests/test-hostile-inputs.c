@@ -32,6 +32,7 @@
 
 #include "moe-test.h"
 #include "moe-test-model.h"
+#include "moe-test-bundle-patch.h"
 #include "profile-h5.h"
 
 /* far above any row's run time: only a hang reaches it (MOE_TEST_TIME_LIMIT overrides) */
@@ -180,6 +181,26 @@ static int wide_heads(const char *dir) {
 static int nan_lm_head(const char *dir) { return poison_f32(dir, "m/model.safetensors", "lm_head.weight"); }
 static int nan_norm(const char *dir) { return poison_f32(dir, "m/model.safetensors", "model.norm.weight"); }
 
+/* h_part_rows: the first expert precision of dir/b.moeb claims 2^20 rows for
+ * its gate part (type, columns and bytes kept, checksums resealed): a
+ * descriptor the container accepts that contradicts the config. */
+static int h_part_rows(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/b.moeb", dir);
+    FILE *f = fopen(path, "r+b");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    uint8_t *img = n > 0 ? malloc((size_t)n) : NULL;
+    int rc = -1;
+    if (img && fseek(f, 0, SEEK_SET) == 0 && fread(img, 1, (size_t)n, f) == (size_t)n &&
+        moe_test_bundle_set_part_rows(img, (size_t)n, 0, 1u << 20) == 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        fwrite(img, 1, (size_t)n, f) == (size_t)n)
+        rc = 0;
+    free(img);
+    return fclose(f) == 0 ? rc : -1;
+}
+
 /* A small calibration text: the same sentence mix the demo uses. */
 #define TEXT "printf 'the model runs quickly over small machines while the experts rest. %.0s' $(seq 80) > text.txt"
 /* A bundle of the tiny Mixtral with two expert precisions. */
@@ -269,6 +290,16 @@ static const struct row k_rows[] = {
      "cmp -s text.txt text.orig"},
     {"profile merge -o names a shard", PROFILE " && cp p.h5 p.orig", "$PREP profile merge p.h5 -o ./p.h5", 2,
      "same file as the input", "cmp -s p.h5 p.orig"},
+    {"--stats-json names the bundle (moe-run)", BUNDLE,
+     "$RUN -m b.moeb --tokens 1,2 -n 1 --expert-mem 50% --stats-json b.moeb", 2, "same file as the input", BUNDLE_OK},
+    {"--trace-out names the bundle (moe-run)", BUNDLE, "$RUN -m b.moeb --tokens 1,2 -n 1 --trace-out ./b.moeb", 2,
+     "same file as the input", BUNDLE_OK},
+    {"--trace-out names the prompt file (moe-run)", "echo hello > p.txt",
+     "$RUN -m $MODELS/mixtral-f32 -f p.txt -n 1 --trace-out p.txt", 2, "same file as the input",
+     "grep -q hello p.txt"},
+    {"--stats-json and --trace-out name one new file (moe-run)", "",
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --stats-json o --trace-out ./o", 2, "named for two outputs",
+     "test ! -e o"},
     {"fit-cache --csv names the profile", BUNDLE " && " PROFILE " && cp p.h5 p.orig",
      "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --csv p.h5", 2, "same file as the input",
      "cmp -s p.h5 p.orig"},
@@ -277,6 +308,9 @@ static const struct row k_rows[] = {
     {"--logits-out with a symlink at F.tmp (moe-run)", "echo precious > victim && ln -s victim out.f32.tmp",
      "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --logits-out out.f32", 0, NULL,
      "grep -q precious victim && test $(stat -c %s out.f32) -eq 8192"},
+    {"--stats-json with a symlink at F.tmp (moe-run)", "echo precious > victim && ln -s victim s.json.tmp",
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --stats-json s.json", 0, NULL,
+     "grep -q precious victim && grep -q prompt_tokens s.json && test -L s.json.tmp"},
 
     /* ---- 9: a full disk is a clean error: no output, the old file intact */
     {"profile on a full disk", PROFILE " && echo old > p.h5",
@@ -318,6 +352,13 @@ static const struct row k_rows[] = {
      "non-finite logits", NULL, nan_lm_head},
     {"NaN in a norm weight (moe-run)", "cp -r $MODELS/mixtral-f32 m", "$RUN -m m --tokens 1,2,3 -n 2", 1,
      "\"model.norm.weight\" holds a non-finite value", NULL, nan_norm},
+
+    /* ---- 1: an expert precision whose parts contradict the config is refused at load, also when experts
+     * are bound lazily and read by the expert store (whose views come from the descriptor) */
+    {"precision descriptor contradicts the config (moe-run --expert-mem)", BUNDLE,
+     "$RUN -m b.moeb --tokens 1,2 -n 1 --expert-mem 50%", 1, "expert blobs do not hold", NULL, h_part_rows},
+    {"precision descriptor contradicts the config (moe-run)", BUNDLE, "$RUN -m b.moeb --tokens 1,2 -n 1", 1,
+     "expert blobs do not hold", NULL, h_part_rows},
 
     /* ---- 4 (and 10): results files that contradict themselves are refused on read */
     {"profile merge with an infinite gate weight", TEXT " && " SHARDS, "$PREP profile merge s1.h5 s2.h5 -o m.h5", 1,

@@ -483,6 +483,19 @@ static void test_cache(void) {
         CHECK(0, "cache and other sections found");
     }
     free(c), free(o), free(html);
+    /* five weights and the admission flag (fit-cache with the popularity term) */
+    double w6[6] = {0.2188, 0.0156, 0, 0, 0.7656, 1}, sw6[18];
+    for (int i = 0; i < 18; i++) sw6[i] = i % 6 == 5 ? (i / 6) % 2 : 0.2;
+    put(p, "cache.weights", 6, 0, w6);
+    put(p, "cache.size_weights", 3, 6, sw6);
+    html = render(p, NULL, &n);
+    page_ok("cache, six columns", html);
+    c = html ? section(html, "cache") : NULL, o = html ? section(html, "other") : NULL;
+    CHECK(c && strstr(c, "<th>w_pop</th>") && strstr(c, "<th>admission</th>") && strstr(c, "0.7656") &&
+              count(c, "<td>on</td>") == 2 && count(c, "<td>off</td>") == 2 && count(c, "high-precision experts</td>") == 3,
+          "w_pop and admission shown, per size too");
+    CHECK(o && !strstr(o, "cache."), "six-column arrays not listed under other arrays");
+    free(c), free(o), free(html);
     /* a penalty of another width: no section, both listed with the others */
     double pen2[18] = {0};
     put(p, "cache.penalty", 9, 2, pen2);

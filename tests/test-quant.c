@@ -16,6 +16,16 @@
  *      on real weights stays below the bounds in ERR_BOUND.
  *   5. Malformed input: bad lengths, types, NULL pointers, non-finite values and
  *      garbage blocks return errors or well-defined results, never crash.
+ *   6. Activation quantizers (moe_quantize_act): bit-identical to gguf's q8_0 and
+ *      ggml's q8_k on the act.bin fixture (tests/oracle/make_act_fixtures.py) and
+ *      to the scalar quantizers on many rows, on every ISA; quants never -128.
+ *   7. Integer dots (moe_vec_dot_act): the scalar path equals its definition (the
+ *      real dot of the weights with the dequantized activation) within 4 * 2^-24 * M;
+ *      SIMD within (n/32 + 10) * 2^-24 * M of scalar (moe-quant.h); ggml's generic
+ *      dots (act.bin) within twice that; the float dot with unquantized
+ *      activations within the activation-quantization bound. moe_mat_dot_act
+ *      (every tile shape) and moe_gate_up_act give exactly the single dots' bits.
+ *   8. Malformed arguments of the activation functions.
  */
 #include <math.h>
 #include <stdint.h>
@@ -699,6 +709,545 @@ static void test_malformed(void) {
     moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
 }
 
+/* ==== integer dot products against quantized activations ================= */
+
+static const enum moe_qtype INT_TYPES[] = {MOE_QTYPE_Q8_0, MOE_QTYPE_Q4_0, MOE_QTYPE_Q2_K, MOE_QTYPE_Q3_K,
+                                           MOE_QTYPE_Q4_K, MOE_QTYPE_Q5_K, MOE_QTYPE_Q6_K};
+#define NINT (int)(sizeof INT_TYPES / sizeof INT_TYPES[0])
+
+/* The dequantized activation, exactly, in double: d * q per element. */
+static void act_values(enum moe_qtype wt, const uint8_t *xq, int64_t n, double *xd) {
+    if (moe_act_type(wt) == MOE_QTYPE_Q8_0) {
+        for (int64_t b = 0; b < n / 32; b++, xq += sizeof(moe_block_q8_0)) {
+            uint16_t h;
+            memcpy(&h, xq, 2);
+            const double d = moe_f16_to_f32(h);
+            for (int j = 0; j < 32; j++) xd[32 * b + j] = d * (int8_t)xq[2 + j];
+        }
+    } else {
+        for (int64_t b = 0; b < n / 256; b++, xq += sizeof(moe_block_q8_K)) {
+            float d;
+            memcpy(&d, xq, 4);
+            for (int j = 0; j < 256; j++) xd[256 * b + j] = (double)d * (int8_t)xq[4 + j];
+        }
+    }
+}
+
+/* Byte offsets of a block's f16 scale (first) and min scale (second, or -1). */
+static void scale_fields(enum moe_qtype t, int *d_off, int *dmin_off) {
+    *dmin_off = -1;
+    switch (t) {
+    case MOE_QTYPE_Q2_K: *d_off = offsetof(moe_block_q2_K, d), *dmin_off = offsetof(moe_block_q2_K, dmin); break;
+    case MOE_QTYPE_Q3_K: *d_off = offsetof(moe_block_q3_K, d); break;
+    case MOE_QTYPE_Q4_K: *d_off = 0, *dmin_off = 2; break;
+    case MOE_QTYPE_Q5_K: *d_off = 0, *dmin_off = 2; break;
+    case MOE_QTYPE_Q6_K: *d_off = offsetof(moe_block_q6_K, d); break;
+    default: *d_off = 0; break; /* q8_0, q4_0 */
+    }
+}
+
+/* The weights split into their scale part a (d * scale * q) and min part b
+ * (dmin * min), w = a - b, by dequantizing copies with dmin or d set to 0. */
+static void weight_parts(enum moe_qtype t, const uint8_t *w, int64_t n, float *a, float *b) {
+    int doff, moff;
+    scale_fields(t, &doff, &moff);
+    const size_t rb = moe_qtype_row_bytes(t, n), bb = moe_qtype_block_bytes(t);
+    uint8_t *c = malloc(rb);
+    memcpy(c, w, rb);
+    if (moff >= 0)
+        for (size_t o = 0; o < rb; o += bb) memset(c + o + moff, 0, 2);
+    moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+    moe_dequantize_row(t, c, a, n);
+    if (moff >= 0) {
+        memcpy(c, w, rb);
+        for (size_t o = 0; o < rb; o += bb) memset(c + o + doff, 0, 2);
+        moe_dequantize_row(t, c, b, n);
+        for (int64_t i = 0; i < n; i++) b[i] = -b[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) b[i] = 0.0f;
+    }
+    free(c);
+}
+
+/* M = sum (|a| + |b|) |xd|: the magnitude the SIMD tolerance is relative to. */
+static double int_magnitude(enum moe_qtype t, const uint8_t *w, const double *xd, int64_t n) {
+    float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    weight_parts(t, w, n, a, b);
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m += (fabs((double)a[i]) + fabs((double)b[i])) * fabs(xd[i]);
+    free(a), free(b);
+    return m;
+}
+
+static double int_tolerance(int64_t n, double m) { return ((double)n / 32.0 + 10.0) * 0x1p-24 * m; }
+
+/* A row of random bytes with sane f16 scales (N(0, 0.01^2)). */
+static void garbage_row(enum moe_qtype t, int64_t n, uint8_t *q) {
+    const size_t rb = moe_qtype_row_bytes(t, n), bb = moe_qtype_block_bytes(t);
+    for (size_t i = 0; i < rb; i++) q[i] = (uint8_t)rnd64();
+    int doff, moff;
+    scale_fields(t, &doff, &moff);
+    for (size_t o = 0; o < rb; o += bb) {
+        uint16_t h = moe_f32_to_f16(rnd_normal() * 0.01f);
+        memcpy(q + o + doff, &h, 2);
+        if (moff >= 0) {
+            h = moe_f32_to_f16(rnd_normal() * 0.01f);
+            memcpy(q + o + moff, &h, 2);
+        }
+    }
+}
+
+/* Activation-like floats: N(0,1) with a few large channels and, by kind, whole
+ * zero blocks (kind 1) or tiny values (kind 2). */
+static void act_row(float *x, int64_t n, int kind) {
+    fill_normal(x, n, kind == 2 ? 1e-6f : 1.0f);
+    for (int64_t i = 0; i < n; i += 53) x[i] *= 25.0f;
+    if (kind == 1)
+        for (int64_t i = 0; i < n; i++)
+            if ((i / 32) % 3 == 1) x[i] = 0.0f;
+}
+
+/* ---- 6. activation quantizers -------------------------------------------- */
+
+/* Activation bytes on every ISA against the scalar quantizer (moe_quantize_row
+ * of the activation type) and the range -127..127. */
+static void check_act_row(const float *x, int64_t n, const char *what) {
+    static const enum moe_qtype wts[] = {MOE_QTYPE_Q8_0, MOE_QTYPE_Q4_K};
+    for (int k = 0; k < 2; k++) {
+        const enum moe_qtype wt = wts[k], at = moe_act_type(wt);
+        if (n % moe_qtype_block_size(wt)) continue;
+        const size_t rb = moe_act_row_bytes(wt, n);
+        uint8_t *ref = malloc(rb), *got = malloc(rb + 1);
+        moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+        QCHECK(moe_quantize_row(at, x, ref, n) == MOE_OK, "quantize");
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            QCHECK(moe_quantize_act(wt, x, got + 1, n) == MOE_OK, "quantize_act");
+            int64_t first = -1;
+            for (size_t i = 0; i < rb && first < 0; i++)
+                if (got[1 + i] != ref[i]) first = (int64_t)i;
+            QCHECK(first < 0, "%s activation of %s [%s]: byte %lld differs from moe_quantize_row", moe_qtype_name(at),
+                   what, moe_quant_isa_name(), (long long)first);
+            const size_t bb = moe_qtype_block_bytes(at), qoff = at == MOE_QTYPE_Q8_0 ? 2 : 4;
+            const int bs = moe_qtype_block_size(at);
+            int bad = 0;
+            for (size_t o = 0; o < rb; o += bb)
+                for (int j = 0; j < bs; j++) bad += (int8_t)got[1 + o + qoff + j] == -128;
+            QCHECK(bad == 0, "%s activation of %s: %d quants are -128", moe_qtype_name(at), what, bad);
+        }
+        free(ref), free(got);
+    }
+}
+
+/* act.bin (tests/oracle/make_act_fixtures.py): activation bytes from gguf (q8_0)
+ * and ggml (q8_k); ggml's integer dots. */
+static void test_act_fixture(void) {
+    struct blob b;
+    if (read_file(MOE_FIXTURES "/quant/act.bin", &b) != 0) {
+        QCHECK(0, "cannot read act.bin");
+        return;
+    }
+    const uint8_t *magic = take(&b, 8);
+    const uint32_t n = take_u32(&b), nact = take_u32(&b);
+    if (!magic || memcmp(magic, "MOEQAC01", 8) != 0 || n == 0 || n % 256 || n > 65536 || nact > 64) {
+        QCHECK(0, "act.bin header");
+        free(b.p);
+        return;
+    }
+    const size_t b80 = moe_act_row_bytes(MOE_QTYPE_Q8_0, n), b8k = moe_act_row_bytes(MOE_QTYPE_Q4_K, n);
+    float *x = malloc((size_t)n * 4);
+    const uint8_t *q80[64], *q8k[64];
+    char names[64][33];
+    int act_ok = 0;
+    for (uint32_t r = 0; r < nact; r++) {
+        const uint8_t *name = take(&b, 32), *xs = take(&b, (size_t)n * 4);
+        q80[r] = take(&b, b80), q8k[r] = take(&b, b8k);
+        if (!name || !xs || !q80[r] || !q8k[r]) break;
+        memcpy(names[r], name, 32);
+        names[r][32] = 0;
+        memcpy(x, xs, (size_t)n * 4);
+        uint8_t *got = malloc(b8k > b80 ? b8k : b80);
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            QCHECK(moe_quantize_act(MOE_QTYPE_Q4_0, x, got, n) == MOE_OK && memcmp(got, q80[r], b80) == 0,
+                   "q8_0 activation of '%s' [%s] differs from gguf", names[r], moe_quant_isa_name());
+            QCHECK(moe_quantize_act(MOE_QTYPE_Q6_K, x, got, n) == MOE_OK && memcmp(got, q8k[r], b8k) == 0,
+                   "q8_k activation of '%s' [%s] differs from ggml", names[r], moe_quant_isa_name());
+            act_ok++;
+        }
+        free(got);
+    }
+    const uint32_t nw = take_u32(&b);
+    double *xd = malloc((size_t)n * 8);
+    double worst = 0;
+    int dots = 0;
+    for (uint32_t k = 0; k < nw && !b.bad; k++) {
+        const enum moe_qtype wt = (enum moe_qtype)take_u32(&b);
+        const uint8_t *name = take(&b, 32);
+        const size_t rb = moe_qtype_row_bytes(wt, n);
+        const uint8_t *w = rb ? take(&b, rb) : NULL;
+        const uint8_t *dots_ref = take(&b, (size_t)nact * 4);
+        if (!name || !w || !dots_ref || moe_act_type(wt) == MOE_QTYPE_F32) {
+            QCHECK(0, "act.bin: weight row %u malformed", k);
+            break;
+        }
+        for (uint32_t r = 0; r < nact; r++) {
+            const uint8_t *xq = moe_act_type(wt) == MOE_QTYPE_Q8_0 ? q80[r] : q8k[r];
+            float want;
+            memcpy(&want, dots_ref + 4 * r, 4);
+            act_values(wt, xq, n, xd);
+            const double m = int_magnitude(wt, w, xd, n);
+            for (int a = 0; a < 3; a++) {
+                if (!moe_quant_isa_supported(ISAS[a])) continue;
+                moe_quant_set_isa(ISAS[a]);
+                const float got = moe_vec_dot_act(wt, w, xq, n);
+                const double err = fabs((double)got - want);
+                QCHECK(err <= 2 * int_tolerance(n, m), "%s %.32s x '%s' [%s]: %.9g vs ggml %.9g (tol %.3g)",
+                       moe_qtype_name(wt), name, names[r], moe_quant_int_isa_name(), got, want,
+                       2 * int_tolerance(n, m));
+                if (m > 0 && err / m > worst) worst = err / m;
+                dots++;
+            }
+        }
+    }
+    QCHECK(!b.bad && b.off == b.n, "act.bin: trailing or missing bytes");
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    printf("act.bin: %u activation rows x %d ISAs bit-identical to gguf (q8_0) and ggml (q8_k); "
+           "%d dots against ggml's generic C, worst |diff| / M %.1e\n", nact, nact ? act_ok / (int)nact : 0, dots,
+           worst);
+    free(x), free(xd), free(b.p);
+}
+
+static void test_act_quant(void) {
+    test_act_fixture();
+    /* the quantize fixture's inputs (ties, f32 subnormals whose 1/d overflows,
+     * f16 overflow, ...) and rows at many scales */
+    QCHECK(load_inputs() == 0, "cannot read inputs.bin"); /* test_fixtures freed them */
+    for (int r = 0; r < g_nin; r++) {
+        float *x = malloc((size_t)g_in[r].n * 4);
+        memcpy(x, g_in[r].x, (size_t)g_in[r].n * 4);
+        check_act_row(x, g_in[r].n, g_in[r].name);
+        free(x);
+    }
+    const int64_t n = 4096;
+    float *x = malloc((size_t)n * 4);
+    for (int rep = 0; rep < 24; rep++) {
+        act_row(x, n, rep % 3);
+        const float s = ldexpf(1.0f, rep - 12);
+        for (int64_t i = 0; i < n; i++) x[i] *= s;
+        if (rep == 5) /* largest magnitude twice per block, opposite signs */
+            for (int64_t i = 0; i < n; i += 32) x[i + 3] = -100.0f, x[i + 20] = 100.0f;
+        if (rep == 6) /* exact ties of both roundings (q8_0: d = 1, q8_k: iscale = -1) */
+            for (int64_t i = 0; i < n; i++) x[i] = i % 32 == 0 ? 127.0f : (float)((int)(i % 200) - 100) + 0.5f;
+        char what[32];
+        snprintf(what, sizeof what, "random row %d", rep);
+        check_act_row(x, n, what);
+    }
+    free(x);
+    free(g_inputs.p);
+    printf("activation quantizers: every ISA bit-identical to the scalar q8_0 / q8_k quantizers on %d rows\n",
+           g_nin + 24);
+}
+
+/* ---- 7. integer dots: scalar definition, SIMD, tiles, float dot ----------- */
+
+static void test_int_dot(void) {
+    static const int64_t lens[] = {1, 2, 3, 5, 8, 16}; /* in blocks */
+    double worst_simd[NINT][3] = {{0}}, worst_def = 0, worst_act = 0, worst_act_rel = 0;
+    int64_t compared = 0;
+    for (int ti = 0; ti < NINT; ti++) {
+        const enum moe_qtype t = INT_TYPES[ti];
+        const int bs = moe_qtype_block_size(t);
+        for (int li = 0; li < 6; li++) {
+            for (int rep = 0; rep < 4; rep++) {
+                const int64_t n = lens[li] * bs * (bs == 32 && rep >= 2 ? 8 : 1);
+                const size_t qb = moe_qtype_row_bytes(t, n), ab = moe_act_row_bytes(t, n);
+                uint8_t *w = malloc(qb + 1), *xq = malloc(ab + 1);
+                float *x = malloc((size_t)n * 4), *v = malloc((size_t)n * 4);
+                double *xd = malloc((size_t)n * 8);
+                if (rep == 3) garbage_row(t, n, w + 1);
+                else make_row(t, n, w + 1, v);
+                act_row(x, n, rep % 3);
+                moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+                QCHECK(moe_quantize_act(t, x, xq + 1, n) == MOE_OK, "quantize_act");
+                moe_dequantize_row(t, w + 1, v, n);
+                act_values(t, xq + 1, n, xd);
+                const double m = int_magnitude(t, w + 1, xd, n);
+                /* scalar = the real dot of the weights and the dequantized activation */
+                double def = 0, sum_vx = 0, bound = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    def += (double)v[i] * xd[i];
+                    sum_vx += fabs((double)v[i] * x[i]);
+                }
+                moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+                const float s = moe_vec_dot_act(t, w + 1, xq + 1, n);
+                QCHECK(fabs((double)s - def) <= 4 * 0x1p-24 * m, "%s n=%lld: scalar int dot %.9g vs definition %.9g",
+                       moe_qtype_name(t), (long long)n, s, def);
+                if (m > 0 && fabs((double)s - def) / m > worst_def) worst_def = fabs((double)s - def) / m;
+                /* against the float dot with the unquantized activation: the error of the
+                 * activation quantization, bounded per element (see moe-quant.h) */
+                const int q80 = moe_act_type(t) == MOE_QTYPE_Q8_0;
+                for (int64_t i = 0; i < n; i++) {
+                    double dx;
+                    if (q80) {
+                        uint16_t h;
+                        memcpy(&h, xq + 1 + (i / 32) * sizeof(moe_block_q8_0), 2);
+                        dx = moe_f16_to_f32(h);
+                        bound += fabs((double)v[i]) * (0.5 * dx + fabs((double)x[i]) * 0x1p-10 + 128 * 0x1p-25);
+                    } else {
+                        float d;
+                        memcpy(&d, xq + 1 + (i / 256) * sizeof(moe_block_q8_K), 4);
+                        bound += fabs((double)v[i]) * (0.5 * fabs((double)d) + fabs((double)x[i]) * 0x1p-21);
+                    }
+                }
+                bound += int_tolerance(n, m + sum_vx);
+                for (int a = 0; a < 3; a++) {
+                    if (!moe_quant_isa_supported(ISAS[a])) continue;
+                    moe_quant_set_isa(ISAS[a]);
+                    const float got = moe_vec_dot_act(t, w + 1, xq + 1, n);
+                    const float fd = moe_vec_dot(t, w + 1, x, n);
+                    const double e = fabs((double)got - fd);
+                    QCHECK(e <= bound, "%s n=%lld [%s]: int dot %.9g vs float dot %.9g: %.3g > bound %.3g",
+                           moe_qtype_name(t), (long long)n, moe_quant_int_isa_name(), got, fd, e, bound);
+                    if (bound > 0 && e / bound > worst_act) worst_act = e / bound;
+                    if (rep == 0 && sum_vx > 0 && e / sum_vx > worst_act_rel) worst_act_rel = e / sum_vx;
+                    if (a == 0) continue;
+                    /* SIMD against scalar; unaligned rows give the same bits */
+                    uint8_t *w2 = malloc(qb + 3), *x2 = malloc(ab + 5);
+                    memcpy(w2 + 3, w + 1, qb);
+                    memcpy(x2 + 5, xq + 1, ab);
+                    const float got2 = moe_vec_dot_act(t, w2 + 3, x2 + 5, n);
+                    free(w2), free(x2);
+                    const double err = fabs((double)got - s);
+                    QCHECK(err <= int_tolerance(n, m), "%s n=%lld rep %d [%s]: %.9g vs scalar %.9g (tol %.3g)",
+                           moe_qtype_name(t), (long long)n, rep, moe_quant_int_isa_name(), got, s,
+                           int_tolerance(n, m));
+                    QCHECK(memcmp(&got, &got2, 4) == 0, "%s [%s]: alignment changes the result", moe_qtype_name(t),
+                           moe_quant_int_isa_name());
+                    if (m > 0 && err / m > worst_simd[ti][a]) worst_simd[ti][a] = err / m;
+                    compared++;
+                }
+                free(w), free(xq), free(x), free(v), free(xd);
+            }
+        }
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    printf("integer dots: scalar vs definition worst %.1e of M; vs float dot worst %.2f of the activation-"
+           "quantization bound (%.1e of sum|w x| on N(0,1) activations)\n", worst_def, worst_act, worst_act_rel);
+    printf("  SIMD vs scalar, %lld comparisons, worst |diff| / M (tolerance (n/32 + 10) 2^-24):\n", (long long)compared);
+    for (int a = 1; a < 3; a++) {
+        if (!moe_quant_isa_supported(ISAS[a])) {
+            printf("  %-6s not run: this CPU lacks it (code compiled, UNTESTED here)\n", moe_quant_isa_str(ISAS[a]));
+            continue;
+        }
+        moe_quant_set_isa(ISAS[a]);
+        printf("  %-10s", moe_quant_int_isa_name());
+        for (int ti = 0; ti < NINT; ti++) printf(" %s %.1e", moe_qtype_name(INT_TYPES[ti]), worst_simd[ti][a]);
+        printf("\n");
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+}
+
+/* moe_mat_dot_act (every tile shape, both output layouts) and moe_gate_up_act
+ * give exactly the bits of moe_vec_dot_act / silu(g) * u. */
+static void test_tiles(void) {
+    enum { NW = 11, NX = 7 };
+    int checked = 0;
+    for (int ti = 0; ti < NINT + 1; ti++) {
+        const enum moe_qtype t = ti < NINT ? INT_TYPES[ti] : MOE_QTYPE_F16; /* f16: the float fallback */
+        const int64_t n = 2 * (moe_qtype_block_size(t) > 32 ? 256 : 128);
+        const size_t rb = moe_qtype_row_bytes(t, n), ab = moe_act_row_bytes(t, n);
+        uint8_t *w = malloc(rb * NW), *up = malloc(rb * NW), *xq = malloc(ab * NX);
+        float *x = malloc((size_t)n * 4), *tmp = malloc((size_t)n * 4);
+        float want[NW][NX], wup[NW][NX], out[NW * NX], h[NX * NW];
+        for (int r = 0; r < NW; r++) {
+            make_row(t, n, w + r * rb, tmp);
+            make_row(t, n, up + r * rb, tmp);
+        }
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            for (int c = 0; c < NX; c++) {
+                act_row(x, n, c % 2);
+                QCHECK(moe_quantize_act(t, x, xq + c * ab, n) == MOE_OK, "quantize_act");
+            }
+            for (int r = 0; r < NW; r++)
+                for (int c = 0; c < NX; c++) {
+                    want[r][c] = moe_vec_dot_act(t, w + r * rb, xq + c * ab, n);
+                    wup[r][c] = moe_vec_dot_act(t, up + r * rb, xq + c * ab, n);
+                }
+            for (int nw = 0; nw <= NW; nw++)
+                for (int nx = 0; nx <= NX; nx++) {
+                    for (int layout = 0; layout < 2; layout++) {
+                        const size_t osw = layout ? 1 : NX, osx = layout ? NW : 1;
+                        for (int i = 0; i < NW * NX; i++) out[i] = -1.0f;
+                        QCHECK(moe_mat_dot_act(t, n, w, rb, nw, xq, ab, nx, out, osw, osx) == MOE_OK, "mat_dot");
+                        int bad = 0, untouched = 0;
+                        for (int r = 0; r < NW; r++)
+                            for (int c = 0; c < NX; c++) {
+                                const float o = out[r * osw + c * osx];
+                                if (r < nw && c < nx) bad += memcmp(&o, &want[r][c], 4) != 0;
+                                else untouched += o != -1.0f;
+                            }
+                        QCHECK(bad == 0 && untouched == 0, "%s [%s] %d x %d tile (layout %d): %d differ, %d stray",
+                               moe_qtype_name(t), moe_quant_int_isa_name(), nw, nx, layout, bad, untouched);
+                        checked++;
+                    }
+                    QCHECK(moe_gate_up_act(t, n, w, up, nw, xq, ab, nx, h, NW) == MOE_OK, "gate_up");
+                    int bad = 0;
+                    for (int r = 0; r < nw; r++)
+                        for (int c = 0; c < nx; c++) {
+                            const float g = want[r][c], e = g / (1.0f + expf(-g)) * wup[r][c];
+                            bad += memcmp(&h[c * NW + r], &e, 4) != 0;
+                        }
+                    QCHECK(bad == 0, "%s [%s] gate/up %d x %d: %d differ", moe_qtype_name(t),
+                           moe_quant_int_isa_name(), nw, nx, bad);
+                }
+            if (t == MOE_QTYPE_F16) { /* plain types: activations copied, moe_vec_dot */
+                act_row(x, n, 0);
+                QCHECK(moe_quantize_act(t, x, xq, n) == MOE_OK && memcmp(xq, x, (size_t)n * 4) == 0, "f16 act copy");
+                const float a1 = moe_vec_dot_act(t, w, xq, n), a2 = moe_vec_dot(t, w, x, n);
+                QCHECK(memcmp(&a1, &a2, 4) == 0, "f16 act dot = moe_vec_dot");
+            }
+        }
+        free(w), free(up), free(xq), free(x), free(tmp);
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    printf("tiles: moe_mat_dot_act and moe_gate_up_act bit-identical to single dots (%d tiles, all shapes)\n", checked);
+}
+
+/* The same on matrices of 2100 rows: several of moe_mat_dot_act's row chunks
+ * (64 KB) and of moe_gate_up_act's (1024 rows with one activation). */
+static void test_tiles_large(void) {
+    static const enum moe_qtype types[] = {MOE_QTYPE_Q8_0, MOE_QTYPE_Q4_K};
+    enum { ROWS = 2100, NX = 6 };
+    for (int ti = 0; ti < 2; ti++) {
+        const enum moe_qtype t = types[ti];
+        const int64_t n = moe_qtype_block_size(t) == 32 ? 64 : 256;
+        const size_t rb = moe_qtype_row_bytes(t, n), ab = moe_act_row_bytes(t, n);
+        uint8_t *g = malloc(rb * ROWS), *u = malloc(rb * ROWS), *xq = malloc(ab * NX);
+        float *x = malloc((size_t)n * 4), *want = malloc(sizeof(float) * ROWS * NX * 2);
+        float *out = malloc(sizeof(float) * ROWS * NX);
+        for (int r = 0; r < ROWS; r++) {
+            make_row(t, n, g + r * rb, x);
+            make_row(t, n, u + r * rb, x);
+        }
+        for (int c = 0; c < NX; c++) {
+            act_row(x, n, 0);
+            moe_quantize_act(t, x, xq + c * ab, n);
+        }
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            for (int r = 0; r < ROWS; r++)
+                for (int c = 0; c < NX; c++) {
+                    want[2 * (r * NX + c)] = moe_vec_dot_act(t, g + r * rb, xq + c * ab, n);
+                    want[2 * (r * NX + c) + 1] = moe_vec_dot_act(t, u + r * rb, xq + c * ab, n);
+                }
+            static const int nxs[] = {1, 3, 6};
+            for (int k = 0; k < 3; k++) {
+                const int nx = nxs[k];
+                int bad = 0;
+                QCHECK(moe_mat_dot_act(t, n, g, rb, ROWS, xq, ab, nx, out, 1, ROWS) == MOE_OK, "mat_dot");
+                for (int r = 0; r < ROWS; r++)
+                    for (int c = 0; c < nx; c++) bad += memcmp(&out[c * ROWS + r], &want[2 * (r * NX + c)], 4) != 0;
+                QCHECK(bad == 0, "%s [%s] %d x %d matrix: %d dots differ", moe_qtype_name(t), moe_quant_int_isa_name(),
+                       ROWS, nx, bad);
+                QCHECK(moe_gate_up_act(t, n, g, u, ROWS, xq, ab, nx, out, ROWS) == MOE_OK, "gate_up");
+                bad = 0;
+                for (int r = 0; r < ROWS; r++)
+                    for (int c = 0; c < nx; c++) {
+                        const float gv = want[2 * (r * NX + c)], e = gv / (1.0f + expf(-gv)) * want[2 * (r * NX + c) + 1];
+                        bad += memcmp(&out[c * ROWS + r], &e, 4) != 0;
+                    }
+                QCHECK(bad == 0, "%s [%s] gate/up %d x %d: %d differ", moe_qtype_name(t), moe_quant_int_isa_name(), ROWS,
+                       nx, bad);
+            }
+        }
+        free(g), free(u), free(xq), free(x), free(want), free(out);
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+}
+
+/* ---- 8. malformed arguments of the activation functions ----------------- */
+
+static void test_act_malformed(void) {
+    float x[512], out[4];
+    uint8_t q[2048], w[2048];
+    fill_normal(x, 512, 1.0f);
+    moe_log_set(count_log, NULL);
+    g_logs = 0;
+    int expected = 0;
+    QCHECK(moe_act_type(MOE_QTYPE_Q4_0) == MOE_QTYPE_Q8_0 && moe_act_type(MOE_QTYPE_Q8_0) == MOE_QTYPE_Q8_0 &&
+               moe_act_type(MOE_QTYPE_Q2_K) == MOE_QTYPE_Q8_K && moe_act_type(MOE_QTYPE_Q6_K) == MOE_QTYPE_Q8_K &&
+               moe_act_type(MOE_QTYPE_BF16) == MOE_QTYPE_F32 && moe_act_type(MOE_QTYPE_Q8_K) == MOE_QTYPE_F32,
+           "activation types");
+    QCHECK(moe_act_row_bytes(MOE_QTYPE_Q4_K, 512) == 2 * sizeof(moe_block_q8_K) &&
+               moe_act_row_bytes(MOE_QTYPE_Q4_0, 64) == 2 * sizeof(moe_block_q8_0) &&
+               moe_act_row_bytes(MOE_QTYPE_F16, 3) == 12 && moe_act_row_bytes(MOE_QTYPE_Q4_K, 32) == 0 &&
+               moe_act_row_bytes((enum moe_qtype)5, 256) == 0 && moe_act_row_bytes(MOE_QTYPE_Q8_0, -32) == 0,
+           "activation row bytes");
+    for (int ti = 0; ti < NINT; ti++) {
+        const enum moe_qtype t = INT_TYPES[ti];
+        const int bs = moe_qtype_block_size(t);
+        memset(q, 0xAB, sizeof q);
+        QCHECK(moe_quantize_act(t, x, q, bs + 16) == MOE_ERR_INVALID && q[0] == 0xAB, "%s ragged", moe_qtype_name(t));
+        QCHECK(moe_quantize_act(t, NULL, q, bs) == MOE_ERR_INVALID, "NULL x");
+        QCHECK(moe_quantize_act(t, x, NULL, bs) == MOE_ERR_INVALID, "NULL xq");
+        QCHECK(moe_quantize_act(t, x, q, -bs) == MOE_ERR_INVALID, "negative n");
+        QCHECK(isnan(moe_vec_dot_act(t, w, q, bs + 16)), "ragged dot");
+        QCHECK(isnan(moe_vec_dot_act(t, NULL, q, bs)), "NULL w");
+        QCHECK(isnan(moe_vec_dot_act(t, w, NULL, bs)), "NULL xq");
+        out[0] = 7.0f;
+        QCHECK(moe_mat_dot_act(t, bs, w, 0, -1, q, 0, 1, out, 1, 1) == MOE_ERR_INVALID && out[0] == 7.0f, "nw < 0");
+        QCHECK(moe_mat_dot_act(t, bs, w, 0, 1, q, 0, -1, out, 1, 1) == MOE_ERR_INVALID, "nx < 0");
+        QCHECK(moe_mat_dot_act(t, bs, NULL, 0, 1, q, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "NULL w");
+        QCHECK(moe_mat_dot_act(t, bs, w, 0, 1, q, 0, 1, NULL, 1, 1) == MOE_ERR_INVALID, "NULL out");
+        QCHECK(moe_mat_dot_act(t, bs + 1, w, 0, 1, q, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "ragged mat");
+        QCHECK(moe_gate_up_act(t, bs, w, NULL, 1, q, 0, 1, out, 1) == MOE_ERR_INVALID, "NULL up");
+        QCHECK(moe_gate_up_act(t, bs, w, w, -2, q, 0, 1, out, 1) == MOE_ERR_INVALID, "negative rows");
+        expected += 14;
+        QCHECK(moe_quantize_act(t, x, q, 0) == MOE_OK && moe_vec_dot_act(t, w, q, 0) == 0.0f, "empty");
+        QCHECK(moe_mat_dot_act(t, bs, NULL, 0, 0, NULL, 0, 3, NULL, 1, 1) == MOE_OK, "no rows");
+        out[0] = 7.0f;
+        QCHECK(moe_mat_dot_act(t, 0, w, 0, 1, q, 0, 1, out, 1, 1) == MOE_OK && out[0] == 0.0f, "n = 0 gives 0");
+        /* garbage weights with NaN/inf scales and garbage activations: no crash on any path */
+        for (size_t i = 0; i < sizeof w; i++) w[i] = (uint8_t)rnd64(), q[i] = (uint8_t)rnd64();
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            const int64_t n = bs == 32 ? 1024 : 1536;
+            (void)moe_vec_dot_act(t, w, q, n);
+            QCHECK(moe_mat_dot_act(t, n, w, 0, 4, q, 0, 3, out, 0, 1) == MOE_OK, "garbage tile");
+        }
+        moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    }
+    static const int bad_types[] = {-1, 3, 9, 16, 31, 1000};
+    for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
+        const enum moe_qtype t = (enum moe_qtype)bad_types[i];
+        QCHECK(moe_quantize_act(t, x, q, 256) == MOE_ERR_INVALID, "type %d quantize_act", bad_types[i]);
+        QCHECK(isnan(moe_vec_dot_act(t, w, q, 256)), "type %d dot_act", bad_types[i]);
+        QCHECK(moe_mat_dot_act(t, 256, w, 0, 1, q, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "type %d mat", bad_types[i]);
+        expected += 3;
+    }
+    /* non-finite activations: well-formed blocks (quants in range), no crash */
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 3.4e38f};
+    for (int s = 0; s < 4; s++) {
+        for (int i = 0; i < 512; i++) x[i] = i % 5 == s ? specials[s] : rnd_normal();
+        for (int a = 0; a < 3; a++) {
+            if (!moe_quant_isa_supported(ISAS[a])) continue;
+            moe_quant_set_isa(ISAS[a]);
+            QCHECK(moe_quantize_act(MOE_QTYPE_Q4_K, x, q, 512) == MOE_OK, "special q8_k");
+            QCHECK(moe_quantize_act(MOE_QTYPE_Q8_0, x, q + 1024, 512) == MOE_OK, "special q8_0");
+        }
+    }
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+    QCHECK(g_logs == expected, "every error logged once (%d logs, %d errors)", g_logs, expected);
+    moe_log_set(NULL, NULL);
+}
+
 int main(void) {
     printf("ISAs: scalar yes, avx2 %s, avx512 %s; in use: %s\n",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX2) ? "yes" : "no (untested)",
@@ -709,6 +1258,11 @@ int main(void) {
     test_simd();
     test_error_bounds();
     test_malformed();
+    test_act_quant();
+    test_int_dot();
+    test_tiles();
+    test_tiles_large();
+    test_act_malformed();
     printf("test-quant: %d passed, %d failed\n", checks - fails, fails);
     return fails != 0;
 }

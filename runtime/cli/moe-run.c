@@ -13,14 +13,26 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "moe-bundle.h"
 #include "moe-file.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-sampler.h"
+#include "moe-store.h"
+#include "profile-h5.h"
 #include "moe-session.h"
 #include "moe-tokenizer.h"
 
 static void usage(FILE *f) {
+    static const char *const examples =
+"examples:\n"
+"  moe-run -m tests/fixtures/models/mixtral-f32 -p \"The meaning of life\" -n 32\n"
+"  moe-run -m mixtral.moeb --expert-precision q4_k -p \"The meaning of life\" -n 32\n"
+"  moe-run -m mixtral.moeb --expert-mem 512M -p \"Once upon a time\" --stats-json stats.json\n"
+"  moe-run -m mixtral.moeb --expert-mem 25% --policy lru --dynamic off --prefetch off -p \"Hi\"\n"
+"  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
+"  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
+"  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n";
     fprintf(f,
 "usage: moe-run -m MODEL [options]\n"
 "\n"
@@ -59,16 +71,25 @@ static void usage(FILE *f) {
 "  -v, --verbose           more log output\n"
 "  -h, --help              this help\n"
 "\n"
-"examples:\n"
-"  moe-run -m tests/fixtures/models/mixtral-f32 -p \"The meaning of life\" -n 32\n"
-"  moe-run -m mixtral.moeb --expert-precision q4_k -p \"The meaning of life\" -n 32\n"
-"  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
-"  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
-"  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n");
+"statistics:\n"
+"      --stats-json FILE   speed, peak memory and (with an expert budget) the expert\n"
+"                          store's counts as JSON: hit ratios per precision, loads and\n"
+"                          bytes read per token, I/O stall per token, prefetch precision\n"
+"                          and recall, skipped experts, peak resident expert bytes\n"
+"      --trace-out FILE    the run's routing as a profile (HDF5) that moe-prep fit-cache\n"
+"                          can replay\n"
+"\n");
+    fputs(moe_store_options_help(), f);
+    fprintf(f, "                          --expert-mem also takes a share of the bundle's experts at\n"
+               "                          their high precision, e.g. 25%%\n\n%s", examples);
 }
 
 struct args {
     const char *model, *prompt, *prompt_file, *tokens, *logits_out, *expert_precision;
+    const char *stats_json, *trace_out;
+    struct moe_store_params store;
+    int use_store;
+    double mem_share;       /* --expert-mem N%: share of all high copies (0: bytes given) */
     int n_predict, top_k, n_threads, n_ctx, n_batch;
     float temp, top_p;
     unsigned long long seed;
@@ -103,6 +124,7 @@ static int parse_float(const char *opt, const char *s, float *out) {
 /* parse_args: returns 0 ok, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, struct args *a) {
     memset(a, 0, sizeof *a);
+    a->store = moe_store_default_params();
     a->n_predict = 64;
     a->top_p = 1.0f;
     a->seed = 42;
@@ -168,6 +190,28 @@ static int parse_args(int argc, char **argv, struct args *a) {
             a->tokenize = 1;
         } else if (IS("-v", "--verbose")) {
             a->verbose = 1;
+        } else if (!strcmp(o, "--stats-json")) {
+            if (!(a->stats_json = NEXT())) return 2;
+        } else if (!strcmp(o, "--trace-out")) {
+            if (!(a->trace_out = NEXT())) return 2;
+        } else if (!strcmp(o, "--expert-mem") && i + 1 < argc && strchr(argv[i + 1], '%')) {
+            char *end;
+            v = argv[++i];
+            a->mem_share = strtod(v, &end) / 100.0;
+            if (end == v || strcmp(end, "%") || !(a->mem_share > 0 && a->mem_share <= 1)) {
+                fprintf(stderr, "moe-run: --expert-mem expects bytes (512M, 2G) or a share in (0%%, 100%%], got \"%s\"\n", v);
+                return 2;
+            }
+            a->use_store = 1;
+        } else if (moe_store_option_takes_value(o) >= 0) {
+            const int takes = moe_store_option_takes_value(o);
+            char err[256];
+            if (takes && !(v = NEXT())) return 2;
+            if (moe_store_parse_option(&a->store, o, takes ? v : NULL, err, sizeof err) != MOE_OK) {
+                fprintf(stderr, "moe-run: %s\n", err);
+                return 2;
+            }
+            if (!strcmp(o, "--expert-mem") || !strcmp(o, "--cache-experts")) a->use_store = 1, a->mem_share = 0;
         } else {
             fprintf(stderr, "moe-run: unknown option \"%s\" (see moe-run --help)\n", o);
             return 2;
@@ -255,6 +299,122 @@ static int context_fits(const struct moe_config *c, int n_ctx) {
     return 0;
 }
 
+/* all_expert_bytes: raw bytes of every routed expert at the precision it is
+ * bound at (what "--expert-mem 25%" is a share of); 0 for a checkpoint. */
+static int64_t all_expert_bytes(const struct moe_model *m) {
+    int64_t t = 0;
+    for (int l = 0; m->bundle && l < m->cfg.n_layer; l++)
+        for (int e = 0; m->cfg.layer_moe[l] && e < m->cfg.n_expert; e++) {
+            struct moe_bundle_blob b;
+            int p = moe_model_get_expert_precision(m, l, e);
+            if (p >= 0 && moe_bundle_expert(m->bundle, (uint32_t)l, (uint32_t)e, (uint32_t)p, &b) == MOE_OK)
+                t += (int64_t)b.raw_size;
+        }
+    return t;
+}
+
+/* write_trace: the session's routing as a profile file fit-cache can replay. */
+static int write_trace(const struct moe_session *sess, const struct moe_model *m, const char *model_path,
+                       const char *path) {
+    struct moe_session_trace tr;
+    if (moe_session_trace(sess, &tr) != MOE_OK || tr.n_tokens == 0) {
+        fprintf(stderr, "moe-run: no routing was recorded for --trace-out\n");
+        return 0;
+    }
+    const size_t n = (size_t)tr.n_tokens * (size_t)tr.n_layers * (size_t)tr.k;
+    int16_t *ex = malloc(sizeof *ex * (n + 1));
+    int64_t *ss = malloc(sizeof *ss * ((size_t)tr.n_seq + 1));
+    struct moe_profile *p = NULL;
+    int ok = ex && ss;
+    for (size_t i = 0; ok && i < n; i++) ex[i] = (int16_t)tr.experts[i];
+    for (int i = 0; ok && i <= tr.n_seq; i++) ss[i] = tr.seq_start[i];
+    struct moe_trace t = {tr.n_layers, m->cfg.n_expert, tr.k, tr.n_seq, ss, ex, tr.weights};
+    ok = ok && moe_profile_new(tr.n_layers, m->cfg.n_expert, tr.k, 0, MOE_PROFILE_LOGITS_NONE, &p) == MOE_OK &&
+         moe_profile_set_meta(p, moe_arch_name(m->cfg.arch), model_path, "moe-run", MOE_VERSION) == MOE_OK;
+    if (ok) {
+        int32_t *idx = p->moe_layer_index;
+        for (int l = 0, ml = 0; l < m->cfg.n_layer; l++)
+            if (m->cfg.layer_moe[l]) idx[ml++] = l;
+    }
+    ok = ok && moe_profile_add_trace(p, &t, NULL) == MOE_OK && moe_profile_write(p, path) == MOE_OK;
+    if (!ok) fprintf(stderr, "moe-run: cannot write the trace to %s\n", path);
+    moe_profile_free(p);
+    free(ex);
+    free(ss);
+    return ok;
+}
+
+/* write_stats: speed, peak memory and the store's counts as JSON, written to
+ * an exclusive temporary file beside path and renamed over it. */
+static int write_stats(const char *path, const struct moe_session *sess, size_t n_prompt, double t_prompt, int n_gen,
+                       double t_gen) {
+    struct moe_tmp_file t;
+    FILE *f = NULL;
+    if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) {
+        moe_tmp_discard(&t);
+        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", path);
+        return 0;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(f, "{\"prompt_tokens\": %zu, \"prompt_s\": %.6f, \"tokens_per_s_prompt\": %.6g, "
+               "\"decode_tokens\": %d, \"decode_s\": %.6f, \"tokens_per_s_decode\": %.6g, \"peak_rss_bytes\": %lld, "
+               "\"store\": ",
+            n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, t_gen,
+            n_gen > 0 && t_gen > 0 ? (double)n_gen / t_gen : 0.0, (long long)ru.ru_maxrss * 1024);
+    const struct moe_store *st = moe_session_store(sess);
+    if (st) {
+        struct moe_store_stats ss;
+        moe_store_get_stats(st, &ss);
+        moe_store_stats_json(&ss, f);
+        fprintf(f, ", \"store_overhead_bytes\": %lld", (long long)moe_store_overhead_bytes(st));
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, "}\n");
+    if (moe_tmp_commit(&t)) { /* flush, fsync, rename; removes the temporary file on failure */
+        fprintf(stderr, "moe-run: cannot write %s\n", path);
+        return 0;
+    }
+    return 1;
+}
+
+/* check_outputs: no output (--logits-out, --stats-json, --trace-out) is the
+ * same file as an input (the model's files, the prompt file), and no two
+ * outputs name the same file (one would replace the other). 1 if fine. */
+static int check_outputs(const struct moe_model *m, const struct args *a) {
+    const char *out[3] = {a->logits_out, a->stats_json, a->trace_out};
+    const char *in = a->prompt_file;
+    for (int i = 0; i < 3; i++) {
+        if (!out[i]) continue;
+        if (moe_model_check_output(m, out[i]) || moe_file_check_output(out[i], &in, 1)) return 0;
+        for (int j = 0; j < i; j++)
+            if (out[j] && moe_file_same_target(out[i], out[j])) {
+                fprintf(stderr, "moe-run: %s is named for two outputs; give each output its own file\n", out[i]);
+                return 0;
+            }
+    }
+    return 1;
+}
+
+/* print_store_stats: a short summary of the expert store on stderr. */
+static void print_store_stats(const struct moe_session *sess) {
+    const struct moe_store *st = moe_session_store(sess);
+    if (!st) return;
+    struct moe_store_stats s;
+    moe_store_get_stats(st, &s);
+    const double tok = s.tokens > 0 ? (double)s.tokens : 1, served = (double)(s.accesses - s.skips);
+    fprintf(stderr,
+            "moe-run: experts: %s cache %d high + %d low copies%s; hits %.1f %% (high %lld, low %lld), misses %lld + %lld "
+            "low, skipped %lld; %.2f loads and %.2f MB read per token, %.2f ms stalled per token; prefetched %lld "
+            "(used %lld); peak resident %.1f MB\n",
+            moe_cache_policy_name((enum moe_cache_policy)s.policy), s.high_cap, s.low_cap,
+            s.dynamic ? ", dynamic precision" : "", served > 0 ? 100.0 * (double)(s.hits_high + s.hits_low) / served : 0.0,
+            (long long)s.hits_high, (long long)s.hits_low, (long long)s.misses_high, (long long)s.misses_low,
+            (long long)s.skips, (double)s.loads / tok, (double)s.load_bytes / tok / 1e6, 1e3 * s.stall_s / tok,
+            (long long)s.prefetch_loads, (long long)s.prefetch_used, (double)s.peak_resident_bytes / 1e6);
+}
+
 static int is_eos(const struct moe_model *m, int32_t id) {
     for (int i = 0; i < m->cfg.n_eos; i++)
         if (m->cfg.eos_ids[i] == id) return 1;
@@ -294,6 +454,7 @@ int main(int argc, char **argv) {
 
     struct moe_model_params mp = moe_model_default_params();
     mp.expert_precision = a.expert_precision;
+    mp.lazy_experts = a.use_store;
     if (moe_model_load(a.model, &mp, &model) != MOE_OK) {
         fprintf(stderr, "moe-run: cannot load model from %s\n", a.model);
         goto done;
@@ -304,12 +465,9 @@ int main(int argc, char **argv) {
         if (model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
     }
     const struct moe_config *c = &model->cfg;
-    if (a.logits_out) { /* never overwrite the model or the prompt file */
-        const char *in = a.prompt_file;
-        if (moe_model_check_output(model, a.logits_out) || moe_file_check_output(a.logits_out, &in, 1)) {
-            status = 2;
-            goto done;
-        }
+    if (!check_outputs(model, &a)) { /* never overwrite the model or the prompt file */
+        status = 2;
+        goto done;
     }
     if (a.tokens) {
         if (!parse_token_list(a.tokens, &ids, &n_ids)) {
@@ -341,6 +499,11 @@ int main(int argc, char **argv) {
         goto done;
     }
     struct moe_session_params sp = moe_session_default_params();
+    if (a.use_store) {
+        if (a.mem_share > 0) a.store.expert_mem = (int64_t)(a.mem_share * (double)all_expert_bytes(model));
+        sp.store = &a.store;
+    }
+    sp.record_trace = a.trace_out != NULL;
     sp.n_threads = a.n_threads;
     sp.n_ctx = a.n_ctx;
     sp.n_batch = a.n_batch;
@@ -440,6 +603,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "moe-run: prompt %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
             n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen, t2 - t1,
             n_gen > 0 ? (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
+    print_store_stats(sess);
+    /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
+    if (a.stats_json && !write_stats(a.stats_json, sess, n_ids, t1 - t0, n_gen > 1 ? n_gen - 1 : 0, t2 - t1)) goto done;
+    if (a.trace_out && !write_trace(sess, model, a.model, a.trace_out)) goto done;
     status = 0;
 done:
     moe_tmp_discard(&lt);

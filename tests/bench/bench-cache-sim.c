@@ -166,14 +166,15 @@ static int bench_trace(const char *label, const struct moe_trace *t, int fit) {
            (long long)st.prefetch_loads, (long long)st.prefetch_hits);
     if (fit) {
         c.prefetch = 0;
-        double w[4];
+        double w[MOE_CACHE_N_WEIGHTS];
         int evals = 0;
         t0 = now();
-        if (moe_cache_fit_hobbit(tr, &c, NULL, w, &st, &evals)) goto done;
+        int admit = 0;
+        if (moe_cache_fit_hobbit(tr, &c, NULL, w, &admit, &st, &evals)) goto done;
         el = now() - t0;
-        printf("HOBBIT weight fit: %d replays in %.2f s (%.1f M accesses/s); w = %.3f %.3f %.3f %.3f, "
-               "penalty / token %.4f\n", evals, el, (double)info.accesses * evals / el / 1e6, w[0], w[1], w[2],
-               w[3], st.penalty / (double)st.tokens);
+        printf("HOBBIT weight fit: %d replays in %.2f s (%.1f M accesses/s); w = %.3f %.3f %.3f %.3f %.3f, "
+               "admission %s, penalty / token %.4f\n", evals, el, (double)info.accesses * evals / el / 1e6, w[0],
+               w[1], w[2], w[3], w[4], admit ? "on" : "off", st.penalty / (double)st.tokens);
     }
     ok = 1;
 done:

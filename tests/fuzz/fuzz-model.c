@@ -8,6 +8,9 @@
  * input is a heap overflow the sanitizer reports, and every matrix view is
  * checked against the bytes its record stores (check_views): the bug of issue
  * 17 item 1, lm_head.weight keeping its shape with 64 bytes of data, aborts.
+ * Every expert view at every precision is checked against its blob
+ * (check_expert_views), also with experts bound lazily (what the expert store
+ * of moe-run --expert-mem loads from).
  *
  * Each input runs twice: as given, and with the checksums a mutation cannot
  * plausibly get right recomputed (header, directory, tensors, tuning slots and
@@ -101,14 +104,52 @@ static void check_views(const struct moe_model *m, const uint8_t *data, size_t s
     }
 }
 
-/* run: bind the image, check the views and run two tokens through what bound. */
+/* check_expert_views: every routed expert's three views, at every stored
+ * precision (bound now or, with lazy experts, on first use), hold no more
+ * bytes than the blob's part for them; an uncompressed blob's views lie
+ * inside its stored bytes (and so inside the input). The expert store builds
+ * its views from the same descriptors. */
+static void check_expert_views(const struct moe_model *m, const uint8_t *data, size_t size) {
+    const struct moe_config *c = &m->cfg;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++)
+            for (int p = -1; p < m->n_expert_prec; p++) {
+                struct moe_ffn f;
+                if (moe_model_expert(m, l, e, p, &f) != MOE_OK) continue; /* a damaged blob: refused */
+                const int prec = p < 0 ? moe_model_get_expert_precision(m, l, e) : p;
+                struct moe_bundle_blob b;
+                if (moe_bundle_expert(m->bundle, (uint32_t)l, (uint32_t)e, (uint32_t)prec, &b) != MOE_OK) abort();
+                const struct moe_weight *w[3] = {&f.gate, &f.up, &f.down};
+                for (int k = 0; k < 3; k++) {
+                    uint64_t bytes = (uint64_t)moe_qtype_row_bytes(w[k]->type, w[k]->n_in) * (uint64_t)w[k]->n_out;
+                    if (bytes > b.desc->parts[k].nbytes) abort();
+                    if (b.compression != MOE_BUNDLE_COMP_NONE) continue; /* in a buffer the model owns */
+                    const uint8_t *q = w[k]->data, *lo = b.stored;
+                    if (q < lo || (uint64_t)(q - lo) > b.raw_size || bytes > b.raw_size - (uint64_t)(q - lo)) abort();
+                    if (lo < data || b.raw_size > size || (size_t)(lo - data) > size - b.raw_size) abort();
+                }
+            }
+}
+
+/* run: bind the image (all experts at load, then lazily), check the views and
+ * run two tokens through what bound. */
 static void run(const uint8_t *data, size_t size) {
     struct moe_model *m = NULL;
+    struct moe_model_params lazy = moe_model_default_params();
+    lazy.lazy_experts = 1;
+    if (moe_model_load_bundle_memory(data, size, "fuzz-lazy", &lazy, &m) == MOE_OK) {
+        check_expert_views(m, data, size);
+        moe_model_free(m);
+    } else if (m) {
+        abort(); /* the handle must be cleared on error */
+    }
+    m = NULL;
     if (moe_model_load_bundle_memory(data, size, "fuzz", NULL, &m) != MOE_OK) {
         if (m) abort(); /* the handle must be cleared on error */
         return;
     }
     check_views(m, data, size);
+    check_expert_views(m, data, size);
     /* keep the forward pass cheap: the fuzzer is after reads, not arithmetic */
     const struct moe_config *c = &m->cfg;
     if ((int64_t)c->n_vocab * c->n_embd <= (1 << 22) && c->n_layer <= 8) {

@@ -8,6 +8,9 @@
  *   tuned.moeb          q8.moeb with a per-expert bit-width map in its tuning
  *   short-lm-head.moeb  f32.moeb whose lm_head.weight record says 64 bytes,
  *                       checksums resealed (issue 17 item 1)
+ *   tall-gate.moeb      f32.moeb whose expert precision says its gate part has
+ *                       2^20 rows (bytes kept, checksums resealed): refused at
+ *                       load, lazily bound or not
  * Usage: fuzz-model-seeds OUT_DIR PATH/TO/moe-prep
  */
 #include <stdio.h>
@@ -81,8 +84,16 @@ int main(int argc, char **argv) {
     f = fopen(path, "wb");
     if (!f || fwrite(img, 1, len, f) != len || fclose(f)) return 1;
     free(img);
+    /* tall-gate: a precision descriptor that contradicts the config */
+    snprintf(path, sizeof path, "%s/f32.moeb", out);
+    if (moe_read_file(path, 1u << 30, &img, &len) || moe_test_bundle_set_part_rows((uint8_t *)img, len, 0, 1u << 20))
+        return 1;
+    snprintf(path, sizeof path, "%s/tall-gate.moeb", out);
+    f = fopen(path, "wb");
+    if (!f || fwrite(img, 1, len, f) != len || fclose(f)) return 1;
+    free(img);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     sh(cmd);
-    printf("fuzz-model-seeds: wrote f32, q8, zstd, tuned and short-lm-head bundles into %s\n", out);
+    printf("fuzz-model-seeds: wrote f32, q8, zstd, tuned, short-lm-head and tall-gate bundles into %s\n", out);
     return 0;
 }

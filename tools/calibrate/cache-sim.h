@@ -9,6 +9,11 @@
  * Belady's MIN. The model and every choice are in docs/cache-sim.md; the
  * papers' formulas in ../shared/papers/ALGORITHMS.md.
  *
+ * The policies themselves live in the runtime's cache core (moe-cache.h,
+ * runtime/cache.c): moe_cache_simulate is a replay driver that feeds the
+ * core the recorded accesses and only counts, so what fit-cache fits is what
+ * moe-run executes. This module keeps what only an offline replay needs.
+ *
  * Use: prepare the part of a trace to replay once (moe_cache_trace_new: the
  * decode order, each access's precision need under T1/T2, prefetch lists,
  * Belady's next-use indices), then run any number of policies and
@@ -25,35 +30,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe-cache.h"
 #include "moe-status.h"
 #include "routing-stats.h"
-
-/* The policies, in the fixed order of the rows of the cache.* profile
- * arrays and of every table (append only). */
-enum moe_cache_policy {
-    MOE_CACHE_LRU = 0,        /* least recently used */
-    MOE_CACHE_LFU_SEQ = 1,    /* least uses in the current sequence */
-    MOE_CACHE_LFU_GLOBAL = 2, /* least uses since the replay began */
-    MOE_CACHE_LHU = 3,        /* least high-precision uses in the sequence */
-    MOE_CACHE_FLD = 4,        /* furthest forward layer distance */
-    MOE_CACHE_EDGEMOE = 5,    /* highest -f/d (EdgeMoE) */
-    MOE_CACHE_STATIC = 6,     /* Twiddler: most popular experts pinned */
-    MOE_CACHE_HOBBIT = 7,     /* lowest weighted priority p_t */
-    MOE_CACHE_BELADY = 8,     /* next use furthest in the future (offline) */
-};
-#define MOE_CACHE_N_POLICIES 9
-#define MOE_CACHE_N_WEIGHTS 4 /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld */
-
-/* What an access needs under HOBBIT's precision rule. */
-enum moe_cache_need {
-    MOE_CACHE_NEED_SKIP = 0, /* s > T2: used only if some copy is cached, else skipped */
-    MOE_CACHE_NEED_LOW = 1,  /* T1 < s <= T2: a low or a high copy */
-    MOE_CACHE_NEED_HIGH = 2, /* s <= T1, and always the top-1: the high copy */
-};
-
-/* moe_cache_policy_name: "lru", "lfu-seq", "lfu-global", "lhu", "fld",
- * "edgemoe", "twiddler", "hobbit", "belady"; "?" for an unknown value. */
-const char *moe_cache_policy_name(enum moe_cache_policy p);
 
 /* ---- the prepared trace ---- */
 
@@ -99,23 +78,13 @@ struct moe_cache_trace_info {
 /* moe_cache_trace_info: the counts of tr. */
 void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_trace_info *out);
 
+/* moe_cache_trace_need_freq: per expert, the accesses of tr with need high
+ * (f_high[L*E]) and low (f_low[L*E]) divided by its tokens: the token shares
+ * of moe_cache_config.freq_high / freq_low (a prompt batch step counts once
+ * per expert). */
+void moe_cache_trace_need_freq(const struct moe_cache_trace *tr, double *f_high, double *f_low);
+
 /* ---- replay ---- */
-
-/* One cache configuration. The arrays are borrowed for the call. */
-struct moe_cache_config {
-    int high_cap, low_cap;  /* experts the high and low caches hold (>= 0; 0 = nothing kept) */
-    double low_cost;        /* penalty of a low-precision miss (B_low / B_high); a high miss costs 1 */
-    double high_bytes, low_bytes; /* bytes of one copy, for the bytes moved (0: not counted) */
-    double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT: w_lru, w_lfu, w_lhu, w_fld (>= 0, summing to 1) */
-    const double *freq;     /* [L*E] activation frequency (EdgeMoE); NULL = all 1 */
-    const int32_t *order;   /* [L*E] layer*E + expert, most popular first; needed by STATIC */
-    int prefetch;           /* 1: load the trace's prefetch lists before each decode step
-                             * (ignored by STATIC and BELADY) */
-};
-
-/* moe_cache_default_config: empty caches, low_cost 0.5, no byte sizes,
- * HOBBIT weights 0.25 each, no frequencies or order, no prefetch. */
-struct moe_cache_config moe_cache_default_config(void);
 
 /* What a replay counts. accesses = hits_high + hits_low + misses_high +
  * misses_low + skips. */
@@ -132,10 +101,12 @@ struct moe_cache_stats {
 
 /* moe_cache_simulate: replay tr under policy p with configuration c (caches
  * start empty; their contents persist across sequences; per-sequence records
- * reset at each sequence). Deterministic. Thread-safe for concurrent calls on
- * the same tr. Errors: MOE_ERR_INVALID (bad policy or configuration, STATIC
- * without order, weights negative or not summing to 1 within 1e-6),
- * MOE_ERR_NOMEM; logged. */
+ * reset at each sequence) through one moe_cache object: at each decode step
+ * the step's prefetch list (c->prefetch) is prefetched with ahead 0, then
+ * every access is made with the trace's next-use indices. Deterministic.
+ * Thread-safe for concurrent calls on the same tr. Errors: MOE_ERR_INVALID
+ * (no trace, or what moe_cache_check_config refuses), MOE_ERR_NOMEM;
+ * logged. */
 enum moe_status moe_cache_simulate(const struct moe_cache_trace *tr, enum moe_cache_policy p,
                                    const struct moe_cache_config *c, struct moe_cache_stats *out);
 
@@ -167,24 +138,33 @@ enum moe_status moe_cache_path_dict(const struct moe_trace *t, const int32_t *se
 /* ---- HOBBIT's weight fit ---- */
 
 struct moe_cache_fit_params {
-    int grid;          /* simplex grid: weights are multiples of 1/grid (10: 286 points) */
+    int grid;          /* simplex grid: weights are multiples of 1/grid (C(grid + n - 1, n - 1)
+                        * points for n weights: 8 and 5 weights: 495; 10 and 4: 286) */
     int refine_rounds; /* halvings of the step in the local refinement after the grid (0: none) */
+    int n_weights;     /* weights fitted: 5 (with w_pop), or 4 (w_pop fixed at 0: the paper's) */
+    int admit;         /* moe_cache_config.admit: 0 off (the paper's), 1 on, -1 both (the grid
+                        * twice; the better one is refined) */
     void (*progress)(int done, int total, void *user); /* after each replay; may be NULL */
     void *user;
 };
 
-/* moe_cache_fit_default_params: grid 10, 4 refinement rounds, no progress. */
+/* moe_cache_fit_default_params: grid 8, 4 refinement rounds, 5 weights,
+ * admission both ways, no progress. */
 struct moe_cache_fit_params moe_cache_fit_default_params(void);
 
 /* moe_cache_fit_hobbit: the HOBBIT weights that minimise the total miss
- * penalty of replaying tr with configuration c (its w ignored): every point
- * of the simplex grid, then from the best one moves of the current step from
- * one weight to another while one lowers the penalty, the step halved each
- * round (weights stay >= 0 and sum to 1). Ties keep the earlier point (grid
- * order: w_lru slowest, w_fld fastest). w receives the weights, *best (may be
+ * penalty of replaying tr with configuration c (its w ignored; its freq is
+ * the popularity w_pop weighs): every point of the simplex grid, then from
+ * the best one moves of the current step from one weight to another while
+ * one lowers the penalty, the step halved each round (weights stay >= 0 and
+ * sum to 1). Ties keep the earlier point (grid order: w_lru slowest, w_pop
+ * fastest). The grid holds every corner, so the fit is never worse on tr
+ * than HOBBIT's corners (LRU, LFU-seq, LHU; with 5 weights also the pure
+ * popularity order). w receives the weights (w_pop 0 with n_weights 4),
+ * *admit (may be NULL) the admission setting they go with, *best (may be
  * NULL) their statistics, *evals (may be NULL) the replays run. */
 enum moe_status moe_cache_fit_hobbit(const struct moe_cache_trace *tr, const struct moe_cache_config *c,
                                      const struct moe_cache_fit_params *fp, double w[MOE_CACHE_N_WEIGHTS],
-                                     struct moe_cache_stats *best, int *evals);
+                                     int *admit, struct moe_cache_stats *best, int *evals);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * fit-cache.c - `moe-prep fit-cache`: replay the routing traces of a profile
- * through every expert-cache policy (cache-sim.h), fit HOBBIT's four
- * priority weights on the fit part of the sequences, and report every
+ * through every expert-cache policy (cache-sim.h), fit HOBBIT's priority
+ * (the paper's four weights, a static popularity weight and admission
+ * control) on the fit part of the sequences, and report every
  * policy on the held-out part at several cache sizes with its gap to
  * Belady. Writes the weights and the fitted cache sizes into the bundle's
  * tuning section and the penalty-against-size curves into the profile
@@ -21,6 +22,7 @@
 #include "moe-bundle.h"
 #include "moe-file.h"
 #include "moe-prep.h"
+#include "moe-tuning.h"
 #include "profile-h5.h"
 #include "routing-stats.h"
 #include "tool-util.h"
@@ -36,7 +38,7 @@ struct fc_args {
     double low_share, heldout, t1, t2, low_cost; /* t1/t2/low_cost < 0: not given */
     long long sizes[MAX_SIZES];
     int n_sizes, prompt_len, prefetch, path_order;
-    int json, no_tuning, no_profile_update, fit_per_size;
+    int json, no_tuning, no_profile_update, fit_per_size, paper;
 };
 
 static void fc_usage(FILE *f) {
@@ -48,7 +50,8 @@ static void fc_usage(FILE *f) {
             "expert-cache policies (LRU, LFU per sequence and global, LHU, forward layer\n"
             "distance, EdgeMoE, Twiddler's static placement, HOBBIT, Belady's MIN) with a\n"
             "high- and a low-precision cache and HOBBIT's precision rule (T1/T2), fits\n"
-            "HOBBIT's four priority weights on the fit part of the sequences and prints,\n"
+            "HOBBIT's priority (the paper's four weights, a popularity weight and admission\n"
+            "control) on the fit part of the sequences and prints,\n"
             "for the held-out part at each cache size: hit ratio, miss penalty per token\n"
             "(a high-precision miss costs 1, a low one B_low/B_high), bytes moved per\n"
             "token and the gap to Belady. Writes the weights and the cache sizes into\n"
@@ -81,6 +84,8 @@ static void fc_usage(FILE *f) {
             "                        size, since the best weights move with the cache size;\n"
             "                        the tuning always gets the primary size's weights)\n"
             "  --fit-per-size        the default, accepted for scripts\n"
+            "  --paper-hobbit        fit the paper's HOBBIT only: four weights (w_pop = 0, no\n"
+            "                        popularity term) and no admission control\n"
             "  --json                everything as JSON on stdout\n"
             "  --csv FILE            also write the table as CSV\n"
             "  --no-tuning           do not write the bundle's tuning section\n"
@@ -175,6 +180,8 @@ static int fc_parse(int argc, char **argv, struct fc_args *a) {
             a->no_profile_update = 1;
         } else if (!strcmp(o, "--fit-per-size")) {
             a->fit_per_size = 1;
+        } else if (!strcmp(o, "--paper-hobbit")) {
+            a->paper = 1;
         } else if (!strcmp(o, "--fit-once")) {
             a->fit_per_size = 0;
         } else if (o[0] == '-' && o[1]) {
@@ -286,13 +293,12 @@ static void pick_thresholds(const struct moe_bundle *b, const struct moe_profile
     const double *thr = NULL;
     int nd = 0;
     int64_t dims[MOE_PROFILE_MAX_DIMS];
-    double bt1, bt2;
+    struct moe_tuning bt;
     if (moe_profile_get_f64(p, "hobbit_thresholds", &nd, dims, &thr) == MOE_OK && nd == 1 && dims[0] >= 2 &&
         thr[0] >= 0 && thr[0] <= thr[1] && thr[1] <= 1)
         m->t1 = thr[0], m->t2 = thr[1], m->t_source = "profile";
-    else if (moe_bundle_kv_f64(moe_bundle_tuning(b), "hobbit.t1", &bt1) == MOE_OK &&
-             moe_bundle_kv_f64(moe_bundle_tuning(b), "hobbit.t2", &bt2) == MOE_OK && bt1 >= 0 && bt1 <= bt2 && bt2 <= 1)
-        m->t1 = bt1, m->t2 = bt2, m->t_source = "bundle";
+    else if (moe_tuning_read(moe_bundle_tuning(b), p->n_layers, p->n_experts, &bt) == MOE_OK && bt.has_thresholds)
+        m->t1 = bt.t1, m->t2 = bt.t2, m->t_source = "bundle";
     else {
         m->t1 = m->t2 = 1, m->t_source = "default";
         if (a->t1 < 0 || a->t2 < 0)
@@ -309,6 +315,7 @@ static void pick_thresholds(const struct moe_bundle *b, const struct moe_profile
 struct fc_size {
     int hi, lo, primary;
     double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT weights used at this size */
+    int admit;                     /* and its admission control */
     struct moe_cache_stats st[P];
 };
 
@@ -317,6 +324,8 @@ struct fc_result {
     int n_seq, n_fit, n_held, in_sample;
     int64_t fit_tokens, held_tokens;
     double w[MOE_CACHE_N_WEIGHTS];
+    int admit;
+    double *freq_high, *freq_low; /* [L*E] need shares of the fit part (HOBBIT's w_pop) */
     struct moe_cache_stats fit_best, fit_single[P];
     int evals;
     double fit_seconds;
@@ -418,11 +427,11 @@ static int run(const struct fc_args *a, const struct moe_profile *p, const struc
     const int n = p->n_seq;
     unsigned char *held = calloc((size_t)n + 1, 1);
     int32_t *fit = malloc(sizeof(int32_t) * ((size_t)n + 1)), *hs = malloc(sizeof(int32_t) * ((size_t)n + 1));
-    double *freq = malloc(sizeof(double) * (size_t)m->LE);
+    double *freq = malloc(sizeof(double) * (size_t)m->LE), *fh = r->freq_high, *fl = r->freq_low;
     int32_t *order = malloc(sizeof(int32_t) * (size_t)m->LE);
     struct moe_path_dict *dict = NULL;
     struct moe_cache_trace *tf = NULL, *th = NULL;
-    if (!held || !fit || !hs || !freq || !order) {
+    if (!held || !fit || !hs || !freq || !order || !fh) {
         fprintf(stderr, "moe-prep " CMD ": out of memory\n");
         goto done;
     }
@@ -466,12 +475,15 @@ static int run(const struct fc_args *a, const struct moe_profile *p, const struc
     struct moe_cache_config c = moe_cache_default_config();
     c.high_cap = H, c.low_cap = Lc, c.low_cost = m->low_cost, c.high_bytes = m->hi_bytes, c.low_bytes = m->lo_bytes;
     c.freq = freq, c.order = order, c.prefetch = a->prefetch > 0;
+    moe_cache_trace_need_freq(tf, fh, fl); /* HOBBIT's popularity term, from the fit part */
+    if (!a->paper) c.freq_high = fh, c.freq_low = fl;
     fprintf(stderr, "moe-prep " CMD ": fitting HOBBIT's weights on %d sequences (%lld accesses) with %d high + %d "
                     "low experts\n", r->n_fit, (long long)fi.accesses, H, Lc);
     struct progress pr = {seconds(), seconds()};
     struct moe_cache_fit_params fp = moe_cache_fit_default_params();
     fp.progress = on_progress, fp.user = &pr;
-    if (moe_cache_fit_hobbit(tf, &c, &fp, r->w, &r->fit_best, &r->evals) != MOE_OK) goto fail_msg;
+    if (a->paper) fp.n_weights = 4, fp.grid = 10, fp.admit = 0; /* as in the paper: 286 grid points */
+    if (moe_cache_fit_hobbit(tf, &c, &fp, r->w, &r->admit, &r->fit_best, &r->evals) != MOE_OK) goto fail_msg;
     r->fit_seconds = seconds() - pr.t0;
     for (int q = 0; q < P; q++)
         if (q != MOE_CACHE_HOBBIT && moe_cache_simulate(tf, (enum moe_cache_policy)q, &c, &r->fit_single[q]))
@@ -481,12 +493,14 @@ static int run(const struct fc_args *a, const struct moe_profile *p, const struc
         struct fc_size *z = &r->sizes[s];
         c.high_cap = z->hi, c.low_cap = z->lo;
         memcpy(z->w, r->w, sizeof z->w);
+        z->admit = r->admit;
         if (a->fit_per_size && !z->primary) {
             fprintf(stderr, "moe-prep " CMD ": fitting HOBBIT's weights for %d high + %d low experts\n", z->hi, z->lo);
             pr.last = seconds();
-            if (moe_cache_fit_hobbit(tf, &c, &fp, z->w, NULL, NULL) != MOE_OK) goto fail_msg;
+            if (moe_cache_fit_hobbit(tf, &c, &fp, z->w, &z->admit, NULL, NULL) != MOE_OK) goto fail_msg;
         }
         memcpy(c.w, z->w, sizeof c.w);
+        c.admit = z->admit;
         for (int q = 0; q < P; q++)
             if (moe_cache_simulate(th, (enum moe_cache_policy)q, &c, &z->st[q])) goto fail_msg;
     }
@@ -508,7 +522,7 @@ done:
 
 /* ------------------------------------------------------------ outputs */
 
-static const char *const k_wnames[MOE_CACHE_N_WEIGHTS] = {"lru", "lfu", "lhu", "fld"};
+static const char *const k_wnames[MOE_CACHE_N_WEIGHTS] = {"lru", "lfu", "lhu", "fld", "pop"};
 
 /* per_tok: x / tokens. */
 static double per_tok(double x, const struct moe_cache_stats *s) { return s->tokens > 0 ? x / (double)s->tokens : NAN; }
@@ -549,8 +563,9 @@ static void print_table(const struct fc_args *a, const struct moe_profile *p, co
     if (a->prefetch) printf(" (order-%d paths)", a->path_order);
     printf("\n");
     const int bs = best_single(r->fit_single);
-    printf("fitted weights (fit part, %d replays, %.1f s): w_lru %.4f  w_lfu %.4f  w_lhu %.4f  w_fld %.4f\n",
-           r->evals, r->fit_seconds, r->w[0], r->w[1], r->w[2], r->w[3]);
+    printf("fitted weights (fit part, %d replays, %.1f s): w_lru %.4f  w_lfu %.4f  w_lhu %.4f  w_fld %.4f  "
+           "w_pop %.4f  admission %s\n", r->evals, r->fit_seconds, r->w[0], r->w[1], r->w[2], r->w[3], r->w[4],
+           r->admit ? "on" : "off");
     printf("  fit-part penalty per token: hobbit %.4f, best other online policy %s %.4f\n",
            per_tok(r->fit_best.penalty, &r->fit_best), moe_cache_policy_name((enum moe_cache_policy)bs),
            per_tok(r->fit_single[bs].penalty, &r->fit_single[bs]));
@@ -560,8 +575,8 @@ static void print_table(const struct fc_args *a, const struct moe_profile *p, co
         printf("\ncache: %d high + %d low experts (%s, %.0f %% of %d experts at high precision)%s\n", z->hi, z->lo,
                b1, 100.0 * z->hi / m->LE, m->LE, z->primary ? "  [fitted size]" : "");
         if (a->fit_per_size && !z->primary)
-            printf("  hobbit weights fitted at this size: w_lru %.4f  w_lfu %.4f  w_lhu %.4f  w_fld %.4f\n", z->w[0],
-                   z->w[1], z->w[2], z->w[3]);
+            printf("  hobbit weights fitted at this size: w_lru %.4f  w_lfu %.4f  w_lhu %.4f  w_fld %.4f  "
+                   "w_pop %.4f  admission %s\n", z->w[0], z->w[1], z->w[2], z->w[3], z->w[4], z->admit ? "on" : "off");
         printf("  %-11s %10s %14s %14s %14s\n", "policy", "hit ratio", "penalty/token", "bytes/token", "gap to Belady");
         for (int q = 0; q < P; q++) {
             const struct moe_cache_stats *st = &z->st[q];
@@ -640,7 +655,7 @@ static void print_json(const struct fc_args *a, const struct fc_model *m, const 
         fprintf(f, "%s\"%s\": ", i ? ", " : "", k_wnames[i]);
         jnum(f, r->w[i]);
     }
-    fprintf(f, "}, \"replays\": %d, \"seconds\": ", r->evals);
+    fprintf(f, "}, \"admission\": %s, \"replays\": %d, \"seconds\": ", r->admit ? "true" : "false", r->evals);
     jnum(f, r->fit_seconds);
     fputs(", \"results\": [", f);
     for (int q = 0; q < P; q++) {
@@ -657,7 +672,7 @@ static void print_json(const struct fc_args *a, const struct fc_model *m, const 
             fprintf(f, "%s\"%s\": ", i ? ", " : "", k_wnames[i]);
             jnum(f, z->w[i]);
         }
-        fputs("}, \"results\": [", f);
+        fprintf(f, "}, \"admission\": %s, \"results\": [", z->admit ? "true" : "false");
         for (int q = 0; q < P; q++) {
             fprintf(f, "%s{\"policy\": \"%s\", ", q ? ", " : "", moe_cache_policy_name((enum moe_cache_policy)q));
             jstats(f, &z->st[q]);
@@ -704,12 +719,16 @@ done:
 static int update_profile(const struct fc_args *a, struct moe_profile *p, const struct fc_model *m,
                           const struct fc_result *r, int H, int Lc) {
     const int S = r->n_sizes;
-    int64_t hs[MAX_SIZES], ls[MAX_SIZES], d1[1] = {S}, d2[2] = {P, S}, dw[1] = {4}, dset[1] = {8};
-    double pen[P * MAX_SIZES], hit[P * MAX_SIZES], byt[P * MAX_SIZES], sw[MAX_SIZES * 4];
-    int64_t dsw[2] = {S, 4};
+    enum { W = MOE_CACHE_N_WEIGHTS + 1 }; /* the weights and the admission flag */
+    int64_t hs[MAX_SIZES], ls[MAX_SIZES], d1[1] = {S}, d2[2] = {P, S}, dw[1] = {W}, dset[1] = {8};
+    double pen[P * MAX_SIZES], hit[P * MAX_SIZES], byt[P * MAX_SIZES], sw[MAX_SIZES * W], fw[W];
+    int64_t dsw[2] = {S, W};
+    memcpy(fw, r->w, sizeof r->w);
+    fw[W - 1] = r->admit;
     for (int s = 0; s < S; s++) {
         hs[s] = r->sizes[s].hi, ls[s] = r->sizes[s].lo;
-        memcpy(sw + 4 * s, r->sizes[s].w, sizeof r->sizes[s].w);
+        memcpy(sw + W * s, r->sizes[s].w, sizeof r->sizes[s].w);
+        sw[W * s + W - 1] = r->sizes[s].admit;
         for (int q = 0; q < P; q++) {
             const struct moe_cache_stats *st = &r->sizes[s].st[q];
             pen[q * S + s] = per_tok(st->penalty, st);
@@ -720,7 +739,7 @@ static int update_profile(const struct fc_args *a, struct moe_profile *p, const 
     const double set[8] = {m->t1, m->t2, m->low_cost, r->in_sample ? 0 : a->heldout, a->prompt_len, a->prefetch, H, Lc};
     if (moe_profile_put_i64(p, "cache.sizes", 1, d1, hs) || moe_profile_put_i64(p, "cache.low_sizes", 1, d1, ls) ||
         moe_profile_put_f64(p, "cache.penalty", 2, d2, pen) || moe_profile_put_f64(p, "cache.hit_ratio", 2, d2, hit) ||
-        moe_profile_put_f64(p, "cache.bytes", 2, d2, byt) || moe_profile_put_f64(p, "cache.weights", 1, dw, r->w) ||
+        moe_profile_put_f64(p, "cache.bytes", 2, d2, byt) || moe_profile_put_f64(p, "cache.weights", 1, dw, fw) ||
         moe_profile_put_f64(p, "cache.size_weights", 2, dsw, sw) || moe_profile_put_f64(p, "cache.settings", 1, dset, set) ||
         moe_profile_write(p, a->profile)) {
         fprintf(stderr, "moe-prep " CMD ": cannot update %s (see the message above); it is unchanged\n", a->profile);
@@ -730,7 +749,8 @@ static int update_profile(const struct fc_args *a, struct moe_profile *p, const 
 }
 
 /* write_tuning: the fitted keys into the bundle's tuning, keeping the others. */
-static int write_tuning(const struct fc_args *a, const struct fc_model *m, const double *w, int H, int Lc, int *n_keys) {
+static int write_tuning(const struct fc_args *a, const struct fc_model *m, const double *w, int admit,
+                        const double *fh, const double *fl, int H, int Lc, int *n_keys) {
     struct moe_bundle *b = NULL;
     struct moe_bundle_kv *kv = NULL;
     enum moe_status st;
@@ -739,15 +759,8 @@ static int write_tuning(const struct fc_args *a, const struct fc_model *m, const
     if (st) goto done;
     moe_bundle_free(b); /* replace_tuning opens the file itself */
     b = NULL;
-    for (int i = 0; !st && i < MOE_CACHE_N_WEIGHTS; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "hobbit.cache.w_%s", k_wnames[i]);
-        st = moe_bundle_kv_set_f64(kv, key, w[i]);
-    }
-    if (st || (st = moe_bundle_kv_set_i64(kv, "hobbit.cache.high_experts", H)) ||
-        (st = moe_bundle_kv_set_i64(kv, "hobbit.cache.low_experts", Lc)) ||
-        (st = moe_bundle_kv_set_str(kv, "hobbit.cache.high_precision", m->hi_name)) ||
-        (st = moe_bundle_kv_set_str(kv, "hobbit.cache.low_precision", m->lo_name)) ||
+    if ((st = moe_tuning_set_cache(kv, w, admit, H, Lc, m->hi_name, m->lo_name)) ||
+        (st = moe_tuning_set_cache_popularity(kv, fh, fl, (size_t)m->LE, m->low_cost)) ||
         (st = moe_bundle_replace_tuning(a->bundle, kv)))
         goto done;
     *n_keys = (int)moe_bundle_kv_count(kv);
@@ -791,6 +804,11 @@ int moe_prep_fit_cache(int argc, char **argv) {
         goto done;
     }
     m.L = p->n_layers, m.E = p->n_experts, m.K = p->k, m.LE = m.L * m.E;
+    if (!(r->freq_high = calloc((size_t)2 * m.LE, sizeof(double)))) {
+        fprintf(stderr, "moe-prep " CMD ": out of memory\n");
+        goto done;
+    }
+    r->freq_low = r->freq_high + m.LE;
     if ((rc = pick_precisions(b, p, &a, &m))) goto done;
     pick_thresholds(b, p, &a, &m);
     rc = 1;
@@ -809,7 +827,7 @@ int moe_prep_fit_cache(int argc, char **argv) {
         if (!update_profile(&a, p, &m, r, H, Lc)) goto done;
         r->profile_updated = 1;
     }
-    if (!a.no_tuning && !write_tuning(&a, &m, r->w, H, Lc, &r->n_tuning_keys)) goto done;
+    if (!a.no_tuning && !write_tuning(&a, &m, r->w, r->admit, r->freq_high, r->freq_low, H, Lc, &r->n_tuning_keys)) goto done;
     if (a.json) print_json(&a, &m, r, H, Lc);
     else print_table(&a, p, &m, r);
     if (!a.no_tuning)
@@ -820,6 +838,7 @@ int moe_prep_fit_cache(int argc, char **argv) {
 done:
     moe_profile_free(p);
     moe_bundle_free(b);
+    if (r) free(r->freq_high);
     free(r);
     return rc;
 }

@@ -1102,56 +1102,59 @@ struct array_rule {
     int dtype, ndims;
     int64_t dims[3];
     enum value_rule values;
+    int64_t old_last; /* > 0: the last dim may also be this (what older writers wrote) */
 };
 
 #define INT_ANY (-1)
 static const struct array_rule k_rules[] = {
     /* profile (profile-derive.c, profile.c) */
-    {"targets", MOE_PROFILE_F64, 1, {4}, V_UNIT},
-    {"placement_order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM},
-    {"placement_hit_rate", MOE_PROFILE_F64, 2, {3, 3}, V_UNIT_NAN},
-    {"hobbit_thresholds", MOE_PROFILE_F64, 1, {5}, V_UNIT_NAN},
-    {"gate_output_pearson", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN},
-    {"layer_similarity", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_CORR_NAN},
-    {"stacked_top1", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN},
-    {"stacked_recall", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN},
-    {"path_accuracy_order1", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN},
-    {"path_accuracy_order2", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN},
-    {"path_key_coverage", MOE_PROFILE_F64, 1, {2}, V_UNIT_NAN},
-    {"reuse", MOE_PROFILE_F64, 2, {DIM_L, DIM_K}, V_UNIT_NAN},
-    {"reuse_chance", MOE_PROFILE_F64, 1, {1}, V_UNIT_NAN},
-    {"split_sequences", MOE_PROFILE_I64, 1, {2}, V_NONNEG},
-    {"big_little", MOE_PROFILE_F64, 2, {DIM_ANY, 3}, V_UNIT_NAN},
-    {"big_little_summary", MOE_PROFILE_F64, 1, {5}, V_NONNEG_NAN},
-    {"sum.pearson", MOE_PROFILE_F64, 1, {6}, V_FINITE},
-    {"sum.stacked", MOE_PROFILE_F64, 3, {DIM_L, DIM_ANY, 4}, V_FINITE},
-    {"sum.big_little_maxprob", MOE_PROFILE_I64, 2, {2, DIM_ANY}, V_NONNEG},
-    {"config.record", MOE_PROFILE_I64, 1, {4}, V_NONNEG},
-    {"shard", MOE_PROFILE_I64, 1, {3}, V_NONNEG},
+    {"targets", MOE_PROFILE_F64, 1, {4}, V_UNIT, 0},
+    {"placement_order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM, 0},
+    {"placement_hit_rate", MOE_PROFILE_F64, 2, {3, 3}, V_UNIT_NAN, 0},
+    {"hobbit_thresholds", MOE_PROFILE_F64, 1, {5}, V_UNIT_NAN, 0},
+    {"gate_output_pearson", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN, 0},
+    {"layer_similarity", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_CORR_NAN, 0},
+    {"stacked_top1", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN, 0},
+    {"stacked_recall", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN, 0},
+    {"path_accuracy_order1", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN, 0},
+    {"path_accuracy_order2", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN, 0},
+    {"path_key_coverage", MOE_PROFILE_F64, 1, {2}, V_UNIT_NAN, 0},
+    {"reuse", MOE_PROFILE_F64, 2, {DIM_L, DIM_K}, V_UNIT_NAN, 0},
+    {"reuse_chance", MOE_PROFILE_F64, 1, {1}, V_UNIT_NAN, 0},
+    {"split_sequences", MOE_PROFILE_I64, 1, {2}, V_NONNEG, 0},
+    {"big_little", MOE_PROFILE_F64, 2, {DIM_ANY, 3}, V_UNIT_NAN, 0},
+    {"big_little_summary", MOE_PROFILE_F64, 1, {5}, V_NONNEG_NAN, 0},
+    {"sum.pearson", MOE_PROFILE_F64, 1, {6}, V_FINITE, 0},
+    {"sum.stacked", MOE_PROFILE_F64, 3, {DIM_L, DIM_ANY, 4}, V_FINITE, 0},
+    {"sum.big_little_maxprob", MOE_PROFILE_I64, 2, {2, DIM_ANY}, V_NONNEG, 0},
+    {"config.record", MOE_PROFILE_I64, 1, {4}, V_NONNEG, 0},
+    {"shard", MOE_PROFILE_I64, 1, {3}, V_NONNEG, 0},
     /* sensitivity (sensitivity.c): a profile file of MoE layers x experts */
-    {"config.sensitivity", MOE_PROFILE_F64, 1, {DIM_ANY}, V_FINITE},
-    {"sensitivity.progress", MOE_PROFILE_I64, 1, {4}, V_NONNEG},
-    {"sensitivity.times", MOE_PROFILE_F64, 1, {3}, V_NONNEG},
-    {"sensitivity.sum_kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
-    {"sensitivity.sum_dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
-    {"sensitivity.sum_proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG},
-    {"sensitivity.routed", MOE_PROFILE_I64, 2, {DIM_L, DIM_E}, V_NONNEG},
-    {"sensitivity.kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
-    {"sensitivity.dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
-    {"sensitivity.proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG},
-    {"sensitivity.score", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE},
-    {"sensitivity.order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM},
-    {"sensitivity.spearman_proxy", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN},
-    {"sensitivity.cost", MOE_PROFILE_F64, 1, {4}, V_NONNEG_NAN},
+    {"config.sensitivity", MOE_PROFILE_F64, 1, {DIM_ANY}, V_FINITE, 0},
+    {"sensitivity.progress", MOE_PROFILE_I64, 1, {4}, V_NONNEG, 0},
+    {"sensitivity.times", MOE_PROFILE_F64, 1, {3}, V_NONNEG, 0},
+    {"sensitivity.sum_kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.sum_dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.sum_proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG, 0},
+    {"sensitivity.routed", MOE_PROFILE_I64, 2, {DIM_L, DIM_E}, V_NONNEG, 0},
+    {"sensitivity.kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG, 0},
+    {"sensitivity.score", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM, 0},
+    {"sensitivity.spearman_proxy", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN, 0},
+    {"sensitivity.cost", MOE_PROFILE_F64, 1, {4}, V_NONNEG_NAN, 0},
     /* fit-cache (fit-cache.c, docs/cache-sim.md) */
-    {"cache.sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG},
-    {"cache.low_sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG},
-    {"cache.penalty", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN},
-    {"cache.hit_ratio", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_UNIT_NAN},
-    {"cache.bytes", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN},
-    {"cache.weights", MOE_PROFILE_F64, 1, {4}, V_FINITE},
-    {"cache.size_weights", MOE_PROFILE_F64, 2, {DIM_ANY, 4}, V_FINITE},
-    {"cache.settings", MOE_PROFILE_F64, 1, {8}, V_NOT_INF},
+    {"cache.sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG, 0},
+    {"cache.low_sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG, 0},
+    {"cache.penalty", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN, 0},
+    {"cache.hit_ratio", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_UNIT_NAN, 0},
+    {"cache.bytes", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN, 0},
+    /* weights: the 5 HOBBIT weights (MOE_CACHE_N_WEIGHTS) then the admission flag; files written
+     * before w_pop and admission control hold 4 weights */
+    {"cache.weights", MOE_PROFILE_F64, 1, {6}, V_FINITE, 4},
+    {"cache.size_weights", MOE_PROFILE_F64, 2, {DIM_ANY, 6}, V_FINITE, 4},
+    {"cache.settings", MOE_PROFILE_F64, 1, {8}, V_NOT_INF, 0},
 };
 
 /* value_ok: element x (as a double) obeys rule v. */
@@ -1185,8 +1188,12 @@ static enum moe_status check_rule(const char *path, const struct moe_profile *p,
     for (int d = 0; d < r->ndims; d++) {
         int64_t w = r->dims[d] == DIM_L ? L : r->dims[d] == DIM_E ? E : r->dims[d] == DIM_K ? K
                     : r->dims[d] == DIM_LE ? L * E : r->dims[d];
-        if (ok && w != DIM_ANY) ok = a->dims[d] == w;
+        const int64_t alt = d == r->ndims - 1 && r->old_last > 0 ? r->old_last : w;
+        if (ok && w != DIM_ANY) ok = a->dims[d] == w || a->dims[d] == alt;
         if (w == DIM_ANY) snprintf(want + strlen(want), sizeof want - strlen(want), "%s*", d ? " x " : "");
+        else if (alt != w)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld or %lld", d ? " x " : "", (long long)w,
+                     (long long)alt);
         else snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? " x " : "", (long long)w);
     }
     if (!ok) {

@@ -9,6 +9,7 @@
 
 #include "moe-bundle.h"
 #include "moe-file.h"
+#include "moe-tuning.h"
 #include "profile-results.h"
 #include "tool-util.h"
 
@@ -382,19 +383,14 @@ static int check_shape(const struct moe_bundle *b, const struct moe_profile *p) 
     return 1;
 }
 
-/* put_paths: the order-`o` dictionary over the whole trace, as edgemoe.path<o>.*:
- * per MoE layer the keys seen at least twice (at most 4096 per layer, most
- * frequent first) with their max(3, K) most probable experts. */
-static enum moe_status put_paths(struct moe_bundle_kv *kv, const struct moe_profile *p, int o) {
-    const int L = p->n_layers, E = p->n_experts, K = p->k, top = K > 3 ? (K < E ? K : E) : (E < 3 ? E : 3);
-    struct moe_trace t;
-    moe_profile_trace(p, &t);
+enum moe_status moe_profile_tuning_paths(struct moe_bundle_kv *kv, const struct moe_trace *tr, int o) {
+    const int L = tr->n_layers, E = tr->n_experts, K = tr->k, top = K > 3 ? (K < E ? K : E) : (E < 3 ? E : 3);
+    const struct moe_trace t = *tr;
     struct moe_path_dict *pd = NULL;
     int64_t *layer = NULL, *keys = NULL, *totals = NULL, *next = NULL;
     double *prob = NULL;
     size_t n = 0, cap = 0;
     enum moe_status st = MOE_OK;
-    char name[64];
     if (L > o) {
         if ((st = moe_path_dict_new(L, E, K, o, &pd)) || (st = moe_path_dict_add(pd, &t))) goto done;
         for (int l = o; l < L; l++) {
@@ -426,16 +422,7 @@ static enum moe_status put_paths(struct moe_bundle_kv *kv, const struct moe_prof
             moe_path_export_free(&ex);
         }
     }
-#define KEY(suffix) (snprintf(name, sizeof name, "edgemoe.path%d." suffix, o), name)
-    if ((st = moe_bundle_kv_set_i64(kv, KEY("key_len"), (int64_t)o * K)) ||
-        (st = moe_bundle_kv_set_i64(kv, KEY("top"), top)) ||
-        (st = moe_bundle_kv_set_i64_array(kv, KEY("layer"), layer, n)) ||
-        (st = moe_bundle_kv_set_i64_array(kv, KEY("keys"), keys, n * o * K)) ||
-        (st = moe_bundle_kv_set_i64_array(kv, KEY("totals"), totals, n)) ||
-        (st = moe_bundle_kv_set_i64_array(kv, KEY("next"), next, n * top)) ||
-        (st = moe_bundle_kv_set_f64_array(kv, KEY("prob"), prob, n * top)))
-        goto done;
-#undef KEY
+    st = moe_tuning_set_paths(kv, o, o * K, top, n, layer, keys, totals, next, prob);
 done:
     moe_path_dict_free(pd);
     free(layer);
@@ -450,7 +437,6 @@ enum moe_status moe_profile_write_tuning(const char *bundle, const struct moe_pr
                                          const struct moe_profile_results *r, int *n_keys) {
     struct moe_bundle *b = NULL;
     struct moe_bundle_kv *kv = NULL;
-    int64_t *order = NULL;
     const int32_t *ord32 = NULL;
     enum moe_status st;
     if (n_keys) *n_keys = 0;
@@ -465,37 +451,24 @@ enum moe_status moe_profile_write_tuning(const char *bundle, const struct moe_pr
     b = NULL;
     const size_t le = (size_t)p->n_layers * p->n_experts;
     if ((st = moe_profile_get_i32(p, "placement_order", NULL, NULL, &ord32))) goto done;
-    if (!(order = malloc(le * sizeof *order))) {
-        st = MOE_ERR_NOMEM;
+    struct moe_trace t;
+    moe_profile_trace(p, &t);
+    if ((st = moe_tuning_set_profile(kv, p->dataset, moe_profile_n_tokens(p), p->tool_version)) ||
+        (st = moe_tuning_set_thresholds(kv, r->split.t1, r->split.t2, r->targets.low, r->targets.skip)) ||
+        (st = moe_tuning_set_placement_order(kv, ord32, le)) || (st = moe_profile_tuning_paths(kv, &t, 1)) ||
+        (st = moe_profile_tuning_paths(kv, &t, 2)))
         goto done;
-    }
-    for (size_t i = 0; i < le; i++) order[i] = ord32[i];
-    if ((st = moe_bundle_kv_set_str(kv, "profile.dataset", p->dataset)) ||
-        (st = moe_bundle_kv_set_i64(kv, "profile.tokens", moe_profile_n_tokens(p))) ||
-        (st = moe_bundle_kv_set_str(kv, "profile.tool_version", p->tool_version)) ||
-        (st = moe_bundle_kv_set_f64(kv, "hobbit.t1", r->split.t1)) ||
-        (st = moe_bundle_kv_set_f64(kv, "hobbit.t2", r->split.t2)) ||
-        (st = moe_bundle_kv_set_f64(kv, "hobbit.target_low", r->targets.low)) ||
-        (st = moe_bundle_kv_set_f64(kv, "hobbit.target_skip", r->targets.skip)) ||
-        (st = moe_bundle_kv_set_i64_array(kv, "twiddler.placement_order", order, le)) ||
-        (st = put_paths(kv, p, 1)) || (st = put_paths(kv, p, 2)))
-        goto done;
-    if (r->little_k) {
-        if ((st = moe_bundle_kv_set_f64(kv, "mobile.gamma", r->bl_gamma)) ||
-            (st = moe_bundle_kv_set_f64(kv, "mobile.target_fallback", r->targets.fallback)) ||
-            (st = moe_bundle_kv_set_i64(kv, "mobile.little_k", r->little_k)))
-            goto done;
+    if (r->little_k && isfinite(r->bl_gamma)) {
+        if ((st = moe_tuning_set_big_little(kv, r->bl_gamma, r->targets.fallback, r->little_k))) goto done;
     } else {
-        /* no big-little pass this time: a gamma from an older profile would not match */
-        moe_bundle_kv_remove(kv, "mobile.gamma");
-        moe_bundle_kv_remove(kv, "mobile.target_fallback");
-        moe_bundle_kv_remove(kv, "mobile.little_k");
+        /* no big-little pass this time (or no token in it): a gamma from an
+         * older profile would not match */
+        moe_tuning_remove_big_little(kv);
     }
     if ((st = moe_bundle_replace_tuning(bundle, kv))) goto done;
     if (n_keys) *n_keys = (int)moe_bundle_kv_count(kv);
 done:
     moe_bundle_free(b);
     moe_bundle_kv_free(kv);
-    free(order);
     return st;
 }

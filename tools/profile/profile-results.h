@@ -73,6 +73,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "moe-bundle.h"
 #include "moe-status.h"
 #include "profile-h5.h"
 #include "routing-stats.h"
@@ -147,6 +148,14 @@ void moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct m
  * and renamed. MOE_ERR_IO (logged) on failure. */
 enum moe_status moe_profile_write_csv(const char *dir, const struct moe_profile *p,
                                       const struct moe_profile_results *r);
+
+/* moe_profile_tuning_paths: EdgeMoE's order-`order` (1 or 2) activation-path
+ * dictionary counted over trace t, as the edgemoe.path<order>.* tuning keys
+ * (moe-tuning.h) set into kv: per MoE layer the keys seen at least twice (at
+ * most 4096 per layer, most frequent first) with their max(3, K) most
+ * probable experts (capped at E). What moe_profile_write_tuning writes;
+ * moe_path_table_from_tuning reads it back. */
+enum moe_status moe_profile_tuning_paths(struct moe_bundle_kv *kv, const struct moe_trace *t, int order);
 
 /* moe_profile_write_tuning: write the runtime-relevant results into the
  * tuning section of the bundle at `bundle` (moe_bundle_replace_tuning:

@@ -649,8 +649,11 @@ static void gather_cache(struct page *g, struct data *d) {
     d->c_low = take(g, "cache.low_sizes", 1, S, 0);
     d->c_hit = take(g, "cache.hit_ratio", 2, P, S);
     d->c_bytes = take(g, "cache.bytes", 2, P, S);
-    d->c_w = take(g, "cache.weights", 1, 4, 0);
-    d->c_sw = take(g, "cache.size_weights", 2, S, 4);
+    /* 4 weights (written before the popularity term) or 5 weights and the admission flag */
+    d->c_w = take(g, "cache.weights", 1, 6, 0);
+    if (!d->c_w) d->c_w = take(g, "cache.weights", 1, 4, 0);
+    d->c_sw = take(g, "cache.size_weights", 2, S, 6);
+    if (!d->c_sw) d->c_sw = take(g, "cache.size_weights", 2, S, 4);
     d->c_set = take(g, "cache.settings", 1, 8, 0);
 }
 
@@ -1397,22 +1400,32 @@ static enum moe_status put_cache(struct page *g, const struct data *d) {
     fprintf(f, "</table></div>\n<p class=\"note\">Columns: high-precision%s cache capacity in experts; cells: "
                "penalty per token%s.</p>\n", d->c_low ? " + low-precision" : "", d->c_hit ? " (hit ratio)" : "");
     if (d->c_w || d->c_sw) {
-        static const char *const wn[4] = {"w_lru", "w_lfu", "w_lhu", "w_fld"};
+        static const char *const wn[6] = {"w_lru", "w_lfu", "w_lhu", "w_fld", "w_pop", "admission"};
+        const int nw = (int)(d->c_w ? d->c_w->dims[0] : d->c_sw->dims[1]); /* 4 or 6 */
+        const int nsw = d->c_sw ? (int)d->c_sw->dims[1] : 0;
         fputs("<h3>HOBBIT's fitted weights</h3>\n<table>\n<tr><th class=\"l\">fitted for</th>", f);
-        for (int i = 0; i < 4; i++) fprintf(f, "<th>%s</th>", wn[i]);
+        for (int i = 0; i < nw; i++) fprintf(f, "<th>%s</th>", wn[i]);
         fputs("</tr>\n", f);
         if (d->c_w) {
             fputs("<tr><td class=\"l\">the tuning section</td>", f);
-            for (int i = 0; i < 4; i++) fprintf(f, "<td>%s</td>", num_f(aval(d->c_w, i), 4).s);
+            for (int i = 0; i < nw; i++)
+                fprintf(f, "<td>%s</td>", i == 5 ? (aval(d->c_w, i) ? "on" : "off") : num_f(aval(d->c_w, i), 4).s);
             fputs("</tr>\n", f);
         }
-        for (int64_t s = 0; d->c_sw && s < S; s++) {
+        for (int64_t s = 0; d->c_sw && nsw == nw && s < S; s++) {
             fprintf(f, "<tr><td class=\"l\">%s high-precision experts</td>", num_f(x[s], 0).s);
-            for (int i = 0; i < 4; i++) fprintf(f, "<td>%s</td>", num_f(aval(d->c_sw, s * 4 + i), 4).s);
+            for (int i = 0; i < nw; i++) {
+                const double v = aval(d->c_sw, s * nsw + i);
+                fprintf(f, "<td>%s</td>", i == 5 ? (v ? "on" : "off") : num_f(v, 4).s);
+            }
             fputs("</tr>\n", f);
         }
         fputs("</table>\n<p class=\"note\">Priority of a cached expert t (the lowest is evicted): w_lru R/T + "
-              "w_lfu F/T + w_lhu H/T + w_fld (1 - layer distance / L).</p>\n", f);
+              "w_lfu F/T + w_lhu H/T + w_fld (1 - layer distance / L)", f);
+        if (nw == 6)
+            fputs(" + w_pop (its popularity on the fit part); with admission, a loaded copy is kept only if it "
+                  "outranks the copy it would evict", f);
+        fputs(".</p>\n", f);
     }
     fputs("</section>\n", f);
     free(x);

@@ -15,6 +15,7 @@
 #include "moe-dataset.h"
 #include "moe-model.h"
 #include "moe-prep.h"
+#include "moe-tuning.h"
 #include "profile-h5.h"
 #include "tool-util.h"
 
@@ -404,13 +405,8 @@ static int write_tuning(const struct bw_args *a, const struct moe_model *m, cons
     for (int l = 0; l < c->n_layer; l++)
         for (int e = 0; e < c->n_expert; e++)
             map[(size_t)l * c->n_expert + e] = moe_of[l] < 0 ? -1 : r->assign[moe_of[l] * c->n_expert + e];
-    if (moe_bundle_kv_set_i64_array(kv, MOE_TUNING_BITWIDTH_MAP, map, le) ||
-        moe_bundle_kv_set_f64(kv, "edgemoe.bitwidth.loss", r->loss) ||
-        moe_bundle_kv_set_f64(kv, "edgemoe.bitwidth.heldout_loss", heldout_loss) ||
-        moe_bundle_kv_set_f64(kv, "edgemoe.bitwidth.max_loss", a->max_loss) ||
-        moe_bundle_kv_set_i64(kv, "edgemoe.bitwidth.max_bytes", a->max_bytes) ||
-        moe_bundle_kv_set_i64(kv, "edgemoe.bitwidth.expert_bytes", r->bytes) ||
-        moe_bundle_kv_set_str(kv, "edgemoe.bitwidth.dataset", a->dataset) ||
+    if (moe_tuning_set_bitwidth(kv, map, le, r->loss, heldout_loss, a->max_loss, a->max_bytes, r->bytes,
+                                a->dataset) ||
         moe_bundle_replace_tuning(a->model, kv))
         goto done;
     ok = 1;

@@ -426,7 +426,9 @@ static enum moe_status write_experts(struct job *j, const struct moe_bundle_prec
             continue;
         }
         for (int e = 0; e < c->n_expert && !st; e++) {
-            const struct moe_ffn *f = &j->m->layers[l].experts[e];
+            struct moe_ffn ffn;
+            if ((st = moe_model_expert(j->m, l, e, -1, &ffn))) break;
+            const struct moe_ffn *f = &ffn;
             const struct moe_weight *parts[3] = {&f->gate, &f->up, &f->down};
             for (int p = 0; p < j->a->n_experts && !st; p++) {
                 memset(blob, 0, prec[p].raw_size); /* padding between parts */
@@ -454,7 +456,9 @@ static uint64_t input_bytes(const struct job *j, int expert_passes) {
     for (int i = 0; i < j->m->n_refs; i++) t += weight_bytes(&j->m->refs[i].w);
     for (int l = 0; l < c->n_layer; l++)
         for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
-            const struct moe_ffn *f = &j->m->layers[l].experts[e];
+            struct moe_ffn ffn;
+            if (moe_model_expert(j->m, l, e, -1, &ffn)) continue;
+            const struct moe_ffn *f = &ffn;
             t += (uint64_t)expert_passes * (weight_bytes(&f->gate) + weight_bytes(&f->up) + weight_bytes(&f->down));
         }
     return t;

@@ -354,10 +354,12 @@ static enum moe_status sweep_init(struct sweep *w, struct moe_model *m, const st
     enum moe_status st;
     if ((st = bind_all(m, w->layer_of, w->n_moe, p->low))) return st;
     for (int li = 0; li < w->n_moe; li++)
-        for (int e = 0; e < w->E; e++) w->ffn_low[li * w->E + e] = m->layers[w->layer_of[li]].experts[e];
+        for (int e = 0; e < w->E; e++)
+            if ((st = moe_model_expert(m, w->layer_of[li], e, -1, &w->ffn_low[li * w->E + e]))) return st;
     if ((st = bind_all(m, w->layer_of, w->n_moe, p->base))) return st;
     for (int li = 0; li < w->n_moe; li++)
-        for (int e = 0; e < w->E; e++) w->ffn_base[li * w->E + e] = m->layers[w->layer_of[li]].experts[e];
+        for (int e = 0; e < w->E; e++)
+            if ((st = moe_model_expert(m, w->layer_of[li], e, -1, &w->ffn_base[li * w->E + e]))) return st;
     struct moe_session_params sp = moe_session_default_params();
     sp.n_ctx = w->n;
     sp.n_batch = w->n;

@@ -1,0 +1,438 @@
+/*
+ * quant-int-avx512.c - AVX-512 VNNI integer dot products (vpdpbusd, vpdpwssd)
+ * of quantized weight rows with quantized activation rows, and the activation
+ * quantizers.
+ *
+ * The integer sums are exact and equal the scalar reference's (quant-int.c):
+ *   - vpdpbusd multiplies unsigned weight bytes by signed activation bytes and
+ *     adds groups of 4 into int32 lanes. Signed weights (q8_0, q4_0, q3_k, q6_k)
+ *     go in as |q| with the activation negated where q < 0 (ggml's sign trick),
+ *     so every lane holds a partial sum of the true products q * x.
+ *   - a lane of 4 products is below 2^15 in magnitude (4 * 32 * 127 for q6_k,
+ *     4 * 31 * 128 for q5_k), so vpdpwssd can multiply it by its sub-block's
+ *     scale as an int16 pair (value, sign) x (scale, 0) and accumulate.
+ * The float part: per block (q8_0, q4_0) or super-block (k-quants), the int32
+ * lanes are converted and accumulated with FMA by d_w * d_x (and the mins'
+ * term by dmin * d_x); see the tolerance in moe-quant.h. Activation quants must
+ * be in -127..127 (moe_quantize_act guarantees it) so that negating never
+ * overflows.
+ *
+ * Every tile shape (enum moe_tile) computes each of its outputs with the same
+ * operations in the same order as the 1x1 kernel, so results do not depend on
+ * the shape. Compiled with per-function target attributes; quant.c installs
+ * these kernels only after checking the CPU for AVX-512 F/BW/VL and VNNI.
+ */
+#define MOE_QUANT_INTERNAL 1
+#include "moe-quant.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+#define QK8 ((int64_t)sizeof(moe_block_q8_K)) /* activation super-block bytes */
+#define Q80 ((int64_t)sizeof(moe_block_q8_0)) /* activation block bytes */
+
+/* f16 / f32 fields at any alignment. */
+INL float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+INL float f32at(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+INL __m512i ld64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+INL __m256i ld32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INL __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+/* 32 bytes at p in both halves of a zmm. */
+INL __m512i bcast32(const uint8_t *p) { return _mm512_broadcast_i64x4(ld32(p)); }
+
+/* Per-16-bit-lane shift counts: a in the low 256 bits, b in the high 256. */
+INL __m512i cnt2(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
+}
+/* Bytes: a in the low 256 bits, b in the high 256. */
+INL __m512i byte2(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi8((char)a), _mm256_set1_epi8((char)b), 1);
+}
+
+/* Scales: after kprep, sc holds sub-block s's scale as an int16 pair (scale, 0)
+ * in int32 lane s. One vpermd per super-block arranges them so that chunk k's
+ * scales are dword k of each 128-bit lane, and vpshufd (in-lane, cheap) then
+ * broadcasts them. Chunk k of 32-weight sub-blocks (q4_k, q5_k) has sub-block
+ * 2k in 128-bit lanes 0-1 and 2k+1 in lanes 2-3; of 16-weight ones (q2_k,
+ * q3_k, q6_k), sub-block 4k + L in lane L. */
+INL __m512i spread32(__m512i sc) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7), sc);
+}
+INL __m512i spread16(__m512i sc) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sc);
+}
+INL __m512i chunk_scales(__m512i spread, int k) {
+    switch (k) {
+    case 0: return _mm512_shuffle_epi32(spread, _MM_PERM_AAAA);
+    case 1: return _mm512_shuffle_epi32(spread, _MM_PERM_BBBB);
+    case 2: return _mm512_shuffle_epi32(spread, _MM_PERM_CCCC);
+    default: return _mm512_shuffle_epi32(spread, _MM_PERM_DDDD);
+    }
+}
+
+INL float hsum256(__m256 v) {
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
+    return _mm_cvtss_f32(t);
+}
+
+/* ==== 32-element blocks: q8_0 and q4_0 against q8_0 ===================== */
+
+/* The 32 signed weights of a block. */
+INL __m256i wq_q8_0(const uint8_t *b) { return ld32(b + 2); }
+INL __m256i wq_q4_0(const uint8_t *b) {
+    const __m256i v = _mm256_broadcastsi128_si256(ld16(b + 2)); /* low nibbles: 0-15, high: 16-31 */
+    const __m256i sh = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    const __m256i q = _mm256_and_si256(_mm256_srlv_epi16(v, sh), _mm256_set1_epi8(15));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
+/* One block of R rows x C activations: acc[r*C + c] += d_w d_x * isum lanes. */
+#define B32_STEP(T, WB)                                                                         \
+    INL void T##_step(const int R, const int C, const uint8_t *const *w, const uint8_t *const *x, \
+                      int64_t i, __m256 *acc) {                                                 \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                   \
+            const uint8_t *b = w[r] + (WB) * i;                                                 \
+            const __m256i q = wq_##T(b), aq = _mm256_abs_epi8(q);                               \
+            const float dw = h2f(b);                                                            \
+            _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                               \
+                const uint8_t *xb = x[c] + Q80 * i;                                             \
+                const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq,               \
+                                                      _mm256_sign_epi8(ld32(xb + 2), q));       \
+                acc[r * C + c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(xb)),                  \
+                                                 _mm256_cvtepi32_ps(p), acc[r * C + c]);        \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    /* Even blocks into acc0, odd into acc1 (two chains), summed at the end. */                 \
+    INL void T##_tile(const int R, const int C, const uint8_t *const *w, const uint8_t *const *x, \
+                      int64_t nb, float *out) {                                                 \
+        __m256 acc0[4], acc1[4];                                                                \
+        for (int k = 0; k < 4; k++) acc0[k] = acc1[k] = _mm256_setzero_ps();                    \
+        int64_t i = 0;                                                                          \
+        for (; i + 2 <= nb; i += 2) {                                                           \
+            T##_step(R, C, w, x, i, acc0);                                                      \
+            T##_step(R, C, w, x, i + 1, acc1);                                                  \
+        }                                                                                       \
+        if (i < nb) T##_step(R, C, w, x, i, acc0);                                              \
+        for (int k = 0; k < R * C; k++) out[k] = hsum256(_mm256_add_ps(acc0[k], acc1[k]));      \
+    }
+
+B32_STEP(q8_0, Q80)
+B32_STEP(q4_0, (int64_t)sizeof(moe_block_q4_0))
+
+/* ==== k-quants against q8_k ============================================= */
+
+/* A weight super-block prepared for the dots: sc holds, per int32 lane s, the
+ * scale of sub-block s as an int16 pair (scale, 0); m16 the mins as 16 int16
+ * matching the activation's 16 bsums (min types only). */
+struct kq {
+    __m512i sc;
+    __m256i m16;
+    __m512i aux; /* type-specific: q5_k's qh, q3_k's hmask (both halves) */
+    float d, dmin;
+};
+
+/* q4_k / q5_k: 8 scales and 8 mins of 6 bits in 12 bytes (moe_q4k_scale_min),
+ * unpacked with 32-bit word operations. */
+INL void kprep_asym(const uint8_t *b, struct kq *p) {
+    const __m128i v = ld16(b); /* d, dmin, scales[12] as 32-bit lanes: dd S0 S1 S2 */
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)); /* S0 S2 S1 S2 */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)); /* S0 S0 S1 S1 */
+    /* lanes: sc0-3 = S0 & 63, sc4-7 = (S2 & 15) | (S0 >> 6) << 4, m0-3 = S1 & 63,
+     * m4-7 = (S2 >> 4) | (S1 >> 6) << 4 (bytewise) */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    const __m128i sm = _mm_or_si128(lo, hi); /* sc0..sc7 m0..m7 */
+    p->sc = _mm512_cvtepu8_epi32(sm);                               /* lanes 8-15 (mins) unused */
+    p->m16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));      /* m0 m0 m1 m1 ... m7 m7 */
+    const __m128 dd = _mm_cvtph_ps(v);
+    p->d = _mm_cvtss_f32(dd);
+    p->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+}
+INL void kprep_q4_K(const uint8_t *b, struct kq *p) { kprep_asym(b, p); }
+INL void kprep_q5_K(const uint8_t *b, struct kq *p) {
+    kprep_asym(b, p);
+    p->aux = bcast32(b + offsetof(moe_block_q5_K, qh));
+}
+/* Chunk k: weights 64k..64k+63 = low nibbles of qs[32k..] (sub-block 2k), then
+ * the high nibbles (2k+1); q5_k adds 16 where qh bit 2k (2k+1) is set. */
+INL __m512i kw_q4_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
+    (void)p, (void)neg;
+    const __m512i v = bcast32(b + offsetof(moe_block_q4_K, qs) + 32 * k);
+    return _mm512_and_si512(_mm512_mask_srli_epi16(v, (__mmask32)0xffff0000u, v, 4), _mm512_set1_epi8(15));
+}
+INL __m512i kw_q5_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
+    (void)neg;
+    const __m512i v = bcast32(b + offsetof(moe_block_q5_K, qs) + 32 * k);
+    const __m512i q = _mm512_and_si512(_mm512_srlv_epi16(v, cnt2(0, 4)), _mm512_set1_epi8(15));
+    const __mmask64 hi = _mm512_test_epi8_mask(p->aux, byte2(1 << (2 * k), 1 << (2 * k + 1)));
+    return _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(16));
+}
+
+/* q2_k: 16 scale/min bytes (scale low nibble, min high nibble). */
+INL void kprep_q2_K(const uint8_t *b, struct kq *p) {
+    const __m128i v = ld16(b + offsetof(moe_block_q2_K, scales));
+    const __m128i m15 = _mm_set1_epi8(15);
+    p->sc = _mm512_cvtepu8_epi32(_mm_and_si128(v, m15));
+    p->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m15));
+    p->d = h2f(b + offsetof(moe_block_q2_K, d));
+    p->dmin = h2f(b + offsetof(moe_block_q2_K, dmin));
+}
+/* Chunk k = 2h + jp/2 covers weights 128h + 32jp .. +63: 2-bit fields jp and
+ * jp+1 of qs[32h .. 32h+31]. */
+INL __m512i kw_q2_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
+    (void)p, (void)neg;
+    const int h = k / 2, jp = 2 * (k % 2);
+    const __m512i v = bcast32(b + offsetof(moe_block_q2_K, qs) + 32 * h);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, cnt2(2 * jp, 2 * jp + 2)), _mm512_set1_epi8(3));
+}
+
+/* q3_k: the 16 signed 6-bit scales (moe_q3k_scale) in int32 lanes. */
+INL void kprep_q3_K(const uint8_t *b, struct kq *p) {
+    const uint8_t *sc = b + offsetof(moe_block_q3_K, scales);
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, sc, 8);
+    memcpy(&hi4, sc + 8, 4);
+    const __m512i lob = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)((lo8 >> 4) & 0x0f0f0f0f0f0f0f0full),
+                                                            (long long)(lo8 & 0x0f0f0f0f0f0f0f0full)));
+    const __m512i hsh = _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30);
+    const __m512i hib = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)hi4), hsh), _mm512_set1_epi32(3));
+    const __m512i s6 = _mm512_sub_epi32(_mm512_or_si512(lob, _mm512_slli_epi32(hib, 4)), _mm512_set1_epi32(32));
+    p->sc = _mm512_and_si512(s6, _mm512_set1_epi32(0xffff));
+    p->aux = bcast32(b + offsetof(moe_block_q3_K, hmask));
+    p->d = h2f(b + offsetof(moe_block_q3_K, d));
+    p->dmin = 0.0f;
+}
+/* Chunk k as q2_k; q = low - 4 where the hmask bit (4h + j) is clear: then
+ * |q| = 4 - low and the activation is negated. */
+INL __m512i kw_q3_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
+    const int h = k / 2, jp = 2 * (k % 2);
+    const __m512i v = bcast32(b + offsetof(moe_block_q3_K, qs) + 32 * h);
+    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(v, cnt2(2 * jp, 2 * jp + 2)), _mm512_set1_epi8(3));
+    *neg = _mm512_testn_epi8_mask(p->aux, byte2(1 << (4 * h + jp), 1 << (4 * h + jp + 1)));
+    return _mm512_mask_sub_epi8(lo, *neg, _mm512_set1_epi8(4), lo);
+}
+
+/* q6_k: int8 scales per 16. */
+INL void kprep_q6_K(const uint8_t *b, struct kq *p) {
+    const __m512i s = _mm512_cvtepi8_epi32(ld16(b + offsetof(moe_block_q6_K, scales)));
+    p->sc = _mm512_and_si512(s, _mm512_set1_epi32(0xffff));
+    p->d = h2f(b + offsetof(moe_block_q6_K, d));
+    p->dmin = 0.0f;
+}
+/* Chunk k = 2h + gp/2 covers weights 128h + 32gp .. +63 (groups gp, gp+1): low
+ * nibbles of ql[64h .. 64h+63] (gp = 0) or their high nibbles (gp = 2); the 2
+ * high bits of group g are bits 2g, 2g+1 of qh[32h + l], moved to bits 4-5. */
+INL __m512i kw_q6_K(const uint8_t *b, const struct kq *p, int k, __mmask64 *neg) {
+    (void)p;
+    const int h = k / 2, gp = 2 * (k % 2);
+    __m512i l = ld64(b + offsetof(moe_block_q6_K, ql) + 64 * h);
+    if (gp) l = _mm512_srli_epi16(l, 4);
+    const __m512i qh = bcast32(b + offsetof(moe_block_q6_K, qh) + 32 * h);
+    /* bits 2g, 2g+1 -> 4, 5: left by 4 - 2g (g = 0, 1) or right by 2g - 4 (g = 2, 3) */
+    const __m512i hs = gp ? _mm512_srlv_epi16(qh, cnt2(0, 2)) : _mm512_sllv_epi16(qh, cnt2(4, 2));
+    const __m512i u = _mm512_ternarylogic_epi32(l, _mm512_and_si512(hs, _mm512_set1_epi8(0x30)),
+                                                _mm512_set1_epi8(15), 0xEC); /* (l & 15) | hs */
+    const __m512i q = _mm512_sub_epi8(u, _mm512_set1_epi8(32));
+    *neg = _mm512_movepi8_mask(q);
+    return _mm512_abs_epi8(q);
+}
+
+/*
+ * One tile of a k-quant: for every super-block and weight row, prepare the
+ * scales, then per chunk of 64 weights unpack them once and run vpdpbusd +
+ * vpdpwssd against each activation; then scale the super-block's int32 lanes
+ * in float. IDX maps lanes to sub-blocks; MIN and SIGNED are constants.
+ */
+#define K_TILE(T, WB, SPREAD, MIN, SIGNED)                                                       \
+    INL void T##_tile(const int R, const int C, const uint8_t *const *w, const uint8_t *const *x, \
+                      int64_t nb, float *out) {                                                  \
+        __m512 acc[4];                                                                           \
+        __m256 accm[4];                                                                          \
+        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), accm[k] = _mm256_setzero_ps(); \
+        for (int64_t i = 0; i < nb; i++) {                                                       \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                \
+                const uint8_t *b = w[r] + (int64_t)(WB) * i;                                     \
+                struct kq p;                                                                     \
+                kprep_##T(b, &p);                                                                \
+                const __m512i sp = SPREAD(p.sc);                                                 \
+                __m512i isum[4];                                                                 \
+                for (int c = 0; c < 4; c++) isum[c] = _mm512_setzero_si512();                    \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                            \
+                    __mmask64 neg = 0;                                                           \
+                    const __m512i wk = kw_##T(b, &p, k, &neg);                                   \
+                    const __m512i sk = chunk_scales(sp, k);                                      \
+                    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                        \
+                        __m512i xv = ld64(x[c] + QK8 * i + 4 + 64 * k);                          \
+                        if (SIGNED) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv); \
+                        isum[c] = _mm512_dpwssd_epi32(                                           \
+                            isum[c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), wk, xv), sk);   \
+                    }                                                                            \
+                }                                                                                \
+                _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                            \
+                    const uint8_t *xb = x[c] + QK8 * i;                                          \
+                    const float dx = f32at(xb);                                                  \
+                    acc[r * C + c] = _mm512_fmadd_ps(_mm512_set1_ps(p.d * dx), _mm512_cvtepi32_ps(isum[c]), \
+                                                     acc[r * C + c]);                            \
+                    if (MIN) {                                                                   \
+                        const __m256i mi = _mm256_madd_epi16(ld32(xb + 260), p.m16);             \
+                        accm[r * C + c] = _mm256_fnmadd_ps(_mm256_set1_ps(p.dmin * dx),          \
+                                                           _mm256_cvtepi32_ps(mi), accm[r * C + c]); \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < R * C; k++)                                                          \
+            out[k] = MIN ? _mm512_reduce_add_ps(acc[k]) + hsum256(accm[k]) : _mm512_reduce_add_ps(acc[k]); \
+    }
+
+K_TILE(q2_K, sizeof(moe_block_q2_K), spread16, 1, 0)
+K_TILE(q3_K, sizeof(moe_block_q3_K), spread16, 0, 1)
+K_TILE(q4_K, sizeof(moe_block_q4_K), spread32, 1, 0)
+K_TILE(q5_K, sizeof(moe_block_q5_K), spread32, 1, 0)
+K_TILE(q6_K, sizeof(moe_block_q6_K), spread16, 0, 1)
+
+/* The tile shapes of the table. */
+#define SHAPES(T)                                                                                 \
+    static TGT void v_##T##_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        T##_tile(1, 1, w, x, nb, o);                                                              \
+    }                                                                                             \
+    static TGT void v_##T##_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        T##_tile(1, 2, w, x, nb, o);                                                              \
+    }                                                                                             \
+    static TGT void v_##T##_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        T##_tile(1, 4, w, x, nb, o);                                                              \
+    }                                                                                             \
+    static TGT void v_##T##_4x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        T##_tile(4, 1, w, x, nb, o);                                                              \
+    }
+SHAPES(q8_0)
+SHAPES(q4_0)
+SHAPES(q2_K)
+SHAPES(q3_K)
+SHAPES(q4_K)
+SHAPES(q5_K)
+SHAPES(q6_K)
+
+/* ==== activation quantizers ============================================= */
+
+/* roundf (half away from zero), exactly: t = trunc(v), plus sign(v) where
+ * |v - t| >= 0.5 (v - t is exact). Infinities and NaNs pass through, so that
+ * the truncating conversion gives INT32_MIN for them, as the reference does. */
+INL __m512 round_away(__m512 v) {
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    const __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)),
+        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* q8_0 as quantize_q8_0 in quant.c: d = amax/127, q = roundf(x * (1/d)). */
+static TGT void act_q8_0(const float *x, void *y, int64_t nb) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < nb; i++, x += 32, o += Q80) {
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(o, &h, 2);
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i q0 = _mm512_cvttps_epi32(round_away(_mm512_mul_ps(x0, vid)));
+        const __m512i q1 = _mm512_cvttps_epi32(round_away(_mm512_mul_ps(x1, vid)));
+        _mm_storeu_si128((__m128i *)(o + 2), _mm512_cvtepi32_epi8(q0)); /* low bytes, as the reference */
+        _mm_storeu_si128((__m128i *)(o + 18), _mm512_cvtepi32_epi8(q1));
+    }
+}
+
+/* q8_k as quantize_q8_K in quant.c: max = the first element of largest
+ * magnitude, q = round-to-nearest-even(x * (-127/max)) capped at 127, d = 1/iscale,
+ * bsums of each 16. */
+static TGT void act_q8_K(const float *x, void *y, int64_t nb) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, o += QK8) {
+        __m512 m = _mm512_setzero_ps();
+        for (int k = 0; k < 16; k++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)));
+        const float amax = _mm512_reduce_max_ps(m);
+        float d = 0.0f;
+        int16_t bsums[16];
+        if (!(amax > 0.0f)) { /* all zero (or NaN: unspecified, but well-formed) */
+            memset(o + offsetof(moe_block_q8_K, qs), 0, MOE_QK_K);
+            memset(bsums, 0, sizeof bsums);
+        } else {
+            float max = amax;
+            for (int k = 0; k < 16; k++) {
+                const __mmask16 eq =
+                    _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+                if (eq) {
+                    max = x[16 * k + __builtin_ctz(eq)];
+                    break;
+                }
+            }
+            const float iscale = -127.0f / max;
+            const __m512 vs = _mm512_set1_ps(iscale);
+            for (int k = 0; k < 16; k++) {
+                __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * k)),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                /* a non-finite product (1/max overflowed for a subnormal max)
+                 * converts to INT32_MIN; the reference's rounding trick gives a
+                 * value whose low byte is 0 there, so store 0; then cap at 127 */
+                const __m512i bad = _mm512_set1_epi32((int)0x80000000u);
+                q = _mm512_mask_mov_epi32(q, _mm512_cmpeq_epi32_mask(q, bad), _mm512_setzero_si512());
+                q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
+                _mm_storeu_si128((__m128i *)(o + offsetof(moe_block_q8_K, qs) + 16 * k), _mm512_cvtepi32_epi8(q));
+                bsums[k] = (int16_t)_mm512_reduce_add_epi32(q);
+            }
+            d = 1.0f / iscale;
+        }
+        memcpy(o + offsetof(moe_block_q8_K, d), &d, 4);
+        memcpy(o + offsetof(moe_block_q8_K, bsums), bsums, sizeof bsums);
+    }
+}
+
+#define SET_SHAPES(k, TYPE, T)                                                    \
+    do {                                                                         \
+        (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X1] = v_##T##_1x1;                 \
+        (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X2] = v_##T##_1x2;                 \
+        (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X4] = v_##T##_1x4;                 \
+        (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_4X1] = v_##T##_4x1;                 \
+    } while (0)
+
+void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k) {
+    SET_SHAPES(k, Q8_0, q8_0);
+    SET_SHAPES(k, Q4_0, q4_0);
+    SET_SHAPES(k, Q2_K, q2_K);
+    SET_SHAPES(k, Q3_K, q3_K);
+    SET_SHAPES(k, Q4_K, q4_K);
+    SET_SHAPES(k, Q5_K, q5_K);
+    SET_SHAPES(k, Q6_K, q6_K);
+    k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
+    k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
+    k->int_name = "avx512vnni";
+}
+
+#else /* not x86 */
+void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k) { (void)k; }
+#endif

@@ -1,0 +1,586 @@
+/*
+ * backend-cpu.c - the CPU reference backend (moe-backend.h).
+ *
+ * Clear, not clever: every step mirrors transformers' eager implementation of
+ * the supported architectures, in float32, with weights converted row by row
+ * from their stored dtype (one-token products use the SIMD dot kernels of
+ * moe-quant.h straight from the stored rows). Work is split across a thread
+ * pool by output rows (matmuls) and by (token, head) pairs (attention).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe-backend.h"
+#include "moe-threadpool.h"
+
+/* The backend's state: one session's KV cache and scratch. */
+struct cpu {
+    const struct moe_model *m;
+    struct moe_backend_params p;
+    struct moe_pool *pool;
+    int64_t q_dim, kv_dim, max_in, max_ff;
+    float *k_cache, *v_cache;   /* [n_layer][n_ctx][kv_dim] */
+    /* scratch for one chunk of up to n_batch tokens */
+    float *x, *xn, *q, *k, *v;  /* [B x n_embd], [B x q_dim], [B x kv_dim] */
+    float *att, *tmp;           /* [B x q_dim], [B x n_embd] attention / FFN output */
+    float *acc;                 /* [B x n_embd] the layer's feed-forward sum */
+    float *part;                /* [B x n_slots x n_embd] weighted routed-expert outputs */
+    unsigned char *part_used;   /* [B x n_slots] */
+    float *xe, *ge, *ue, *ye;   /* gathered tokens for one expert: [B x n_embd], [B x n_ff] */
+    float *sg;                  /* [B] shared-expert gate */
+    float *row_buf;             /* [n_threads x max_in] weight row conversion */
+    float *att_buf;             /* [n_threads x n_ctx] attention scores */
+    float *inv_freq;            /* [n_rot/2] */
+    float *rope_cos, *rope_sin; /* [B x n_rot/2] */
+    int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
+    int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
+};
+
+/* ---- small kernels ---------------------------------------------------- */
+
+/* dot: float32 dot product with eight independent partial sums. */
+static float dot(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) s[0] += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
+ * Rows of aligned F32 tensors are used in place. */
+static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf) {
+    const char *src = (const char *)w->data + (size_t)o * moe_qtype_row_bytes(w->type, w->n_in);
+    if (w->type == MOE_QTYPE_F32 && ((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
+    moe_dequantize_row(w->type, src, buf, w->n_in);
+    return buf;
+}
+
+struct mm_ctx {
+    const struct moe_weight *w;
+    const float *x; /* [n_tok x ldx] */
+    float *y;       /* [n_tok x ldy] */
+    const float *bias;
+    int n_tok;
+    int64_t ldx, ldy;
+    float *row_buf;
+    int64_t row_stride;
+};
+
+static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
+    struct mm_ctx *c = vctx;
+    float *buf = c->row_buf + (size_t)tid * (size_t)c->row_stride;
+    const enum moe_qtype wt = c->w->type;
+    if (c->n_tok == 1 && wt != MOE_QTYPE_F32) {
+        /* one token: dot products straight from the stored rows (SIMD kernels) */
+        const size_t rb = moe_qtype_row_bytes(wt, c->w->n_in);
+        for (int64_t o = b; o < e; o++)
+            c->y[o] = moe_vec_dot(wt, (const char *)c->w->data + (size_t)o * rb, c->x, c->w->n_in) +
+                      (c->bias ? c->bias[o] : 0.0f);
+        return;
+    }
+    for (int64_t o = b; o < e; o++) {
+        const float *row = weight_row(c->w, o, buf);
+        float bo = c->bias ? c->bias[o] : 0.0f;
+        for (int t = 0; t < c->n_tok; t++)
+            c->y[(size_t)t * (size_t)c->ldy + (size_t)o] =
+                dot(row, c->x + (size_t)t * (size_t)c->ldx, c->w->n_in) + bo;
+    }
+}
+
+/* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats. */
+static void matmul(struct cpu *s, const struct moe_weight *w, const float *bias,
+                   const float *x, int64_t ldx, float *y, int64_t ldy, int n_tok) {
+    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
+    int64_t work = w->n_in * (int64_t)n_tok;
+    int64_t min_chunk = work > 0 ? (32768 + work - 1) / work : 1;
+    moe_pool_for(s->pool, w->n_out, min_chunk, mm_range, &c);
+}
+
+/* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm. */
+static void rms_norm(float *y, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+/* layer_norm: y = (x - mean) / sqrt(var + eps) * w + b (biased variance). */
+static void layer_norm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; i++) mean += x[i];
+    mean /= (double)n;
+    for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+    var /= (double)n;
+    float r = 1.0f / sqrtf((float)var + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - (float)mean) * r) * w[i] + (b ? b[i] : 0.0f);
+}
+
+/* norm_rows: the model's normalisation applied to n_tok rows. */
+static void norm_rows(const struct moe_config *c, float *y, const float *x, const float *w,
+                      const float *b, int n_tok) {
+    for (int t = 0; t < n_tok; t++) {
+        const float *xr = x + (size_t)t * (size_t)c->n_embd;
+        float *yr = y + (size_t)t * (size_t)c->n_embd;
+        if (c->norm == MOE_NORM_LAYER)
+            layer_norm(yr, xr, w, b, c->n_embd, c->norm_eps);
+        else
+            rms_norm(yr, xr, w, c->n_embd, c->norm_eps);
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- RoPE ------------------------------------------------------------- */
+
+/* rope_init: inverse frequencies as transformers computes them (float32). */
+static void rope_init(const struct moe_config *c, float *inv_freq) {
+    const struct moe_rope *r = &c->rope;
+    int half = r->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float ex = (float)(2 * i) / (float)r->n_rot;
+        float base_pow = (float)pow((double)r->theta, (double)ex);
+        float f = 1.0f / base_pow;
+        switch (r->kind) {
+        case MOE_ROPE_DEFAULT: break;
+        case MOE_ROPE_LINEAR: f = f / r->factor; break;
+        case MOE_ROPE_LONGROPE: f = 1.0f / (r->short_factor[i] * base_pow); break;
+        case MOE_ROPE_LLAMA3: {
+            float low_wl = (float)r->original_max_pos / r->low_freq_factor;
+            float high_wl = (float)r->original_max_pos / r->high_freq_factor;
+            float wl = 2.0f * 3.14159265358979323846f / f;
+            float scaled = wl > low_wl ? f / r->factor : f;
+            if (!(wl < high_wl) && !(wl > low_wl)) {
+                float smooth = ((float)r->original_max_pos / wl - r->low_freq_factor) /
+                               (r->high_freq_factor - r->low_freq_factor);
+                scaled = (1.0f - smooth) * scaled / r->factor + smooth * scaled;
+            }
+            f = scaled;
+            break;
+        }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+/* rope_tables: cos/sin for n_tok positions starting at pos0. `seq_len` is the
+ * largest position of this forward call + 1 (Phi-MoE picks its mscale by it). */
+static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
+    const struct moe_rope *r = &s->m->cfg.rope;
+    int half = r->n_rot / 2;
+    float scale = 1.0f;
+    if (r->kind == MOE_ROPE_LONGROPE)
+        scale = r->has_mscale ? (seq_len > r->original_max_pos ? r->long_mscale : r->short_mscale)
+                              : r->attention_factor;
+    for (int t = 0; t < n_tok; t++) {
+        float p = (float)(pos0 + t);
+        for (int i = 0; i < half; i++) {
+            float f = p * s->inv_freq[i];
+            s->rope_cos[(size_t)t * half + i] = (float)cos((double)f) * scale;
+            s->rope_sin[(size_t)t * half + i] = (float)sin((double)f) * scale;
+        }
+    }
+}
+
+/* rope_apply: rotate n_heads heads of one token in the HF (rotate_half) layout. */
+static void rope_apply(float *v, int n_heads, int head_dim, int n_rot, const float *cs, const float *sn) {
+    int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cs[i] - x2 * sn[i];
+            x[i + half] = x2 * cs[i] + x1 * sn[i];
+        }
+    }
+}
+
+/* ---- attention -------------------------------------------------------- */
+
+struct att_ctx {
+    struct cpu *s;
+    int layer, pos0, n_tok;
+};
+
+static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
+    struct att_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int hd = c->head_dim, group = c->n_head / c->n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = s->att_buf + (size_t)tid * (size_t)s->p.n_ctx;
+    const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_dim;
+    const float *vc = s->v_cache + (size_t)a->layer * s->p.n_ctx * s->kv_dim;
+    for (int64_t it = b; it < e; it++) {
+        int t = (int)(it / c->n_head), h = (int)(it % c->n_head), kvh = h / group;
+        int p = a->pos0 + t;
+        int lo = 0;
+        if (c->layer_sliding[a->layer] && p - c->sliding_window + 1 > 0) lo = p - c->sliding_window + 1;
+        const float *qv = s->q + (size_t)t * s->q_dim + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int j = lo; j <= p; j++) {
+            sc[j] = dot(qv, kc + (size_t)j * s->kv_dim + (size_t)kvh * hd, hd) * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        float sum = 0;
+        for (int j = lo; j <= p; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float *out = s->att + (size_t)t * s->q_dim + (size_t)h * hd;
+        memset(out, 0, sizeof(float) * (size_t)hd);
+        for (int j = lo; j <= p; j++) {
+            float w = sc[j] / sum;
+            const float *vv = vc + (size_t)j * s->kv_dim + (size_t)kvh * hd;
+            for (int d = 0; d < hd; d++) out[d] += w * vv[d];
+        }
+    }
+}
+
+/* attention: self-attention block of layer l for a chunk of n_tok tokens. */
+static void attention(struct cpu *s, int l, int pos0, int n_tok) {
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[l];
+    const int hd = c->head_dim;
+    matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
+    matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
+    matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+    for (int t = 0; t < n_tok; t++) {
+        float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
+        float *v = s->v + (size_t)t * s->kv_dim;
+        if (c->qk_norm == MOE_QK_NORM_FULL) {
+            rms_norm(q, q, L->q_norm, s->q_dim, c->norm_eps);
+            rms_norm(k, k, L->k_norm, s->kv_dim, c->norm_eps);
+        }
+        if (c->clip_qkv > 0) {
+            float cl = c->clip_qkv;
+            for (int64_t i = 0; i < s->q_dim; i++) q[i] = fminf(fmaxf(q[i], -cl), cl);
+            for (int64_t i = 0; i < s->kv_dim; i++) {
+                k[i] = fminf(fmaxf(k[i], -cl), cl);
+                v[i] = fminf(fmaxf(v[i], -cl), cl);
+            }
+        }
+        if (c->qk_norm == MOE_QK_NORM_HEAD) {
+            for (int h = 0; h < c->n_head; h++) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
+            for (int h = 0; h < c->n_head_kv; h++) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
+        }
+        const float *cs = s->rope_cos + (size_t)t * (c->rope.n_rot / 2);
+        const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
+        rope_apply(q, c->n_head, hd, c->rope.n_rot, cs, sn);
+        rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, cs, sn);
+        size_t off = ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim;
+        memcpy(s->k_cache + off, k, sizeof(float) * s->kv_dim);
+        memcpy(s->v_cache + off, v, sizeof(float) * s->kv_dim);
+    }
+    struct att_ctx a = {s, l, pos0, n_tok};
+    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, 1, att_range, &a);
+    matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
+}
+
+/* ffn: y = down(silu(gate x) * up x) for n rows of x (ld n_embd). */
+static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n) {
+    int64_t F = f->gate.n_out, H = s->m->cfg.n_embd;
+    matmul(s, &f->gate, NULL, x, H, s->ge, F, n);
+    matmul(s, &f->up, NULL, x, H, s->ue, F, n);
+    for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    matmul(s, &f->down, NULL, s->ge, F, y, H, n);
+}
+
+/* ---- the interface ---------------------------------------------------- */
+
+static struct cpu *ctx(struct moe_backend *be) { return be->ctx; }
+
+static enum moe_status cpu_buffer_alloc(struct moe_backend *be, size_t size, struct moe_buffer *out) {
+    (void)be;
+    memset(out, 0, sizeof *out);
+    void *p = NULL;
+    size_t n = (size + 4095) & ~(size_t)4095;
+    if (posix_memalign(&p, 4096, n ? n : 4096)) {
+        MOE_LOGE("cannot allocate %zu bytes", size);
+        return MOE_ERR_NOMEM;
+    }
+    out->data = out->host = p;
+    out->size = size;
+    return MOE_OK;
+}
+
+static void cpu_buffer_free(struct moe_backend *be, struct moe_buffer *buf) {
+    (void)be;
+    if (!buf) return;
+    free(buf->data);
+    memset(buf, 0, sizeof *buf);
+}
+
+static enum moe_status cpu_buffer_write(struct moe_backend *be, struct moe_buffer *dst, size_t off, const void *src,
+                                        size_t n) {
+    (void)be;
+    if (off > dst->size || n > dst->size - off) return MOE_ERR_RANGE;
+    if ((const char *)dst->host + off != src) memcpy((char *)dst->host + off, src, n);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_embed(struct moe_backend *be, const int32_t *tokens, int n) {
+    struct cpu *s = ctx(be);
+    const int64_t H = s->m->cfg.n_embd;
+    for (int t = 0; t < n; t++) {
+        const float *row = weight_row(&s->m->tok_embd, tokens[t], s->row_buf);
+        memcpy(s->x + (size_t)t * H, row, sizeof(float) * (size_t)H);
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_set_x(struct moe_backend *be, const float *x, int n) {
+    struct cpu *s = ctx(be);
+    memcpy(s->x, x, sizeof(float) * (size_t)n * (size_t)s->m->cfg.n_embd);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_get_x(struct moe_backend *be, float *x, int n) {
+    struct cpu *s = ctx(be);
+    memcpy(x, s->x, sizeof(float) * (size_t)n * (size_t)s->m->cfg.n_embd);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_get_xn(struct moe_backend *be, float *xn, int n) {
+    struct cpu *s = ctx(be);
+    memcpy(xn, s->xn, sizeof(float) * (size_t)n * (size_t)s->m->cfg.n_embd);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_attention(struct moe_backend *be, int layer, int pos0, int n, int seq_len) {
+    struct cpu *s = ctx(be);
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[layer];
+    if (s->rope_pos0 != pos0 || s->rope_n != n || s->rope_len != seq_len) {
+        rope_tables(s, pos0, n, seq_len);
+        s->rope_pos0 = pos0, s->rope_n = n, s->rope_len = seq_len;
+    }
+    norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n);
+    attention(s, layer, pos0, n);
+    for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->tmp[i];
+    return MOE_OK;
+}
+
+static enum moe_status cpu_ffn_norm(struct moe_backend *be, int layer, int n) {
+    struct cpu *s = ctx(be);
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[layer];
+    norm_rows(c, s->xn, s->x, L->ffn_norm, L->ffn_norm_b, n);
+    memset(s->acc, 0, sizeof(float) * (size_t)n * (size_t)c->n_embd);
+    memset(s->part_used, 0, (size_t)n * (size_t)s->p.n_slots);
+    s->shared_pending = 0;
+    return MOE_OK;
+}
+
+static enum moe_status cpu_router(struct moe_backend *be, int layer, int n, float *logits) {
+    struct cpu *s = ctx(be);
+    const struct moe_config *c = &s->m->cfg;
+    matmul(s, &s->m->layers[layer].router, NULL, s->xn, c->n_embd, logits, c->n_expert, n);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *f, const int32_t *rows,
+                                  const int32_t *slots, const float *w, int n_rows, float *out) {
+    struct cpu *s = ctx(be);
+    const int64_t H = s->m->cfg.n_embd;
+    const int S = s->p.n_slots;
+    for (int done = 0; done < n_rows;) {
+        int n = n_rows - done < s->p.n_batch ? n_rows - done : s->p.n_batch;
+        for (int i = 0; i < n; i++)
+            memcpy(s->xe + (size_t)i * H, s->xn + (size_t)rows[done + i] * H, sizeof(float) * (size_t)H);
+        ffn(s, f, s->xe, s->ye, n);
+        for (int i = 0; i < n; i++) {
+            const int t = rows[done + i], k = slots[done + i];
+            float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
+            const float *src = s->ye + (size_t)i * H;
+            const float wi = w[done + i];
+            for (int64_t d = 0; d < H; d++) dst[d] = src[d] * wi;
+            s->part_used[(size_t)t * S + (size_t)k] = 1;
+        }
+        if (out) memcpy(out + (size_t)done * H, s->ye, sizeof(float) * (size_t)n * (size_t)H);
+        done += n;
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_dense(struct moe_backend *be, int layer, int n) {
+    struct cpu *s = ctx(be);
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[layer];
+    const int64_t H = c->n_embd;
+    if (!c->layer_moe[layer]) {
+        ffn(s, &L->dense, s->xn, s->acc, n);
+        return MOE_OK;
+    }
+    if (c->n_ff_shared <= 0) return MOE_OK;
+    matmul(s, &L->shared_gate, NULL, s->xn, H, s->sg, 1, n);
+    ffn(s, &L->shared, s->xn, s->tmp, n);
+    s->shared_pending = 1;
+    return MOE_OK;
+}
+
+/* shared_add: acc += sigmoid(shared gate) * shared expert (after the routed
+ * experts, as transformers adds it). */
+static void shared_add(struct cpu *s, int n) {
+    const int64_t H = s->m->cfg.n_embd;
+    for (int t = 0; t < n; t++) {
+        float g = 1.0f / (1.0f + expf(-s->sg[t]));
+        for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += g * s->tmp[(size_t)t * H + d];
+    }
+}
+
+static enum moe_status cpu_residual(struct moe_backend *be, int n) {
+    struct cpu *s = ctx(be);
+    const struct moe_config *c = &s->m->cfg;
+    const int64_t H = c->n_embd;
+    const int S = s->p.n_slots;
+    for (int t = 0; t < n; t++) {
+        float *a = s->acc + (size_t)t * H;
+        for (int k = 0; k < S; k++) {
+            if (!s->part_used[(size_t)t * S + (size_t)k]) continue;
+            const float *src = s->part + ((size_t)t * S + (size_t)k) * H;
+            for (int64_t d = 0; d < H; d++) a[d] += src[d];
+        }
+    }
+    if (s->shared_pending) shared_add(s, n);
+    s->shared_pending = 0;
+    for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->acc[i];
+    return MOE_OK;
+}
+
+static enum moe_status cpu_lm_head_rows(struct moe_backend *be, const float *x, int n, float *logits) {
+    struct cpu *s = ctx(be);
+    const struct moe_model *m = s->m;
+    const struct moe_config *c = &m->cfg;
+    norm_rows(c, s->xn, x, m->out_norm, m->out_norm_b, n);
+    matmul(s, &m->lm_head, m->lm_head_b, s->xn, c->n_embd, logits, c->n_vocab, n);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_lm_head(struct moe_backend *be, int row0, int n, float *logits) {
+    struct cpu *s = ctx(be);
+    return cpu_lm_head_rows(be, s->x + (size_t)row0 * (size_t)s->m->cfg.n_embd, n, logits);
+}
+
+static enum moe_status cpu_ffn_rows(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n) {
+    ffn(ctx(be), f, x, y, n);
+    return MOE_OK;
+}
+
+static void cpu_free(struct moe_backend *be);
+
+static const struct moe_backend_iface k_cpu_iface = {
+    .version = MOE_BACKEND_VERSION,
+    .name = "cpu",
+    .free = cpu_free,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .buffer_write = cpu_buffer_write,
+    .embed = cpu_embed,
+    .set_x = cpu_set_x,
+    .get_x = cpu_get_x,
+    .get_xn = cpu_get_xn,
+    .attention = cpu_attention,
+    .ffn_norm = cpu_ffn_norm,
+    .router = cpu_router,
+    .expert = cpu_expert,
+    .dense = cpu_dense,
+    .residual = cpu_residual,
+    .lm_head = cpu_lm_head,
+    .ffn_rows = cpu_ffn_rows,
+    .lm_head_rows = cpu_lm_head_rows,
+};
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
+static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
+static void cpu_free(struct moe_backend *be) {
+    if (!be) return;
+    struct cpu *s = be->ctx;
+    if (s) {
+        moe_pool_free(s->pool);
+        float *bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->acc, s->part,
+                         s->xe, s->ge, s->ue, s->ye, s->sg, s->row_buf, s->att_buf, s->inv_freq, s->rope_cos,
+                         s->rope_sin};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+        free(s->part_used);
+        free(s);
+    }
+    free(be);
+}
+
+enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct moe_backend_params *p,
+                                    struct moe_backend **out) {
+    *out = NULL;
+    const struct moe_config *c = &model->cfg;
+    struct moe_backend *be = calloc(1, sizeof *be);
+    struct cpu *s = calloc(1, sizeof *s);
+    if (!be || !s) {
+        free(be);
+        free(s);
+        return MOE_ERR_NOMEM;
+    }
+    be->iface = &k_cpu_iface;
+    be->ctx = s;
+    s->m = model;
+    s->p = *p;
+    if (s->p.n_slots < 1) s->p.n_slots = 1;
+    s->rope_pos0 = s->rope_n = s->rope_len = -1;
+    enum moe_status st = moe_pool_create(s->p.n_threads, &s->pool);
+    if (st) {
+        cpu_free(be);
+        return st;
+    }
+    s->p.n_threads = moe_pool_n_threads(s->pool);
+    const int64_t B = s->p.n_batch, H = c->n_embd, T = s->p.n_threads, S = s->p.n_slots;
+    s->q_dim = (int64_t)c->n_head * c->head_dim;
+    s->kv_dim = (int64_t)c->n_head_kv * c->head_dim;
+    s->max_ff = max64(max64(c->n_ff_expert, c->n_ff_dense), c->n_ff_shared);
+    s->max_in = max64(max64(H, s->q_dim), s->max_ff);
+    size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
+    int ok = 1;
+#define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
+    ALLOC(s->k_cache, kv);
+    ALLOC(s->v_cache, kv);
+    ALLOC(s->x, B * H);
+    ALLOC(s->xn, B * H);
+    ALLOC(s->q, B * s->q_dim);
+    ALLOC(s->k, B * s->kv_dim);
+    ALLOC(s->v, B * s->kv_dim);
+    ALLOC(s->att, B * s->q_dim);
+    ALLOC(s->tmp, B * H);
+    ALLOC(s->acc, B * H);
+    ALLOC(s->part, B * S * H);
+    ALLOC(s->part_used, B * S);
+    ALLOC(s->xe, B * H);
+    ALLOC(s->ge, B * s->max_ff);
+    ALLOC(s->ue, B * s->max_ff);
+    ALLOC(s->ye, B * H);
+    ALLOC(s->sg, B);
+    ALLOC(s->row_buf, T * s->max_in);
+    ALLOC(s->att_buf, T * s->p.n_ctx);
+    ALLOC(s->inv_freq, c->rope.n_rot / 2);
+    ALLOC(s->rope_cos, B * (c->rope.n_rot / 2));
+    ALLOC(s->rope_sin, B * (c->rope.n_rot / 2));
+#undef ALLOC
+    if (!ok) {
+        MOE_LOGE("cannot allocate the session (KV cache %zu MiB); try a smaller context", (kv * 8) >> 20);
+        cpu_free(be);
+        return MOE_ERR_NOMEM;
+    }
+    rope_init(c, s->inv_freq);
+    *out = be;
+    return MOE_OK;
+}
+
+int moe_backend_cpu_threads(const struct moe_backend *be) {
+    return be && be->iface == &k_cpu_iface ? ((const struct cpu *)be->ctx)->p.n_threads : 0;
+}
+
+void moe_backend_free(struct moe_backend *be) {
+    if (be) be->iface->free(be);
+}

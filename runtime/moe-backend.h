@@ -1,0 +1,139 @@
+/*
+ * moe-backend.h - the seam between the forward logic and the hardware.
+ *
+ * A session (moe-session.h) decides *what* runs: the layer order, the router's
+ * choices, which expert copy each token uses and where the expert store keeps
+ * it. A backend decides *how*: it owns the run state in its own memory (the
+ * residual stream, the KV cache, scratch) and runs the pieces of a layer on
+ * it. The CPU backend (runtime/cpu/backend-cpu.c) is the reference every
+ * other backend is checked against; a CUDA backend implements the same table.
+ *
+ * The table is versioned as ggml's backends and SQLite's VFS are: a backend
+ * sets iface->version to the MOE_BACKEND_VERSION it was written for, and the
+ * session refuses a backend whose version it does not know. Members are only
+ * ever appended.
+ *
+ * Data that crosses the seam: token ids, router logits and gate weights
+ * (small, always host memory), host copies of the residual stream for the
+ * observers and the tools (get_x / set_x), and the weights. Non-expert
+ * weights are the model's views (the backend uploads them once if it needs
+ * to); expert weights are `struct moe_ffn` views into memory of the backend's
+ * own kind (the model's mapping for the CPU backend without a budget, the
+ * expert store's slots otherwise), at any stored type (moe-quant.h).
+ *
+ * Threads: a backend context belongs to one session and is driven by one
+ * thread at a time; buffer_write may be called from the expert store's loader
+ * threads concurrently with compute on other buffers.
+ */
+#ifndef MOE_BACKEND_H
+#define MOE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe-model.h"
+#include "moe-status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE_BACKEND_VERSION 1
+
+/* Memory owned by a backend. */
+struct moe_buffer {
+    void *data;   /* the backend's address of the bytes (device pointer on a GPU) */
+    void *host;   /* a host address of the same bytes, or NULL (device-only memory):
+                   * the expert store reads blobs straight into it when not NULL */
+    size_t size;
+    void *priv;   /* the backend's own bookkeeping */
+};
+
+struct moe_backend;
+
+struct moe_backend_iface {
+    uint32_t version; /* MOE_BACKEND_VERSION the backend implements */
+    const char *name; /* "cpu", "cuda" */
+    void (*free)(struct moe_backend *be);
+
+    /* -- memory -- */
+    /* buffer_alloc: size bytes, 4096-aligned (direct I/O can target the host view). */
+    enum moe_status (*buffer_alloc)(struct moe_backend *be, size_t size, struct moe_buffer *out);
+    void (*buffer_free)(struct moe_backend *be, struct moe_buffer *buf);
+    /* buffer_write: copy n host bytes to dst at off (a no-op copy when dst->host == src + ...). */
+    enum moe_status (*buffer_write)(struct moe_backend *be, struct moe_buffer *dst, size_t off,
+                                    const void *src, size_t n);
+
+    /* -- the residual stream x [n x n_embd] of the current chunk -- */
+    enum moe_status (*embed)(struct moe_backend *be, const int32_t *tokens, int n);
+    enum moe_status (*set_x)(struct moe_backend *be, const float *x, int n); /* host -> x */
+    enum moe_status (*get_x)(struct moe_backend *be, float *x, int n);       /* x -> host */
+    /* get_xn: the normed stream after ffn_norm (the router's input) -> host */
+    enum moe_status (*get_xn)(struct moe_backend *be, float *xn, int n);
+
+    /* -- one layer, for the n tokens at positions pos0.. -- */
+    /* attention: x += o_proj(attention(attn_norm(x))), writing the layer's KV
+     * cache at pos0..pos0+n-1. seq_len: the largest position of this forward
+     * call + 1 (Phi-MoE's longrope scale depends on it). */
+    enum moe_status (*attention)(struct moe_backend *be, int layer, int pos0, int n, int seq_len);
+    /* ffn_norm: xn = ffn_norm(x); the layer's feed-forward accumulator and
+     * its expert slots = 0. */
+    enum moe_status (*ffn_norm)(struct moe_backend *be, int layer, int n);
+    /* router: logits [n x n_expert] (host) = layer `layer`'s router applied to
+     * xn. A layer above the current one is HOBBIT's stacked gating. */
+    enum moe_status (*router)(struct moe_backend *be, int layer, int n, float *logits);
+    /* expert: part[rows[i]][slots[i]] = w[i] * f(xn[rows[i]]) for i < n_rows,
+     * f a SwiGLU FFN whose views live in this backend's memory; out (host,
+     * may be NULL) receives the unweighted outputs f(xn[rows[i]])
+     * [n_rows x n_embd]. A token's slots are summed in slot order by
+     * residual(), so the result does not depend on the order experts run in
+     * (the session gives each token's experts slots in ascending expert id,
+     * the reference order). Slots not written this layer count as zero. */
+    enum moe_status (*expert)(struct moe_backend *be, const struct moe_ffn *f, const int32_t *rows,
+                              const int32_t *slots, const float *w, int n_rows, float *out);
+    /* dense: acc += the layer's dense MLP (a dense layer) or its shared
+     * expert times sigmoid(shared gate) (an MoE layer that has one). */
+    enum moe_status (*dense)(struct moe_backend *be, int layer, int n);
+    /* residual: acc += the expert slots (in slot order), then x += acc. */
+    enum moe_status (*residual)(struct moe_backend *be, int n);
+    /* lm_head: logits [n x n_vocab] (host) of rows row0..row0+n-1 of x
+     * (output norm, LM head, bias). */
+    enum moe_status (*lm_head)(struct moe_backend *be, int row0, int n, float *logits);
+
+    /* -- host-row helpers for the tools (sensitivity sweep) -- */
+    /* ffn_rows: y = f(x) for n host rows (n <= n_batch). */
+    enum moe_status (*ffn_rows)(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n);
+    /* lm_head_rows: logits of n host rows of final residual stream (n <= n_batch). */
+    enum moe_status (*lm_head_rows)(struct moe_backend *be, const float *x, int n, float *logits);
+};
+
+struct moe_backend {
+    const struct moe_backend_iface *iface;
+    void *ctx; /* the backend's own state */
+};
+
+/* What a backend is created for. */
+struct moe_backend_params {
+    int n_ctx;     /* KV cache length in tokens (> 0) */
+    int n_batch;   /* tokens per chunk (> 0) */
+    int n_threads; /* CPU threads (<= 0: all online CPUs) */
+    int n_slots;   /* expert slots per token (the most experts a token uses, >= 1) */
+};
+
+/* moe_backend_cpu_new: the CPU reference backend for `model` (borrowed: it
+ * must outlive the backend): KV cache and scratch in host memory, a thread
+ * pool splitting matmuls by output rows and attention by (token, head).
+ * Errors: MOE_ERR_NOMEM (logged with the KV cache size). */
+enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct moe_backend_params *p,
+                                    struct moe_backend **out);
+
+/* moe_backend_cpu_threads: the threads of a CPU backend (caller included). */
+int moe_backend_cpu_threads(const struct moe_backend *be);
+
+/* moe_backend_free: be->iface->free(be); NULL is a no-op. */
+void moe_backend_free(struct moe_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

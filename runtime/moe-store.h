@@ -1,0 +1,183 @@
+/*
+ * moe-store.h - the expert store: keeps at most a budget of routed-expert
+ * bytes in a backend's memory and reads missed experts from the bundle.
+ *
+ * Tiers: the fast tier is a set of slots in the backend's memory (host RAM
+ * for the CPU backend), split into a high-precision and a low-precision
+ * cache; the slow tier is the .moeb file on storage, read with direct I/O
+ * (O_DIRECT on the 4096-aligned blobs, so the page cache cannot hide a miss),
+ * buffered reads or copies out of the file mapping. Which copies stay is
+ * decided by the cache-policy core (moe-cache.h), the same state machine
+ * `moe-prep fit-cache` replays, under HOBBIT's token-level precision rule
+ * (high / low / skip from the gate weights with T1/T2 from the bundle's
+ * tuning), with EdgeMoE's path-dictionary and HOBBIT's stacked-gate prefetch,
+ * and loads overlapped with compute by a pool of loader threads.
+ *
+ * Non-expert weights are not the store's: they stay the model's views (a
+ * mapping of the bundle, touched once). Memory: the slots (at most the budget)
+ * + two scratch slots of the largest copy (for copies a policy does not keep)
+ * + a small fixed bookkeeping size (moe_store_overhead_bytes).
+ *
+ * Used by the session (moe-session.h): it is created by moe_session_create
+ * when moe_session_params.store is set, and driven by the session's thread;
+ * the loader threads only read the file and write slots. See
+ * docs/architecture.md ("The expert store").
+ */
+#ifndef MOE_STORE_H
+#define MOE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moe-backend.h"
+#include "moe-cache.h"
+#include "moe-model.h"
+#include "moe-status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moe_io_mode {
+    MOE_IO_DIRECT = 0,   /* O_DIRECT reads (falls back to buffered where the file system refuses it) */
+    MOE_IO_BUFFERED = 1, /* pread through the page cache */
+    MOE_IO_MMAP = 2,     /* copies out of the bundle's mapping */
+};
+
+/* What the engine does; moe_store_default_params() gives the defaults noted. */
+struct moe_store_params {
+    int64_t expert_mem;     /* bytes of expert copies kept (> 0), or 0 with high_cap/low_cap */
+    int high_cap, low_cap;  /* copies kept per cache, as fit-cache's --cache-experts H,L
+                             * (used when expert_mem == 0; both 0 = no budget) */
+    double low_share;       /* share of expert_mem for the low cache when dynamic precision is
+                             * on (0.25, as fit-cache's --low-share) */
+    enum moe_io_mode io;    /* MOE_IO_DIRECT */
+    int policy;             /* enum moe_cache_policy, or -1: HOBBIT with the bundle's fitted
+                             * weights if it has them, else LRU (-1) */
+    const char *high;       /* precision of high copies; NULL = each expert's home precision
+                             * (the bit-width map, else the precision the model is bound at) */
+    const char *low;        /* precision of low copies; NULL = the smallest stored */
+    int dynamic;            /* HOBBIT dynamic precision: 1 on, 0 off, -1 auto = on when the
+                             * budget cannot hold every high copy, a low precision exists and
+                             * the tuning has T1/T2 (-1) */
+    int skip;               /* 1: experts with s > T2 and no cached copy are skipped (0: loaded low) */
+    double t1, t2;          /* thresholds; NaN = the bundle's hobbit.t1 / hobbit.t2 (NaN) */
+    int prefetch_layers;    /* stacked-gate prefetch: layers ahead (0 = off, the default) */
+    int prefetch_paths;     /* path-dictionary prefetch: experts per layer (0 = off, the default) */
+    int path_order;         /* 1 or 2: the dictionary keyed on 1 or 2 previous layers (1) */
+    int warm;               /* 1: fill the caches in Twiddler's placement order at start (1) */
+    int n_loaders;          /* loader threads (2) */
+};
+
+struct moe_store_params moe_store_default_params(void);
+
+/* moe_store_parse_size: "512M", "1.5G", "4096", "64KiB" -> bytes (K/M/G/T,
+ * optional iB/B, powers of 1024). MOE_ERR_INVALID (not logged) otherwise. */
+enum moe_status moe_store_parse_size(const char *s, int64_t *out);
+
+/* What a run did, counted since the session was created. */
+struct moe_store_stats {
+    int64_t tokens;                 /* tokens run (prompt + decode) */
+    int64_t decode_tokens;
+    int64_t accesses;               /* (step, expert) uses asked of the cache */
+    int64_t hits_high, hits_low, misses_high, misses_low, skips;
+    int64_t loads, load_bytes;      /* blobs read from storage and their stored bytes (demand + prefetch) */
+    int64_t prefetch_loads;         /* of which prefetches */
+    int64_t prefetch_used;          /* prefetched copies that served a demand access */
+    int64_t prefetch_cancelled;     /* prefetches dropped before their read started */
+    int64_t scratch_loads;          /* misses loaded into scratch (not kept by the policy) */
+    double stall_s;                 /* time the compute thread waited for loads */
+    double stall_s_decode;          /* of which during decode steps */
+    int64_t peak_resident_bytes;    /* most bytes of expert copies held at once (slots in use) */
+    int64_t slot_bytes;             /* bytes allocated for slots and scratch */
+    int high_cap, low_cap;          /* the caches' capacities (copies) */
+    int64_t high_copy_bytes, low_copy_bytes; /* the largest copy of each cache */
+    int policy;                     /* enum moe_cache_policy used */
+    int dynamic;                    /* dynamic precision on */
+    double t1, t2;
+    enum moe_io_mode io;            /* the mode used (after any fallback) */
+};
+
+struct moe_store;
+
+/* moe_store_new: the store for a bundle model (loaded with lazy_experts,
+ * ideally) on backend `be` (both borrowed). Checks the budget: one that
+ * cannot hold one layer's top-`k` at the lowest precision is MOE_ERR_INVALID
+ * with a message naming the minimum. MOE_ERR_UNSUPPORTED for a checkpoint
+ * directory (a budget needs a bundle). */
+enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be, const struct moe_store_params *p,
+                              int k, struct moe_store **out);
+
+/* moe_store_free: joins the loaders, frees the slots; NULL is a no-op. */
+void moe_store_free(struct moe_store *st);
+
+/* moe_store_overhead_bytes: the store's memory beyond the slots of the
+ * budget: scratch slots and bookkeeping (for the peak-memory check). */
+int64_t moe_store_overhead_bytes(const struct moe_store *st);
+
+/* One expert's work in a layer step, as planned by moe_store_plan. */
+struct moe_store_item {
+    int expert;
+    int n;            /* tokens routed to it */
+    int first;        /* its rows start at plan->rows[first] */
+    int handle;       /* the store's slot (-1: resident / skipped) */
+    int precision;    /* stored precision index used */
+    int skipped;      /* HOBBIT skip: not computed */
+};
+
+struct moe_store_plan {
+    int n_items;
+    struct moe_store_item *items;  /* [n_items] in the order to compute them */
+    int32_t *rows, *slots;         /* [n x k] per item: batch rows and expert slots */
+    float *weights;                /* [n x k] gate weights */
+};
+
+/* moe_store_begin_sequence: a new sequence starts (session reset). */
+void moe_store_begin_sequence(struct moe_store *st);
+
+/* moe_store_plan: layer `layer`'s routed work for n tokens (positions
+ * pos0..pos0+n-1; n == 1 is a decode step): sel/w [n x k] the router's
+ * choices in rank order. Asks the cache for each expert, starts the loads,
+ * and fills *plan (owned by the store, valid until the next call). */
+enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
+                               int k, struct moe_store_plan **plan);
+
+/* moe_store_acquire: the views of item i of the current plan, waiting for
+ * its load; moe_store_release after computing it. */
+enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view);
+void moe_store_release(struct moe_store *st, int i);
+
+/* moe_store_prefetch_hint: experts[0..n) of MoE layer `layer` will probably
+ * be used `ahead` MoE layer steps from now (stacked gating); the store loads
+ * and protects the ones the policy admits. Returns how many reads it started
+ * (0: all cached already, or nothing admitted). Decode steps only. */
+int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, int n, int ahead);
+
+/* moe_store_count_tokens: n tokens were run (decode != 0: one-token steps). */
+void moe_store_count_tokens(struct moe_store *st, int n, int decode);
+
+/* moe_store_options_help: the help text of the engine options below. */
+const char *moe_store_options_help(void);
+
+/* moe_store_option_takes_value: 1 if `name` (e.g. "--expert-mem") is an
+ * engine option with a value, 0 a flag, -1 not an engine option. */
+int moe_store_option_takes_value(const char *name);
+
+/* moe_store_parse_option: apply option `name` with value v (NULL for a
+ * flag) to *p. MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a
+ * bad value; both with a message for the user in err. Nothing is logged. */
+enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
+                                       size_t err_size);
+
+/* moe_store_stats_json: s as one JSON object (counts, ratios, bytes and
+ * stall time per token, prefetch precision and recall, peak resident bytes). */
+void moe_store_stats_json(const struct moe_store_stats *s, FILE *f);
+
+/* moe_store_get_stats: the counters so far. */
+void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

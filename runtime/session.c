@@ -1,0 +1,526 @@
+/*
+ * session.c - the run state of a model and the forward logic, on a backend.
+ *
+ * The session owns what does not depend on the hardware: the token history,
+ * the router's decisions (softmax top-k or sparsemixer, computed on the host
+ * from the backend's router logits), the order of layers and chunks, the
+ * observers, and which copy of each routed expert a token uses (the resident
+ * views of the model, or the expert store's slots when a memory budget is
+ * set). The arithmetic runs on a backend (moe-backend.h); the CPU backend is
+ * the reference.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe-backend.h"
+#include "moe-session.h"
+#include "moe-store.h"
+
+struct moe_session_params moe_session_default_params(void) {
+    struct moe_session_params p = {0};
+    return p;
+}
+
+struct moe_session {
+    const struct moe_model *m;
+    struct moe_session_params p;
+    struct moe_backend *be;
+    struct moe_store *store;    /* NULL: every expert resident (the model's views) */
+    int pos;
+    int32_t *history;           /* [n_ctx] ids in the cache (for Phi-MoE's recompute) */
+    float *router_logits;       /* [B x n_expert] */
+    float *pred_logits;         /* [n_expert] stacked-gate prediction */
+    int32_t *sel;               /* [B x k] */
+    float *sel_w;               /* [B x k] */
+    float *xh;                  /* [B x n_embd] host copy for the observers */
+    float *eout;                /* [B x n_embd] unweighted expert outputs (on_expert) */
+    int32_t *rows, *slots;      /* [B x k] gathered work of one layer */
+    float *rw;                  /* [B x k] */
+    int32_t *ord;               /* [k] scratch */
+    int *moe_of, n_moe;         /* [n_layer] MoE layer index (-1: dense); MoE layers */
+    /* the routing of the run (record_trace): MoE layers only, as profiles */
+    int32_t *tr_experts;
+    float *tr_weights;
+    int64_t tr_tokens, tr_cap;
+    int32_t *tr_seq_start;
+    int tr_nseq, tr_seqcap;
+};
+
+/* ---- routing ---------------------------------------------------------- */
+
+/* route_softmax_topk: softmax over experts, top-k (ties to the lower index),
+ * optional renormalisation — Mixtral, Qwen2/3-MoE, OLMoE. */
+static void route_softmax_topk(const struct moe_config *c, int K, const float *logits, int32_t *sel, float *w) {
+    int E = c->n_expert;
+    float mx = -INFINITY, sum = 0;
+    float probs[E];
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, logits[e]);
+    for (int e = 0; e < E; e++) sum += (probs[e] = expf(logits[e] - mx));
+    for (int e = 0; e < E; e++) probs[e] /= sum;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        sel[k] = best;
+        w[k] = probs[best];
+    }
+    if (c->norm_topk_prob) {
+        float ws = 0;
+        for (int k = 0; k < K; k++) ws += w[k];
+        for (int k = 0; k < K; k++) w[k] /= ws;
+    }
+}
+
+/* sparsemixer_pick: one step of Phi-MoE's inference-time sparsemixer. Among
+ * scores not excluded, take the maximum; mask entries whose relative gap to it
+ * exceeds 2*eps; the weight is the softmax of the unmasked entries at the max. */
+static void sparsemixer_pick(const float *scores, const float *masked, int E, float eps, int32_t *sel,
+                             float *w) {
+    int ind = 0;
+    for (int e = 1; e < E; e++)
+        if (masked[e] > masked[ind]) ind = e;
+    float thr = masked[ind];
+    float gates[E];
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++) {
+        float factor = fmaxf(fabsf(scores[e]), thr);
+        int drop = ((thr - scores[e]) / factor) > 2.0f * eps;
+        gates[e] = drop ? -INFINITY : masked[e];
+        mx = fmaxf(mx, gates[e]);
+    }
+    float sum = 0;
+    for (int e = 0; e < E; e++) sum += (gates[e] = gates[e] == -INFINITY ? 0.0f : expf(gates[e] - mx));
+    *sel = ind;
+    *w = gates[ind] / sum;
+}
+
+/* route_sparsemixer: Phi-MoE top-2 routing (weights are not renormalised);
+ * K = 1 keeps the first pick only. */
+static void route_sparsemixer(const struct moe_config *c, int K, const float *logits, int32_t *sel, float *w) {
+    int E = c->n_expert;
+    float masked[E];
+    memcpy(masked, logits, sizeof masked);
+    sparsemixer_pick(logits, masked, E, c->router_jitter, &sel[0], &w[0]);
+    if (K < 2) return;
+    masked[sel[0]] = -INFINITY;
+    sparsemixer_pick(logits, masked, E, c->router_jitter, &sel[1], &w[1]);
+}
+
+/* route: the router's choices for n tokens from their logits. */
+static void route(const struct moe_session *s, const float *logits, int n, int32_t *sel, float *w) {
+    const struct moe_config *c = &s->m->cfg;
+    const int E = c->n_expert, K = s->p.n_expert_used;
+    for (int t = 0; t < n; t++) {
+        const float *lg = logits + (size_t)t * E;
+        if (c->router == MOE_ROUTER_SPARSEMIXER)
+            route_sparsemixer(c, K, lg, sel + (size_t)t * K, w + (size_t)t * K);
+        else
+            route_softmax_topk(c, K, lg, sel + (size_t)t * K, w + (size_t)t * K);
+    }
+}
+
+/* ---- session ---------------------------------------------------------- */
+
+
+/* moe_expert_slots: for each of a token's k experts (rank order), its place
+ * among them in ascending expert id: the order the reference adds them in. */
+static void expert_slots(const int32_t *sel, int k, int32_t *slot) {
+    for (int i = 0; i < k; i++) {
+        int r = 0;
+        for (int j = 0; j < k; j++) r += sel[j] < sel[i] || (sel[j] == sel[i] && j < i);
+        slot[i] = r;
+    }
+}
+
+/* trace_grow: room for n more tokens' routing of every MoE layer (filled later per layer). */
+static enum moe_status trace_grow(struct moe_session *s, int n) {
+    const struct moe_config *c = &s->m->cfg;
+    const int64_t row = (int64_t)s->n_moe * s->p.n_expert_used;
+    (void)c;
+    if (s->tr_tokens + n > s->tr_cap) {
+        int64_t cap = s->tr_cap ? s->tr_cap : 256;
+        while (cap < s->tr_tokens + n) cap *= 2;
+        int32_t *e = realloc(s->tr_experts, sizeof *e * (size_t)(cap * row));
+        if (!e) return MOE_ERR_NOMEM;
+        s->tr_experts = e;
+        float *w = realloc(s->tr_weights, sizeof *w * (size_t)(cap * row));
+        if (!w) return MOE_ERR_NOMEM;
+        s->tr_weights = w;
+        s->tr_cap = cap;
+    }
+    for (int64_t i = s->tr_tokens * row; i < (s->tr_tokens + n) * row; i++) s->tr_experts[i] = -1, s->tr_weights[i] = 0;
+    return MOE_OK;
+}
+
+/* moe_layer: the routed experts (+ shared expert) of MoE layer l for the
+ * n_tok rows at pos0: router, observers, the store's plan, the experts. */
+static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_tok) {
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_backend_iface *bi = s->be->iface;
+    const int E = c->n_expert, K = s->p.n_expert_used;
+    const int64_t H = c->n_embd;
+    enum moe_status st;
+    if ((st = bi->router(s->be, l, n_tok, s->router_logits))) return st;
+    route(s, s->router_logits, n_tok, s->sel, s->sel_w);
+    if (s->p.on_route) {
+        if ((st = bi->get_xn(s->be, s->xh, n_tok))) return st;
+        struct moe_route_event ev = {l, pos0, n_tok, E, K, s->xh, s->router_logits, s->sel, s->sel_w};
+        s->p.on_route(&ev, s->p.route_user);
+    }
+    if (s->p.record_trace) {
+        const int64_t row = (int64_t)s->n_moe * K, t0 = s->tr_tokens - n_tok, ml = s->moe_of[l];
+        for (int t = 0; t < n_tok; t++) {
+            memcpy(s->tr_experts + (t0 + t) * row + ml * K, s->sel + (size_t)t * K, sizeof(int32_t) * (size_t)K);
+            memcpy(s->tr_weights + (t0 + t) * row + ml * K, s->sel_w + (size_t)t * K, sizeof(float) * (size_t)K);
+        }
+    }
+    if (s->store) {
+        struct moe_store_plan *plan;
+        if ((st = moe_store_plan(s->store, l, pos0, n_tok, s->sel, s->sel_w, K, &plan))) return st;
+        if (n_tok == 1 && s->p.store->prefetch_layers > 0) { /* HOBBIT's stacked gating */
+            for (int j = l + 1, ahead = 1; j < c->n_layer && ahead <= s->p.store->prefetch_layers; j++) {
+                if (!c->layer_moe[j]) continue;
+                int32_t psel[64];
+                float pw[64];
+                if ((st = bi->router(s->be, j, 1, s->pred_logits))) return st;
+                route(s, s->pred_logits, 1, psel, pw);
+                if (moe_store_prefetch_hint(s->store, j, psel, K, ahead) > 0) break; /* HOBBIT: go further
+                                                                   * only while the predictions are cached */
+                ahead++;
+            }
+        }
+        for (int i = 0; i < plan->n_items; i++) {
+            const struct moe_store_item *it = &plan->items[i];
+            if (it->skipped) continue;
+            struct moe_ffn f;
+            if ((st = moe_store_acquire(s->store, i, &f))) return st;
+            st = bi->expert(s->be, &f, plan->rows + it->first, plan->slots + it->first, plan->weights + it->first,
+                            it->n, s->p.on_expert ? s->eout : NULL);
+            moe_store_release(s->store, i);
+            if (st) return st;
+            if (s->p.on_expert) {
+                struct moe_expert_event ev = {l, it->expert, pos0, it->n, plan->rows + it->first,
+                                              plan->weights + it->first, s->eout};
+                s->p.on_expert(&ev, s->p.expert_user);
+            }
+        }
+    } else {
+        for (int t = 0; t < n_tok; t++) expert_slots(s->sel + (size_t)t * K, K, s->slots + (size_t)t * K);
+        for (int e = 0; e < E; e++) {
+            int n = 0;
+            int32_t *rows = s->rows, *slots = s->slots + (size_t)n_tok * K;
+            float *rw = s->rw;
+            for (int t = 0; t < n_tok; t++)
+                for (int k = 0; k < K; k++)
+                    if (s->sel[(size_t)t * K + k] == e) {
+                        rows[n] = t;
+                        slots[n] = s->slots[(size_t)t * K + k];
+                        rw[n] = s->sel_w[(size_t)t * K + k];
+                        n++;
+                    }
+            if (n == 0) continue;
+            struct moe_ffn f; /* asked for at each use: moe_model_set_expert_precision may rebind it */
+            if ((st = moe_model_expert(s->m, l, e, -1, &f))) return st;
+            if ((st = bi->expert(s->be, &f, rows, slots, rw, n, s->p.on_expert ? s->eout : NULL))) return st;
+            if (s->p.on_expert) {
+                struct moe_expert_event ev = {l, e, pos0, n, rows, rw, s->eout};
+                s->p.on_expert(&ev, s->p.expert_user);
+            }
+        }
+    }
+    (void)H;
+    return bi->dense(s->be, l, n_tok);
+}
+
+static void session_free_parts(struct moe_session *s) {
+    moe_store_free(s->store);
+    moe_backend_free(s->be);
+    free(s->history);
+    free(s->router_logits);
+    free(s->pred_logits);
+    free(s->sel);
+    free(s->sel_w);
+    free(s->xh);
+    free(s->eout);
+    free(s->rows);
+    free(s->slots);
+    free(s->rw);
+    free(s->ord);
+    free(s->moe_of);
+    free(s->tr_experts);
+    free(s->tr_weights);
+    free(s->tr_seq_start);
+}
+
+/* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
+static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
+enum moe_status moe_session_create(const struct moe_model *model, const struct moe_session_params *params,
+                                   struct moe_session **out) {
+    *out = NULL;
+    const struct moe_config *c = &model->cfg;
+    struct moe_session *s = calloc(1, sizeof *s);
+    if (!s) return MOE_ERR_NOMEM;
+    s->m = model;
+    s->p = params ? *params : moe_session_default_params();
+    if (s->p.n_ctx <= 0) s->p.n_ctx = c->max_pos < 4096 ? c->max_pos : 4096;
+    if (s->p.n_batch <= 0) s->p.n_batch = 256;
+    if (s->p.n_expert_used <= 0) s->p.n_expert_used = c->n_expert_used;
+    if (s->p.n_expert_used > c->n_expert || s->p.n_expert_used > 64 ||
+        (c->router == MOE_ROUTER_SPARSEMIXER && s->p.n_expert_used > 2)) {
+        MOE_LOGE("%d experts per token requested; the model routes to at most %d", s->p.n_expert_used,
+                 c->router == MOE_ROUTER_SPARSEMIXER ? 2 : c->n_expert < 64 ? c->n_expert : 64);
+        free(s);
+        return MOE_ERR_INVALID;
+    }
+    const int64_t B = s->p.n_batch, H = c->n_embd, K = s->p.n_expert_used;
+    struct moe_backend_params bp = {s->p.n_ctx, s->p.n_batch, s->p.n_threads, (int)K};
+    enum moe_status st = moe_backend_cpu_new(model, &bp, &s->be);
+    if (st) {
+        free(s);
+        return st;
+    }
+    if (s->be->iface->version != MOE_BACKEND_VERSION) {
+        MOE_LOGE("backend \"%s\" implements interface version %u; this runtime knows %d", s->be->iface->name,
+                 s->be->iface->version, MOE_BACKEND_VERSION);
+        session_free_parts(s);
+        free(s);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    s->p.n_threads = moe_backend_cpu_threads(s->be);
+    int ok = 1;
+#define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
+    ALLOC(s->history, s->p.n_ctx);
+    ALLOC(s->router_logits, B * c->n_expert);
+    ALLOC(s->pred_logits, c->n_expert);
+    ALLOC(s->sel, B * K);
+    ALLOC(s->sel_w, B * K);
+    ALLOC(s->xh, B * H);
+    ALLOC(s->eout, B * H);
+    ALLOC(s->rows, B * K);
+    ALLOC(s->slots, 2 * B * K);
+    ALLOC(s->rw, B * K);
+    ALLOC(s->ord, K);
+    ALLOC(s->moe_of, c->n_layer);
+#undef ALLOC
+    if (!ok) {
+        session_free_parts(s);
+        free(s);
+        return MOE_ERR_NOMEM;
+    }
+    for (int l = 0; l < c->n_layer; l++) s->moe_of[l] = c->layer_moe[l] ? s->n_moe++ : -1;
+    if (s->p.store) {
+        if ((st = moe_store_new(model, s->be, s->p.store, (int)K, &s->store))) {
+            session_free_parts(s);
+            free(s);
+            return st;
+        }
+    }
+    *out = s;
+    return MOE_OK;
+}
+
+void moe_session_free(struct moe_session *s) {
+    if (!s) return;
+    session_free_parts(s);
+    free(s);
+}
+
+void moe_session_reset(struct moe_session *s) { s->pos = 0; }
+int moe_session_pos(const struct moe_session *s) { return s->pos; }
+int moe_session_n_ctx(const struct moe_session *s) { return s->p.n_ctx; }
+
+/* begin_chunk: bookkeeping before n tokens at s->pos run: a new sequence for
+ * the store and the trace when the cache is empty, trace rows. */
+static enum moe_status begin_chunk(struct moe_session *s, int n) {
+    if (s->pos == 0 && s->store) moe_store_begin_sequence(s->store);
+    if (s->store) moe_store_count_tokens(s->store, n, n == 1);
+    if (!s->p.record_trace) return MOE_OK;
+    if (s->pos == 0) {
+        if (s->tr_nseq + 2 > s->tr_seqcap) {
+            int cap = s->tr_seqcap ? 2 * s->tr_seqcap : 16;
+            int32_t *q = realloc(s->tr_seq_start, sizeof *q * (size_t)cap);
+            if (!q) return MOE_ERR_NOMEM;
+            s->tr_seq_start = q;
+            s->tr_seqcap = cap;
+        }
+        if (s->tr_nseq == 0) s->tr_seq_start[0] = 0;
+        else if (s->tr_seq_start[s->tr_nseq - 1] == (int32_t)s->tr_tokens) s->tr_nseq--; /* drop an empty one */
+        s->tr_nseq++;
+    }
+    enum moe_status st = trace_grow(s, n);
+    if (st) return st;
+    s->tr_tokens += n;
+    s->tr_seq_start[s->tr_nseq] = (int32_t)s->tr_tokens;
+    return MOE_OK;
+}
+
+/* layers_chunk: layers [l0, n_layer) and the LM head for the n_tok rows of
+ * the backend's residual stream at s->pos; logits for chunk rows
+ * [row_from, n_tok) go to `logits` (row_from >= n_tok: none). */
+static enum moe_status layers_chunk(struct moe_session *s, int l0, const int32_t *tokens, int n_tok, int seq_len,
+                                    float *logits, int row_from) {
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_backend_iface *bi = s->be->iface;
+    const int pos0 = s->pos;
+    enum moe_status st;
+    if ((st = begin_chunk(s, n_tok))) return st;
+    for (int t = 0; t < n_tok; t++) s->history[pos0 + t] = tokens[t];
+    for (int l = l0; l < c->n_layer; l++) {
+        if (s->p.on_layer) {
+            if ((st = bi->get_x(s->be, s->xh, n_tok))) return st;
+            struct moe_layer_event ev = {l, pos0, n_tok, s->xh};
+            s->p.on_layer(&ev, s->p.layer_user);
+        }
+        if ((st = bi->attention(s->be, l, pos0, n_tok, seq_len))) return st;
+        if ((st = bi->ffn_norm(s->be, l, n_tok))) return st;
+        if (c->layer_moe[l]) st = moe_layer(s, l, pos0, n_tok);
+        else st = bi->dense(s->be, l, n_tok);
+        if (st || (st = bi->residual(s->be, n_tok))) return st;
+    }
+    if (s->p.on_layer) {
+        if ((st = bi->get_x(s->be, s->xh, n_tok))) return st;
+        struct moe_layer_event ev = {c->n_layer, pos0, n_tok, s->xh};
+        s->p.on_layer(&ev, s->p.layer_user);
+    }
+    s->pos += n_tok;
+    if (row_from >= n_tok) return MOE_OK;
+    return bi->lm_head(s->be, row_from, n_tok - row_from, logits);
+}
+
+/* run_tokens: process n tokens at s->pos in chunks; logits rows [row_from, n)
+ * go to `logits` (row row_from first). */
+static enum moe_status run_tokens(struct moe_session *s, const int32_t *tokens, int n, float *logits, int row_from) {
+    const size_t V = (size_t)s->m->cfg.n_vocab;
+    const int seq_len = s->pos + n;
+    enum moe_status st;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        int from = row_from > done ? row_from - done : 0; /* first row wanted in this chunk */
+        float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
+        if ((st = s->be->iface->embed(s->be, tokens + done, chunk))) return st;
+        if ((st = layers_chunk(s, 0, tokens + done, chunk, seq_len, dst, from))) return st;
+        done += chunk;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n, float *logits,
+                                    int all_logits) {
+    const struct moe_config *c = &s->m->cfg;
+    if (n <= 0) {
+        MOE_LOGE("no tokens to process");
+        return MOE_ERR_INVALID;
+    }
+    if (n > s->p.n_ctx - s->pos) {
+        MOE_LOGE("context full: %d cached + %d new tokens exceed the context of %d", s->pos, n,
+                 s->p.n_ctx);
+        return MOE_ERR_RANGE;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab) {
+            MOE_LOGE("token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, c->n_vocab);
+            return MOE_ERR_INVALID;
+        }
+    }
+    const struct moe_rope *r = &c->rope;
+    if (r->has_mscale && s->pos > 0 && s->pos <= r->original_max_pos && s->pos + n > r->original_max_pos) {
+        /* Phi-MoE: the cached keys were rotated with short_mscale; once the
+         * sequence outgrows original_max_position_embeddings, transformers'
+         * generate() drops the cache and recomputes the whole sequence with
+         * long_mscale. Do the same so logits match it. */
+        int old = s->pos, total = old + n;
+        int32_t *all = malloc(sizeof(int32_t) * (size_t)total);
+        if (!all) return MOE_ERR_NOMEM;
+        memcpy(all, s->history, sizeof(int32_t) * (size_t)old);
+        memcpy(all + old, tokens, sizeof(int32_t) * (size_t)n);
+        s->pos = 0;
+        enum moe_status st = run_tokens(s, all, total, logits, !logits ? total : all_logits ? old : total - 1);
+        free(all);
+        return st;
+    }
+    return run_tokens(s, tokens, n, logits, !logits ? n : all_logits ? 0 : n - 1);
+}
+
+enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
+                                         const float *x, int n, float *logits, int all_logits) {
+    const struct moe_config *c = &s->m->cfg;
+    if (layer < 0 || layer >= c->n_layer || n <= 0) {
+        MOE_LOGE("cannot start at layer %d of %d with %d tokens", layer, c->n_layer, n);
+        return MOE_ERR_INVALID;
+    }
+    if (n > s->p.n_ctx - s->pos) {
+        MOE_LOGE("context full: %d cached + %d new tokens exceed the context of %d", s->pos, n, s->p.n_ctx);
+        return MOE_ERR_RANGE;
+    }
+    const struct moe_rope *r = &c->rope;
+    if (r->has_mscale && s->pos + n > r->original_max_pos) {
+        MOE_LOGE("starting at layer %d past %d positions would need the whole sequence recomputed (longrope)", layer,
+                 r->original_max_pos);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    const size_t V = (size_t)c->n_vocab, H = (size_t)c->n_embd;
+    const int row_from = !logits ? n : all_logits ? 0 : n - 1;
+    const int seq_len = s->pos + n;
+    enum moe_status st;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        int from = row_from > done ? row_from - done : 0;
+        float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
+        if ((st = s->be->iface->set_x(s->be, x + (size_t)done * H, chunk))) return st;
+        if ((st = layers_chunk(s, layer, tokens + done, chunk, seq_len, dst, from))) return st;
+        done += chunk;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n, float *logits) {
+    const struct moe_config *c = &s->m->cfg;
+    const size_t H = (size_t)c->n_embd, V = (size_t)c->n_vocab;
+    enum moe_status st;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        if ((st = s->be->iface->lm_head_rows(s->be, x + (size_t)done * H, chunk, logits + (size_t)done * V)))
+            return st;
+        done += chunk;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n) {
+    const struct moe_config *c = &s->m->cfg;
+    const size_t H = (size_t)c->n_embd;
+    int64_t max_ff = c->n_ff_expert > c->n_ff_dense ? c->n_ff_expert : c->n_ff_dense;
+    if (c->n_ff_shared > max_ff) max_ff = c->n_ff_shared;
+    if (f->gate.n_in != (int64_t)H || f->down.n_out != (int64_t)H || f->gate.n_out > max_ff) {
+        MOE_LOGE("feed-forward of [%lld x %lld] does not fit this model's hidden size %zu",
+                 (long long)f->gate.n_out, (long long)f->gate.n_in, H);
+        return MOE_ERR_SHAPE;
+    }
+    enum moe_status st;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
+        if ((st = s->be->iface->ffn_rows(s->be, f, x + (size_t)done * H, y + (size_t)done * H, chunk))) return st;
+        done += chunk;
+    }
+    return MOE_OK;
+}
+
+const struct moe_store *moe_session_store(const struct moe_session *s) { return s->store; }
+
+enum moe_status moe_session_trace(const struct moe_session *s, struct moe_session_trace *out) {
+    memset(out, 0, sizeof *out);
+    if (!s->p.record_trace) return MOE_ERR_INVALID;
+    out->n_layers = s->n_moe;
+    out->k = s->p.n_expert_used;
+    out->n_tokens = s->tr_tokens;
+    out->n_seq = s->tr_nseq;
+    out->seq_start = s->tr_seq_start;
+    out->experts = s->tr_experts;
+    out->weights = s->tr_weights;
+    return MOE_OK;
+}

@@ -1,0 +1,1128 @@
+/*
+ * store.c - the expert store (moe-store.h): slots in a backend's memory, the
+ * cache-policy core deciding what they hold, loader threads reading blobs.
+ *
+ * Slots. Each cache has a fixed set of slots sized for its largest copy
+ * (rounded up to 4096 bytes for direct I/O), allocated once; two scratch
+ * slots serve copies a policy does not keep. A slot's content is identified
+ * by a generation number: reassigning a slot bumps it, which cancels a queued
+ * read of the old content. Loader threads take reads from a FIFO queue, read
+ * the stored bytes (O_DIRECT, pread or the mapping), check the XXH3 checksum
+ * (or decompress, which checks), and mark the slot ready.
+ *
+ * Order and safety. A step (one MoE layer of one token, or of a prompt
+ * chunk) first asks the policy about every expert it needs, in the
+ * simulator's order (rank order for a token; ascending expert id for a
+ * batch), starting reads at once; then computes the experts in that same
+ * order, waiting for each read in turn, so expert k+1's read overlaps expert
+ * k's computation. A copy the current step still needs is never overwritten:
+ * when the policy evicts such a copy (possible only when a step uses more
+ * experts than a cache holds), the incoming copy is read into scratch for
+ * this use and its slot is filled at its next use (a demand access) or once
+ * the step has released it (a prefetch).
+ */
+#define _GNU_SOURCE /* O_DIRECT */
+#include <errno.h>
+#include <stdio.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "moe-bundle.h"
+#include "moe-store.h"
+#include "moe-tuning.h"
+
+enum slot_state { S_EMPTY, S_QUEUED, S_LOADING, S_READY, S_FAILED };
+
+struct slot {
+    struct moe_buffer buf;
+    size_t cap;           /* bytes a read may fill */
+    int kind;             /* 1 high cache, 0 low cache, 2 scratch */
+    int32_t g;            /* expert held (or being read), -1 none */
+    int prec;             /* its stored precision */
+    enum slot_state state;
+    uint64_t gen;         /* bumped at every reassignment */
+    int users;            /* items of the current step that compute with it */
+    int reading;          /* a loader is writing the buffer now */
+    int prefetch;         /* loaded by a prefetch and not used by a demand access yet */
+    int pf_layer;         /* the layer the prefetch was for */
+    int64_t bytes;        /* raw bytes of the content (resident accounting) */
+    /* a copy placed while the current step still uses the slot: it takes
+     * the slot when the step releases it */
+    int32_t pend_g;       /* -1: none */
+    int pend_prec, pend_prefetch, pend_layer;
+};
+
+struct req {
+    int slot;
+    uint64_t gen;
+};
+
+struct moe_store {
+    const struct moe_model *m;
+    const struct moe_config *c;
+    struct moe_backend *be;
+    struct moe_store_params p;
+    int L, E, K;             /* L: MoE layers (experts are g = MoE layer * E + expert, as in profiles) */
+    int *layer_of;           /* [L] model layer of each MoE layer */
+    int *moe_of;             /* [n_layer] MoE layer index, -1 for dense layers */
+    struct moe_cache *cache;
+    struct moe_cache_config cc;
+    struct moe_tuning tun;   /* the bundle's tuning (arrays borrowed from the bundle) */
+    struct moe_path_table *paths; /* EdgeMoE's path dictionary (prefetch_paths > 0), or NULL */
+    int32_t *prev;           /* [L x K] the current token's experts per MoE layer (rank order) */
+    enum moe_cache_policy policy;
+    int32_t *order;          /* [L*E] placement order (twiddler.placement_order) or NULL */
+    int16_t *home;           /* [L*E] precision of each expert's high copy */
+    int low;                 /* precision of low copies */
+    int dynamic, skip;
+    double t1, t2;
+    struct slot *slots;
+    int n_slots, scratch0;   /* scratch slots are [scratch0, scratch0 + 2) */
+    int32_t *slot_hi, *slot_lo; /* [L*E] slot holding the expert's copy, -1 */
+    int32_t *free_hi, *free_lo;
+    int n_free_hi, n_free_lo;
+    int scratch_turn;
+    /* I/O */
+    const struct moe_bundle *bundle;
+    int fd;
+    enum moe_io_mode io;
+    size_t staging_size;
+    /* loaders */
+    pthread_t *threads;
+    int n_threads, started;
+    void **staging;          /* [n_threads] for compressed blobs and device-only slots */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* any state change: queue, slot ready, users released */
+    struct req *q;
+    int q_head, q_len, q_cap;
+    int stop;
+    /* the current step */
+    int step_layer, step_n;
+    struct moe_store_plan plan;
+    struct moe_store_item *items;
+    int32_t *rows, *pslots;
+    float *weights;
+    uint8_t *need;           /* [B*K] */
+    int32_t *item_slot;      /* [max items] slot of each item, -1 */
+    uint64_t *item_gen;
+    int *item_lazy;          /* item reads into scratch when it is reached */
+    int max_items;
+    int64_t resident;
+    struct moe_store_stats stats;
+    int warned_evict;
+};
+
+/* ---- parameters ----------------------------------------------------- */
+
+struct moe_store_params moe_store_default_params(void) {
+    struct moe_store_params p;
+    memset(&p, 0, sizeof p);
+    p.low_share = 0.25;
+    p.io = MOE_IO_DIRECT;
+    p.policy = -1;
+    p.dynamic = -1;
+    p.t1 = p.t2 = NAN;
+    p.prefetch_layers = 0; /* off by default: on small caches it evicts more than it saves */
+    p.prefetch_paths = 0;
+    p.path_order = 1;
+    p.warm = 1;
+    p.n_loaders = 2;
+    return p;
+}
+
+enum moe_status moe_store_parse_size(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) return MOE_ERR_INVALID;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0, end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024, end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * mul > 9.0e18) return MOE_ERR_INVALID;
+    *out = (int64_t)(v * mul);
+    return MOE_OK;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t round4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
+
+/* blob: where expert g's copy at precision prec is (never fails for a
+ * validated bundle and in-range indices; logged otherwise). */
+static enum moe_status blob(const struct moe_store *st, int32_t g, int prec, struct moe_bundle_blob *b) {
+    return moe_bundle_expert(st->bundle, (uint32_t)st->layer_of[g / st->E], (uint32_t)(g % st->E), (uint32_t)prec, b);
+}
+
+/* ---- loaders -------------------------------------------------------- */
+
+/* read_stored: the stored bytes of b into dst (cap bytes of room). */
+static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle_blob *b, void *dst, size_t cap) {
+    if (st->io == MOE_IO_MMAP) {
+        memcpy(dst, b->stored, (size_t)b->stored_size);
+        return MOE_OK;
+    }
+    size_t want = st->io == MOE_IO_DIRECT ? round4k(b->stored_size) : (size_t)b->stored_size, got = 0;
+    if (want > cap) want = (size_t)b->stored_size;
+    while (got < b->stored_size) {
+        ssize_t r = pread(st->fd, (char *)dst + got, want - got, (off_t)(b->offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            MOE_LOGE("%s: reading layer %u expert %u (%llu bytes at %llu): %s", moe_bundle_path(st->bundle), b->layer,
+                     b->expert, (unsigned long long)b->stored_size, (unsigned long long)b->offset,
+                     r < 0 ? strerror(errno) : "unexpected end of file");
+            return MOE_ERR_IO;
+        }
+        got += (size_t)r;
+    }
+    return MOE_OK;
+}
+
+/* load: read and check expert g at precision prec into slot s's buffer. */
+static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int prec, void *staging) {
+    struct moe_bundle_blob b;
+    enum moe_status rc = blob(st, g, prec, &b);
+    if (rc) return rc;
+    void *host = s->buf.host;
+    const int direct_ok = host != NULL && b.compression == MOE_BUNDLE_COMP_NONE;
+    void *dst = direct_ok ? host : staging;
+    if ((rc = read_stored(st, &b, dst, direct_ok ? s->cap : st->staging_size))) return rc;
+    if (b.compression == MOE_BUNDLE_COMP_NONE) {
+        if (XXH3_64bits(dst, (size_t)b.stored_size) != b.checksum) {
+            MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)",
+                     moe_bundle_path(st->bundle), b.layer, b.expert, b.desc->name);
+            return MOE_ERR_FORMAT;
+        }
+        if (!host) rc = st->be->iface->buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
+        return rc;
+    }
+    if (host) return moe_bundle_blob_decode(st->bundle, &b, staging, host, s->cap);
+    /* device-only slot: decode after the stored bytes in staging, then copy */
+    char *raw = (char *)staging + round4k(b.stored_size);
+    if ((rc = moe_bundle_blob_decode(st->bundle, &b, staging, raw, (size_t)b.raw_size))) return rc;
+    return st->be->iface->buffer_write(st->be, &s->buf, 0, raw, (size_t)b.raw_size);
+}
+
+/* enqueue: a read of slot i's current content (lock held). */
+static void enqueue(struct moe_store *st, int i) {
+    struct slot *s = &st->slots[i];
+    s->state = S_QUEUED;
+    if (st->q_len == st->q_cap) { /* cannot happen: the queue holds one entry per slot and reassignment */
+        int cap = st->q_cap * 2;
+        struct req *q = malloc(sizeof *q * (size_t)cap);
+        if (!q) {
+            s->state = S_FAILED;
+            return;
+        }
+        for (int k = 0; k < st->q_len; k++) q[k] = st->q[(st->q_head + k) % st->q_cap];
+        free(st->q);
+        st->q = q, st->q_head = 0, st->q_cap = cap;
+    }
+    st->q[(st->q_head + st->q_len++) % st->q_cap] = (struct req){i, s->gen};
+    st->stats.loads++;
+    struct moe_bundle_blob b;
+    if (blob(st, s->g, s->prec, &b) == MOE_OK) st->stats.load_bytes += (int64_t)b.stored_size;
+    pthread_cond_broadcast(&st->cv);
+}
+
+struct loader_arg {
+    struct moe_store *st;
+    int id;
+};
+
+static void *loader_main(void *arg) {
+    struct moe_store *st = ((struct loader_arg *)arg)->st;
+    const int id = ((struct loader_arg *)arg)->id;
+    free(arg);
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->stop && st->q_len == 0) pthread_cond_wait(&st->cv, &st->mu);
+        if (st->stop) break;
+        struct req r = st->q[st->q_head];
+        st->q_head = (st->q_head + 1) % st->q_cap, st->q_len--;
+        struct slot *s = &st->slots[r.slot];
+        if (s->gen != r.gen || s->state != S_QUEUED) continue; /* cancelled or reassigned */
+        while (s->reading && s->gen == r.gen) pthread_cond_wait(&st->cv, &st->mu); /* an older read still writes */
+        if (s->gen != r.gen || s->state != S_QUEUED) continue;
+        s->state = S_LOADING;
+        s->reading = 1;
+        const int32_t g = s->g;
+        const int prec = s->prec;
+        pthread_mutex_unlock(&st->mu);
+        enum moe_status rc = load(st, s, g, prec, st->staging[id]);
+        pthread_mutex_lock(&st->mu);
+        s->reading = 0;
+        if (s->gen == r.gen) s->state = rc ? S_FAILED : S_READY;
+        pthread_cond_broadcast(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+/* ---- slots ---------------------------------------------------------- */
+
+static void resident_add(struct moe_store *st, int64_t d) {
+    st->resident += d;
+    if (st->resident > st->stats.peak_resident_bytes) st->stats.peak_resident_bytes = st->resident;
+}
+
+/* assign: slot i now holds (g, prec); its old content is dropped (a queued
+ * read of it is cancelled by the new generation). Lock held. */
+static void assign(struct moe_store *st, int i, int32_t g, int prec) {
+    struct slot *s = &st->slots[i];
+    if (s->g >= 0) resident_add(st, -s->bytes);
+    if (s->prefetch && s->state == S_QUEUED) st->stats.prefetch_cancelled++;
+    s->g = g, s->prec = prec, s->gen++, s->state = S_EMPTY, s->prefetch = 0;
+    struct moe_bundle_blob b;
+    s->bytes = blob(st, g, prec, &b) == MOE_OK ? (int64_t)b.raw_size : 0;
+    resident_add(st, s->bytes);
+}
+
+/* take_slot: the slot a kept copy of g goes to in cache `high`: the evicted
+ * expert's, or a free one (-1: none; the cache core never keeps more copies
+ * than there are slots, so this only happens on a broken invariant). */
+static int take_slot(struct moe_store *st, int high, int32_t evicted) {
+    int32_t *map = high ? st->slot_hi : st->slot_lo;
+    if (evicted >= 0 && map[evicted] >= 0) {
+        int i = map[evicted];
+        map[evicted] = -1;
+        return i;
+    }
+    if (high) return st->n_free_hi > 0 ? st->free_hi[--st->n_free_hi] : -1;
+    return st->n_free_lo > 0 ? st->free_lo[--st->n_free_lo] : -1;
+}
+
+/* place: expert g's copy enters cache `high` (it was kept by the policy,
+ * evicting `evicted`): returns its slot with the read started, or -1 when
+ * the slot is still used by the current step (the copy takes it when the
+ * step releases it: a demand access then reads into scratch for this use)
+ * or no slot could be found. Lock held. */
+static int place(struct moe_store *st, int high, int32_t g, int prec, int32_t evicted, int prefetch, int layer) {
+    int i = take_slot(st, high, evicted);
+    if (i < 0) {
+        if (!st->warned_evict) MOE_LOGW("expert store: no slot for a kept copy (policy and slots disagree)");
+        st->warned_evict = 1;
+        return -1;
+    }
+    struct slot *s = &st->slots[i];
+    (high ? st->slot_hi : st->slot_lo)[g] = i;
+    if (s->users > 0) {
+        s->pend_g = g, s->pend_prec = prec, s->pend_prefetch = prefetch, s->pend_layer = layer;
+        return -1;
+    }
+    assign(st, i, g, prec);
+    enqueue(st, i);
+    if (prefetch) {
+        s->prefetch = 1, s->pf_layer = layer;
+        st->stats.prefetch_loads++;
+    }
+    return i;
+}
+
+/* ---- creation ------------------------------------------------------- */
+
+/* setup_policy: the policy, its fitted parameters and the placement order
+ * (the tuning counts MoE layers, as the store's cache does). */
+static enum moe_status setup_policy(struct moe_store *st) {
+    const struct moe_bundle *b = st->bundle;
+    const struct moe_tuning *t = &st->tun;
+    const int have_w = t->has_cache_weights;
+    if (have_w) {
+        memcpy(st->cc.w, t->cache_w, sizeof st->cc.w);
+        st->cc.admit = t->cache_admit;
+        if (t->has_cache_popularity) {
+            st->cc.freq_high = t->cache_freq_high, st->cc.freq_low = t->cache_freq_low;
+            st->cc.low_cost = t->cache_low_cost;
+        }
+    }
+    st->policy = st->p.policy >= 0 ? (enum moe_cache_policy)st->p.policy : have_w ? MOE_CACHE_HOBBIT : MOE_CACHE_LRU;
+    if (st->policy == MOE_CACHE_HOBBIT && !have_w)
+        MOE_LOGW("%s: no fitted HOBBIT cache weights in the tuning (run moe-prep fit-cache); using the paper's "
+                 "policy with equal weights", moe_bundle_path(b));
+    if (st->policy == MOE_CACHE_BELADY) {
+        MOE_LOGE("Belady's policy needs the future; it exists only in the simulator (moe-prep fit-cache)");
+        return MOE_ERR_INVALID;
+    }
+    const int64_t *ord = t->has_placement_order ? t->placement_order : NULL;
+    const size_t LE = (size_t)st->L * (size_t)st->E;
+    if (ord) {
+        if (!(st->order = malloc(sizeof *st->order * LE))) return MOE_ERR_NOMEM;
+        for (size_t i = 0; i < LE; i++) st->order[i] = ord[i] >= 0 && (size_t)ord[i] < LE ? (int32_t)ord[i] : -1;
+    }
+    st->cc.order = st->order;
+    if (st->policy == MOE_CACHE_STATIC && !st->order) {
+        MOE_LOGE("%s: the twiddler policy needs the placement order of the tuning (run moe-prep profile)",
+                 moe_bundle_path(b));
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* setup_precisions: each expert's high copy, the low copy, the thresholds. */
+static enum moe_status setup_precisions(struct moe_store *st) {
+    const struct moe_model *m = st->m;
+    const struct moe_bundle *b = st->bundle;
+    const size_t LE = (size_t)st->L * (size_t)st->E;
+    uint32_t pi;
+    if (!(st->home = malloc(sizeof *st->home * (LE + 1)))) return MOE_ERR_NOMEM;
+    if (st->p.high && moe_bundle_find_precision(b, st->p.high, &pi)) {
+        MOE_LOGE("%s: no stored precision \"%s\" for high copies", m->path, st->p.high);
+        return MOE_ERR_NOT_FOUND;
+    }
+    for (size_t g = 0; g < LE; g++) {
+        int l = st->layer_of[g / (size_t)st->E], e = (int)(g % (size_t)st->E);
+        int h = st->p.high ? (int)pi : moe_model_get_expert_precision(m, l, e);
+        st->home[g] = (int16_t)(h >= 0 ? h : 0);
+    }
+    if (st->p.low) {
+        if (moe_bundle_find_precision(b, st->p.low, &pi)) {
+            MOE_LOGE("%s: no stored precision \"%s\" for low copies", m->path, st->p.low);
+            return MOE_ERR_NOT_FOUND;
+        }
+        st->low = (int)pi;
+    } else {
+        st->low = 0;
+        for (int p = 1; p < m->n_expert_prec; p++)
+            if (moe_bundle_precision_at(b, (uint32_t)p)->raw_size < moe_bundle_precision_at(b, (uint32_t)st->low)->raw_size)
+                st->low = p;
+    }
+    st->t1 = isnan(st->p.t1) ? (st->tun.has_thresholds ? st->tun.t1 : NAN) : st->p.t1;
+    st->t2 = isnan(st->p.t2) ? (st->tun.has_thresholds ? st->tun.t2 : NAN) : st->p.t2;
+    if (!(st->t1 >= 0 && st->t1 <= st->t2 && st->t2 <= 1)) st->t1 = st->t2 = NAN;
+    return MOE_OK;
+}
+
+/* max_copy: the largest raw and read size of expert copies at the high
+ * (high != 0) or low precision. */
+static void max_copy(const struct moe_store *st, int high, uint64_t *raw, size_t *read) {
+    *raw = 0, *read = 0;
+    for (int32_t g = 0; g < st->L * st->E; g++) {
+        struct moe_bundle_blob b;
+        if (blob(st, g, high ? st->home[g] : st->low, &b)) continue;
+        if (b.raw_size > *raw) *raw = b.raw_size;
+        size_t r = round4k(b.raw_size > b.stored_size ? b.raw_size : b.stored_size);
+        if (r > *read) *read = r;
+    }
+}
+
+/* warm: fill the high cache in Twiddler's placement order (least popular of
+ * the chosen ones first, so LRU keeps the most popular longest). */
+static void warm(struct moe_store *st) {
+    if (!st->order || st->cc.high_cap <= 0) return;
+    int n = 0;
+    int32_t *pick = malloc(sizeof *pick * (size_t)st->cc.high_cap);
+    if (!pick) return;
+    for (int i = 0; i < st->L * st->E && n < st->cc.high_cap; i++)
+        if (st->order[i] >= 0) pick[n++] = st->order[i];
+    pthread_mutex_lock(&st->mu);
+    for (int i = n - 1; i >= 0; i--) {
+        struct moe_cache_result r;
+        moe_cache_begin_step(st->cache, pick[i] / st->E, 1);
+        moe_cache_access(st->cache, pick[i], MOE_CACHE_NEED_HIGH, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
+        if ((r.outcome == MOE_CACHE_MISS_HIGH) && r.kept) place(st, 1, pick[i], st->home[pick[i]], r.evicted, 0, -1);
+    }
+    pthread_mutex_unlock(&st->mu);
+    free(pick);
+}
+
+enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be, const struct moe_store_params *p,
+                              int k, struct moe_store **out) {
+    *out = NULL;
+    if (!m->bundle) {
+        MOE_LOGE("%s: an expert memory budget needs a bundle (moe-prep quantize); a checkpoint directory runs "
+                 "with every expert mapped", m->path);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    struct moe_store *st = calloc(1, sizeof *st);
+    if (!st) return MOE_ERR_NOMEM;
+    st->m = m, st->c = &m->cfg, st->be = be, st->p = *p, st->bundle = m->bundle;
+    st->E = m->cfg.n_expert, st->K = k;
+    st->fd = -1;
+    st->layer_of = malloc(sizeof(int) * (size_t)(m->cfg.n_layer + 1));
+    st->moe_of = malloc(sizeof(int) * (size_t)(m->cfg.n_layer + 1));
+    if (!st->layer_of || !st->moe_of) {
+        free(st->layer_of);
+        free(st->moe_of);
+        free(st);
+        return MOE_ERR_NOMEM;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        st->moe_of[l] = m->cfg.layer_moe[l] ? st->L : -1;
+        if (m->cfg.layer_moe[l]) st->layer_of[st->L++] = l;
+    }
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    st->cc = moe_cache_default_config();
+    enum moe_status rc;
+    if ((rc = moe_tuning_read(moe_bundle_tuning(st->bundle), st->L > 0 ? st->L : 1, st->E, &st->tun)) ||
+        (rc = setup_precisions(st)) || (rc = setup_policy(st)))
+        goto fail;
+    if (p->prefetch_paths > 0 && st->L > p->path_order) {
+        enum moe_status pr = moe_path_table_from_tuning(moe_bundle_tuning(st->bundle), p->path_order, st->L, st->E, k,
+                                                        &st->paths);
+        if (pr == MOE_ERR_NOMEM) {
+            rc = pr;
+            goto fail;
+        }
+        if (pr == MOE_ERR_NOT_FOUND)
+            MOE_LOGI("%s: no order-%d path dictionary in the tuning (moe-prep profile writes one); path prefetch off",
+                     moe_bundle_path(st->bundle), p->path_order);
+        if (!(st->prev = calloc((size_t)st->L * (size_t)k + 1, sizeof *st->prev))) goto nomem;
+    }
+    const int all = st->L * st->E;
+    uint64_t hraw, lraw;
+    size_t hread, lread;
+    max_copy(st, 1, &hraw, &hread);
+    max_copy(st, 0, &lraw, &lread);
+    const int low_exists = st->low >= 0 && lraw < hraw;
+    int H = p->high_cap, Lc = p->low_cap;
+    if (p->expert_mem > 0) {
+        int want_dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) &&
+                                           (int64_t)hread * all > p->expert_mem);
+        st->dynamic = want_dyn;
+        double hs = want_dyn ? (1 - p->low_share) : 1.0;
+        H = (int)((double)p->expert_mem * hs / (double)hread);
+        Lc = want_dyn ? (int)((double)p->expert_mem * p->low_share / (double)lread) : 0;
+    } else {
+        st->dynamic = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && H < all);
+    }
+    if (st->dynamic && isnan(st->t1)) {
+        if (p->dynamic == 1) MOE_LOGW("no HOBBIT thresholds (run moe-prep profile or give T1/T2): T1 = 0.6, T2 = 0.9");
+        st->t1 = 0.6, st->t2 = 0.9;
+    }
+    st->skip = p->skip && st->dynamic;
+    if (H > all) H = all;
+    if (Lc > all) Lc = all;
+    const int64_t min_bytes = (int64_t)k * (int64_t)(st->dynamic ? lread : hread);
+    if (H < (st->dynamic ? 1 : k) || (int64_t)H * (int64_t)hread + (int64_t)Lc * (int64_t)lread < min_bytes) {
+        MOE_LOGE("expert memory too small: %d high and %d low copies fit; one layer's top-%d needs at least %lld "
+                 "bytes (%.1f MiB: %d x %s copies of %zu bytes)", H, Lc, k, (long long)min_bytes,
+                 (double)min_bytes / 1048576.0, k, st->dynamic ? "low" : "high", st->dynamic ? lread : hread);
+        rc = MOE_ERR_INVALID;
+        goto fail;
+    }
+    st->cc.high_cap = H, st->cc.low_cap = Lc;
+    st->cc.high_bytes = (double)hraw, st->cc.low_bytes = (double)lraw;
+    if (!st->cc.freq_high) st->cc.low_cost = hraw > 0 ? (double)lraw / (double)hraw : 0.5;
+    if ((rc = moe_cache_new(st->L, st->E, st->policy, &st->cc, &st->cache))) goto fail;
+    /* slots */
+    st->n_slots = H + Lc + 2;
+    st->scratch0 = H + Lc;
+    const size_t LE = (size_t)st->L * (size_t)st->E;
+    st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
+    st->slot_hi = malloc(sizeof(int32_t) * LE), st->slot_lo = malloc(sizeof(int32_t) * LE);
+    st->free_hi = malloc(sizeof(int32_t) * ((size_t)H + 1)), st->free_lo = malloc(sizeof(int32_t) * ((size_t)Lc + 1));
+    st->q_cap = 4 * st->n_slots + 16;
+    st->q = malloc(sizeof *st->q * (size_t)st->q_cap);
+    if (!st->slots || !st->slot_hi || !st->slot_lo || !st->free_hi || !st->free_lo || !st->q) goto nomem;
+    for (size_t g = 0; g < LE; g++) st->slot_hi[g] = st->slot_lo[g] = -1;
+    const size_t scratch = hread > lread ? hread : lread;
+    for (int i = 0; i < st->n_slots; i++) {
+        struct slot *s = &st->slots[i];
+        s->kind = i < H ? 1 : i < H + Lc ? 0 : 2;
+        s->cap = s->kind == 1 ? hread : s->kind == 0 ? lread : scratch;
+        s->g = s->pend_g = -1;
+        if ((rc = be->iface->buffer_alloc(be, s->cap, &s->buf))) goto fail;
+        st->stats.slot_bytes += (int64_t)s->cap;
+        if (s->kind == 1) st->free_hi[st->n_free_hi++] = i;
+        else if (s->kind == 0) st->free_lo[st->n_free_lo++] = i;
+    }
+    for (int a = 0, b = st->n_free_hi - 1; a < b; a++, b--) { /* take slots in ascending order */
+        int32_t t = st->free_hi[a];
+        st->free_hi[a] = st->free_hi[b], st->free_hi[b] = t;
+    }
+    for (int a = 0, b = st->n_free_lo - 1; a < b; a++, b--) {
+        int32_t t = st->free_lo[a];
+        st->free_lo[a] = st->free_lo[b], st->free_lo[b] = t;
+    }
+    /* the step's plan */
+    const int B = 4096;
+    st->max_items = st->E > k ? st->E : k;
+    st->items = calloc((size_t)st->max_items, sizeof *st->items);
+    st->item_slot = calloc((size_t)st->max_items, sizeof *st->item_slot);
+    st->item_gen = calloc((size_t)st->max_items, sizeof *st->item_gen);
+    st->item_lazy = calloc((size_t)st->max_items, sizeof *st->item_lazy);
+    st->rows = malloc(sizeof(int32_t) * (size_t)B * (size_t)k);
+    st->pslots = malloc(sizeof(int32_t) * (size_t)B * (size_t)k);
+    st->weights = malloc(sizeof(float) * (size_t)B * (size_t)k);
+    st->need = malloc((size_t)B * (size_t)k);
+    if (!st->items || !st->item_slot || !st->item_gen || !st->item_lazy || !st->rows || !st->pslots || !st->weights ||
+        !st->need)
+        goto nomem;
+    /* I/O */
+    st->io = p->io;
+    if (st->io != MOE_IO_MMAP) {
+        /* the very file that was mapped, opened without blocking (a FIFO or
+         * another file put at the path since is refused) */
+        const char *path = moe_bundle_path(st->bundle);
+        rc = moe_bundle_open_fd(st->bundle, &st->fd);
+        if (rc == MOE_ERR_UNSUPPORTED) { /* a bundle in memory: copy from it */
+            st->io = MOE_IO_MMAP;
+        } else if (rc) {
+            MOE_LOGE("%s: cannot open for reading experts", path);
+            goto fail;
+        } else if (st->io == MOE_IO_DIRECT) {
+            int fl = fcntl(st->fd, F_GETFL);
+            if (fl < 0 || fcntl(st->fd, F_SETFL, fl | O_DIRECT) != 0) {
+                MOE_LOGW("%s: direct I/O refused (%s); reading through the page cache", path, strerror(errno));
+                st->io = MOE_IO_BUFFERED;
+            }
+        }
+        if (st->io == MOE_IO_DIRECT) { /* probe: some file systems accept O_DIRECT at open, not at read */
+            struct moe_bundle_blob b0;
+            for (int32_t g = 0; g < st->L * st->E; g++)
+                if (blob(st, g, st->home[g], &b0) == MOE_OK) {
+                    char *probe_buf = st->slots[0].buf.host;
+                    if (probe_buf && pread(st->fd, probe_buf, 4096, (off_t)b0.offset) < 0 && errno == EINVAL) {
+                        MOE_LOGW("%s: direct reads refused (EINVAL); reading through the page cache", path);
+                        int fl = fcntl(st->fd, F_GETFL);
+                        st->io = MOE_IO_BUFFERED;
+                        if (fl < 0 || fcntl(st->fd, F_SETFL, fl & ~O_DIRECT) != 0) {
+                            MOE_LOGE("%s: cannot leave direct I/O: %s", path, strerror(errno));
+                            rc = MOE_ERR_IO;
+                            goto fail;
+                        }
+                    }
+                    break;
+                }
+        }
+    }
+    st->staging_size = 2 * scratch + 4096;
+    st->n_threads = p->n_loaders > 0 ? p->n_loaders : 1;
+    st->threads = calloc((size_t)st->n_threads, sizeof *st->threads);
+    st->staging = calloc((size_t)st->n_threads, sizeof *st->staging);
+    if (!st->threads || !st->staging) goto nomem;
+    for (int i = 0; i < st->n_threads; i++)
+        if (posix_memalign(&st->staging[i], 4096, st->staging_size)) goto nomem;
+    for (int i = 0; i < st->n_threads; i++) {
+        struct loader_arg *a = malloc(sizeof *a);
+        if (!a) goto nomem;
+        a->st = st, a->id = i;
+        if (pthread_create(&st->threads[i], NULL, loader_main, a)) {
+            free(a);
+            MOE_LOGE("cannot start the expert loader threads");
+            rc = MOE_ERR_IO;
+            goto fail;
+        }
+        st->started++;
+    }
+    st->stats.high_cap = H, st->stats.low_cap = Lc;
+    st->stats.high_copy_bytes = (int64_t)hraw, st->stats.low_copy_bytes = (int64_t)lraw;
+    st->stats.policy = st->policy, st->stats.dynamic = st->dynamic;
+    st->stats.t1 = st->dynamic ? st->t1 : 1, st->stats.t2 = st->dynamic ? st->t2 : 1;
+    st->stats.io = st->io;
+    if (p->warm) warm(st);
+    *out = st;
+    return MOE_OK;
+nomem:
+    MOE_LOGE("out of memory setting up the expert store");
+    rc = MOE_ERR_NOMEM;
+fail:
+    moe_store_free(st);
+    return rc;
+}
+
+void moe_store_free(struct moe_store *st) {
+    if (!st) return;
+    pthread_mutex_lock(&st->mu);
+    st->stop = 1;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    for (int i = 0; i < st->started; i++) pthread_join(st->threads[i], NULL);
+    for (int i = 0; st->slots && i < st->n_slots; i++)
+        if (st->slots[i].buf.data) st->be->iface->buffer_free(st->be, &st->slots[i].buf);
+    for (int i = 0; st->staging && i < st->n_threads; i++) free(st->staging[i]);
+    if (st->fd >= 0) close(st->fd);
+    moe_cache_free(st->cache);
+    moe_path_table_free(st->paths);
+    free(st->prev);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cv);
+    free(st->staging);
+    free(st->threads);
+    free(st->slots);
+    free(st->slot_hi);
+    free(st->slot_lo);
+    free(st->free_hi);
+    free(st->free_lo);
+    free(st->q);
+    free(st->items);
+    free(st->item_slot);
+    free(st->item_gen);
+    free(st->item_lazy);
+    free(st->rows);
+    free(st->pslots);
+    free(st->weights);
+    free(st->need);
+    free(st->order);
+    free(st->home);
+    free(st->layer_of);
+    free(st->moe_of);
+    free(st);
+}
+
+int64_t moe_store_overhead_bytes(const struct moe_store *st) {
+    const size_t LE = (size_t)st->L * (size_t)st->E;
+    int64_t scratch = 0;
+    for (int i = st->scratch0; i < st->n_slots; i++) scratch += (int64_t)st->slots[i].cap;
+    return scratch + (int64_t)st->n_threads * (int64_t)st->staging_size + (int64_t)(LE * 16) +
+           (int64_t)st->n_slots * (int64_t)sizeof(struct slot) + (int64_t)st->q_cap * (int64_t)sizeof(struct req) +
+           (int64_t)4096 * st->K * 13;
+}
+
+/* ---- steps ---------------------------------------------------------- */
+
+void moe_store_begin_sequence(struct moe_store *st) { moe_cache_begin_sequence(st->cache); }
+
+/* token_needs: HOBBIT's need of each of a token's k experts (rank order):
+ * s_0 = 0, s_i = g_0 + ... + g_{i-1} over normalised weights, computed as
+ * moe_hobbit_scores and the simulator do. */
+static void token_needs(const struct moe_store *st, const float *w, int k, uint8_t *out) {
+    double sum = 0, acc = 0;
+    for (int j = 0; j < k; j++) sum += w[j];
+    for (int j = 0; j < k; j++) {
+        float s = sum > 0 ? (float)(acc / sum) : 0.0f;
+        acc += w[j];
+        uint8_t need = j == 0 || !st->dynamic || s <= st->t1 ? MOE_CACHE_NEED_HIGH
+                       : s <= st->t2                         ? MOE_CACHE_NEED_LOW
+                                                             : MOE_CACHE_NEED_SKIP;
+        if (need == MOE_CACHE_NEED_SKIP && !st->skip) need = MOE_CACHE_NEED_LOW;
+        out[j] = need;
+    }
+}
+
+/* scratch_slot: the scratch slot for item i (alternating; a slot still used
+ * by an earlier item of the step is never taken: items run in order). */
+static int scratch_slot(struct moe_store *st) {
+    int i = st->scratch0 + st->scratch_turn;
+    st->scratch_turn ^= 1;
+    return i;
+}
+
+/* access_item: ask the cache about item i's expert and bind a slot. Lock held. */
+static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, int decode) {
+    struct moe_store_item *it = &st->items[i];
+    struct moe_cache_result r;
+    moe_cache_access(st->cache, g, (enum moe_cache_need)need, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
+    st->stats.accesses++;
+    st->item_slot[i] = -1;
+    st->item_lazy[i] = 0;
+    int slot = -1;
+    switch (r.outcome) {
+    case MOE_CACHE_HIT_HIGH:
+    case MOE_CACHE_HIT_LOW: {
+        const int high = r.outcome == MOE_CACHE_HIT_HIGH;
+        high ? st->stats.hits_high++ : st->stats.hits_low++;
+        slot = (high ? st->slot_hi : st->slot_lo)[g];
+        if (slot < 0) break;
+        struct slot *s = &st->slots[slot];
+        if (s->prefetch) st->stats.prefetch_used++, s->prefetch = 0;
+        if (s->state == S_EMPTY) enqueue(st, slot); /* a cancelled prefetch, or placed while busy */
+        break;
+    }
+    case MOE_CACHE_MISS_HIGH:
+    case MOE_CACHE_MISS_LOW: {
+        const int high = r.outcome == MOE_CACHE_MISS_HIGH;
+        high ? st->stats.misses_high++ : st->stats.misses_low++;
+        const int prec = high ? st->home[g] : st->low;
+        if (r.kept) slot = place(st, high, g, prec, r.evicted, 0, -1);
+        if (slot < 0) { /* not kept, or its slot still busy: read into scratch when reached */
+            st->item_lazy[i] = 1;
+            st->stats.scratch_loads++;
+        }
+        it->precision = prec;
+        break;
+    }
+    case MOE_CACHE_SKIP:
+        st->stats.skips++;
+        it->skipped = 1;
+        break;
+    }
+    (void)decode;
+    if (slot >= 0) {
+        struct slot *s = &st->slots[slot];
+        s->users++;
+        st->item_slot[i] = slot;
+        st->item_gen[i] = s->gen;
+        it->precision = s->prec;
+    }
+    it->handle = st->item_slot[i];
+}
+
+/* path_prefetch: EdgeMoE: with the current token's experts of MoE layer ml
+ * (and of the layers before, for order 2) known, load the most probable
+ * experts of layer ml + 1, protected until that step. Lock held. */
+static void path_prefetch(struct moe_store *st, int ml, const int32_t *sel) {
+    const int K = st->K, order = st->p.path_order, next = ml + 1;
+    memcpy(st->prev + (size_t)ml * K, sel, sizeof(int32_t) * (size_t)K);
+    if (next >= st->L || next < order) return;
+    int32_t out[64];
+    const int m = st->p.prefetch_paths < 64 ? st->p.prefetch_paths : 64;
+    const int n = moe_path_table_lookup(st->paths, next, st->prev + (size_t)(next - order) * K, m, out);
+    for (int j = 0; j < n; j++) {
+        const int32_t g = next * st->E + out[j];
+        struct moe_cache_result r;
+        if (!moe_cache_prefetch(st->cache, g, 1, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
+        place(st, 1, g, st->home[g], r.evicted, 1, next);
+    }
+}
+
+enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
+                               int k, struct moe_store_plan **plan) {
+    if (k != st->K || n > 4096 || n <= 0) {
+        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for top-%d, <= 4096 tokens)", n, k,
+                 st->K);
+        return MOE_ERR_INVALID;
+    }
+    const int E = st->E;
+    const int decode = n == 1;
+    if (layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) {
+        MOE_LOGE("expert store: layer %d has no routed experts", layer);
+        return MOE_ERR_INVALID;
+    }
+    layer = st->moe_of[layer];
+    st->step_layer = layer, st->step_n = n;
+    for (int t = 0; t < n; t++) token_needs(st, w + (size_t)t * k, k, st->need + (size_t)t * k);
+    pthread_mutex_lock(&st->mu);
+    moe_cache_begin_step(st->cache, layer, decode ? pos0 + 1 : pos0 + n);
+    int ni = 0, nr = 0;
+    if (decode) { /* one token: its experts in rank order */
+        for (int j = 0; j < k; j++) {
+            struct moe_store_item *it = &st->items[ni];
+            memset(it, 0, sizeof *it);
+            it->expert = sel[j], it->n = 1, it->first = nr;
+            st->rows[nr] = 0;
+            int r = 0;
+            for (int q = 0; q < k; q++) r += sel[q] < sel[j] || (sel[q] == sel[j] && q < j);
+            st->pslots[nr] = r;
+            st->weights[nr] = w[j];
+            nr++;
+            access_item(st, ni, layer * E + sel[j], st->need[j], 1);
+            ni++;
+        }
+    } else { /* a batch: each expert once, ascending id, with its tokens' highest need */
+        for (int e = 0; e < E; e++) {
+            struct moe_store_item *it = &st->items[ni];
+            memset(it, 0, sizeof *it);
+            it->expert = e, it->first = nr;
+            uint8_t need = 0;
+            int any = 0;
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < k; j++)
+                    if (sel[(size_t)t * k + j] == e) {
+                        st->rows[nr] = t;
+                        int r = 0;
+                        for (int q = 0; q < k; q++) {
+                            int32_t o = sel[(size_t)t * k + q];
+                            r += o < e || (o == e && q < j);
+                        }
+                        st->pslots[nr] = r;
+                        st->weights[nr] = w[(size_t)t * k + j];
+                        if (!any || st->need[(size_t)t * k + j] > need) need = st->need[(size_t)t * k + j];
+                        any = 1;
+                        nr++;
+                    }
+            if (!any) continue;
+            it->n = nr - it->first;
+            access_item(st, ni, layer * E + e, need, 0);
+            ni++;
+        }
+    }
+    if (decode && st->paths) path_prefetch(st, layer, sel);
+    /* mispredicted prefetches for this layer whose read has not started are cancelled */
+    for (int i = 0; i < st->scratch0; i++) {
+        struct slot *s = &st->slots[i];
+        if (s->prefetch && s->pf_layer == layer && s->users == 0 && s->state == S_QUEUED) {
+            s->state = S_EMPTY;
+            s->prefetch = 0;
+            st->stats.prefetch_cancelled++;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    st->plan.n_items = ni;
+    st->plan.items = st->items;
+    st->plan.rows = st->rows;
+    st->plan.slots = st->pslots;
+    st->plan.weights = st->weights;
+    *plan = &st->plan;
+    return MOE_OK;
+}
+
+/* view_of: the expert's three matrices in slot memory at precision prec. */
+static void view_of(const struct moe_store *st, const struct slot *s, int prec, struct moe_ffn *f) {
+    const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
+    struct moe_weight *w[3] = {&f->gate, &f->up, &f->down};
+    for (int k = 0; k < 3; k++)
+        *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
+                                    (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+}
+
+enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
+    struct moe_store_item *it = &st->items[i];
+    const int32_t g = st->step_layer * st->E + it->expert;
+    pthread_mutex_lock(&st->mu);
+    if (st->item_lazy[i]) { /* a copy not kept: read it into a scratch slot now */
+        int si = scratch_slot(st);
+        struct slot *s = &st->slots[si];
+        assign(st, si, g, it->precision);
+        enqueue(st, si);
+        s->users++;
+        st->item_slot[i] = si;
+        st->item_gen[i] = s->gen;
+        st->item_lazy[i] = 0;
+    }
+    const int si = st->item_slot[i];
+    struct slot *s = &st->slots[si];
+    double t0 = 0;
+    int waited = 0;
+    while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY)) {
+        if (s->state == S_EMPTY) enqueue(st, si);
+        if (!waited) t0 = now_s(), waited = 1;
+        pthread_cond_wait(&st->cv, &st->mu);
+    }
+    enum moe_status rc = s->gen == st->item_gen[i] && s->state == S_READY ? MOE_OK : MOE_ERR_IO;
+    if (waited) {
+        double d = now_s() - t0;
+        st->stats.stall_s += d;
+        if (st->step_n == 1) st->stats.stall_s_decode += d;
+    }
+    if (rc == MOE_OK) view_of(st, s, s->prec, view);
+    else MOE_LOGE("expert store: layer %d expert %d could not be loaded", st->layer_of[st->step_layer], it->expert);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+void moe_store_release(struct moe_store *st, int i) {
+    const int si = st->item_slot[i];
+    if (si < 0) return;
+    pthread_mutex_lock(&st->mu);
+    struct slot *s = &st->slots[si];
+    if (s->users > 0) s->users--;
+    if (s->users == 0 && s->pend_g >= 0) { /* a copy placed while the step used the slot */
+        const int32_t g = s->pend_g;
+        s->pend_g = -1;
+        assign(st, si, g, s->pend_prec);
+        if (s->pend_prefetch) {
+            enqueue(st, si);
+            s->prefetch = 1, s->pf_layer = s->pend_layer;
+            st->stats.prefetch_loads++;
+        }
+    }
+    if (s->kind == 2 && s->users == 0) { /* scratch: the copy is dropped */
+        resident_add(st, -s->bytes);
+        s->bytes = 0;
+        s->g = -1;
+    }
+    st->item_slot[i] = -1;
+    pthread_mutex_unlock(&st->mu);
+}
+
+int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, int n, int ahead) {
+    int started = 0;
+    if (layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
+    layer = st->moe_of[layer];
+    pthread_mutex_lock(&st->mu);
+    for (int j = 0; j < n; j++) {
+        const int32_t g = layer * st->E + experts[j];
+        struct moe_cache_result r;
+        if (!moe_cache_prefetch(st->cache, g, ahead, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
+        place(st, 1, g, st->home[g], r.evicted, 1, layer);
+        started++;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return started;
+}
+
+void moe_store_count_tokens(struct moe_store *st, int n, int decode) {
+    st->stats.tokens += n;
+    if (decode) st->stats.decode_tokens += n;
+}
+
+void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out) {
+    pthread_mutex_lock((pthread_mutex_t *)&st->mu);
+    *out = st->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&st->mu);
+}
+
+/* ---- command-line options (shared by moe-run and moe-prep eval) ------ */
+
+const char *moe_store_options_help(void) {
+    return "expert memory (bundles; default: every expert resident, as mapped):\n"
+           "      --expert-mem SIZE   keep at most SIZE bytes of expert copies in memory (e.g. 512M, 2G);\n"
+           "                          missed experts are read from the bundle\n"
+           "      --cache-experts H,L keep H high- and L low-precision copies (as fit-cache)\n"
+           "      --io MODE           direct (O_DIRECT, default) | buffered | mmap\n"
+           "      --policy NAME       lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler | hobbit\n"
+           "                          (default: hobbit with the bundle's fitted weights, else lru)\n"
+           "      --high P, --low P   precisions of high and low copies (default: each expert's\n"
+           "                          bit-width-map precision; the smallest stored)\n"
+           "      --dynamic on|off|auto  HOBBIT dynamic precision: experts ranked below T1 of the\n"
+           "                          gate mass load low copies on a miss (auto: on when the budget\n"
+           "                          cannot hold every high copy)\n"
+           "      --skip              skip experts past T2 that are not cached (HOBBIT; off by default)\n"
+           "      --t1 X, --t2 Y      thresholds (default: the bundle's hobbit.t1 / hobbit.t2)\n"
+           "      --low-share X       share of --expert-mem for low copies (default 0.25)\n"
+           "      --prefetch on|off   stacked gating 1 layer ahead + path dictionary, 2 experts\n"
+           "                          (default off: on small caches it evicts more than it saves)\n"
+           "      --prefetch-layers P stacked gating up to P layers ahead (default 0)\n"
+           "      --prefetch-paths M  EdgeMoE: preload the M most probable experts of the next\n"
+           "                          layer from the path dictionary in the tuning (default 0)\n"
+           "      --path-order N      path dictionary keyed on 1 or 2 previous layers (default 1)\n"
+           "      --warm on|off       start with the most popular experts loaded (default on)\n"
+           "      --loaders N         I/O threads (default 2)\n";
+}
+
+/* opt_int: a strict integer in [lo, hi]. */
+static int opt_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int opt_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return 0;
+    *out = v;
+    return 1;
+}
+
+/* opt_onoff: on / off (and auto when allowed: -1). */
+static int opt_onoff(const char *s, int allow_auto, int *out) {
+    if (!strcmp(s, "on") || !strcmp(s, "1")) return *out = 1, 1;
+    if (!strcmp(s, "off") || !strcmp(s, "0")) return *out = 0, 1;
+    if (allow_auto && !strcmp(s, "auto")) return *out = -1, 1;
+    return 0;
+}
+
+int moe_store_option_takes_value(const char *name) {
+    static const char *const flags[] = {"--skip"};
+    static const char *const vals[] = {"--expert-mem", "--cache-experts", "--io", "--policy", "--high", "--low",
+                                       "--dynamic", "--t1", "--t2", "--low-share", "--prefetch",
+                                       "--prefetch-layers", "--prefetch-paths", "--path-order", "--warm", "--loaders"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (!strcmp(name, flags[i])) return 0;
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
+        if (!strcmp(name, vals[i])) return 1;
+    return -1;
+}
+
+enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
+                                       size_t err_size) {
+    int ok = 1, x;
+    if (!strcmp(name, "--skip")) {
+        p->skip = 1;
+    } else if (!v) {
+        ok = 0;
+    } else if (!strcmp(name, "--expert-mem")) {
+        int64_t b;
+        ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
+        if (ok) p->expert_mem = b;
+    } else if (!strcmp(name, "--cache-experts")) {
+        int h, l, n = 0;
+        ok = sscanf(v, "%d,%d%n", &h, &l, &n) == 2 && v[n] == 0 && h >= 0 && l >= 0 && h + l > 0;
+        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0;
+    } else if (!strcmp(name, "--io")) {
+        if (!strcmp(v, "direct")) p->io = MOE_IO_DIRECT;
+        else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
+        else if (!strcmp(v, "mmap")) p->io = MOE_IO_MMAP;
+        else ok = 0;
+    } else if (!strcmp(name, "--policy")) {
+        enum moe_cache_policy pol;
+        ok = moe_cache_policy_parse(v, &pol) == MOE_OK && pol != MOE_CACHE_BELADY;
+        if (ok) p->policy = (int)pol;
+    } else if (!strcmp(name, "--high")) {
+        p->high = v;
+    } else if (!strcmp(name, "--low")) {
+        p->low = v;
+    } else if (!strcmp(name, "--dynamic")) {
+        ok = opt_onoff(v, 1, &p->dynamic);
+    } else if (!strcmp(name, "--t1")) {
+        ok = opt_double(v, 0, 1, &p->t1);
+    } else if (!strcmp(name, "--t2")) {
+        ok = opt_double(v, 0, 1, &p->t2);
+    } else if (!strcmp(name, "--low-share")) {
+        ok = opt_double(v, 0, 0.95, &p->low_share);
+    } else if (!strcmp(name, "--prefetch")) {
+        ok = opt_onoff(v, 0, &x);
+        if (ok && !x) p->prefetch_layers = p->prefetch_paths = 0;
+        if (ok && x && !p->prefetch_layers && !p->prefetch_paths) p->prefetch_layers = 1, p->prefetch_paths = 2;
+    } else if (!strcmp(name, "--prefetch-layers")) {
+        ok = opt_int(v, 0, 8, &p->prefetch_layers);
+    } else if (!strcmp(name, "--prefetch-paths")) {
+        ok = opt_int(v, 0, 64, &p->prefetch_paths);
+    } else if (!strcmp(name, "--path-order")) {
+        ok = opt_int(v, 1, 2, &p->path_order);
+    } else if (!strcmp(name, "--warm")) {
+        ok = opt_onoff(v, 0, &p->warm);
+    } else if (!strcmp(name, "--loaders")) {
+        ok = opt_int(v, 1, 64, &p->n_loaders);
+    } else {
+        snprintf(err, err_size, "unknown option %s", name);
+        return MOE_ERR_NOT_FOUND;
+    }
+    if (!ok) {
+        snprintf(err, err_size, "bad value for %s: \"%s\" (see --help)", name, v ? v : "");
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* json_num: a number, or null when not finite. */
+static void json_num(FILE *f, const char *key, double v, int last) {
+    if (isfinite(v)) fprintf(f, "\"%s\": %.9g%s", key, v, last ? "" : ", ");
+    else fprintf(f, "\"%s\": null%s", key, last ? "" : ", ");
+}
+
+void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
+    const double tok = s->tokens > 0 ? (double)s->tokens : NAN, served = (double)(s->accesses - s->skips);
+    static const char *const io[] = {"direct", "buffered", "mmap"};
+    fprintf(f, "{\"policy\": \"%s\", \"io\": \"%s\", \"dynamic\": %s, ", moe_cache_policy_name((enum moe_cache_policy)s->policy),
+            io[s->io], s->dynamic ? "true" : "false");
+    fprintf(f, "\"high_cap\": %d, \"low_cap\": %d, \"high_copy_bytes\": %lld, \"low_copy_bytes\": %lld, ", s->high_cap,
+            s->low_cap, (long long)s->high_copy_bytes, (long long)s->low_copy_bytes);
+    json_num(f, "t1", s->t1, 0);
+    json_num(f, "t2", s->t2, 0);
+    fprintf(f, "\"tokens\": %lld, \"decode_tokens\": %lld, \"accesses\": %lld, \"hits_high\": %lld, \"hits_low\": %lld, "
+               "\"misses_high\": %lld, \"misses_low\": %lld, \"skips\": %lld, \"loads\": %lld, \"load_bytes\": %lld, "
+               "\"prefetch_loads\": %lld, \"prefetch_used\": %lld, \"prefetch_cancelled\": %lld, \"scratch_loads\": %lld, ",
+            (long long)s->tokens, (long long)s->decode_tokens, (long long)s->accesses, (long long)s->hits_high,
+            (long long)s->hits_low, (long long)s->misses_high, (long long)s->misses_low, (long long)s->skips,
+            (long long)s->loads, (long long)s->load_bytes, (long long)s->prefetch_loads, (long long)s->prefetch_used,
+            (long long)s->prefetch_cancelled, (long long)s->scratch_loads);
+    json_num(f, "hit_ratio", served > 0 ? (double)(s->hits_high + s->hits_low) / served : NAN, 0);
+    json_num(f, "hit_ratio_high", s->hits_high + s->misses_high > 0 ? (double)s->hits_high / (double)(s->hits_high + s->misses_high) : NAN, 0);
+    json_num(f, "hit_ratio_low", s->hits_low + s->misses_low > 0 ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN, 0);
+    json_num(f, "loads_per_token", (double)s->loads / tok, 0);
+    json_num(f, "bytes_read_per_token", (double)s->load_bytes / tok, 0);
+    json_num(f, "stall_s", s->stall_s, 0);
+    json_num(f, "stall_s_per_token", s->stall_s / tok, 0);
+    json_num(f, "stall_s_per_decode_token", s->decode_tokens > 0 ? s->stall_s_decode / (double)s->decode_tokens : NAN, 0);
+    json_num(f, "prefetch_precision", s->prefetch_loads > 0 ? (double)s->prefetch_used / (double)s->prefetch_loads : NAN, 0);
+    json_num(f, "prefetch_recall", s->prefetch_used + s->misses_high + s->misses_low > 0
+                                       ? (double)s->prefetch_used / (double)(s->prefetch_used + s->misses_high + s->misses_low)
+                                       : NAN, 0);
+    fprintf(f, "\"peak_resident_bytes\": %lld, \"slot_bytes\": %lld}", (long long)s->peak_resident_bytes,
+            (long long)s->slot_bytes);
+}
