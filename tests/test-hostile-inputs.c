@@ -325,6 +325,9 @@ static const struct row k_rows[] = {
     {"fit-cache's profile update on a full disk", BUNDLE " && " PROFILE " && cp p.h5 p.orig",
      FULL_DISK "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --no-tuning", 1, "File too large",
      "cmp -s p.h5 p.orig && ! ls | grep -q tmp"},
+    {"moe-run --trace-out on a full disk", "echo old > t.h5",
+     FULL_DISK "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 2 --trace-out t.h5", 1, "File too large",
+     "grep -q old t.h5 && ! ls | grep -q tmp"},
     {"profile report on a full disk", PROFILE " && echo old > r.html", FULL_DISK "$PREP profile report p.h5 -o r.html",
      1, "File too large", "grep -q old r.html && ! ls | grep -q tmp"},
 

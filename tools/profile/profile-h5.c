@@ -1382,19 +1382,19 @@ fail:
 }
 
 /* read_in_process: open and read the file with HDF5 in this process. */
-static enum moe_status read_in_process(const char *path, struct moe_profile **out) {
+static enum moe_status read_in_process(const char *path, const char *open_path, struct moe_profile **out) {
     *out = NULL;
     struct h5_quiet q;
     quiet_begin(&q);
     enum moe_status st = MOE_ERR_FORMAT;
     hid_t fapl = -1, f = -1;
-    htri_t is = H5Fis_hdf5(path);
+    htri_t is = H5Fis_hdf5(open_path);
     if (is <= 0) {
         MOE_LOGE("%s: not an HDF5 file (empty, text or damaged superblock)", path);
         goto fail;
     }
     if ((fapl = fapl_strong()) < 0) goto fail;
-    if ((f = H5Fopen(path, H5F_ACC_RDONLY, fapl)) < 0) {
+    if ((f = H5Fopen(open_path, H5F_ACC_RDONLY, fapl)) < 0) {
         MOE_LOGE("%s: HDF5 cannot open it (truncated or damaged file?)", path);
         goto fail;
     }
@@ -1648,7 +1648,8 @@ enum moe_status moe_profile_decode(int fd, const char *label, struct moe_profile
 }
 
 /* read_contained: read_in_process in a child process (see above). */
-static enum moe_status read_contained(const char *path, off_t size, struct moe_profile **out) {
+static enum moe_status read_contained(const char *path, const char *open_path, off_t size,
+                                      struct moe_profile **out) {
     int fd[2];
     *out = NULL;
     if (pipe(fd) != 0) {
@@ -1682,7 +1683,7 @@ static enum moe_status read_contained(const char *path, off_t size, struct moe_p
         static struct child_log log; /* static: large, and the child's alone */
         moe_log_set(child_capture, &log);
         struct moe_profile *p = NULL;
-        enum moe_status st = read_in_process(path, &p);
+        enum moe_status st = read_in_process(path, open_path, &p);
         int rc = child_send(fd[1], st, &log, p);
         _exit(rc ? 1 : 0);
     }
@@ -1716,8 +1717,16 @@ enum moe_status moe_profile_read(const char *path, struct moe_profile **out) {
     if (moe_file_open_read(path, &probe)) return MOE_ERR_IO; /* logged; a FIFO would block HDF5's open */
     struct stat sb;
     off_t size = fstat(probe, &sb) == 0 ? sb.st_size : 0;
-    close(probe);
+    /* libhdf5 opens by name: give it the file just checked (through the open
+     * descriptor, which the child inherits), not whatever the path names by
+     * then; without /proc, the path itself (a FIFO put there meanwhile blocks
+     * only the child, which its alarm ends) */
+    char by_fd[64];
+    snprintf(by_fd, sizeof by_fd, "/proc/self/fd/%d", probe);
+    const char *open_path = access(by_fd, R_OK) == 0 ? by_fd : path;
     const char *inproc = getenv("MOE_PROFILE_READ_INPROCESS"); /* debugging and fuzzing libhdf5 itself */
-    if (inproc && inproc[0] == '1') return read_in_process(path, out);
-    return read_contained(path, size, out);
+    enum moe_status st = inproc && inproc[0] == '1' ? read_in_process(path, open_path, out)
+                                                    : read_contained(path, open_path, size, out);
+    close(probe);
+    return st;
 }
