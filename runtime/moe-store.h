@@ -48,6 +48,8 @@ enum moe_io_mode {
 /* What the engine does; moe_store_default_params() gives the defaults noted. */
 struct moe_store_params {
     int64_t expert_mem;     /* bytes of expert copies kept (> 0), or 0 with high_cap/low_cap */
+    double expert_mem_share; /* if > 0 (and expert_mem == 0): keep this share (0, 1] of the bytes
+                             * of every expert's high copy ("--expert-mem 25%") */
     int high_cap, low_cap;  /* copies kept per cache, as fit-cache's --cache-experts H,L
                              * (used when expert_mem == 0; both 0 = no budget) */
     double low_share;       /* share of expert_mem for the low cache when dynamic precision is
@@ -83,6 +85,7 @@ struct moe_store_stats {
     int64_t accesses;               /* (step, expert) uses asked of the cache */
     int64_t hits_high, hits_low, misses_high, misses_low, skips;
     int64_t loads, load_bytes;      /* blobs read from storage and their stored bytes (demand + prefetch) */
+    int64_t loads_decode, load_bytes_decode; /* of which started during decode steps */
     int64_t prefetch_loads;         /* of which prefetches */
     int64_t prefetch_used;          /* prefetched copies that served a demand access */
     int64_t prefetch_cancelled;     /* prefetches dropped before their read started */
@@ -148,11 +151,15 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view);
 void moe_store_release(struct moe_store *st, int i);
 
-/* moe_store_prefetch_hint: experts[0..n) of MoE layer `layer` will probably
- * be used `ahead` MoE layer steps from now (stacked gating); the store loads
- * and protects the ones the policy admits. Returns how many reads it started
- * (0: all cached already, or nothing admitted). Decode steps only. */
-int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, int n, int ahead);
+/* moe_store_prefetch_hint: experts[0..n) of MoE layer `layer` (in rank
+ * order, gate weights `weights` or NULL) will probably be used `ahead` MoE
+ * layer steps from now (stacked gating); the store loads and protects the
+ * ones the policy admits; with weights and dynamic precision on, only those
+ * whose predicted need is the high copy (the top-1, and s <= T1). Returns how
+ * many reads it started (0: all cached already, or nothing admitted). Decode
+ * steps only. */
+int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
+                            int ahead);
 
 /* moe_store_count_tokens: n tokens were run (decode != 0: one-token steps). */
 void moe_store_count_tokens(struct moe_store *st, int n, int decode);
@@ -165,7 +172,7 @@ const char *moe_store_options_help(void);
 int moe_store_option_takes_value(const char *name);
 
 /* moe_store_parse_option: apply option `name` with value v (NULL for a
- * flag) to *p. MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a
+ * flag) to *p. "--expert-mem" takes bytes ("512M") or a share ("25%"). MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a
  * bad value; both with a message for the user in err. Nothing is logged. */
 enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
                                        size_t err_size);
@@ -176,6 +183,11 @@ void moe_store_stats_json(const struct moe_store_stats *s, FILE *f);
 
 /* moe_store_get_stats: the counters so far. */
 void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out);
+
+/* moe_store_params_active: whether p asks for a budget at all (an
+ * --expert-mem size or share, or --cache-experts); without one the session
+ * runs every expert resident and needs no store. */
+int moe_store_params_active(const struct moe_store_params *p);
 
 #ifdef __cplusplus
 }

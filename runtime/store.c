@@ -238,7 +238,9 @@ static void enqueue(struct moe_store *st, int i) {
     st->q[(st->q_head + st->q_len++) % st->q_cap] = (struct req){i, s->gen};
     st->stats.loads++;
     struct moe_bundle_blob b;
-    if (blob(st, s->g, s->prec, &b) == MOE_OK) st->stats.load_bytes += (int64_t)b.stored_size;
+    const int64_t bytes = blob(st, s->g, s->prec, &b) == MOE_OK ? (int64_t)b.stored_size : 0;
+    st->stats.load_bytes += bytes;
+    if (st->step_n == 1) st->stats.loads_decode++, st->stats.load_bytes_decode += bytes;
     pthread_cond_broadcast(&st->cv);
 }
 
@@ -424,6 +426,17 @@ static void max_copy(const struct moe_store *st, int high, uint64_t *raw, size_t
 
 /* warm: fill the high cache in Twiddler's placement order (least popular of
  * the chosen ones first, so LRU keeps the most popular longest). */
+/* all_high_bytes: raw bytes of every routed expert's high (home) copy,
+ * what "--expert-mem 25%" is a share of. */
+static int64_t all_high_bytes(const struct moe_store *st) {
+    int64_t t = 0;
+    for (int32_t g = 0; g < st->L * st->E; g++) {
+        struct moe_bundle_blob b;
+        if (!blob(st, g, st->home[g], &b)) t += (int64_t)b.raw_size;
+    }
+    return t;
+}
+
 static void warm(struct moe_store *st) {
     if (!st->order || st->cc.high_cap <= 0) return;
     int n = 0;
@@ -493,13 +506,19 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     max_copy(st, 0, &lraw, &lread);
     const int low_exists = st->low >= 0 && lraw < hraw;
     int H = p->high_cap, Lc = p->low_cap;
-    if (p->expert_mem > 0) {
+    int64_t mem = p->expert_mem;
+    if (mem <= 0 && p->expert_mem_share > 0) {
+        mem = (int64_t)(p->expert_mem_share * (double)all_high_bytes(st));
+        if (mem <= 0) mem = 1;
+        MOE_LOGI("--expert-mem %.4g%%: %lld bytes", 100.0 * p->expert_mem_share, (long long)mem);
+    }
+    if (mem > 0) {
         int want_dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) &&
-                                           (int64_t)hread * all > p->expert_mem);
+                                           (int64_t)hread * all > mem);
         st->dynamic = want_dyn;
         double hs = want_dyn ? (1 - p->low_share) : 1.0;
-        H = (int)((double)p->expert_mem * hs / (double)hread);
-        Lc = want_dyn ? (int)((double)p->expert_mem * p->low_share / (double)lread) : 0;
+        H = (int)((double)mem * hs / (double)hread);
+        Lc = want_dyn ? (int)((double)mem * p->low_share / (double)lread) : 0;
     } else {
         st->dynamic = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && H < all);
     }
@@ -865,13 +884,15 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     return MOE_OK;
 }
 
-/* view_of: the expert's three matrices in slot memory at precision prec. */
+/* view_of: the expert's matrices (and biases) in slot memory at precision prec. */
 static void view_of(const struct moe_store *st, const struct slot *s, int prec, struct moe_ffn *f) {
     const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
     struct moe_weight *w[3] = {&f->gate, &f->up, &f->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+    /* gpt-oss blobs: an f32 row of gate | up | down biases (checked by the model loader) */
+    f->bias = d->n_parts > 3 ? (const float *)(const void *)((const char *)s->buf.data + d->parts[3].offset) : NULL;
 }
 
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
@@ -934,12 +955,20 @@ void moe_store_release(struct moe_store *st, int i) {
     pthread_mutex_unlock(&st->mu);
 }
 
-int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, int n, int ahead) {
+int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
+                            int ahead) {
     int started = 0;
     if (layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
     layer = st->moe_of[layer];
+    uint8_t needs[64];
+    if (n > 64) n = 64;
+    if (weights) token_needs(st, weights, n, needs);
     pthread_mutex_lock(&st->mu);
     for (int j = 0; j < n; j++) {
+        /* with dynamic precision only the predictions that would need their
+         * high copy are read ahead: a low-need one costs a high read that the
+         * token would not make, and evicts a copy to hold it */
+        if (weights && needs[j] != MOE_CACHE_NEED_HIGH) continue;
         const int32_t g = layer * st->E + experts[j];
         struct moe_cache_result r;
         if (!moe_cache_prefetch(st->cache, g, ahead, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
@@ -965,8 +994,9 @@ void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out
 
 const char *moe_store_options_help(void) {
     return "expert memory (bundles; default: every expert resident, as mapped):\n"
-           "      --expert-mem SIZE   keep at most SIZE bytes of expert copies in memory (e.g. 512M, 2G);\n"
-           "                          missed experts are read from the bundle\n"
+           "      --expert-mem SIZE   keep at most SIZE bytes of expert copies in memory (e.g. 512M, 2G),\n"
+           "                          or a share of every expert's high copy (e.g. 25%); missed\n"
+           "                          experts are read from the bundle\n"
            "      --cache-experts H,L keep H high- and L low-precision copies (as fit-cache)\n"
            "      --io MODE           direct (O_DIRECT, default) | buffered | mmap\n"
            "      --policy NAME       lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler | hobbit\n"
@@ -1037,12 +1067,24 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         ok = 0;
     } else if (!strcmp(name, "--expert-mem")) {
         int64_t b;
-        ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
-        if (ok) p->expert_mem = b;
+        size_t n = strlen(v);
+        if (n > 1 && v[n - 1] == '%') {
+            char num[64];
+            double share;
+            ok = n - 1 < sizeof num;
+            if (ok) {
+                memcpy(num, v, n - 1), num[n - 1] = 0;
+                ok = opt_double(num, 1e-9, 100, &share);
+            }
+            if (ok) p->expert_mem_share = share / 100.0, p->expert_mem = 0, p->high_cap = p->low_cap = 0;
+        } else {
+            ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
+            if (ok) p->expert_mem = b, p->expert_mem_share = 0;
+        }
     } else if (!strcmp(name, "--cache-experts")) {
         int h, l, n = 0;
         ok = sscanf(v, "%d,%d%n", &h, &l, &n) == 2 && v[n] == 0 && h >= 0 && l >= 0 && h + l > 0;
-        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0;
+        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0, p->expert_mem_share = 0;
     } else if (!strcmp(name, "--io")) {
         if (!strcmp(v, "direct")) p->io = MOE_IO_DIRECT;
         else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
@@ -1089,6 +1131,10 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
     return MOE_OK;
 }
 
+int moe_store_params_active(const struct moe_store_params *p) {
+    return p && (p->expert_mem > 0 || p->expert_mem_share > 0 || p->high_cap > 0 || p->low_cap > 0);
+}
+
 /* json_num: a number, or null when not finite. */
 static void json_num(FILE *f, const char *key, double v, int last) {
     if (isfinite(v)) fprintf(f, "\"%s\": %.9g%s", key, v, last ? "" : ", ");
@@ -1116,6 +1162,8 @@ void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
     json_num(f, "hit_ratio_low", s->hits_low + s->misses_low > 0 ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN, 0);
     json_num(f, "loads_per_token", (double)s->loads / tok, 0);
     json_num(f, "bytes_read_per_token", (double)s->load_bytes / tok, 0);
+    json_num(f, "loads_per_decode_token", s->decode_tokens > 0 ? (double)s->loads_decode / (double)s->decode_tokens : NAN, 0);
+    json_num(f, "bytes_read_per_decode_token", s->decode_tokens > 0 ? (double)s->load_bytes_decode / (double)s->decode_tokens : NAN, 0);
     json_num(f, "stall_s", s->stall_s, 0);
     json_num(f, "stall_s_per_token", s->stall_s / tok, 0);
     json_num(f, "stall_s_per_decode_token", s->decode_tokens > 0 ? s->stall_s_decode / (double)s->decode_tokens : NAN, 0);

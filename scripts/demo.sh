@@ -3,7 +3,8 @@
 # pipeline on the embedded default model: check the checkpoint, quantize it
 # into a multi-precision bundle, inspect and verify the bundle, measure each
 # precision against the original (perplexity, KL), generate text, profile the
-# routing, sweep EdgeMoE sensitivities and search per-expert bit-widths. The default model is the small MoE trained for the project
+# routing, sweep EdgeMoE sensitivities, search per-expert bit-widths, and run with a quarter of the
+# expert bytes in memory next to all resident. The default model is the small MoE trained for the project
 # (datasets/models/tiny-moe-mixtral: Mixtral architecture, BF16); MOE_DEMO_MODEL
 # picks another checkpoint directory, MOE_DEMO_TEXT another calibration text.
 set -euo pipefail
@@ -81,6 +82,21 @@ echo "== 10. EdgeMoE bit-width search within a 2 % loss budget (held out: $(base
 build/moe-prep bitwidth "$work/model.moeb" --sensitivity "$work/sensitivity.h5" --dataset "$text2" \
     --ctx 256 --max-loss 2% --heldout "$text3" 2>/dev/null | tee "$work/bitwidth.txt"
 echo
+echo "== 11. offloading: a quarter of the expert bytes in memory, next to every expert resident"
+echo "   (moe-run's engine: HOBBIT's fitted cache from step 8, dynamic precision with T1/T2 from step 6,"
+echo "    each expert's home precision from the bit-width map of step 10; misses read with O_DIRECT)"
+build/moe-run -m "$work/model.moeb" -p "The function returns" -n 64 --ignore-eos \
+    >"$work/resident.txt" 2>"$work/resident-speed.txt"
+build/moe-run -m "$work/model.moeb" -p "The function returns" -n 64 --ignore-eos --expert-mem 25% \
+    --stats-json "$work/offload-stats.json" >"$work/offload.txt" 2>"$work/offload-speed.txt"
+printf 'all resident  %s\n' "$(grep '^moe-run: prompt' "$work/resident-speed.txt" | sed 's/^moe-run: //')"
+printf '25 %% resident %s\n' "$(grep '^moe-run: prompt' "$work/offload-speed.txt" | sed 's/^moe-run: //')"
+printf '              %s\n' "$(grep '^moe-run: experts:.*cache' "$work/offload-speed.txt" | sed 's/^moe-run: experts: //')"
+echo "   stats: $work/offload-stats.json; same text as all resident: $(cmp -s "$work/resident.txt" "$work/offload.txt" && echo yes || echo 'no (dynamic precision)')"
+offload_quality=$(build/moe-prep eval "$work/model.moeb" --ref "$work/model.moeb" --dataset "$text3" --ctx 256 \
+    --max-chunks 4 --batch 1 --expert-mem 25% 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //')
+echo "   quality through the engine (one token per step) against all resident: $offload_quality"
+echo
 echo "== summary"
 echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}')" \
      "checkpoint -> $(stat -c %s "$work/model.moeb" | awk '{printf "%.2f MB", $1/1e6}') bundle holding experts at $experts"
@@ -96,3 +112,4 @@ echo "sensitivity $(grep '^cost' "$work/sensitivity.txt" | sed 's/^cost: //')"
 echo "           $(grep '^proxy' "$work/sensitivity.txt"); heat map $work/sensitivity.html"
 echo "bit-widths $(grep -A1 '^chosen' "$work/bitwidth.txt" | tr '\n' ' ' | sed 's/  */ /g')"
 echo "           $(grep '^held-out' "$work/bitwidth.txt")"
+echo "offload    25 % of the expert bytes: $(grep '^moe-run: prompt' "$work/offload-speed.txt" | sed 's/.*generated/generated/') vs all resident $(grep '^moe-run: prompt' "$work/resident-speed.txt" | sed 's/.*generated/generated/')"

@@ -9,6 +9,10 @@
  *     prefetch and warm start off) gives the store's hit / miss / skip counts
  *     per precision exactly, with dynamic precision and skipping on;
  *   - a budget too small for one layer's top-k is refused, naming the minimum;
+ *   - `moe-prep eval` through the engine: with dynamic precision off the
+ *     engine's PPL equals the all-resident reference's (KL 0) while the store
+ *     loads experts; with it on, one-token steps use low copies and the KL
+ *     becomes positive; engine options on a checkpoint directory are refused;
  *   - peak memory of `moe-run --expert-mem` on an inflated model whose experts
  *     are more than 4x the budget stays within non-expert weights + budget +
  *     the store's overhead + a fixed 32 MiB (process, KV cache, scratch).
@@ -197,6 +201,55 @@ static void prefetching(const char *bundle, const char *text) {
     free(got);
 }
 
+/* eval_json: run `moe-prep eval` with extra options, parse its JSON. */
+static cJSON *eval_json(const char *bundle, const char *text, const char *opts) {
+    char out[1200];
+    snprintf(out, sizeof out, "%s/eval.json", work);
+    if (sh("'%s' eval '%s' --ref '%s' --expert-precision q8_0 --dataset '%s' --ctx 64 --max-chunks 3 --json %s "
+           ">'%s' 2>/dev/null", prep, bundle, bundle, text, opts, out) != 0)
+        return NULL;
+    char *js = NULL;
+    size_t len = 0;
+    if (moe_read_file(out, 1 << 24, &js, &len) != MOE_OK) return NULL;
+    cJSON *j = cJSON_Parse(js);
+    free(js);
+    return j;
+}
+
+static double jnum(const cJSON *o, const char *a, const char *b) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (b) x = cJSON_GetObjectItemCaseSensitive(x, b);
+    return cJSON_IsNumber(x) ? x->valuedouble : NAN;
+}
+
+/* through_eval: moe-prep eval takes the engine options (item 7). */
+static void through_eval(const char *bundle, const char *text) {
+    cJSON *j = eval_json(bundle, text, "--expert-mem 25% --dynamic off --high q8_0 --policy lru");
+    CHECK(j != NULL, "eval --expert-mem 25%% --dynamic off runs");
+    if (j) {
+        CHECK(jnum(j, "kld", "mean") == 0 && jnum(j, "ppl", "value") == jnum(j, "ref_ppl", "value"),
+              "dynamic off through the engine equals the all-resident run (KL %g)", jnum(j, "kld", "mean"));
+        CHECK(jnum(j, "engine", "loads") > 0 && jnum(j, "engine", "misses_low") == 0 &&
+                  jnum(j, "engine", "hits_low") == 0,
+              "the engine loaded experts, none low (%g loads)", jnum(j, "engine", "loads"));
+        cJSON_Delete(j);
+    }
+    j = eval_json(bundle, text, "--expert-mem 25% --dynamic on --high q8_0 --low q2_k --t1 0.5 --t2 0.99 --batch 1");
+    CHECK(j != NULL, "eval --dynamic on --batch 1 runs");
+    if (j) {
+        double low = jnum(j, "engine", "hits_low") + jnum(j, "engine", "misses_low");
+        CHECK(low > 0 && jnum(j, "engine", "accesses") == jnum(j, "engine", "hits_high") +
+                                                                jnum(j, "engine", "misses_high") + low +
+                                                                jnum(j, "engine", "skips"),
+              "dynamic precision used low copies (%g of %g uses)", low, jnum(j, "engine", "accesses"));
+        CHECK(jnum(j, "kld", "mean") > 0 && jnum(j, "kld", "mean") < 0.5,
+              "low copies move the distribution a little (KL %g)", jnum(j, "kld", "mean"));
+        cJSON_Delete(j);
+    }
+    CHECK(sh("'%s' eval '%s' --dataset '%s' --expert-mem 25%% >/dev/null 2>&1", prep, model_dir, text) == 2,
+          "engine options on a checkpoint directory are a usage error");
+}
+
 /* too_small: a budget below one layer's top-k is refused with the minimum. */
 static void too_small(const char *bundle) {
     struct moe_model_params mp = moe_model_default_params();
@@ -292,6 +345,7 @@ int main(int argc, char **argv) {
     struct stat sb;
     if (stat(text, &sb) != 0) snprintf(text, sizeof text, "%s", MOE_FIXTURES "/demo/calibration.txt");
     prefetching(bundle, text);
+    through_eval(bundle, text);
     peak_memory();
     printf("test-store: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
     if (!fails) sh("rm -rf '%s'", work);

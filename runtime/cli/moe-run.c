@@ -80,8 +80,7 @@ static void usage(FILE *f) {
 "                          can replay\n"
 "\n");
     fputs(moe_store_options_help(), f);
-    fprintf(f, "                          --expert-mem also takes a share of the bundle's experts at\n"
-               "                          their high precision, e.g. 25%%\n\n%s", examples);
+    fprintf(f, "\n%s", examples);
 }
 
 struct args {
@@ -89,7 +88,6 @@ struct args {
     const char *stats_json, *trace_out;
     struct moe_store_params store;
     int use_store;
-    double mem_share;       /* --expert-mem N%: share of all high copies (0: bytes given) */
     int n_predict, top_k, n_threads, n_ctx, n_batch;
     float temp, top_p;
     unsigned long long seed;
@@ -194,15 +192,6 @@ static int parse_args(int argc, char **argv, struct args *a) {
             if (!(a->stats_json = NEXT())) return 2;
         } else if (!strcmp(o, "--trace-out")) {
             if (!(a->trace_out = NEXT())) return 2;
-        } else if (!strcmp(o, "--expert-mem") && i + 1 < argc && strchr(argv[i + 1], '%')) {
-            char *end;
-            v = argv[++i];
-            a->mem_share = strtod(v, &end) / 100.0;
-            if (end == v || strcmp(end, "%") || !(a->mem_share > 0 && a->mem_share <= 1)) {
-                fprintf(stderr, "moe-run: --expert-mem expects bytes (512M, 2G) or a share in (0%%, 100%%], got \"%s\"\n", v);
-                return 2;
-            }
-            a->use_store = 1;
         } else if (moe_store_option_takes_value(o) >= 0) {
             const int takes = moe_store_option_takes_value(o);
             char err[256];
@@ -211,7 +200,6 @@ static int parse_args(int argc, char **argv, struct args *a) {
                 fprintf(stderr, "moe-run: %s\n", err);
                 return 2;
             }
-            if (!strcmp(o, "--expert-mem") || !strcmp(o, "--cache-experts")) a->use_store = 1, a->mem_share = 0;
         } else {
             fprintf(stderr, "moe-run: unknown option \"%s\" (see moe-run --help)\n", o);
             return 2;
@@ -219,6 +207,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
 #undef IS
 #undef NEXT
     }
+    a->use_store = moe_store_params_active(&a->store);
     if (!a->model) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
@@ -285,32 +274,22 @@ static double memory_budget(void) {
     return b;
 }
 
-/* context_fits: the float32 KV cache of n_ctx tokens (2 x layers x tokens x
- * kv heads x head_dim x 4 bytes, as the session allocates it) fits in memory;
- * else say how large it is and what fits. A cache larger than memory would be
- * reserved lazily and then swap or crawl for hours. */
+/* context_fits: the float32 KV cache of n_ctx tokens (as the CPU backend
+ * allocates it: layers x tokens x (K and V rows of kv heads x head_dim, or for
+ * multi-head latent attention one row of kv_lora_rank + qk_rope_dim) x 4
+ * bytes) fits in memory; else say how large it is and what fits. A cache
+ * larger than memory would be reserved lazily and then swap or crawl for
+ * hours. */
 static int context_fits(const struct moe_config *c, int n_ctx) {
-    double per_token = 2.0 * c->n_layer * c->n_head_kv * (double)c->head_dim * sizeof(float);
+    const double row = c->attn == MOE_ATTN_MLA ? (double)c->kv_lora_rank + c->qk_rope_dim
+                                               : 2.0 * c->n_head_kv * (double)c->head_dim;
+    double per_token = c->n_layer * row * sizeof(float);
     double need = per_token * n_ctx, have = memory_budget();
     if (have <= 0 || need <= have) return 1;
     fprintf(stderr, "moe-run: a context of %d tokens needs a KV cache of %.1f GiB, more than the %.1f GiB of memory "
                     "this process can use; at most about %.0f tokens fit: use a shorter prompt or a smaller --ctx\n",
             n_ctx, need / (1u << 30), have / (1u << 30), have / per_token);
     return 0;
-}
-
-/* all_expert_bytes: raw bytes of every routed expert at the precision it is
- * bound at (what "--expert-mem 25%" is a share of); 0 for a checkpoint. */
-static int64_t all_expert_bytes(const struct moe_model *m) {
-    int64_t t = 0;
-    for (int l = 0; m->bundle && l < m->cfg.n_layer; l++)
-        for (int e = 0; m->cfg.layer_moe[l] && e < m->cfg.n_expert; e++) {
-            struct moe_bundle_blob b;
-            int p = moe_model_get_expert_precision(m, l, e);
-            if (p >= 0 && moe_bundle_expert(m->bundle, (uint32_t)l, (uint32_t)e, (uint32_t)p, &b) == MOE_OK)
-                t += (int64_t)b.raw_size;
-        }
-    return t;
 }
 
 /* write_trace: the session's routing as a profile file fit-cache can replay. */
@@ -404,14 +383,16 @@ static void print_store_stats(const struct moe_session *sess) {
     struct moe_store_stats s;
     moe_store_get_stats(st, &s);
     const double tok = s.tokens > 0 ? (double)s.tokens : 1, served = (double)(s.accesses - s.skips);
+    const double dtok = s.decode_tokens > 0 ? (double)s.decode_tokens : 1;
     fprintf(stderr,
             "moe-run: experts: %s cache %d high + %d low copies%s; hits %.1f %% (high %lld, low %lld), misses %lld + %lld "
-            "low, skipped %lld; %.2f loads and %.2f MB read per token, %.2f ms stalled per token; prefetched %lld "
-            "(used %lld); peak resident %.1f MB\n",
+            "low, skipped %lld; %.2f loads and %.2f MB read per token, %.2f ms stalled per token (decode: %.2f, %.2f MB, "
+            "%.2f ms); prefetched %lld (used %lld); peak resident %.1f MB\n",
             moe_cache_policy_name((enum moe_cache_policy)s.policy), s.high_cap, s.low_cap,
             s.dynamic ? ", dynamic precision" : "", served > 0 ? 100.0 * (double)(s.hits_high + s.hits_low) / served : 0.0,
             (long long)s.hits_high, (long long)s.hits_low, (long long)s.misses_high, (long long)s.misses_low,
             (long long)s.skips, (double)s.loads / tok, (double)s.load_bytes / tok / 1e6, 1e3 * s.stall_s / tok,
+            (double)s.loads_decode / dtok, (double)s.load_bytes_decode / dtok / 1e6, 1e3 * s.stall_s_decode / dtok,
             (long long)s.prefetch_loads, (long long)s.prefetch_used, (double)s.peak_resident_bytes / 1e6);
 }
 
@@ -500,7 +481,6 @@ int main(int argc, char **argv) {
     }
     struct moe_session_params sp = moe_session_default_params();
     if (a.use_store) {
-        if (a.mem_share > 0) a.store.expert_mem = (int64_t)(a.mem_share * (double)all_expert_bytes(model));
         sp.store = &a.store;
     }
     sp.record_trace = a.trace_out != NULL;

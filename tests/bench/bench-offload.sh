@@ -34,6 +34,14 @@
 #      cache (dd iflag=nocache); before e they are loaded (resident ceiling).
 #   9. the table: median decode tokens/s per configuration and budget, ratio to
 #      a at the same budget and to e, bytes read per token, hit ratios, stall.
+#  10. the simulator against the run: b at 25 % without warm start, with
+#      --trace-out, on one prompt; the trace replayed by fit-cache at the run's
+#      cache sizes and prompt length; LRU's hit ratio and bytes per token from
+#      both (fit-cache's policies are the runtime's cache core, so they should
+#      agree up to the runtime's 4 KiB-rounded reads).
+#  11. quality: moe-prep eval through the engine (b at 25 %, one token per
+#      step) against the all-resident q8_0 run on held-out text: PPL rise, KL,
+#      top-token agreement and the share of low-precision expert uses.
 #
 # The moe-run options of step 8 are edited in one place: the CONFIGS table and
 # offload_opts() below. Results: $WORK/runs/*.json (--stats-json), *.log
@@ -179,12 +187,13 @@ if need "$work/fit-cache-25.txt" "fit-cache: HOBBIT weights for --fast-mem $budg
 fi
 sed -n '1,40p' "$work/fit-cache-25.txt"
 
-# ---- 7. bench-io -------------------------------------------------------------------------
-if need "$work/bench-io.txt" "bench-io: raw read bandwidth of the bundle's storage"; then
+# ---- 7. bench-io (every time: the ceiling for misses belongs to the same run) --------------
+if [ $dry_run -eq 0 ] && [ $prep_only -eq 0 ]; then
+  echo "== bench-io: raw read bandwidth of the bundle's storage"
   run "$benchio" "$bundle" --rounds 2 >"$work/bench-io.txt.tmp"
   mv "$work/bench-io.txt.tmp" "$work/bench-io.txt"
+  grep -v "^{" "$work/bench-io.txt"
 fi
-grep -v "^{" "$work/bench-io.txt"
 
 # ---- 8. moe-run configurations --------------------------------------------------------------
 # prompts: ~500 bytes from the middle of each held-out domain the profile did not see
@@ -214,7 +223,7 @@ if [ $prep_only -eq 1 ]; then
   echo "== --prep-only: stopping before the moe-run benchmark"
   exit 0
 fi
-if [ $dry_run -eq 0 ] && ! "$moerun" --help 2>&1 | grep -q -- '--expert-mem'; then
+if [ $dry_run -eq 0 ] && ! grep -q -- '--expert-mem' <<<"$("$moerun" --help 2>&1)"; then
   echo "bench-offload: $moerun has no --expert-mem option yet: preparation is done in $work;" >&2
   echo "  the runs it would make are listed by: $0 --work $work --no-build --dry-run" >&2
   exit 1
@@ -255,13 +264,13 @@ one_run() {
   # fall back on moe-run's own summary line: "generated N tokens in T s (X tok/s)"
   [ -n "$tps" ] || tps=$(sed -n 's/.*generated [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$log" | tail -n 1)
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$cfg" "$bname" "$prompt" "$rc" "${tps:-}" \
-    "$(stat_of bytes_read_per_token)" "$(stat_of hit_ratio_high)" "$(stat_of hit_ratio_low)" "$(stat_of stall_s_per_token)" \
+    "$(stat_of bytes_read_per_decode_token)" "$(stat_of hit_ratio_high)" "$(stat_of hit_ratio_low)" "$(stat_of stall_s_per_decode_token)" \
     "$(stat_of peak_resident_bytes)" >>"$work/results.tsv"
   [ $rc -eq 0 ] || echo "bench-offload: run $tag exited $rc (see $log)" >&2
 }
 
 echo "== moe-run: $rounds rounds x ${#configs[@]} configurations x budgets 25/50 % x prompts ($prompt_domains), -n $n_predict -t $threads"
-[ $dry_run -eq 1 ] || printf 'round\tconfig\tbudget\tprompt\trc\ttok_s\tbytes_per_tok\thit_high\thit_low\tstall_s_tok\tpeak_bytes\n' >"$work/results.tsv"
+[ $dry_run -eq 1 ] || printf 'round\tconfig\tbudget\tprompt\trc\ttok_s\tbytes_per_decode_tok\thit_high\thit_low\tstall_s_decode_tok\tpeak_bytes\n' >"$work/results.tsv"
 for ((r = 1; r <= rounds; r++)); do
   order=("${configs[@]}")
   if [ $((r % 2)) -eq 0 ]; then # alternate the order so drift hits every configuration alike
@@ -292,7 +301,7 @@ resident=$(median e all 6)
 {
   echo "decode tokens/s, median over $rounds rounds x prompts ($prompt_domains); FFN $ffn, -t $threads, -n $n_predict, --io $io"
   echo "budgets: 25 % = $budget25 bytes, 50 % = $budget50 bytes (of the q8_0 expert bytes, $q8_total)"
-  printf '%-7s %-6s %6s %9s %7s %9s %11s %8s %8s %10s %10s\n' config budget runs "tok/s" "x a" "x e" "MB/token" "hit hi" "hit lo" "stall ms" "peak MB"
+  printf '%-7s %-6s %6s %9s %7s %9s %11s %8s %8s %10s %10s\n' config budget runs "tok/s" "x a" "x e" "MB/dec tok" "hit hi" "hit lo" "stall ms" "peak MB"
   for cfg in "${configs[@]}"; do
     for b in 25 50; do
       [ "$cfg" = e ] && { [ $b = 25 ] || continue; b=all; }
@@ -314,6 +323,37 @@ resident=$(median e all 6)
     done
   done
   echo "a: LRU, q8_0 only; b: + HOBBIT dynamic precision (q2_k low); c: + HOBBIT policy; d: + prefetch; e: all resident"
+  echo "MB/dec tok and stall ms: bytes read and time waiting for reads per decoded token; hit ratios over the whole run"
   echo "runs: successful/all; medians over the successful ones. Storage, reads of one q8_0 expert blob:"
-  echo "  $(grep "^ *fastest" "$work/bench-io.txt" | head -n 1 | sed 's/^ *//') (bench-io, $work/bench-io.txt)"
+  echo "  $(grep "^ *fastest" "$work/bench-io.txt" | head -n 1 | sed 's/^ *//'), direct-t1 $(awk '/direct-t1/ {print $2 " MB/s"; exit}' "$work/bench-io.txt") (bench-io, $work/bench-io.txt)"
 } | tee "$work/table.txt"
+
+# ---- 10. the simulator's prediction against the run ------------------------------------------------
+echo "== simulator check: config b at 25 %, no warm start, trace replayed by fit-cache"
+stats=$work/runs/sim-b-25.json
+rm -f "$stats" "$work/sim-trace.h5"
+run dd if="$bundle" iflag=nocache count=0 status=none
+# shellcheck disable=SC2086 # option strings split on purpose
+run "$moerun" -m "$bundle" -f "$work/prompts/c4.txt" -n "$n_predict" --ignore-eos -t "$threads" ${CONFIGS[b]} \
+  $(offload_opts b "$budget25") --warm off --stats-json "$stats" --trace-out "$work/sim-trace.h5" >/dev/null 2>"$work/runs/sim-b-25.log"
+hc=$(stat_of high_cap); lc=$(stat_of low_cap); np=$(stat_of prompt_tokens)
+run_hit=$(stat_of hit_ratio); run_bpt=$(stat_of bytes_read_per_token)
+run "$prep" fit-cache "$bundle" --profile "$work/sim-trace.h5" --cache-experts "$hc,$lc" --sizes "$hc" --heldout 0 \
+  --prompt-len "$np" --high q8_0 --low q2_k --no-tuning --no-profile-update >"$work/sim-replay.txt" 2>&1
+# the lru row: "lru  HIT %  PENALTY  BYTES MiB  GAP"
+sim_hit=$(awk '$1 == "lru" { sub("%", "", $2); print $2 / 100; exit }' "$work/sim-replay.txt")
+sim_bpt=$(awk '$1 == "lru" { v = $5; u = $6; m = (u == "MiB") ? 1048576 : (u == "KiB") ? 1024 : (u == "GiB") ? 1073741824 : 1; print v * m; exit }' "$work/sim-replay.txt")
+awk -v rh="$run_hit" -v rb="$run_bpt" -v sh="$sim_hit" -v sb="$sim_bpt" -v h="$hc" -v l="$lc" -v n="$np" 'BEGIN {
+  printf "LRU + dynamic precision, %d high + %d low copies, prompt %d tokens + decode:\n", h, l, n
+  printf "  %-10s %10s %14s\n", "", "hit ratio", "bytes/token"
+  printf "  %-10s %10.4f %11.3f MB\n", "moe-run", rh, rb / 1e6
+  printf "  %-10s %10.4f %11.3f MB\n", "simulator", sh, sb / 1e6
+  printf "  run / simulator bytes per token: %.3f\n", rb / sb
+}' | tee "$work/sim-check.txt"
+
+# ---- 11. quality of dynamic precision through the engine ------------------------------------------
+echo "== quality: eval through the engine (b at 25 %, --batch 1) against all resident q8_0"
+run "$prep" eval "$bundle" --ref "$bundle" --expert-precision q8_0 --dataset "$model/heldout/c4.txt" --ctx 256 \
+  --max-chunks "${MOE_OFFLOAD_EVAL_CHUNKS:-4}" --batch 1 -t "$threads" ${CONFIGS[b]} $(offload_opts b "$budget25") \
+  >"$work/eval-b-25.txt" 2>"$work/eval-b-25.log"
+grep -E "Mean PPL|Mean    KLD|Same top|^engine|expert uses" "$work/eval-b-25.txt" | tee "$work/quality.txt"

@@ -128,6 +128,14 @@ static void check_expert_views(const struct moe_model *m, const uint8_t *data, s
                     if (q < lo || (uint64_t)(q - lo) > b.raw_size || bytes > b.raw_size - (uint64_t)(q - lo)) abort();
                     if (lo < data || b.raw_size > size || (size_t)(lo - data) > size - b.raw_size) abort();
                 }
+                if (f.bias) { /* gpt-oss: gate | up | down biases, one f32 row */
+                    uint64_t bytes = sizeof(float) * (uint64_t)(2 * c->n_ff_expert + c->n_embd);
+                    if (b.desc->n_parts < 4 || bytes > b.desc->parts[3].nbytes) abort();
+                    const uint8_t *q = (const uint8_t *)f.bias, *lo = b.stored;
+                    if (b.compression == MOE_BUNDLE_COMP_NONE &&
+                        (q < lo || (uint64_t)(q - lo) > b.raw_size || bytes > b.raw_size - (uint64_t)(q - lo)))
+                        abort();
+                }
             }
 }
 

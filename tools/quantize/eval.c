@@ -414,6 +414,8 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
             spk.on_route = count_route;
             spk.route_user = out;
         }
+        if (k == 0 && moe_store_params_active(p.store)) spk.store = p.store;
+        if (k == 0 && p.n_batch > 0) spk.n_batch = p.n_batch;
         if ((st = moe_session_create(side[k].m, &spk, &side[k].s))) goto done;
         st = MOE_ERR_NOMEM;
         if (!(side[k].logits = malloc(sizeof(float) * V * EVAL_ROWS))) goto done;
@@ -446,6 +448,10 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     if (p.unigram) {
         out->has_unigram = 1;
         out->unigram_ppl = unigram_ppl(ids, n_ids, n_chunks, n_ctx, (int)V);
+    }
+    if (moe_session_store(side[0].s)) {
+        out->has_store = 1;
+        moe_store_get_stats(moe_session_store(side[0].s), &out->store);
     }
     st = ref ? finish_ref(&acc, out) : MOE_OK;
 done:
@@ -495,10 +501,22 @@ static void eval_usage(FILE *f) {
 "  --routing                 also the model's expert load per MoE layer: its\n"
 "                            entropy / log(experts) and the most-used expert\n"
 "  -t, --threads N           CPU threads per model (default: all)\n"
+"  -b, --batch N             MODEL's tokens per forward pass (default 256); 1 runs\n"
+"                            each position as a decode step, so the engine picks\n"
+"                            precisions per token as when generating\n"
 "  --json                    one JSON object on stdout instead of the table\n"
 "  -h, --help                this help\n"
 "\n"
 "Progress goes to stderr when it is a terminal; a summary line always does.\n"
+"\n"
+"MODEL through the engine: with --expert-mem or --cache-experts, MODEL runs\n"
+"as moe-run would run it with the same options (a bounded expert cache,\n"
+"HOBBIT dynamic precision and skipping, the cache policy, prefetching); REF\n"
+"always runs with every expert resident, so `eval B.moeb --ref B.moeb\n"
+"--expert-mem 25%% --dynamic on` measures what the engine's choices cost.\n"
+"The store's counts (hit ratios, low-precision loads, skips) are reported.\n"
+"\n"
+"%s"
 "\n"
 "%s"
 "\n"
@@ -509,13 +527,16 @@ static void eval_usage(FILE *f) {
 "  moe-prep eval tests/fixtures/models/mixtral-bf16 --ref tests/fixtures/models/mixtral-f32 \\\n"
 "      --dataset notes.txt --ctx 32\n"
 "  moe-prep eval model.moeb --dataset jsonl:gsm8k/test.jsonl:question,answer --ctx 256\n"
-"  moe-prep eval model.moeb --dataset wikitext2-test --unigram --routing\n",
-            moe_dataset_spec_help());
+"  moe-prep eval model.moeb --dataset wikitext2-test --unigram --routing\n"
+"  moe-prep eval model.moeb --ref model.moeb --dataset wikitext2-test --expert-mem 25%% \\\n"
+"      --dynamic on --high q8_0 --low q2_k --batch 1\n",
+            moe_store_options_help(), moe_dataset_spec_help());
 }
 
 struct eval_args {
     const char *model, *ref, *dataset, *precision;
-    int n_ctx, max_chunks, n_threads, json, unigram, routing, skip_bad;
+    int n_ctx, max_chunks, n_threads, json, unigram, routing, skip_bad, n_batch;
+    struct moe_store_params store; /* engine options for MODEL (moe-run's) */
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -535,9 +556,11 @@ static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
 static int parse_args(int argc, char **argv, struct eval_args *a) {
     memset(a, 0, sizeof *a);
     a->n_ctx = 512;
+    a->store = moe_store_default_params();
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "moe-prep eval: %s needs a value\n", o), (char *)NULL))
+        const int engine = moe_store_option_takes_value(o);
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             eval_usage(stdout);
             return 1;
@@ -549,6 +572,8 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
             if (!(a->precision = NEXT())) return 2;
         } else if (!strcmp(o, "--ctx")) {
             if (!(v = NEXT()) || !parse_int(o, v, 4, 1 << 24, &a->n_ctx)) return 2;
+        } else if (!strcmp(o, "-b") || !strcmp(o, "--batch")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 16, &a->n_batch)) return 2;
         } else if (!strcmp(o, "--max-chunks")) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 30, &a->max_chunks)) return 2;
         } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
@@ -561,6 +586,13 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
             a->unigram = 1;
         } else if (!strcmp(o, "--routing")) {
             a->routing = 1;
+        } else if (engine >= 0) {
+            char err[256];
+            if (engine && !(v = NEXT())) return 2;
+            if (moe_store_parse_option(&a->store, o, engine ? v : NULL, err, sizeof err) != MOE_OK) {
+                fprintf(stderr, "moe-prep eval: %s\n", err);
+                return 2;
+            }
         } else if (o[0] == '-') {
             fprintf(stderr, "moe-prep eval: unknown option \"%s\" (see moe-prep eval --help)\n", o);
             return 2;
@@ -576,6 +608,11 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
     if (!a->model || !a->dataset) {
         fprintf(stderr, "moe-prep eval: %s (see moe-prep eval --help)\n",
                 !a->model ? "no MODEL given" : "no --dataset FILE given");
+        return 2;
+    }
+    if (moe_store_params_active(&a->store) && moe_is_dir(a->model)) {
+        fprintf(stderr, "moe-prep eval: engine options (--expert-mem, --cache-experts) need a .moeb bundle; "
+                        "%s is a checkpoint directory (run moe-prep quantize first)\n", a->model);
         return 2;
     }
     return 0;
@@ -661,6 +698,10 @@ static void print_json(const struct eval_args *a, int n_threads, const struct mo
         printf(", \"ppl_over_unigram\": ");
         json_num(r->ppl.val / r->unigram_ppl);
     }
+    if (r->has_store) {
+        printf(", \"engine\": ");
+        moe_store_stats_json(&r->store, stdout);
+    }
     if (r->expert_load) {
         printf(", \"routing\": [");
         int first = 1;
@@ -690,8 +731,21 @@ static void print_pct_rows(const char *what, const double pct[MOE_EVAL_N_PCT], d
         printf("%s %s: %10.6f%s\n", names[i], what, scale * pct[i], unit);
 }
 
-/* print_extras: the unigram baseline and the routing table, when asked for. */
+/* print_extras: the engine's counts, the unigram baseline and the routing
+ * table, when asked for. */
 static void print_extras(const struct moe_eval_result *r) {
+    if (r->has_store) {
+        const struct moe_store_stats *s = &r->store;
+        const double acc = s->accesses > 0 ? (double)s->accesses : 1;
+        printf("\nengine   %s, dynamic precision %s (T1 %.3g, T2 %.3g), caches %d high + %d low\n",
+               moe_cache_policy_name((enum moe_cache_policy)s->policy), s->dynamic ? "on" : "off", s->t1, s->t2,
+               s->high_cap, s->low_cap);
+        printf("         expert uses %lld: high %.2f %% (hits %lld), low %.2f %% (hits %lld), skipped %.2f %%; "
+               "%.3f loads / token\n", (long long)s->accesses,
+               100.0 * (double)(s->hits_high + s->misses_high) / acc, (long long)s->hits_high,
+               100.0 * (double)(s->hits_low + s->misses_low) / acc, (long long)s->hits_low,
+               100.0 * (double)s->skips / acc, s->tokens > 0 ? (double)s->loads / (double)s->tokens : 0.0);
+    }
     if (r->has_unigram)
         printf("unigram PPL (add-one, counted on this text) = %.4f; PPL / unigram PPL = %.4f\n", r->unigram_ppl,
                r->ppl.val / r->unigram_ppl);
@@ -744,9 +798,10 @@ static void print_table(const struct eval_args *a, const struct moe_eval_result 
 }
 
 /* load: one model; reports a failure naming the role. */
-static int load(const char *path, const char *precision, const char *role, struct moe_model **out) {
+static int load(const char *path, const char *precision, const char *role, int lazy, struct moe_model **out) {
     struct moe_model_params mp = moe_model_default_params();
     mp.expert_precision = precision;
+    mp.lazy_experts = lazy; /* the engine's store loads experts itself */
     if (moe_model_load(path, &mp, out) == MOE_OK) {
         char what[256];
         moe_model_precision_summary(*out, what, sizeof what);
@@ -780,8 +835,9 @@ int moe_prep_eval(int argc, char **argv) {
     if (a.precision && moe_is_dir(a.model))
         fprintf(stderr, "moe-prep eval: --expert-precision applies to bundles; %s is a checkpoint "
                         "directory, so it is ignored\n", a.model);
-    if (!load(a.model, a.precision, "model", &model) || !check_ctx(&a, model, a.model)) goto done;
-    if (a.ref && (!load(a.ref, NULL, "reference", &ref) || !check_ctx(&a, ref, a.ref))) goto done;
+    const int engine = moe_store_params_active(&a.store);
+    if (!load(a.model, a.precision, "model", engine, &model) || !check_ctx(&a, model, a.model)) goto done;
+    if (a.ref && (!load(a.ref, NULL, "reference", 0, &ref) || !check_ctx(&a, ref, a.ref))) goto done;
     /* with --max-chunks, read only the text those chunks need (memory bounded by the request);
      * --unigram counts over the whole text, so it reads it all */
     size_t need = a.max_chunks > 0 && !a.unigram ? (size_t)a.max_chunks * (size_t)a.n_ctx : 0;
@@ -803,6 +859,8 @@ int moe_prep_eval(int argc, char **argv) {
     ep.bos = moe_eval_bos(model->tok);
     ep.unigram = a.unigram;
     ep.routing = a.routing;
+    ep.store = engine ? &a.store : NULL;
+    ep.n_batch = a.n_batch;
     if (isatty(STDERR_FILENO)) {
         ep.on_chunk = progress;
         ep.user = &a;
@@ -828,6 +886,11 @@ int moe_prep_eval(int argc, char **argv) {
             r.ppl.val);
     if (ref) fprintf(stderr, ", mean KLD %.6f, same top %.2f %%", r.kld.val, 100.0 * r.same_top.val);
     if (r.has_unigram) fprintf(stderr, ", unigram PPL %.4f (ratio %.3f)", r.unigram_ppl, r.ppl.val / r.unigram_ppl);
+    if (r.has_store && r.store.accesses > 0)
+        fprintf(stderr, ", engine: %.1f %% low, %.1f %% skipped, hit ratio %.3f",
+                100.0 * (double)(r.store.hits_low + r.store.misses_low) / (double)r.store.accesses,
+                100.0 * (double)r.store.skips / (double)r.store.accesses,
+                (double)(r.store.hits_high + r.store.hits_low) / (double)(r.store.accesses - r.store.skips > 0 ? r.store.accesses - r.store.skips : 1));
     fputc('\n', stderr);
     moe_eval_result_clear(&r);
     status = 0;

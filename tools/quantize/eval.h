@@ -31,6 +31,7 @@
 
 #include "moe-model.h"
 #include "moe-status.h"
+#include "moe-store.h"
 
 /* Percentiles reported for KL and delta-p, in this order (0 = minimum, 0.5 =
  * median, 1 = maximum): 0, .001, .01, .05, .10, .5, .90, .95, .99, .999, 1. */
@@ -48,6 +49,17 @@ struct moe_eval_params {
     void *user;
     int unigram; /* also compute the unigram baseline */
     int routing; /* also count the model's expert load per layer */
+    /* Engine options for the model side (NULL, or inactive: every expert
+     * resident). With a budget the model's session runs through the expert
+     * store (moe-store.h): dynamic precision, skipping, the cache policy and
+     * prefetching as `moe-run` would run them, one store over all chunks. The
+     * reference always runs all resident: the all-high run to compare with.
+     * The model should be loaded with moe_model_params.lazy_experts. */
+    const struct moe_store_params *store;
+    /* Tokens per forward pass of the model side (0: the session's default,
+     * 256). 1 runs every position as a decode step, so the engine decides
+     * precision per token, as it does when generating. */
+    int n_batch;
 };
 
 struct moe_eval_params moe_eval_default_params(void);
@@ -96,6 +108,11 @@ struct moe_eval_result {
      * n_expert]; NULL unless params.routing. Free with moe_eval_result_clear(). */
     int64_t *expert_load;
     int n_layer, n_expert;
+
+    /* The model's expert store over the whole evaluation (params.store
+     * active): hit ratios, loads, low-precision and skipped experts. */
+    int has_store;
+    struct moe_store_stats store;
 };
 
 /* moe_eval_result_clear: free what a result owns (expert_load). */
