@@ -37,7 +37,18 @@ static void quiet(enum moe_log_level level, const char *msg, void *user) {
 /* check: the promises of a parsed description. */
 static void check(const struct moe_config *c) {
     REQUIRE(c->n_vocab >= 1 && c->n_embd >= 1 && c->n_layer >= 1 && c->n_head >= 1 && c->n_head_kv >= 1);
-    REQUIRE(c->n_head % c->n_head_kv == 0 && c->head_dim >= 1 && c->head_dim % 2 == 0);
+    REQUIRE(c->n_head % c->n_head_kv == 0 && c->head_dim >= 1);
+    if (c->attn == MOE_ATTN_MLA) /* RoPE on the rope part only: the no-RoPE part may be odd */
+        REQUIRE(c->n_head_kv == c->n_head && c->kv_lora_rank >= 1 && c->q_lora_rank >= 0 && c->qk_nope_dim >= 1 &&
+                c->qk_rope_dim >= 2 && c->qk_rope_dim % 2 == 0 && c->v_head_dim >= 1 &&
+                c->head_dim == c->qk_nope_dim + c->qk_rope_dim);
+    else
+        REQUIRE(c->head_dim % 2 == 0);
+    REQUIRE(isfinite(c->attn_scale) && c->attn_scale > 0);
+    REQUIRE(isfinite(c->routed_scale) && c->routed_scale > 0);
+    REQUIRE(c->n_group >= 1 && c->topk_group >= 1 && c->topk_group <= c->n_group && c->n_expert % c->n_group == 0);
+    if (c->expert_act == MOE_ACT_SWIGLU_OAI)
+        REQUIRE(isfinite(c->swiglu_alpha) && isfinite(c->swiglu_limit) && c->swiglu_limit > 0);
     REQUIRE(c->n_expert >= 1 && c->n_expert_used >= 1 && c->n_expert_used <= c->n_expert);
     REQUIRE(c->n_ff_expert >= 1 && c->n_ff_dense >= 0 && c->n_ff_shared >= 0 && c->max_pos >= 1);
     REQUIRE(isfinite(c->norm_eps) && c->norm_eps > 0);
@@ -45,6 +56,9 @@ static void check(const struct moe_config *c) {
     const struct moe_rope *r = &c->rope;
     REQUIRE(isfinite(r->theta) && r->theta > 0 && r->n_rot >= 0 && r->n_rot % 2 == 0 && r->n_rot <= c->head_dim);
     REQUIRE(isfinite(r->factor) && r->factor > 0 && isfinite(r->attention_factor) && r->attention_factor > 0);
+    if (r->kind == MOE_ROPE_YARN)
+        REQUIRE(r->original_max_pos >= 1 && isfinite(r->beta_fast) && r->beta_fast > 0 && isfinite(r->beta_slow) &&
+                r->beta_slow > 0);
     if (r->kind == MOE_ROPE_LLAMA3)
         REQUIRE(r->low_freq_factor > 0 && r->high_freq_factor > r->low_freq_factor && r->original_max_pos >= 1);
     if (r->kind == MOE_ROPE_LONGROPE) {
