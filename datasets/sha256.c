@@ -4,6 +4,7 @@
  * plenty. Checked in tests/test-dataset.c against the FIPS vectors and sha256sum.
  */
 #include "moe-dataset.h"
+#include "moe-file.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -122,11 +123,9 @@ void moe_sha256_hex(const uint8_t digest[32], char hex[65]) {
 /* Hash a file in 64 KiB reads, so any size works in constant memory. */
 enum moe_status moe_sha256_file(const char *path, char hex[65], uint64_t *size) {
     hex[0] = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        MOE_LOGE("%s: cannot open: %s", path, strerror(errno));
-        return MOE_ERR_IO;
-    }
+    FILE *f;
+    enum moe_status rs = moe_file_fopen_read(path, &f); /* refuses FIFOs and devices */
+    if (rs) return MOE_ERR_IO;
     static const size_t bufsz = 1 << 16;
     uint8_t *buf = malloc(bufsz);
     if (!buf) {

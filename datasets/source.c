@@ -10,6 +10,7 @@
  * is an error; a stream that ends inside a member is "truncated".
  */
 #include "dataset-impl.h"
+#include "moe-file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,13 +34,8 @@ enum moe_status ds_src_open_file(struct ds_src *s, const char *path, size_t bufs
     memset(s, 0, sizeof *s);
     s->label = path;
     s->bufsz = bufsz;
-    s->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (s->fd < 0) {
-        int e = errno;
-        set_error(s, "cannot open: %s", strerror(e));
-        return e == ENOENT ? MOE_ERR_NOT_FOUND : MOE_ERR_IO;
-    }
-    return MOE_OK;
+    /* a FIFO, device or directory is refused without blocking */
+    return moe_file_open_regular(path, &s->fd, s->error, sizeof s->error);
 }
 
 /* Prepare a source over caller-owned memory. */

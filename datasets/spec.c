@@ -13,7 +13,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "moe-file.h"
 #include "moe-mmap.h"
 
 #define CARD_MAX_BYTES (1u << 20)
@@ -228,8 +230,13 @@ static char *find_card(const char *name) {
 static int looks_like_card(const char *path) {
     size_t n = strlen(path);
     if (n < 5 || strcasecmp(path + n - 5, ".json")) return 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    FILE *f = NULL;
+    int fd;
+    char why[160];
+    if (moe_file_open_regular(path, &fd, why, sizeof why) || !(f = fdopen(fd, "rb"))) {
+        if (!f && fd >= 0) close(fd);
+        return 0; /* not readable as a card: the data reader reports why */
+    }
     unsigned char b[4096];
     size_t k = fread(b, 1, sizeof b, f);
     fclose(f);

@@ -35,7 +35,8 @@
  *   - no two tensors or blobs overlap;
  *   tuning slots (A at 512, B at 1024)
  *   - a slot of 64 zero bytes is empty; otherwise magic "MOEBTUNE" and the slot
- *     checksum make it valid (a torn slot is skipped with a warning);
+ *     checksum make it valid (a torn or damaged slot is skipped with a
+ *     warning naming the slot used instead, and reported by verify_all);
  *   - of the valid slots, the one with the highest sequence whose payload is
  *     usable wins: payload size 0 (with offset 0) means no tuning; otherwise the
  *     payload starts on a 4096 boundary after the directory, is at most
@@ -73,6 +74,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "moe-file.h"
 #include "moe-mmap.h"
 
 /* header page layout (docs/format.md, "Header page") */
@@ -1199,7 +1201,7 @@ struct moe_bundle {
     struct moe_bundle_kv *tuning; /* never NULL after open */
     struct slot tslot;            /* the slot in use */
     int tslot_index;              /* 0 = A, 1 = B */
-    char skipped[256];            /* why a newer slot was skipped ("" if none) */
+    char slot_bad[2][256];        /* per slot: why it is damaged or unusable ("" if fine or empty) */
 };
 
 /* The file offset where the directory ends. */
@@ -1607,10 +1609,8 @@ static enum moe_status select_tuning(struct moe_bundle *b) {
     for (int i = 0; i < 2; i++) {
         s[i] = slot_parse(b->base + slot_offset[i]);
         if (s[i].state == SLOT_BAD) {
-            why[i] = "slot checksum mismatch (torn or damaged)";
-            MOE_LOGW("%s: tuning slot %c: slot checksum mismatch, ignored (an interrupted tuning "
-                     "update leaves this)",
-                     b->label, 'A' + i);
+            why[i] = "slot record checksum mismatch (torn or damaged)";
+            snprintf(b->slot_bad[i], sizeof b->slot_bad[i], "%s", why[i]);
         } else if (s[i].state == SLOT_EMPTY) {
             why[i] = "empty";
         }
@@ -1630,13 +1630,17 @@ static enum moe_status select_tuning(struct moe_bundle *b) {
             b->tuning = kv;
             b->tslot = s[i];
             b->tslot_index = i;
+            if (b->slot_bad[1 - i][0]) /* a run must say that it fell back, and to what */
+                MOE_LOGW("%s: tuning slot %c is damaged (%s); using slot %c (sequence %llu, %zu tuning key%s) "
+                         "instead: settings written by a later tuning update (e.g. a bit-width map) may be "
+                         "missing. Run moe-prep inspect --verify, and rerun the tuning step to repair it.",
+                         b->label, 'A' + (1 - i), b->slot_bad[1 - i], 'A' + i, (unsigned long long)s[i].seq,
+                         moe_bundle_kv_count(kv), moe_bundle_kv_count(kv) == 1 ? "" : "s");
             return MOE_OK;
         }
         if (rc == MOE_ERR_NOMEM) return rc;
-        snprintf(b->skipped, sizeof b->skipped, "sequence %llu: %s",
-                 (unsigned long long)s[i].seq, why[i]);
-        MOE_LOGW("%s: tuning slot %c (sequence %llu): %s; trying the other slot", b->label,
-                 'A' + i, (unsigned long long)s[i].seq, why[i]);
+        snprintf(b->slot_bad[i], sizeof b->slot_bad[i], "sequence %llu: %s", (unsigned long long)s[i].seq,
+                 why[i]);
     }
     MOE_LOGE("%s: no usable tuning slot (slot A: %s; slot B: %s)", b->label, why[0], why[1]);
     return MOE_ERR_FORMAT;
@@ -1734,6 +1738,24 @@ void moe_bundle_free(struct moe_bundle *b) {
     free(b->layer_has);
     free(b->label);
     free(b);
+}
+
+enum moe_status moe_bundle_open_fd(const struct moe_bundle *b, int *fd) {
+    *fd = -1;
+    if (!b || !b->map.ino) return MOE_ERR_UNSUPPORTED; /* from memory (or an empty file: nothing to read) */
+    int d;
+    enum moe_status rc = moe_file_open_read(b->label, &d); /* regular files only, never blocks */
+    if (rc) return rc == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rc;
+    struct stat st;
+    if (fstat(d, &st) != 0 || (unsigned long long)st.st_dev != b->map.dev ||
+        (unsigned long long)st.st_ino != b->map.ino || (uint64_t)st.st_size != b->size) {
+        MOE_LOGE("%s: no longer the file that was opened (replaced or resized since): refusing to read experts "
+                 "from it", b->label);
+        close(d);
+        return MOE_ERR_IO;
+    }
+    *fd = d;
+    return MOE_OK;
 }
 
 /* The path or label given at open. */
@@ -2044,10 +2066,11 @@ enum moe_status moe_bundle_verify_all(const struct moe_bundle *b, moe_bundle_fai
     snprintf(item, sizeof item, "tuning slot %c", 'A' + b->tslot_index);
     if (b->tslot.size && hash(b->base + b->tslot.offset, (size_t)b->tslot.size) != b->tslot.checksum)
         report(b, fn, user, item, "payload checksum mismatch", &bad);
-    if (b->skipped[0]) {
-        snprintf(item, sizeof item, "tuning slot %c", 'B' - b->tslot_index);
-        report(b, fn, user, item, b->skipped, &bad);
-    }
+    for (int i = 0; i < 2; i++) /* a damaged slot is damage, whichever slot readers fell back to */
+        if (b->slot_bad[i][0]) {
+            snprintf(item, sizeof item, "tuning slot %c", 'A' + i);
+            report(b, fn, user, item, b->slot_bad[i], &bad);
+        }
     for (size_t i = 0; i < b->n_tensors; i++) {
         const struct moe_bundle_tensor *t = &b->tensors[i];
         if (hash(t->data, (size_t)t->size) != t->checksum) {

@@ -1,6 +1,7 @@
 /* mmap.c - read-only file maps and small-file helpers. */
 #define _GNU_SOURCE
 #include "moe-mmap.h"
+#include "moe-file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,17 +14,18 @@
 enum moe_status moe_mmap_open(const char *path, struct moe_mmap *out) {
     out->data = NULL;
     out->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        MOE_LOGE("%s: cannot open: %s", path, strerror(errno));
-        return MOE_ERR_IO;
-    }
+    out->dev = out->ino = 0;
+    int fd;
+    enum moe_status rs = moe_file_open_read(path, &fd); /* refuses FIFOs, devices, directories */
+    if (rs) return rs == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rs;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        MOE_LOGE("%s: not a regular file", path);
+    if (fstat(fd, &st) != 0) {
+        MOE_LOGE("%s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return MOE_ERR_IO;
     }
+    out->dev = (unsigned long long)st.st_dev;
+    out->ino = (unsigned long long)st.st_ino;
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -42,16 +44,15 @@ void moe_mmap_close(struct moe_mmap *m) {
     if (m->data) munmap(m->data, m->size);
     m->data = NULL;
     m->size = 0;
+    m->dev = m->ino = 0;
 }
 
 enum moe_status moe_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len) {
     *out = NULL;
     if (out_len) *out_len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        MOE_LOGE("%s: cannot open: %s", path, strerror(errno));
-        return MOE_ERR_IO;
-    }
+    FILE *f;
+    enum moe_status rs = moe_file_fopen_read(path, &f); /* refuses FIFOs, devices, directories */
+    if (rs) return rs == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rs;
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap + 1);
     if (!buf) {

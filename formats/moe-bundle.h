@@ -336,6 +336,15 @@ enum moe_status moe_bundle_open_memory(const void *buf, size_t len, const char *
 /* moe_bundle_free: unmaps and frees; NULL is a no-op. */
 void moe_bundle_free(struct moe_bundle *b);
 
+/* moe_bundle_open_fd: open the bundle's file again, read-only, for readers
+ * that bypass the mapping (the expert store's pread / O_DIRECT loads); the
+ * caller closes *fd (O_CLOEXEC, blocking mode). Never blocks: the path must
+ * still name the very file that was mapped (same device, inode and size), so a
+ * FIFO, directory or other file put in its place since is refused (MOE_ERR_IO,
+ * logged). A bundle opened from memory has no file: MOE_ERR_UNSUPPORTED, not
+ * logged. */
+enum moe_status moe_bundle_open_fd(const struct moe_bundle *b, int *fd);
+
 /* moe_bundle_path: the path (or label) given at open; owned by the bundle. */
 const char *moe_bundle_path(const struct moe_bundle *b);
 

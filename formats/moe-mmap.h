@@ -15,16 +15,21 @@ extern "C" {
 struct moe_mmap {
     void *data;  /* NULL for an empty file */
     size_t size; /* bytes */
+    unsigned long long dev, ino; /* the mapped file's device and inode (0 in a zeroed struct): lets a
+                                  * later open of the same path check it still names this file */
 };
 
-/* moe_mmap_open: map `path` read-only. On error logs the path and reason. */
+/* moe_mmap_open: map `path` read-only. Anything but a regular file (a FIFO,
+ * device, directory) is refused without blocking (moe-file.h). On error logs
+ * the path and reason. */
 enum moe_status moe_mmap_open(const char *path, struct moe_mmap *out);
 
 /* moe_mmap_close: unmap; safe on a zeroed struct. */
 void moe_mmap_close(struct moe_mmap *m);
 
 /* moe_read_file: read a whole (small) file into a NUL-terminated malloc'd buffer.
- * Files above max_bytes are rejected. Caller frees *out. */
+ * Files above max_bytes are rejected, and so is anything but a regular file
+ * (without blocking). Caller frees *out. */
 enum moe_status moe_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len);
 
 /* moe_path_join: malloc'd "dir/name". */

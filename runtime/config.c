@@ -8,9 +8,11 @@
  * required and their absence is an error naming the field.
  */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moe-mmap.h"
 #include "moe-model.h"
@@ -80,8 +82,8 @@ static enum moe_status get_float(const struct cfg_ctx *c, const cJSON *obj, cons
         *out = (float)def;
         return MOE_OK;
     }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        MOE_LOGE("%s: field \"%s\" must be a number", c->label, name);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !isfinite((float)v->valuedouble)) {
+        MOE_LOGE("%s: field \"%s\" must be a number within float range", c->label, name);
         return MOE_ERR_INVALID;
     }
     *out = (float)v->valuedouble;
@@ -120,8 +122,8 @@ static enum moe_status read_factor_list(const struct cfg_ctx *c, const cJSON *rp
     int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, a) {
-        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0)) {
-            MOE_LOGE("%s: \"%s\"[%d] must be a positive number", c->label, name, i);
+        if (!cJSON_IsNumber(e) || !((float)e->valuedouble > 0) || !isfinite((float)e->valuedouble)) {
+            MOE_LOGE("%s: \"%s\"[%d] must be a positive number within float range", c->label, name, i);
             free(f);
             return MOE_ERR_INVALID;
         }
@@ -144,8 +146,8 @@ static enum moe_status parse_yarn(const struct cfg_ctx *c, struct moe_config *cf
     const cJSON *top_omp = field(c, "original_max_position_embeddings");
     double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
     if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
-    if (!(omp >= 1)) {
-        MOE_LOGE("%s: yarn original_max_position_embeddings must be >= 1", c->label);
+    if (!(omp >= 1 && omp <= (float)(1 << 30))) { /* also keeps the int cast below defined */
+        MOE_LOGE("%s: yarn original_max_position_embeddings must be in [1, 2^30]", c->label);
         return MOE_ERR_INVALID;
     }
     r->original_max_pos = (int)omp;
@@ -165,6 +167,11 @@ static enum moe_status parse_yarn(const struct cfg_ctx *c, struct moe_config *cf
         r->attention_factor = (float)(yarn_mscale(r->factor, mscale) / yarn_mscale(r->factor, mscale_all));
     else
         r->attention_factor = (float)yarn_mscale(r->factor, 1.0);
+    if (!(isfinite(r->attention_factor) && r->attention_factor > 0)) { /* mscale / mscale_all_dim of 0 or inf */
+        MOE_LOGE("%s: yarn attention_factor (from attention_factor, mscale and mscale_all_dim) must be a positive "
+                 "number (got %g)", c->label, (double)r->attention_factor);
+        return MOE_ERR_INVALID;
+    }
     /* transformers: `get("beta_fast") or 32`, so 0 also means the default */
     if ((st = get_float(c, p, "beta_fast", 32.0, &r->beta_fast)) || (st = get_float(c, p, "beta_slow", 1.0, &r->beta_slow)))
         return st;
@@ -205,6 +212,10 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     float theta;
     if ((st = get_float(c, c->root, "rope_theta", def_theta, &theta))) return st;
     if (rp && (st = get_float(c, rp, "rope_theta", theta, &theta))) return st;
+    if (!(theta > 0)) { /* a RoPE base <= 0 gives NaN frequencies */
+        MOE_LOGE("%s: rope_theta must be a positive number (got %g)", c->label, (double)theta);
+        return MOE_ERR_INVALID;
+    }
     r->theta = theta;
     float prf = 1.0f;
     if ((st = get_float(c, c->root, "partial_rotary_factor", 1.0, &prf))) return st;
@@ -225,6 +236,10 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     const char *type = cJSON_IsString(t) ? t->valuestring : "default";
     if (!strcmp(type, "default")) return MOE_OK;
     if ((st = get_float(c, p, "factor", 1.0, &r->factor))) return st;
+    if (!(r->factor > 0)) {
+        MOE_LOGE("%s: RoPE scaling factor must be a positive number (got %g)", c->label, (double)r->factor);
+        return MOE_ERR_INVALID;
+    }
     if (!strcmp(type, "linear")) {
         r->kind = MOE_ROPE_LINEAR;
         return MOE_OK;
@@ -235,6 +250,12 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
         if ((st = get_float(c, p, "low_freq_factor", 1.0, &r->low_freq_factor))) return st;
         if ((st = get_float(c, p, "high_freq_factor", 4.0, &r->high_freq_factor))) return st;
         if ((st = get_float(c, p, "original_max_position_embeddings", 8192, &omp))) return st;
+        if (!(r->low_freq_factor > 0 && r->high_freq_factor > r->low_freq_factor && omp >= 1 && omp <= (1 << 30))) {
+            MOE_LOGE("%s: llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and "
+                     "original_max_position_embeddings >= 1 (got %g, %g, %g)",
+                     c->label, (double)r->low_freq_factor, (double)r->high_freq_factor, (double)omp);
+            return MOE_ERR_INVALID;
+        }
         r->original_max_pos = (int)omp;
         return MOE_OK;
     }
@@ -245,7 +266,7 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
         double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
         if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
         if (cJSON_IsNumber(top_omp)) omp = (float)top_omp->valuedouble; /* transformers prefers it */
-        if (!(omp >= 1)) {
+        if (!(omp >= 1 && omp <= (1 << 30))) {
             MOE_LOGE("%s: longrope original_max_position_embeddings must be >= 1", c->label);
             return MOE_ERR_INVALID;
         }
@@ -263,6 +284,10 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
             r->has_mscale = 1;
             r->short_mscale = (float)sm->valuedouble;
             r->long_mscale = (float)lm->valuedouble;
+            if (!(isfinite(r->short_mscale) && r->short_mscale > 0 && isfinite(r->long_mscale) && r->long_mscale > 0)) {
+                MOE_LOGE("%s: short_mscale and long_mscale must be positive numbers", c->label);
+                return MOE_ERR_INVALID;
+            }
         }
         /* attention factor as transformers' _compute_longrope_parameters sets it */
         float factor_def = (float)cfg->max_pos / (float)r->original_max_pos;
@@ -275,6 +300,11 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
             r->attention_factor =
                 factor <= 1.0f ? 1.0f
                                : (float)sqrt(1.0 + log(factor) / log((double)r->original_max_pos));
+        if (!(isfinite(r->attention_factor) && r->attention_factor > 0)) {
+            MOE_LOGE("%s: longrope attention_factor must be a positive number (got %g)", c->label,
+                     (double)r->attention_factor);
+            return MOE_ERR_INVALID;
+        }
         return MOE_OK;
     }
     if (!strcmp(type, "yarn")) return parse_yarn(c, cfg, p);
@@ -309,7 +339,7 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
             moe = ((l + 1) % step) == 0;
         const cJSON *e;
         cJSON_ArrayForEach(e, mlp_only) {
-            if (cJSON_IsNumber(e) && (int)e->valuedouble == l) moe = 0;
+            if (cJSON_IsNumber(e) && e->valuedouble == (double)l) moe = 0; /* no cast of a huge value */
         }
         cfg->layer_moe[l] = (uint8_t)moe;
         has_dense |= !moe;
@@ -355,12 +385,40 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
     return MOE_OK;
 }
 
-/* parse_token_ids: an int or a list of ints (eos_token_id may be either). */
+/* check_token_ids: field `name`, if present, is a token id or a list of token
+ * ids, each an integer in [0, n_vocab). */
+static enum moe_status check_token_ids(const struct cfg_ctx *c, const char *name, int n_vocab) {
+    const cJSON *v = field(c, name), *e;
+    int ok = !v || cJSON_IsNumber(v) || cJSON_IsArray(v);
+    if (v && cJSON_IsNumber(v)) ok = v->valuedouble == floor(v->valuedouble) && v->valuedouble >= 0 &&
+                                     v->valuedouble < n_vocab;
+    if (v && cJSON_IsArray(v))
+        cJSON_ArrayForEach(e, v) ok &= cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) &&
+                                      e->valuedouble >= 0 && e->valuedouble < n_vocab;
+    if (!ok) {
+        MOE_LOGE("%s: field \"%s\" must be a token id (or a list of them) in [0, %d)", c->label, name, n_vocab);
+        return MOE_ERR_RANGE;
+    }
+    return MOE_OK;
+}
+
+/* token_id_ok: v is an integer an int can hold (a cast of anything else is undefined). */
+static int token_id_ok(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= INT_MIN &&
+           v->valuedouble <= INT_MAX;
+}
+
+/* parse_token_ids: an int or a list of ints (eos_token_id may be either);
+ * values that are not ints are left out (the callers range-check the rest). */
 static void parse_token_ids(const cJSON *v, int *ids, int *n, int max) {
-    const cJSON *e = cJSON_IsArray(v) ? v->child : v;
-    for (; e; e = cJSON_IsArray(v) ? e->next : NULL) /* ids outside [0, 2^31) are ignored, not cast */
-        if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < 2147483648.0 && *n < max)
-            ids[(*n)++] = (int)e->valuedouble;
+    if (cJSON_IsNumber(v)) {
+        if (*n < max && token_id_ok(v)) ids[(*n)++] = (int)v->valuedouble;
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (*n < max && token_id_ok(e)) ids[(*n)++] = (int)e->valuedouble;
+        }
+    }
 }
 
 /* parse_mla: DeepSeek's multi-head latent attention shapes. q_lora_rank may
@@ -401,6 +459,10 @@ static enum moe_status parse_deepseek_routing(const struct cfg_ctx *c, struct mo
     enum moe_status st;
     const int v3 = cfg->arch == MOE_ARCH_DEEPSEEK_V3;
     if ((st = get_float(c, c->root, "routed_scaling_factor", v3 ? 2.5 : 1.0, &cfg->routed_scale))) return st;
+    if (!(cfg->routed_scale > 0)) {
+        MOE_LOGE("%s: routed_scaling_factor must be a positive number (got %g)", c->label, (double)cfg->routed_scale);
+        return MOE_ERR_INVALID;
+    }
     int grouped = v3;
     if (!v3) {
         const cJSON *m = field(c, "topk_method");
@@ -449,6 +511,11 @@ static enum moe_status mla_rope(const struct cfg_ctx *c, struct moe_config *cfg)
     if (all_dim != 0) {
         double m = yarn_mscale(cfg->rope.factor, all_dim);
         cfg->attn_scale = (float)(pow((double)cfg->head_dim, -0.5) * m * m);
+        if (!(isfinite(cfg->attn_scale) && cfg->attn_scale > 0)) {
+            MOE_LOGE("%s: mscale_all_dim %g gives a softmax scale of %g; it must be a positive number", c->label,
+                     (double)all_dim, (double)cfg->attn_scale);
+            return MOE_ERR_INVALID;
+        }
     }
     return MOE_OK;
 }
@@ -540,6 +607,12 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         if ((st = parse_mla(c, cfg))) goto fail;
     } else {
         if ((st = get_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
+        if (cfg->head_dim < 1) { /* the default, hidden_size / num_attention_heads, rounded down to 0 */
+            MOE_LOGE("%s: hidden_size (%d) is smaller than num_attention_heads (%d) and no head_dim is given", label,
+                     cfg->n_embd, cfg->n_head);
+            st = MOE_ERR_INVALID;
+            goto fail;
+        }
         if (cfg->head_dim % 2) {
             MOE_LOGE("%s: head_dim %d must be even for RoPE", label, cfg->head_dim);
             st = MOE_ERR_INVALID;
@@ -603,6 +676,11 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     if (ds && (st = parse_deepseek_routing(c, cfg))) goto fail;
     if (a == MOE_ARCH_PHIMOE) {
         if ((st = get_float(c, root, "router_jitter_noise", 0.01, &cfg->router_jitter))) goto fail;
+        if (cfg->router_jitter < 0) {
+            MOE_LOGE("%s: router_jitter_noise must be >= 0", label);
+            st = MOE_ERR_INVALID;
+            goto fail;
+        }
         if (cfg->n_expert_used != 2) {
             MOE_LOGE("%s: Phi-MoE sparsemixer routing supports num_experts_per_tok = 2 only (got %d)",
                      label, cfg->n_expert_used);
@@ -615,6 +693,11 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     cfg->norm = a == MOE_ARCH_PHIMOE ? MOE_NORM_LAYER : MOE_NORM_RMS;
     double def_eps = (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE || ds) ? 1e-6 : 1e-5;
     if ((st = get_float(c, root, "rms_norm_eps", def_eps, &cfg->norm_eps))) goto fail;
+    if (!(cfg->norm_eps > 0)) { /* <= 0 divides by zero (or takes a root of a negative) on a flat row */
+        MOE_LOGE("%s: rms_norm_eps must be a positive number (got %g)", label, (double)cfg->norm_eps);
+        st = MOE_ERR_INVALID;
+        goto fail;
+    }
     if (a == MOE_ARCH_QWEN2_MOE) {
         if ((st = get_bool(c, "qkv_bias", 1, &cfg->attn_qkv_bias))) goto fail;
     } else if (a != MOE_ARCH_MIXTRAL) {
@@ -643,8 +726,8 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     if ((st = parse_layer_kinds(c, cfg))) goto fail;
 
     cfg->bos_id = -1;
-    const cJSON *bos = field(c, "bos_token_id");
-    if (cJSON_IsNumber(bos) && bos->valuedouble >= 0 && bos->valuedouble < 2147483648.0) cfg->bos_id = (int)bos->valuedouble;
+    if ((st = get_int(c, "bos_token_id", 0, -1, 0, cfg->n_vocab - 1, &cfg->bos_id))) goto fail;
+    if ((st = check_token_ids(c, "eos_token_id", cfg->n_vocab))) goto fail;
     parse_token_ids(field(c, "eos_token_id"), cfg->eos_ids, &cfg->n_eos, MOE_MAX_EOS);
     cJSON_Delete(root);
     return MOE_OK;
@@ -666,14 +749,15 @@ enum moe_status moe_config_load(const char *dir, struct moe_config *out) {
     /* generation_config.json may list more EOS ids (e.g. chat end tokens) */
     char *gpath = moe_path_join(dir, "generation_config.json");
     char *gtext = NULL;
-    FILE *f = gpath ? fopen(gpath, "rb") : NULL;
-    if (f) {
-        fclose(f);
-        if (moe_read_file(gpath, 1u << 20, &gtext, &len) == MOE_OK) moe_config_add_generation(out, gtext, len);
+    if (gpath && access(gpath, F_OK) == 0) { /* present: it must be a readable regular file */
+        if ((st = moe_read_file(gpath, 1u << 20, &gtext, &len)) == MOE_OK)
+            moe_config_add_generation(out, gtext, len);
+        else
+            moe_config_clear(out);
     }
     free(gtext);
     free(gpath);
-    return MOE_OK;
+    return st;
 }
 
 void moe_config_add_generation(struct moe_config *c, const char *json, size_t len) {
@@ -683,6 +767,11 @@ void moe_config_add_generation(struct moe_config *c, const char *json, size_t le
         int ids[MOE_MAX_EOS], n = 0;
         parse_token_ids(e, ids, &n, MOE_MAX_EOS);
         for (int i = 0; i < n; i++) {
+            if (ids[i] < 0 || ids[i] >= c->n_vocab) { /* checked like config.json's, but only advisory here */
+                MOE_LOGW("generation config: eos_token_id %d is outside the vocabulary [0, %d); ignored", ids[i],
+                         c->n_vocab);
+                continue;
+            }
             int dup = 0;
             for (int j = 0; j < c->n_eos; j++) dup |= c->eos_ids[j] == ids[i];
             if (!dup && c->n_eos < MOE_MAX_EOS) c->eos_ids[c->n_eos++] = ids[i];

@@ -5,13 +5,16 @@
  * Matrices stay in the mapped files (zero-copy views in their stored dtype);
  * only small vectors (norm weights, biases) are converted to float32 copies.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moe-bundle.h"
+#include "moe-file.h"
 #include "moe-gguf-model.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
@@ -36,6 +39,8 @@ struct moe_model_impl {
 /* A tensor as a source (checkpoint or bundle) describes it. */
 struct src_tensor {
     const void *data;
+    uint64_t size;   /* bytes the source stores for it (views are checked against it) */
+    size_t index;    /* position in the source's tensor table (see bind.used) */
     enum moe_qtype type;
     int n_dims;
     int64_t shape[8];
@@ -51,6 +56,7 @@ struct bind {
     struct moe_model *m;   /* refs of non-expert tensors are recorded here */
     /* bundles bind routed experts from blobs; NULL = by tensor name */
     enum moe_status (*bind_expert)(const struct bind *b, int layer, int expert, struct moe_ffn *out);
+    unsigned char *used;   /* [source tensor count]: set when a tensor is bound */
 };
 
 static int has_tensor(const struct bind *b, const char *name) {
@@ -99,11 +105,23 @@ static enum moe_status find_shape(const struct bind *b, const char *name, int n_
         MOE_LOGE("%s: tensor \"%s\" has shape [%s], expected [%s]", b->path, name, got, want);
         return MOE_ERR_SHAPE;
     }
-    if (moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]) == 0) {
+    uint64_t need = moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]);
+    if (need == 0) {
         MOE_LOGE("%s: tensor \"%s\": rows of %lld elements cannot be stored as %s", b->path, name,
                  (long long)t->shape[n_dims - 1], moe_qtype_name(t->type));
         return MOE_ERR_SHAPE;
     }
+    /* the view must lie inside what the source stores: a directory entry may
+     * keep a tensor's shape while its stored bytes are fewer */
+    int over = 0;
+    for (int i = 0; i < n_dims - 1; i++) over |= __builtin_mul_overflow(need, (uint64_t)t->shape[i], &need);
+    if (over || need != t->size) {
+        MOE_LOGE("%s: tensor \"%s\" stores %llu bytes; its shape and type (%s) need %s%llu", b->path, name,
+                 (unsigned long long)t->size, moe_qtype_name(t->type), over ? "more than " : "",
+                 (unsigned long long)(over ? UINT64_MAX : need));
+        return MOE_ERR_SHAPE;
+    }
+    if (b->used) b->used[t->index] = 1;
     return MOE_OK;
 }
 
@@ -155,6 +173,13 @@ static enum moe_status bind_vector(const struct bind *b, float **out, int64_t n,
         free(v);
         return st;
     }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) { /* a NaN norm weight or bias makes every logit NaN */
+            MOE_LOGE("%s: tensor \"%s\" holds a non-finite value (%g) at element %lld", b->path, name, (double)v[i],
+                     (long long)i);
+            free(v);
+            return MOE_ERR_RANGE;
+        }
     *out = v;
     return record(b, name, MOE_ROLE_VECTOR, 1, (struct moe_weight){v, MOE_QTYPE_F32, 1, n});
 }
@@ -279,6 +304,15 @@ static enum moe_status find_u8(const struct bind *b, const char *name, int n_dim
                  (long long)dims[1], (long long)dims[2], n_dims == 4 ? ", 16" : "");
         return MOE_ERR_SHAPE;
     }
+    uint64_t need = 1; /* one byte per element; the repacking reads all of them */
+    int over = 0;
+    for (int i = 0; i < n_dims; i++) over |= __builtin_mul_overflow(need, (uint64_t)dims[i], &need);
+    if (over || need != t->size) {
+        MOE_LOGE("%s: tensor \"%s\" stores %llu bytes; its shape needs %s%llu", b->path, name,
+                 (unsigned long long)t->size, over ? "more than " : "", (unsigned long long)(over ? UINT64_MAX : need));
+        return MOE_ERR_SHAPE;
+    }
+    if (b->used) b->used[t->index] = 1;
     return MOE_OK;
 }
 
@@ -537,12 +571,48 @@ static int st_find(const struct bind *b, const char *name, struct src_tensor *t)
     if (!x) return 0;
     static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16, MOE_QTYPE_F32};
     t->data = x->data;
+    t->size = x->nbytes;
+    t->index = (size_t)(x - moe_safetensors_at(b->src, 0));
     t->type = map[x->dtype];
     t->raw_u8 = x->dtype == MOE_DTYPE_U8;
     t->n_dims = x->n_dims;
     for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
     return 1;
 }
+
+/* ignorable: tensors a checkpoint may hold that the model deliberately does
+ * not bind (they are recomputed from the config). */
+static int ignorable(const char *name) {
+    static const char *const k_suffix[] = {".rotary_emb.inv_freq"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof k_suffix / sizeof k_suffix[0]; i++) {
+        size_t k = strlen(k_suffix[i]);
+        if (n >= k && !strcmp(name + n - k, k_suffix[i])) return 1;
+    }
+    return 0;
+}
+
+/* check_all_bound: every tensor of the source was bound (or is ignorable): a
+ * config with fewer layers than its checkpoint, or tensors of an architecture
+ * feature the config does not declare, must not be silently ignored. */
+static enum moe_status check_all_bound(const char *path, const unsigned char *used, size_t n,
+                                       const char *(*name_at)(const void *src, size_t i), const void *src) {
+    size_t n_bad = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!used[i] && !ignorable(name_at(src, i))) {
+            if (!first) first = name_at(src, i);
+            n_bad++;
+        }
+    if (!n_bad) return MOE_OK;
+    MOE_LOGE("%s: %zu tensor%s the config does not account for, e.g. \"%s\" (does config.json list fewer layers or "
+             "experts than the checkpoint holds, or omit a feature such as biases or a shared expert?)",
+             path, n_bad, n_bad == 1 ? "" : "s", first);
+    return MOE_ERR_SHAPE;
+}
+
+static const char *st_name_at(const void *src, size_t i) { return moe_safetensors_at(src, i)->name; }
+static const char *bundle_name_at(const void *src, size_t i) { return moe_bundle_tensor_at(src, i)->name; }
 
 /* model_new: an empty model with its private part. */
 static struct moe_model *model_new(const char *path) {
@@ -569,12 +639,18 @@ enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
     enum moe_status st;
     if ((st = moe_config_load(dir, &m->cfg))) goto fail;
     if ((st = moe_safetensors_open(dir, &m->st))) goto fail;
-    struct bind b = {st_find, m->st, dir, m, NULL};
-    if ((st = bind_all(&b, m))) goto fail;
+    size_t n_src = moe_safetensors_count(m->st);
+    unsigned char *used = calloc(n_src + 1, 1);
+    if (!used) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    struct bind b = {st_find, m->st, dir, m, NULL, used};
+    if (!(st = bind_all(&b, m))) st = check_all_bound(dir, used, n_src, st_name_at, m->st);
+    free(used);
+    if (st) goto fail;
     char *tj = moe_path_join(dir, "tokenizer.json");
-    FILE *f = tj ? fopen(tj, "rb") : NULL;
-    if (f) {
-        fclose(f);
+    if (tj && access(tj, F_OK) == 0) { /* present: the loader refuses what is not a regular file */
         st = moe_tokenizer_load(dir, &m->tok);
         if (st) {
             free(tj);
@@ -660,6 +736,8 @@ static int bundle_find(const struct bind *b, const char *name, struct src_tensor
     const struct moe_bundle_tensor *x = moe_bundle_find_tensor(b->src, name);
     if (!x) return 0;
     t->data = x->data;
+    t->size = x->size;
+    t->index = (size_t)(x - moe_bundle_tensor_at(b->src, 0));
     t->type = (enum moe_qtype)x->type_id;
     t->raw_u8 = 0;
     t->n_dims = (int)x->n_dims;
@@ -680,26 +758,13 @@ static enum moe_status own(struct moe_model_impl *mi, void *p) {
     return MOE_OK;
 }
 
-/* expert_base: the raw bytes of expert (layer, expert) at stored precision
- * `prec`, checked once and then remembered in m->expert_base: an uncompressed
- * blob is verified against its checksum and used in place (zero-copy), a
- * compressed one is decompressed (which checks it) into a buffer the model
- * owns. Also checks that the blob holds gate/up/down of the config's shape. */
-static enum moe_status expert_base(const struct moe_model *m, int layer, int expert, int prec,
-                                   const struct moe_bundle_precision **desc, const char **out) {
-    struct moe_model_impl *mi = m->impl;
-    const struct moe_config *c = &m->cfg;
-    const char *path = m->path;
-    struct moe_bundle_blob blob;
-    enum moe_status st = moe_bundle_expert(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec, &blob);
-    if (st) return st;
-    const struct moe_bundle_precision *d = blob.desc;
-    *desc = d;
-    const size_t slot = ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)m->n_expert_prec + (size_t)prec;
-    if (mi->expert_base[slot]) {
-        *out = mi->expert_base[slot];
-        return MOE_OK;
-    }
+/* precision_fits: a stored precision's blobs hold exactly gate and up
+ * [n_ff_expert x n_embd] and down [n_embd x n_ff_expert] of known types (and,
+ * for gpt-oss, one f32 row of the gate | up | down biases), each part's bytes
+ * what its shape and type need: every expert view bound from it (by the model,
+ * lazily, or in the expert store's slots) then lies inside the blob. */
+static enum moe_status precision_fits(const char *path, const struct moe_config *c,
+                                      const struct moe_bundle_precision *d) {
     const int64_t H = c->n_embd, F = c->n_ff_expert;
     const uint32_t np = c->expert_bias ? 4 : 3; /* gpt-oss: + one f32 row of gate | up | down biases */
     int ok = d->n_parts == np && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
@@ -717,6 +782,25 @@ static enum moe_status expert_base(const struct moe_model *m, int layer, int exp
                  np == 4 ? " and an f32 row of their biases" : "");
         return MOE_ERR_SHAPE;
     }
+    return MOE_OK;
+}
+
+static enum moe_status expert_base(const struct moe_model *m, int layer, int expert, int prec,
+                                   const struct moe_bundle_precision **desc, const char **out) {
+    struct moe_model_impl *mi = m->impl;
+    const struct moe_config *c = &m->cfg;
+    const char *path = m->path;
+    struct moe_bundle_blob blob;
+    enum moe_status st = moe_bundle_expert(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec, &blob);
+    if (st) return st;
+    const struct moe_bundle_precision *d = blob.desc;
+    *desc = d;
+    const size_t slot = ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)m->n_expert_prec + (size_t)prec;
+    if (mi->expert_base[slot]) {
+        *out = mi->expert_base[slot];
+        return MOE_OK;
+    }
+    if ((st = precision_fits(path, c, d))) return st;
     const char *base;
     if (blob.compression == MOE_BUNDLE_COMP_NONE) {
         if ((st = moe_bundle_expert_verify(m->bundle, (uint32_t)layer, (uint32_t)expert, (uint32_t)prec))) return st;
@@ -886,13 +970,50 @@ static const char *meta_text(const struct moe_bundle *bd, const char *path, cons
 }
 
 /* moe_model_load_bundle: a model from a .moeb bundle (see docs/format.md). */
+static enum moe_status load_from_bundle(struct moe_model *m, const char *path, const struct moe_model_params *params,
+                                        struct moe_model **out);
+
 static enum moe_status moe_model_load_bundle(const char *path, const struct moe_model_params *params,
                                              struct moe_model **out) {
     struct moe_model *m = model_new(path);
     if (!m) return MOE_ERR_NOMEM;
     enum moe_status st;
+    if (!m->path) {
+        moe_model_free(m);
+        return MOE_ERR_NOMEM;
+    }
     m->impl->lazy = params && params->lazy_experts;
-    if ((st = moe_bundle_open(path, &m->bundle))) goto fail;
+    if ((st = moe_bundle_open(path, &m->bundle))) {
+        moe_model_free(m);
+        return st;
+    }
+    return load_from_bundle(m, path, params, out);
+}
+
+enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const char *label,
+                                             const struct moe_model_params *params, struct moe_model **out) {
+    *out = NULL;
+    if (!label) label = "<memory>";
+    struct moe_model *m = model_new(label);
+    if (!m) return MOE_ERR_NOMEM;
+    enum moe_status st;
+    if (!m->path) {
+        moe_model_free(m);
+        return MOE_ERR_NOMEM;
+    }
+    m->impl->lazy = params && params->lazy_experts;
+    if ((st = moe_bundle_open_memory(buf, len, label, &m->bundle))) {
+        moe_model_free(m);
+        return st;
+    }
+    return load_from_bundle(m, label, params, out);
+}
+
+/* load_from_bundle: bind model m from its open bundle (m->bundle, m->path set);
+ * frees m on error. */
+static enum moe_status load_from_bundle(struct moe_model *m, const char *path, const struct moe_model_params *params,
+                                        struct moe_model **out) {
+    enum moe_status st;
     const char *cfg_text = meta_text(m->bundle, path, "hf.config.json");
     if (!cfg_text) {
         st = MOE_ERR_FORMAT;
@@ -928,6 +1049,10 @@ static enum moe_status moe_model_load_bundle(const char *path, const struct moe_
         goto fail;
     }
     m->n_expert_prec = (int)np;
+    int any_moe = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) any_moe |= m->cfg.layer_moe[l] != 0;
+    for (uint32_t p = 0; any_moe && p < np; p++) /* once for all experts, whether bound now, lazily or by a store */
+        if ((st = precision_fits(path, &m->cfg, moe_bundle_precision_at(m->bundle, p)))) goto fail;
     const size_t le = (size_t)m->cfg.n_layer * (size_t)m->cfg.n_expert;
     struct moe_model_impl *mi = m->impl;
     if (!(mi->expert_prec = malloc(le * sizeof *mi->expert_prec + 1)) ||
@@ -938,8 +1063,16 @@ static enum moe_status moe_model_load_bundle(const char *path, const struct moe_
     for (size_t i = 0; i < le; i++) mi->expert_prec[i] = (int16_t)pi;
     m->expert_precision = (int)pi;
     if (!(params && params->expert_precision) && bitwidth_map(m)) m->expert_precision = uniform_precision(m);
-    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert};
-    if ((st = bind_all(&b, m))) goto fail;
+    size_t n_src = moe_bundle_tensor_count(m->bundle);
+    unsigned char *used = calloc(n_src + 1, 1);
+    if (!used) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert, used};
+    if (!(st = bind_all(&b, m))) st = check_all_bound(path, used, n_src, bundle_name_at, m->bundle);
+    free(used);
+    if (st) goto fail;
     for (int i = 0; i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
         const struct moe_bundle_tensor *t = moe_bundle_find_tensor(m->bundle, m->refs[i].name);
         if (t && (st = moe_bundle_tensor_verify(m->bundle, t))) goto fail;
@@ -973,6 +1106,28 @@ enum moe_status moe_model_load(const char *path, const struct moe_model_params *
         return moe_model_load_gguf(path, out);
     }
     return moe_model_load_bundle(path, params, out);
+}
+
+enum moe_status moe_model_check_output(const struct moe_model *m, const char *output) {
+    if (!output) return MOE_OK;
+    if (m->bundle) {
+        const char *in = m->path;
+        return moe_file_check_output(output, &in, 1);
+    }
+    static const char *const k_side[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                         "tokenizer_config.json", "model.safetensors.index.json"};
+    enum moe_status st = MOE_OK;
+    for (size_t i = 0; !st && i < sizeof k_side / sizeof k_side[0]; i++) {
+        char *p = moe_path_join(m->path, k_side[i]);
+        const char *in = p;
+        st = p ? moe_file_check_output(output, &in, 1) : MOE_ERR_NOMEM;
+        free(p);
+    }
+    for (int i = 0; !st && i < moe_safetensors_n_files(m->st); i++) {
+        const char *in = moe_safetensors_file_path(m->st, i);
+        st = moe_file_check_output(output, &in, 1);
+    }
+    return st;
 }
 
 static int64_t weight_params(const struct moe_weight *w) { return w->data ? w->n_out * w->n_in : 0; }

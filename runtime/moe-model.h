@@ -282,6 +282,13 @@ struct moe_model_params moe_model_default_params(void);
 enum moe_status moe_model_load(const char *path, const struct moe_model_params *params,
                                struct moe_model **out);
 
+/* moe_model_load_bundle_memory: moe_model_load of a bundle image in memory
+ * (buf[0..len) is borrowed and must outlive the model; label names it in
+ * messages). For tests and the fuzz target that goes from bundle bytes to a
+ * bound model. */
+enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const char *label,
+                                             const struct moe_model_params *params, struct moe_model **out);
+
 /* moe_model_load_hf: load a Hugging Face checkpoint directory (config.json,
  * *.safetensors, optional tokenizer.json). Checks every tensor's presence and
  * shape; errors name the tensor. */
@@ -330,6 +337,13 @@ void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t si
 
 /* moe_model_free: NULL is a no-op. */
 void moe_model_free(struct moe_model *m);
+
+/* moe_model_check_output: MOE_ERR_INVALID (logged, naming both) if `output`
+ * is the same file (device and inode) as one m was read from: the bundle, or
+ * a checkpoint's shards, index, config.json, generation_config.json,
+ * tokenizer.json or tokenizer_config.json. A tool calls it before writing so
+ * an output path never overwrites the model it reads. */
+enum moe_status moe_model_check_output(const struct moe_model *m, const char *output);
 
 /* moe_model_n_params: total parameters of all weights (for reporting). */
 int64_t moe_model_n_params(const struct moe_model *m);

@@ -24,6 +24,15 @@ struct moe_sampler_params moe_sampler_default_params(void) {
 enum moe_status moe_sampler_create(const struct moe_sampler_params *p, int n_vocab,
                                    struct moe_sampler **out) {
     *out = NULL;
+    /* a negative or non-finite temperature, or top-p outside (0, 1], is a
+     * mistake to report, not a request for greedy decoding */
+    if (!p || !(p->temperature >= 0.0f) || isinf(p->temperature) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
+        p->top_k < 0 || n_vocab < 1) {
+        MOE_LOGE("bad sampling parameters: temperature %g (must be a finite number >= 0), top-k %d (>= 0), "
+                 "top-p %g (in (0, 1]), %d vocabulary entries",
+                 p ? (double)p->temperature : 0.0, p ? p->top_k : 0, p ? (double)p->top_p : 0.0, n_vocab);
+        return MOE_ERR_INVALID;
+    }
     struct moe_sampler *s = calloc(1, sizeof *s);
     if (!s) return MOE_ERR_NOMEM;
     s->p = *p;
@@ -42,6 +51,12 @@ void moe_sampler_free(struct moe_sampler *s) {
     if (!s) return;
     free(s->cands);
     free(s);
+}
+
+int64_t moe_logits_first_bad(const float *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return (int64_t)i;
+    return -1;
 }
 
 int32_t moe_argmax(const float *v, int n) {

@@ -617,17 +617,21 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     /* I/O */
     st->io = p->io;
     if (st->io != MOE_IO_MMAP) {
+        /* the very file that was mapped, opened without blocking (a FIFO or
+         * another file put at the path since is refused) */
         const char *path = moe_bundle_path(st->bundle);
-        st->fd = open(path, O_RDONLY | O_CLOEXEC | (st->io == MOE_IO_DIRECT ? O_DIRECT : 0));
-        if (st->fd < 0 && st->io == MOE_IO_DIRECT) {
-            MOE_LOGW("%s: direct I/O refused (%s); reading through the page cache", path, strerror(errno));
-            st->io = MOE_IO_BUFFERED;
-            st->fd = open(path, O_RDONLY | O_CLOEXEC);
-        }
-        if (st->fd < 0) {
-            MOE_LOGE("%s: cannot open for reading experts: %s", path, strerror(errno));
-            rc = MOE_ERR_IO;
+        rc = moe_bundle_open_fd(st->bundle, &st->fd);
+        if (rc == MOE_ERR_UNSUPPORTED) { /* a bundle in memory: copy from it */
+            st->io = MOE_IO_MMAP;
+        } else if (rc) {
+            MOE_LOGE("%s: cannot open for reading experts", path);
             goto fail;
+        } else if (st->io == MOE_IO_DIRECT) {
+            int fl = fcntl(st->fd, F_GETFL);
+            if (fl < 0 || fcntl(st->fd, F_SETFL, fl | O_DIRECT) != 0) {
+                MOE_LOGW("%s: direct I/O refused (%s); reading through the page cache", path, strerror(errno));
+                st->io = MOE_IO_BUFFERED;
+            }
         }
         if (st->io == MOE_IO_DIRECT) { /* probe: some file systems accept O_DIRECT at open, not at read */
             struct moe_bundle_blob b0;
@@ -640,10 +644,10 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
                     free(own);
                     if (refused) {
                         MOE_LOGW("%s: direct reads refused (EINVAL); reading through the page cache", path);
-                        close(st->fd);
+                        int fl = fcntl(st->fd, F_GETFL);
                         st->io = MOE_IO_BUFFERED;
-                        st->fd = open(path, O_RDONLY | O_CLOEXEC);
-                        if (st->fd < 0) {
+                        if (fl < 0 || fcntl(st->fd, F_SETFL, fl & ~O_DIRECT) != 0) {
+                            MOE_LOGE("%s: cannot leave direct I/O: %s", path, strerror(errno));
                             rc = MOE_ERR_IO;
                             goto fail;
                         }

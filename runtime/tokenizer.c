@@ -77,8 +77,17 @@ static void buf_put(struct buf *b, const void *s, size_t n) {
     b->p[b->n] = 0;
 }
 
-/* buf_putc: append one byte. */
-static void buf_putc(struct buf *b, char c) { buf_put(b, &c, 1); }
+/* buf_putc: append one byte. The decoders append byte by byte, so the common
+ * case (room left) takes one comparison, not buf_reserve's six: under the
+ * fuzzer's comparison tracing that was a large share of fuzz-tokenizer's time. */
+static void buf_putc(struct buf *b, char c) {
+    if (b->n + 2 <= b->cap && !b->oom) {
+        b->p[b->n++] = c;
+        b->p[b->n] = 0;
+        return;
+    }
+    buf_put(b, &c, 1);
+}
 
 /* buf_put_cp: append one code point as UTF-8. */
 static void buf_put_cp(struct buf *b, int32_t cp) {
@@ -2813,21 +2822,27 @@ static int dec_step(struct enc_ctx *c, const struct decoder *d, const struct pli
     return rc;
 }
 
-/* dec_apply: run a decoder (or a Sequence of them) over the token list `in`. */
+/* dec_apply: run a decoder (or a Sequence of them) over the token list `in`,
+ * appending the result to `out`. A Sequence passes lists between its decoders
+ * in two scratch lists; the first reads `in` and the last appends to `out`
+ * directly (no copies in and out: decoding every token several times over was
+ * much of what made decode, and fuzz-tokenizer, slow). */
 static int dec_apply(struct enc_ctx *c, const struct decoder *d, const struct plist *in, struct plist *out) {
     if (d->type != DEC_SEQUENCE) return dec_step(c, d, in, out);
-    struct plist a = {0}, b = {0};
-    int rc = 0;
-    for (size_t i = 0; i < in->n; i++) plist_add(&a, plist_str(in, i), in->v[i].len, 0);
-    for (size_t k = 0; k < d->n_kids && rc == 0; k++) {
-        plist_clear(&b);
-        rc = dec_apply(c, d->kids[k], &a, &b);
-        struct plist t = a;
-        a = b;
-        b = t;
+    if (d->n_kids == 0) {
+        for (size_t i = 0; i < in->n; i++) plist_add(out, plist_str(in, i), in->v[i].len, 0);
+        return 0;
     }
-    for (size_t i = 0; i < a.n; i++) plist_add(out, plist_str(&a, i), a.v[i].len, 0);
-    if (a.oom || b.oom) out->oom = 1;
+    struct plist a = {0}, b = {0};
+    const struct plist *src = in;
+    int rc = 0;
+    for (size_t k = 0; k < d->n_kids && rc == 0; k++) {
+        struct plist *dst = k + 1 == d->n_kids ? out : src == &a ? &b : &a;
+        if (dst != out) plist_clear(dst);
+        rc = dec_apply(c, d->kids[k], src, dst);
+        if (dst->oom) out->oom = 1;
+        src = dst;
+    }
     plist_free(&a);
     plist_free(&b);
     return rc;

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages the project builds with, if any are missing.
 # Safe to run repeatedly: it only calls apt-get when something is absent.
+# --fuzz also installs clang and libFuzzer for the optional -DMOE_BUILD_FUZZ=ON
+# build (docs/fuzzing.md); CI does not need them.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libzstd-dev libhdf5-dev libcsv-dev libcjson-dev
       libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev)
+if [ "${1:-}" = "--fuzz" ]; then
+  pkgs+=(clang libclang-rt-dev)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -23,6 +23,7 @@
 #include "moe-mmap.h"
 #include "moe-test.h"
 #include "moe-test-model.h"
+#include "moe-test-bundle-patch.h"
 
 static const char *prep, *run;
 static char tmp[256];
@@ -187,6 +188,79 @@ static void test_verify(void) {
     CHECK(sh(out, sizeof out, "%s -m %s -p hi -n 1 2>&1", run, bad) == 1, "moe-run on a truncated bundle");
 }
 
+/* test_short_tensor: issue 17 item 1. lm_head.weight keeps its shape but its
+ * directory record says 64 bytes (checksums resealed, so no checksum can see
+ * it): the binder must compare the view with the stored size. Before the fix
+ * moe-run read ~59 KB past the end of the mapping. */
+static void test_short_tensor(void) {
+    char good[300], bad[300], out[65536];
+    snprintf(good, sizeof good, "%s/short-src.moeb", tmp);
+    snprintf(bad, sizeof bad, "%s/short.moeb", tmp);
+    CHECK(sh(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32 --dense f32 2>&1", prep, MOE_FIXTURES,
+             good) == 0, "quantize");
+    char *img = NULL;
+    size_t n = 0;
+    if (moe_read_file(good, 1u << 30, &img, &n) != MOE_OK) {
+        CHECK(0, "read %s", good);
+        return;
+    }
+    CHECK(moe_test_bundle_set_tensor_size((uint8_t *)img, n, "lm_head.weight", 64) == 0, "patch lm_head");
+    FILE *f = fopen(bad, "wb");
+    CHECK(f && fwrite(img, 1, n, f) == n && fclose(f) == 0, "write %s", bad);
+    free(img);
+    struct moe_bundle *b = NULL;
+    CHECK(moe_bundle_open(bad, &b) == MOE_OK && moe_bundle_verify_all(b, NULL, NULL) == MOE_OK,
+          "the container itself is consistent (every checksum matches)");
+    moe_bundle_free(b);
+    int rc = sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 2 --ids 2>&1", run, bad);
+    CHECK(rc == 1 && strstr(out, "lm_head.weight") && strstr(out, "stores 64 bytes"),
+          "moe-run refuses a tensor smaller than its shape (rc %d): %s", rc, out);
+    rc = sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
+    CHECK(rc == 1 && strstr(out, "DAMAGED  model") && strstr(out, "lm_head.weight"),
+          "inspect --verify reports it (rc %d): %s", rc, out);
+    CHECK(sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, good) == 0, "the original verifies: %s", out);
+}
+
+/* test_damaged_slot: issue 17 item 11. The active tuning slot (holding the
+ * bit-width map) gets a flipped byte in its record: inspect --verify must
+ * report it, and moe-run must say it falls back to the other slot. */
+static void test_damaged_slot(void) {
+    char path[300], bad[300], out[65536];
+    snprintf(path, sizeof path, "%s/slots.moeb", tmp);
+    snprintf(bad, sizeof bad, "%s/slots-bad.moeb", tmp);
+    CHECK(sh(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32,q8_0 --dense f32 2>&1", prep,
+             MOE_FIXTURES, path) == 0, "quantize");
+    struct moe_bundle *b = NULL;
+    uint32_t nl = 0, ne = 0, np = 0;
+    if (moe_bundle_open(path, &b) == MOE_OK) moe_bundle_expert_layout(b, &nl, &ne, &np);
+    moe_bundle_free(b);
+    int64_t map[64];
+    for (uint32_t i = 0; i < nl * ne && i < 64; i++) map[i] = i % 2;
+    struct moe_bundle_kv *kv = NULL;
+    CHECK(nl * ne <= 64 && moe_bundle_kv_new(&kv) == MOE_OK && moe_bundle_kv_set_str(kv, "note", "first") == MOE_OK &&
+              moe_bundle_replace_tuning(path, kv) == MOE_OK &&
+              moe_bundle_kv_set_i64_array(kv, "edgemoe.bitwidth.map", map, nl * ne) == MOE_OK &&
+              moe_bundle_replace_tuning(path, kv) == MOE_OK,
+          "two tuning updates");
+    moe_bundle_kv_free(kv);
+    struct moe_bundle_info info = {0};
+    b = NULL;
+    if (moe_bundle_open(path, &b) == MOE_OK) moe_bundle_get_info(b, &info);
+    moe_bundle_free(b);
+    CHECK(sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, path) == 0 &&
+              strstr(out, "per-expert map"),
+          "the map is used: %s", out);
+    flip(path, bad, info.tuning_slot == 'B' ? 1024 + 12 : 512 + 12); /* the active slot's sequence */
+    int rc = sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
+    char want[32];
+    snprintf(want, sizeof want, "tuning slot %c", info.tuning_slot);
+    CHECK(rc == 1 && strstr(out, "DAMAGED") && strstr(out, want), "inspect --verify reports the slot (rc %d): %s",
+          rc, out);
+    rc = sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, bad);
+    CHECK(rc == 0 && strstr(out, "is damaged") && strstr(out, "instead") && !strstr(out, "per-expert map"),
+          "moe-run says it falls back (rc %d): %s", rc, out);
+}
+
 /* test_kill: quantize a synthetic model big enough to take a while, kill it
  * mid-way (SIGKILL, then SIGTERM), and check that nothing is at the output. */
 static void test_kill(void) {
@@ -261,6 +335,8 @@ int main(int argc, char **argv) {
     test_f32_exact("gpt_oss-f32"); /* merged experts split, expert biases in the blobs, sinks */
     test_kl();
     test_verify();
+    test_short_tensor();
+    test_damaged_slot();
     test_kill();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -20,6 +20,9 @@
  *     errors; concurrent add_expert from 4 threads.
  *  5. A table of malformed headers and directories (checksums recomputed so the
  *     targeted check fires), each failing with its own message.
+ *  6. Reopening for direct reads (moe_bundle_open_fd): the mapped file opens;
+ *     a FIFO, another file or a directory put at its path since is refused
+ *     without blocking; a bundle from memory has no file.
  *
  * `test-bundle --write-seeds DIR` writes the small fuzz seeds of
  * tests/fuzz/corpus/bundle instead of testing.
@@ -481,6 +484,45 @@ static void test_round_trip(void) {
     moe_bundle_kv_free(NULL);
 }
 
+/* moe_bundle_open_fd: the expert store's second descriptor is the very file
+ * that was mapped; whatever replaced it at the path is refused, never waited
+ * on (a FIFO without a writer would block an ordinary open forever). */
+static void test_open_fd(void) {
+    const char *path = tpath("fd.moeb"), *moved = tpath("fd-moved.moeb");
+    CHECK(write_reference(path) == MOE_OK, "write reference: %s", g_err);
+    struct moe_bundle *b = NULL;
+    CHECK(moe_bundle_open(path, &b) == MOE_OK, "open: %s", g_err);
+    if (!b) return;
+    int fd = -1;
+    CHECK(moe_bundle_open_fd(b, &fd) == MOE_OK && fd >= 0, "the mapped file reopens: %s", g_err);
+    if (fd >= 0) close(fd);
+    CHECK(rename(path, moved) == 0 && mkfifo(path, 0600) == 0, "a FIFO in its place");
+    log_reset();
+    alarm(20); /* a blocking open would hang the test: fail it instead */
+    CHECK(moe_bundle_open_fd(b, &fd) == MOE_ERR_IO && fd == -1 && strstr(g_err, "is a FIFO"),
+          "a FIFO at the path is refused: %s", g_err);
+    alarm(0);
+    CHECK(unlink(path) == 0 && write_reference(path) == MOE_OK, "another file in its place");
+    log_reset();
+    CHECK(moe_bundle_open_fd(b, &fd) == MOE_ERR_IO && fd == -1 && strstr(g_err, "no longer the file"),
+          "another file (same contents) is refused: %s", g_err);
+    CHECK(unlink(path) == 0 && mkdir(path, 0700) == 0, "a directory in its place");
+    log_reset();
+    CHECK(moe_bundle_open_fd(b, &fd) == MOE_ERR_IO && fd == -1 && strstr(g_err, "is a directory"),
+          "a directory is refused: %s", g_err);
+    CHECK(rmdir(path) == 0 && rename(moved, path) == 0, "the original back");
+    CHECK(moe_bundle_open_fd(b, &fd) == MOE_OK && fd >= 0, "and it reopens");
+    if (fd >= 0) close(fd);
+    moe_bundle_free(b);
+    size_t n;
+    uint8_t *img = slurp(path, &n);
+    b = NULL;
+    CHECK(img && moe_bundle_open_memory(img, n, "mem", &b) == MOE_OK, "open_memory");
+    CHECK(b && moe_bundle_open_fd(b, &fd) == MOE_ERR_UNSUPPORTED && fd == -1, "a bundle in memory has no file");
+    moe_bundle_free(b);
+    free(img);
+}
+
 /* A bundle with no experts and no tensors is valid (a dense model's tables). */
 static void test_minimal(void) {
     struct moe_bundle_writer *w = NULL;
@@ -809,7 +851,17 @@ static void test_tuning(void) {
     spit(crash, img, n_after);
     log_reset();
     open_check_tuning(crash, 4, 'B', "crash (b) garbage");
-    CHECK(strstr(g_warn, "tuning slot A: slot checksum mismatch"), "torn slot warned: %s", g_warn);
+    CHECK(strstr(g_warn, "tuning slot A is damaged (slot record checksum mismatch") &&
+              strstr(g_warn, "using slot B (sequence 4, 4 tuning keys) instead"),
+          "torn slot warned, naming the slot used instead: %s", g_warn);
+    /* issue 17: a damaged slot record is damage: verify_all reports it */
+    b = NULL;
+    moe_bundle_open(crash, &b);
+    struct failures ft = {0};
+    CHECK(b && moe_bundle_verify_all(b, on_failure, &ft) == MOE_ERR_FORMAT && ft.n == 1 &&
+              strcmp(ft.items[0], "tuning slot A") == 0,
+          "verify_all names the torn slot: %d '%s'", ft.n, ft.n ? ft.items[0] : "");
+    moe_bundle_free(b);
     memcpy(img, after, n_after);
     memcpy(img + 512 + 32, before + 512 + 32, 32);
     spit(crash, img, n_after);
@@ -828,7 +880,7 @@ static void test_tuning(void) {
     spit(crash, img, n_after);
     log_reset();
     open_check_tuning(crash, 4, 'B', "damaged newer payload");
-    CHECK(strstr(g_warn, "tuning slot A (sequence 5): payload checksum mismatch"),
+    CHECK(strstr(g_warn, "tuning slot A is damaged (sequence 5: payload checksum mismatch); using slot B"),
           "fallback warned: %s", g_warn);
     b = NULL;
     moe_bundle_open(crash, &b);
@@ -1560,6 +1612,7 @@ int main(int argc, char **argv) {
     test_writer();
     test_parallel_writer();
     test_malformed();
+    test_open_fd();
     nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     moe_log_set(NULL, NULL);
     printf("test-bundle: %s (%d failure%s)\n", fails ? "FAILED" : "ok", fails, fails == 1 ? "" : "s");

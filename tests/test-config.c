@@ -161,6 +161,52 @@ static void test_errors(void) {
                 "\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) == MOE_ERR_INVALID &&
               strstr(last_log, "num_hidden_layers"),
           "negative layers");
+
+    /* issue 17: constants and ids out of range are refused on load (they gave
+     * all-NaN logits or silently wrong ids) */
+    static const struct {
+        const char *extra, *field;
+    } k_bad[] = {
+        {"\"rms_norm_eps\":-1e-5", "rms_norm_eps"},
+        {"\"rms_norm_eps\":0", "rms_norm_eps"},
+        {"\"rms_norm_eps\":7e206", "rms_norm_eps"}, /* fuzz-config: finite as a double, inf as a float */
+        {"\"rms_norm_eps\":1e-60", "rms_norm_eps"}, /* 0 as a float */
+        {"\"mlp_only_layers\":[1e300]", NULL},      /* no undefined cast: simply no such layer */
+        {"\"rope_theta\":0", "rope_theta"},
+        {"\"rope_theta\":-10000", "rope_theta"},
+        {"\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":-1}", "rope_theta"},
+        {"\"rope_scaling\":{\"type\":\"linear\",\"factor\":0}", "factor"},
+        {"\"rope_scaling\":{\"type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":4}",
+         "low_freq_factor"},
+        {"\"bos_token_id\":32", "bos_token_id"},
+        {"\"bos_token_id\":-3", "bos_token_id"},
+        {"\"bos_token_id\":1.5", "bos_token_id"},
+        {"\"eos_token_id\":99", "eos_token_id"},
+        {"\"eos_token_id\":[2,-1]", "eos_token_id"},
+        {"\"eos_token_id\":\"2\"", "eos_token_id"},
+    };
+    /* found by fuzz-config: hidden_size < heads made the default head_dim 0 */
+    CHECK(parse("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":2,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":6,"
+                "\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "no head_dim is given"),
+          "head_dim 0 by default: %s", last_log);
+    for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{" MIXTRAL_BASE ",%s}", k_bad[i].extra);
+        enum moe_status st = parse(json, &c);
+        if (!k_bad[i].field) {
+            CHECK(st == MOE_OK, "accepted: %s (%s: %s)", k_bad[i].extra, moe_status_str(st), last_log);
+        } else {
+            CHECK(st != MOE_OK && strstr(last_log, k_bad[i].field), "refused: %s (%s: %s)", k_bad[i].extra,
+                  moe_status_str(st), last_log);
+        }
+        if (st == MOE_OK) moe_config_clear(&c);
+    }
+    CHECK(parse("{" MIXTRAL_BASE ",\"bos_token_id\":31,\"eos_token_id\":[0,31],\"rms_norm_eps\":1e-6}", &c) ==
+              MOE_OK && c.bos_id == 31 && c.n_eos == 2,
+          "ids at the ends of the vocabulary are fine: %s", last_log);
+    moe_config_clear(&c);
 }
 
 
@@ -246,6 +292,34 @@ static void test_deepseek(void) {
     CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"rope_interleave\":1}", &c) == MOE_ERR_INVALID &&
               strstr(last_log, "rope_interleave"),
           "rope_interleave must be a bool: %s", last_log);
+
+    /* issue 17 on the DeepSeek constants: what would give NaN, zero or infinite
+     * scales, or an undefined cast, is refused on load */
+    static const struct {
+        const char *extra, *field;
+    } k_bad[] = {
+        {"\"routed_scaling_factor\":0", "routed_scaling_factor"},
+        {"\"routed_scaling_factor\":-2.5", "routed_scaling_factor"},
+        /* yarn_mscale(1e5, -2) < 0: a negative attention factor */
+        {"\"rope_scaling\":{\"type\":\"yarn\",\"factor\":100000,\"original_max_position_embeddings\":64,"
+         "\"mscale\":1,\"mscale_all_dim\":-2}", "attention_factor"},
+        {"\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":64,"
+         "\"attention_factor\":0}", "attention_factor"},
+        /* yarn_mscale(40, 1e38)^2 overflows: an infinite softmax scale */
+        {"\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,\"original_max_position_embeddings\":64,"
+         "\"attention_factor\":1,\"mscale_all_dim\":1e38}", NULL},
+        {"\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":3e38}",
+         "original_max_position_embeddings"},
+    };
+    for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"q_lora_rank\":null,%s," DSV3_BASE "}", k_bad[i].extra);
+        enum moe_status st = parse(json, &c);
+        const char *want = k_bad[i].field ? k_bad[i].field : "mscale_all_dim";
+        CHECK(st != MOE_OK && strstr(last_log, want), "refused: %s (%s: %s)", k_bad[i].extra, moe_status_str(st),
+              last_log);
+        if (st == MOE_OK) moe_config_clear(&c);
+    }
 }
 
 /* test_gpt_oss: gpt-oss defaults (biases, sinks, clamped SwiGLU, the
@@ -288,6 +362,18 @@ static void test_gpt_oss(void) {
 }
 
 /* --- model binding on a synthetic checkpoint ------------------------------ */
+
+/* write_checkpoint_cfg: config.json (the given text) and an all-zero F32
+ * model.safetensors in dir. */
+static void write_checkpoint_cfg(const char *dir, const char *config, const struct tensor_spec *ts, int n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(config, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(moe_test_write_safetensors(path, ts, n, 0) == 0, "write %s", path);
+}
 
 /* write_checkpoint: config.json and an all-zero F32 model.safetensors in dir. */
 static void write_checkpoint(const char *dir, const struct tensor_spec *ts, int n) {
@@ -340,6 +426,33 @@ static void test_binding(void) {
     last_log[0] = 0;
     CHECK(moe_model_load_hf(dir, &m) == MOE_ERR_NOT_FOUND && strstr(last_log, ts[n - 1].name),
           "missing tensor message: %s", last_log);
+
+    /* issue 17: every tensor of the checkpoint is bound. A config with fewer
+     * layers than the checkpoint, or an unknown tensor, is refused naming one
+     * of them; a rotary inv_freq cache is deliberately ignored. */
+    write_checkpoint_cfg(dir,
+                         "{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32,\"hidden_size\":8,"
+                         "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                         "\"intermediate_size\":6,\"num_local_experts\":3,\"num_experts_per_tok\":2}",
+                         ts, n);
+    last_log[0] = 0;
+    CHECK(moe_model_load_hf(dir, &m) == MOE_ERR_SHAPE && strstr(last_log, "model.layers.1.") &&
+              strstr(last_log, "does not account for"),
+          "config with fewer layers than the checkpoint: %s", last_log);
+    CHECK(m == NULL, "no model on error");
+    memcpy(bad, ts, sizeof bad);
+    snprintf(bad[n].name, sizeof bad[n].name, "model.layers.0.mlp.extra.weight");
+    bad[n].n_dims = 1, bad[n].d[0] = 8;
+    write_checkpoint(dir, bad, n + 1);
+    last_log[0] = 0;
+    CHECK(moe_model_load_hf(dir, &m) == MOE_ERR_SHAPE && strstr(last_log, "model.layers.0.mlp.extra.weight"),
+          "an unknown tensor is refused: %s", last_log);
+    snprintf(bad[n].name, sizeof bad[n].name, "model.layers.0.self_attn.rotary_emb.inv_freq");
+    bad[n].d[0] = 2;
+    write_checkpoint(dir, bad, n + 1);
+    CHECK(moe_model_load_hf(dir, &m) == MOE_OK, "a rotary inv_freq cache is ignored: %s", last_log);
+    moe_model_free(m);
+    m = NULL;
 
     /* not a directory */
     CHECK(moe_model_load_hf("/nonexistent/model", &m) != MOE_OK, "missing dir");

@@ -6,17 +6,23 @@
  * returns a clear error, without crashing, on a table of malformed files: text,
  * empty, missing, truncated copies, a foreign HDF5 file, a wrong version, a
  * dataset of the wrong shape, an expert id out of range, a decreasing
- * seq_start, a missing dataset.
+ * seq_start, a missing dataset; and on a table of well-formed files whose
+ * contents contradict themselves (issue 17): a layer index out of range, NaN
+ * or infinite gate weights, rankings with duplicates or out-of-range entries,
+ * arrays of the wrong shape, NaN where a number is required, incomplete
+ * sensitivity results.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 
 #include <hdf5.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "moe-test.h"
+#include "moe-test-log.h"
 #include "moe-test-h5.h"
 #include "profile-h5.h"
 
@@ -68,7 +74,7 @@ static struct moe_profile *make(int q0, int q1, enum moe_profile_logits logits) 
     CHECK(moe_profile_put_f64(p, "thresholds", 1, d2, thr) == MOE_OK, "put f64");
     CHECK(moe_profile_put_i32(p, "placement_order", 1, d8, order) == MOE_OK, "put i32");
     CHECK(moe_profile_put_i64(p, "big", 2, d24, big) == MOE_OK, "put i64");
-    CHECK(moe_profile_put_f64(p, "layer_similarity", 2, d24, sim) == MOE_OK, "put f64 2d");
+    CHECK(moe_profile_put_f64(p, "free_2d", 2, d24, sim) == MOE_OK, "put f64 2d");
     return p;
 }
 
@@ -294,6 +300,172 @@ static void test_malformed(void) {
     moe_profile_free(r);
 }
 
+/* An edit of a valid in-memory profile that the writer keeps but the reader
+ * must refuse (issue 17 item 4): the file is well-formed HDF5 whose contents
+ * contradict themselves. */
+struct incons {
+    const char *what, *msg; /* the case, and what the error must say */
+    void (*edit)(struct moe_profile *p);
+};
+
+static void put_sens(struct moe_profile *p, int with_order) {
+    int64_t d2[2] = {p->n_layers, p->n_experts}, n = (int64_t)p->n_layers * p->n_experts;
+    double v[8] = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+    int64_t routed[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int32_t order[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    moe_profile_put_f64(p, "sensitivity.kl", 2, d2, v);
+    moe_profile_put_f64(p, "sensitivity.dnll", 2, d2, v);
+    moe_profile_put_f64(p, "sensitivity.proxy", 2, d2, v);
+    moe_profile_put_f64(p, "sensitivity.score", 2, d2, v);
+    moe_profile_put_i64(p, "sensitivity.routed", 2, d2, routed);
+    if (with_order) moe_profile_put_i32(p, "sensitivity.order", 1, &n, order);
+}
+static void e_layer_neg(struct moe_profile *p) { p->moe_layer_index[0] = -1; }
+static void e_layer_order(struct moe_profile *p) { p->moe_layer_index[1] = p->moe_layer_index[0]; }
+static void e_weight_nan(struct moe_profile *p) { p->weights[5] = NAN; }
+static void e_weight_inf(struct moe_profile *p) { p->weights[2] = INFINITY; }
+static void e_placement_dup(struct moe_profile *p) {
+    int32_t order[8] = {0, 6, 1, 2, 7, 4, 3, 3};
+    int64_t d8[1] = {8};
+    moe_profile_put_i32(p, "placement_order", 1, d8, order);
+}
+static void e_sens_dup(struct moe_profile *p) {
+    put_sens(p, 0);
+    int32_t order[8] = {0, 1, 2, 3, 4, 5, 5, 7};
+    int64_t n = 8;
+    moe_profile_put_i32(p, "sensitivity.order", 1, &n, order);
+}
+static void e_sens_range(struct moe_profile *p) {
+    put_sens(p, 0);
+    int32_t order[8] = {0, 1, 2, 3, 4, 5, 6, 8};
+    int64_t n = 8;
+    moe_profile_put_i32(p, "sensitivity.order", 1, &n, order);
+}
+static void e_sens_shape(struct moe_profile *p) {
+    put_sens(p, 1);
+    double v[10] = {0};
+    int64_t d[2] = {2, 5};
+    moe_profile_put_f64(p, "sensitivity.score", 2, d, v);
+}
+static void e_sens_nan(struct moe_profile *p) {
+    put_sens(p, 1);
+    double v[8] = {0.1, NAN, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+    int64_t d[2] = {2, 4};
+    moe_profile_put_f64(p, "sensitivity.kl", 2, d, v);
+}
+static void e_sens_no_order(struct moe_profile *p) { put_sens(p, 0); }
+static void e_sens_empty(struct moe_profile *p) {
+    double cfg[7] = {32, 0, 1, 0, 0, 4, 1000};
+    int64_t n = 7;
+    moe_profile_put_f64(p, "config.sensitivity", 1, &n, cfg);
+}
+static void e_targets(struct moe_profile *p) {
+    double tg[4] = {0.3, 0.03, 1.5, 0.2};
+    int64_t n = 4;
+    moe_profile_put_f64(p, "targets", 1, &n, tg);
+}
+static void e_hit_inf(struct moe_profile *p) {
+    double h[9] = {0.25, 0.5, 0.25, 0.5, INFINITY, 0.5, 0.75, 0.9, 0.75};
+    int64_t d[2] = {3, 3};
+    moe_profile_put_f64(p, "placement_hit_rate", 2, d, h);
+}
+static void e_shard(struct moe_profile *p) {
+    int64_t r[3] = {0, 5, 9}, n = 3;
+    moe_profile_put_i64(p, "shard", 1, &n, r);
+}
+
+static const struct incons k_incons[] = {
+    {"layer index negative", "moe_layer_index[0] = -1", e_layer_neg},
+    {"layer index not increasing", "moe_layer_index[1]", e_layer_order},
+    {"NaN gate weight", "gate weight nan", e_weight_nan},
+    {"infinite gate weight", "gate weight inf", e_weight_inf},
+    {"placement order with a duplicate", "placement_order is not a permutation", e_placement_dup},
+    {"sensitivity ranking with a duplicate", "sensitivity.order is not a permutation", e_sens_dup},
+    {"sensitivity ranking out of range", "sensitivity.order is not a permutation", e_sens_range},
+    {"sensitivity score of the wrong shape", "sensitivity.score has the wrong type or shape", e_sens_shape},
+    {"NaN KL", "sensitivity.kl element 1 is nan", e_sens_nan},
+    {"sensitivity scores without a ranking", "without the ranking", e_sens_no_order},
+    {"sensitivity file without data", "no usable sensitivity data", e_sens_empty},
+    {"targets out of range", "targets element 2 is 1.5", e_targets},
+    {"infinite hit rate", "placement_hit_rate element 4 is inf", e_hit_inf},
+    {"shard range of the wrong length", "does not match the 2 sequences", e_shard},
+};
+
+/* test_inconsistent: each edited profile writes (the writer keeps what it is
+ * given) and the reader refuses it with an error naming the array; the
+ * unedited profile, with NaN in the arrays where it means "not measured",
+ * reads. */
+static void test_inconsistent(void) {
+    moe_log_set(capture, NULL);
+    for (size_t i = 0; i < sizeof k_incons / sizeof k_incons[0]; i++) {
+        struct moe_profile *p = make(0, 2, MOE_PROFILE_LOGITS_NONE);
+        if (!p) continue;
+        k_incons[i].edit(p);
+        const char *path = tmp_path("incons.h5");
+        CHECK(moe_profile_write(p, path) == MOE_OK, "%s: write", k_incons[i].what);
+        log_reset();
+        expect_fail(k_incons[i].what, path, 0);
+        CHECK(strstr(g_err, k_incons[i].msg) != NULL, "%s: the error says \"%s\": %s", k_incons[i].what,
+              k_incons[i].msg, g_err);
+        moe_profile_free(p);
+    }
+    struct moe_profile *p = make(0, 2, MOE_PROFILE_LOGITS_NONE), *r = NULL;
+    double h[9] = {0.25, NAN, 0.25, 0.5, NAN, 0.5, 0.75, NAN, 0.75};
+    int64_t d[2] = {3, 3};
+    if (p) {
+        put_sens(p, 1);
+        moe_profile_put_f64(p, "placement_hit_rate", 2, d, h);
+    }
+    const char *path = tmp_path("consistent.h5");
+    CHECK(p && moe_profile_write(p, path) == MOE_OK && moe_profile_read(path, &r) == MOE_OK,
+          "a consistent profile with 'not measured' NaNs and sensitivity results reads: %s", g_err);
+    moe_profile_free(p);
+    moe_profile_free(r);
+    moe_log_set(NULL, NULL);
+}
+
+/* test_stream: the containment stream round-trips a profile bit for bit,
+ * and a truncated or altered stream is refused, never trusted. */
+static void test_stream(void) {
+    struct moe_profile *p = make(0, 2, MOE_PROFILE_LOGITS_F16), *r = NULL;
+    const char *path = tmp_path("stream.bin");
+    FILE *f = fopen(path, "w+b");
+    CHECK(p && f && moe_profile_encode(fileno(f), p) == MOE_OK, "encode");
+    long n = f ? ftell(f) : 0;
+    if (f) rewind(f);
+    CHECK(f && moe_profile_decode(fileno(f), "stream", &r) == MOE_OK && r && same(p, r, 1), "round trip");
+    moe_profile_free(r);
+    r = NULL;
+    char *img = malloc((size_t)(n > 0 ? n : 1));
+    if (f) rewind(f);
+    CHECK(f && img && fread(img, 1, (size_t)n, f) == (size_t)n, "read back");
+    if (f) fclose(f);
+    moe_log_set(capture, NULL);
+    for (long cut = 0; img && cut < n; cut += n / 7 + 1) { /* truncated */
+        FILE *g = fopen(path, "w+b");
+        fwrite(img, 1, (size_t)cut, g);
+        rewind(g);
+        CHECK(moe_profile_decode(fileno(g), "stream", &r) != MOE_OK && !r, "a stream cut at %ld of %ld is refused", cut,
+              n);
+        fclose(g);
+    }
+    if (img && n > 200) { /* a weight turned NaN: decoded, then refused by validation */
+        float w = p->weights[3], nan = NAN;
+        char *hit = memmem(img, (size_t)n, &w, sizeof w);
+        if (hit) memcpy(hit, &nan, sizeof nan);
+        FILE *g = fopen(path, "w+b");
+        fwrite(img, 1, (size_t)n, g);
+        rewind(g);
+        log_reset();
+        CHECK(hit && moe_profile_decode(fileno(g), "stream", &r) == MOE_ERR_RANGE && !r && strstr(g_err, "gate weight"),
+              "a NaN weight in the stream is refused: %s", g_err);
+        fclose(g);
+    }
+    moe_log_set(NULL, NULL);
+    free(img);
+    moe_profile_free(p);
+}
+
 /* test_bad_args: API misuse by callers is an error, not a crash. */
 static void test_bad_args(void) {
     struct moe_profile *p = NULL;
@@ -326,6 +498,8 @@ int main(void) {
     test_round_trip(MOE_PROFILE_LOGITS_F16);
     test_merge();
     test_malformed();
+    test_inconsistent();
+    test_stream();
     test_bad_args();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

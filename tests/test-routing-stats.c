@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moe-test.h"
 #include "routing-stats.h"
@@ -138,6 +139,29 @@ int main(void) {
     struct moe_trace tb = {2, 4, 2, 2, starts, &bad[0][0][0], &W[0][0][0]};
     moe_log_set_level(MOE_LOG_ERROR + 1);
     CHECK(moe_trace_check(&tb) == MOE_ERR_RANGE, "out-of-range expert");
+
+    /* issue 17: a NaN or infinite gate weight is refused by the check, and a
+     * non-finite score by the thresholds (an inf weight made a NaN score on
+     * which threshold_for_share looped forever; the alarm turns a hang into a
+     * failure) */
+    float wbad[5][2][2];
+    const float poison[3] = {NAN, INFINITY, -0.5f};
+    for (int i = 0; i < 3; i++) {
+        memcpy(wbad, W, sizeof wbad);
+        wbad[2][1][1] = poison[i];
+        struct moe_trace tw = {2, 4, 2, 2, starts, &EXP[0][0][0], &wbad[0][0][0]};
+        CHECK(moe_trace_check(&tw) == MOE_ERR_RANGE, "gate weight %g refused", (double)poison[i]);
+    }
+    memcpy(wbad, W, sizeof wbad);
+    wbad[1][0][0] = INFINITY;
+    struct moe_trace ti = {2, 4, 2, 2, starts, &EXP[0][0][0], &wbad[0][0][0]};
+    float si[20];
+    moe_hobbit_scores(&ti, si); /* inf / inf: a NaN score */
+    alarm(10);
+    CHECK(moe_hobbit_thresholds(si, 20, 0.30, 0.10, &sp) == MOE_ERR_RANGE, "a NaN score is refused, not looped on");
+    s[7] = INFINITY;
+    CHECK(moe_hobbit_thresholds(s, 20, 0.30, 0.10, &sp) == MOE_ERR_RANGE, "an infinite score is refused");
+    alarm(0);
     printf("test-routing-stats: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;
 }

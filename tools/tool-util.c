@@ -5,6 +5,11 @@
 #include <stdlib.h>
 #include <strings.h>
 
+#include "eval.h"
+#include "moe-dataset.h"
+#include "moe-file.h"
+#include "moe-model.h"
+
 void moe_tool_json_string(FILE *f, const char *s) {
     if (!s) {
         fputs("null", f);
@@ -65,4 +70,44 @@ int moe_tool_parse_size(const char *cmd, const char *opt, const char *v, long lo
     fprintf(stderr, "moe-prep %s: %s wants a size such as 2GiB, 512MiB, 1.5GB or 1048576 (bytes), not \"%s\"\n", cmd,
             opt, v);
     return 0;
+}
+
+int moe_tool_output_ok(const char *cmd, const char *output, const struct moe_model *m,
+                       const char *const *datasets, size_t n_datasets, const char *const *files, size_t n_files) {
+    if (!output) return 1;
+    enum moe_status st = m ? moe_model_check_output(m, output) : MOE_OK;
+    if (!st) st = moe_file_check_output(output, files, n_files);
+    for (size_t i = 0; !st && i < n_datasets; i++) {
+        struct moe_dataset_spec *spec = NULL;
+        if (!datasets[i] || moe_dataset_spec_parse(datasets[i], &spec) != MOE_OK) continue; /* reported when read */
+        const char *in[2] = {spec->path, spec->card_path};
+        st = moe_file_check_output(output, in, 2);
+        moe_dataset_spec_free(spec);
+    }
+    if (st) fprintf(stderr, "moe-prep %s: refusing to write %s (see the message above)\n", cmd, output);
+    return st == MOE_OK;
+}
+
+enum moe_status moe_tool_load_tokens(const struct moe_model *model, const struct moe_model *ref, const char *spec,
+                                     const struct moe_dataset_params *dp, size_t need, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    struct moe_dataset_params p = dp ? *dp : moe_dataset_default_params();
+    const int64_t cap = p.max_bytes; /* a limit the caller set itself, if any */
+    int64_t bound = need ? (int64_t)(64 << 10) + 16 * (int64_t)need : 0;
+    for (;;) {
+        char *text = NULL;
+        size_t len = 0;
+        p.max_bytes = bound && (!cap || bound < cap) ? bound : cap;
+        enum moe_status st = moe_eval_text_load(spec, &p, &text, &len);
+        if (!st) st = moe_eval_tokenize(model, ref, text, len, ids, n);
+        free(text);
+        /* done: the whole text (no bound, or it ended before the bound), or enough tokens */
+        int whole = !p.max_bytes || (int64_t)len < p.max_bytes || p.max_bytes == cap;
+        if (st || whole || *n >= need + MOE_TOOL_TOKEN_MARGIN) return st;
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+        bound = bound > INT64_MAX / 4 ? INT64_MAX : bound * 4;
+    }
 }

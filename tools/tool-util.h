@@ -2,7 +2,11 @@
 #ifndef MOE_TOOL_UTIL_H
 #define MOE_TOOL_UTIL_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+
+#include "moe-status.h"
 
 /* moe_tool_json_string: write s as a JSON string literal to f (NULL as null). */
 void moe_tool_json_string(FILE *f, const char *s);
@@ -19,5 +23,33 @@ int moe_tool_parse_ll(const char *cmd, const char *opt, const char *v, long long
  * at least 1 byte. On a bad value print "moe-prep CMD: OPT wants a size ..."
  * and return 0, else store the whole bytes and return 1. */
 int moe_tool_parse_size(const char *cmd, const char *opt, const char *v, long long *out);
+
+struct moe_model;
+
+/* moe_tool_output_ok: 1 if `output` (NULL = none) is none of the files the
+ * command reads: the model's files (m may be NULL; moe_model_check_output),
+ * the data files of the dataset specs datasets[0..n_datasets) and the paths
+ * files[0..n_files) (NULL entries skipped); compared by device and inode.
+ * Otherwise the reason is logged, "moe-prep CMD: refusing to write OUTPUT"
+ * printed, and 0 returned (the caller exits 2). */
+int moe_tool_output_ok(const char *cmd, const char *output, const struct moe_model *m,
+                       const char *const *datasets, size_t n_datasets, const char *const *files, size_t n_files);
+
+struct moe_dataset_params;
+
+/* moe_tool_load_tokens: the token stream of dataset `spec` for `model`, as
+ * moe_eval_tokenize gives it ([BOS] + ids; ref may be NULL, see there), read
+ * only as far as `need` tokens require (0 = the whole dataset). The text is
+ * read in growing prefixes (64 KiB + 16 bytes per needed token, then x4, each
+ * cut by the dataset reader's max_bytes) until it tokenizes to at least
+ * need + MOE_TOOL_TOKEN_MARGIN tokens or the dataset ends, so memory follows
+ * what was asked for (--max-chunks, --max-tokens), not the file's size. The
+ * prefix's seam lies at least the margin after the last needed token, so the
+ * first `need` ids are those of the whole text for any tokenizer whose
+ * pre-tokenizer splits within that distance (all supported ones, on text).
+ * *n may exceed need; *ids is malloc'd (caller frees). Errors are logged. */
+#define MOE_TOOL_TOKEN_MARGIN 4096
+enum moe_status moe_tool_load_tokens(const struct moe_model *model, const struct moe_model *ref, const char *spec,
+                                     const struct moe_dataset_params *dp, size_t need, int32_t **ids, size_t *n);
 
 #endif

@@ -5,13 +5,16 @@
  * stdout: generated text (or ids / token lists); stderr: progress and speed.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "moe-bundle.h"
+#include "moe-file.h"
 #include "moe-gpu.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
@@ -169,6 +172,10 @@ static int parse_args(int argc, char **argv, struct args *a) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 16, &a->n_batch)) return 2;
         } else if (!strcmp(o, "--temp")) {
             if (!(v = NEXT()) || !parse_float(o, v, &a->temp)) return 2;
+            if (!(a->temp >= 0) || isinf(a->temp)) { /* -1 is a mistake, not "greedy" */
+                fprintf(stderr, "moe-run: --temp must be a finite number >= 0 (0 = greedy), got \"%s\"\n", v);
+                return 2;
+            }
         } else if (!strcmp(o, "--top-p")) {
             if (!(v = NEXT()) || !parse_float(o, v, &a->top_p)) return 2;
             if (a->top_p <= 0 || a->top_p > 1) {
@@ -282,6 +289,35 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* memory_budget: bytes this process can hope to use: physical memory, or
+ * less under an address-space limit. 0 if unknown. */
+static double memory_budget(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double b = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (b == 0 || (double)rl.rlim_cur < b))
+        b = (double)rl.rlim_cur;
+    return b;
+}
+
+/* context_fits: the float32 KV cache of n_ctx tokens (as the CPU backend
+ * allocates it: layers x tokens x (K and V rows of kv heads x head_dim, or for
+ * multi-head latent attention one row of kv_lora_rank + qk_rope_dim) x 4
+ * bytes) fits in memory; else say how large it is and what fits. A cache
+ * larger than memory would be reserved lazily and then swap or crawl for
+ * hours. */
+static int context_fits(const struct moe_config *c, int n_ctx) {
+    const double row = c->attn == MOE_ATTN_MLA ? (double)c->kv_lora_rank + c->qk_rope_dim
+                                               : 2.0 * c->n_head_kv * (double)c->head_dim;
+    double per_token = c->n_layer * row * sizeof(float);
+    double need = per_token * n_ctx, have = memory_budget();
+    if (have <= 0 || need <= have) return 1;
+    fprintf(stderr, "moe-run: a context of %d tokens needs a KV cache of %.1f GiB, more than the %.1f GiB of memory "
+                    "this process can use; at most about %.0f tokens fit: use a shorter prompt or a smaller --ctx\n",
+            n_ctx, need / (1u << 30), have / (1u << 30), have / per_token);
+    return 0;
+}
+
 /* write_trace: the session's routing as a profile file fit-cache can replay. */
 static int write_trace(const struct moe_session *sess, const struct moe_model *m, const char *model_path,
                        const char *path) {
@@ -313,14 +349,15 @@ static int write_trace(const struct moe_session *sess, const struct moe_model *m
     return ok;
 }
 
-/* write_stats: speed, peak memory and the store's counts as JSON. */
+/* write_stats: speed, peak memory and the store's counts as JSON, written to
+ * an exclusive temporary file beside path and renamed over it. */
 static int write_stats(const char *path, const struct moe_session *sess, size_t n_prompt, double t_prompt, int n_gen,
                        double t_gen) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        fprintf(stderr, "moe-run: cannot write %s: %s\n", tmp, strerror(errno));
+    struct moe_tmp_file t;
+    FILE *f = NULL;
+    if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) {
+        moe_tmp_discard(&t);
+        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", path);
         return 0;
     }
     struct rusage ru;
@@ -347,10 +384,27 @@ static int write_stats(const char *path, const struct moe_session *sess, size_t 
     }
 #endif
     fprintf(f, "}\n");
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    if (moe_tmp_commit(&t)) { /* flush, fsync, rename; removes the temporary file on failure */
         fprintf(stderr, "moe-run: cannot write %s\n", path);
-        remove(tmp);
         return 0;
+    }
+    return 1;
+}
+
+/* check_outputs: no output (--logits-out, --stats-json, --trace-out) is the
+ * same file as an input (the model's files, the prompt file), and no two
+ * outputs name the same file (one would replace the other). 1 if fine. */
+static int check_outputs(const struct moe_model *m, const struct args *a) {
+    const char *out[3] = {a->logits_out, a->stats_json, a->trace_out};
+    const char *in = a->prompt_file;
+    for (int i = 0; i < 3; i++) {
+        if (!out[i]) continue;
+        if (moe_model_check_output(m, out[i]) || moe_file_check_output(out[i], &in, 1)) return 0;
+        for (int j = 0; j < i; j++)
+            if (out[j] && moe_file_same_target(out[i], out[j])) {
+                fprintf(stderr, "moe-run: %s is named for two outputs; give each output its own file\n", out[i]);
+                return 0;
+            }
     }
     return 1;
 }
@@ -409,7 +463,7 @@ int main(int argc, char **argv) {
     char *file_text = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
-    char *tmp_path = NULL;
+    struct moe_tmp_file lt = {NULL, NULL, -1, NULL}; /* --logits-out, written beside it and renamed */
     int status = 1;
 
     struct moe_model_params mp = moe_model_default_params();
@@ -425,6 +479,10 @@ int main(int argc, char **argv) {
         if (model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
     }
     const struct moe_config *c = &model->cfg;
+    if (!check_outputs(model, &a)) { /* never overwrite the model or the prompt file */
+        status = 2;
+        goto done;
+    }
     if (a.tokens) {
         if (!parse_token_list(a.tokens, &ids, &n_ids)) {
             status = 2;
@@ -473,6 +531,7 @@ int main(int argc, char **argv) {
         int def = c->max_pos < 4096 ? c->max_pos : 4096;
         sp.n_ctx = need > def ? need : def;
     }
+    if (!context_fits(c, sp.n_ctx)) goto done;
     if (moe_session_create(model, &sp, &sess) != MOE_OK) goto done;
     if ((int)n_ids + a.n_predict > moe_session_n_ctx(sess)) {
         fprintf(stderr, "moe-run: prompt (%zu tokens) + %d to generate exceed the context of %d; "
@@ -486,22 +545,23 @@ int main(int argc, char **argv) {
     int all = a.logits_out != NULL;
     logits = malloc(sizeof(float) * V * (all ? n_ids : 1));
     if (!logits) goto done;
-    if (a.logits_out) {
-        size_t pl = strlen(a.logits_out) + 16;
-        tmp_path = malloc(pl);
-        snprintf(tmp_path, pl, "%s.tmp", a.logits_out);
-        lf = fopen(tmp_path, "wb");
-        if (!lf) {
-            fprintf(stderr, "moe-run: cannot write %s: %s\n", tmp_path, strerror(errno));
-            goto done;
-        }
+    if (a.logits_out && (moe_tmp_create(a.logits_out, &lt) || !(lf = moe_tmp_stream(&lt)))) {
+        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", a.logits_out);
+        goto done;
     }
     double t0 = now_s();
     if (moe_session_forward(sess, ids, (int)n_ids, logits, all) != MOE_OK) goto done;
+    int64_t bad = moe_logits_first_bad(logits, V * (all ? n_ids : 1));
+    if (bad >= 0) { /* damaged weights or constants: fail loudly, never sample from NaN */
+        fprintf(stderr, "moe-run: the model produced a non-finite logit (NaN or infinity) at prompt position %lld, "
+                        "token %lld: its weights or config are damaged\n",
+                (long long)(all ? bad / (int64_t)V : (int64_t)n_ids - 1), (long long)(bad % (int64_t)V));
+        goto done;
+    }
     double t1 = now_s();
     const float *last = logits + (all ? (n_ids - 1) * V : 0);
     if (lf && fwrite(logits, sizeof(float), V * n_ids, lf) != V * n_ids) {
-        fprintf(stderr, "moe-run: write error on %s\n", tmp_path);
+        fprintf(stderr, "moe-run: write error on %s\n", lt.path);
         goto done;
     }
 
@@ -536,8 +596,14 @@ int main(int argc, char **argv) {
             free(seq);
             goto done;
         }
+        if (moe_logits_first_bad(step_logits, V) >= 0) {
+            fprintf(stderr, "\nmoe-run: the model produced a non-finite logit (NaN or infinity) at generated token "
+                            "%d: its weights or config are damaged\n", n_gen + 1);
+            free(seq);
+            goto done;
+        }
         if (lf && fwrite(step_logits, sizeof(float), V, lf) != V) {
-            fprintf(stderr, "moe-run: write error on %s\n", tmp_path);
+            fprintf(stderr, "moe-run: write error on %s\n", lt.path);
             free(seq);
             goto done;
         }
@@ -547,9 +613,8 @@ int main(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (lf) {
-        int bad = fflush(lf) != 0 || fclose(lf) != 0;
         lf = NULL;
-        if (bad || rename(tmp_path, a.logits_out) != 0) {
+        if (moe_tmp_commit(&lt)) { /* fsync, rename; removes the temporary file on failure */
             fprintf(stderr, "moe-run: cannot write %s\n", a.logits_out);
             goto done;
         }
@@ -563,11 +628,7 @@ int main(int argc, char **argv) {
     if (a.trace_out && !write_trace(sess, model, a.model, a.trace_out)) goto done;
     status = 0;
 done:
-    if (lf) {
-        fclose(lf);
-        remove(tmp_path);
-    }
-    free(tmp_path);
+    moe_tmp_discard(&lt);
     free(logits);
     free(ids);
     free(file_text);

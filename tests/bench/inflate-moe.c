@@ -26,6 +26,7 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "moe-file.h"
 #include "moe-mmap.h"
 #include "moe-safetensors.h"
 
@@ -112,6 +114,18 @@ static char *tmp_path(const char *dir, const char *name) {
     return p;
 }
 
+/* create_tmp: a new temporary file (O_EXCL | O_NOFOLLOW: a file or symlink
+ * already at the name is never reused or followed) as a stream. */
+static FILE *create_tmp(const char *tmp) {
+    int fd = tmp ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644) : -1;
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !f) {
+        close(fd);
+        unlink(tmp);
+    }
+    return f;
+}
+
 /* finish_file: flush, sync and close f, then rename tmp over dir/name; on any
  * failure (or when `failed`) the temporary file is removed. Returns 0 on success. */
 static int finish_file(FILE *f, const char *tmp, const char *dir, const char *name, int failed) {
@@ -130,7 +144,7 @@ static int finish_file(FILE *f, const char *tmp, const char *dir, const char *na
 /* write_bytes_file: write `len` bytes to dir/name atomically. */
 static int write_bytes_file(const char *dir, const char *name, const void *data, size_t len) {
     char *tmp = tmp_path(dir, name);
-    FILE *f = tmp ? fopen(tmp, "wb") : NULL;
+    FILE *f = create_tmp(tmp);
     if (!f) {
         fprintf(stderr, "inflate-moe: cannot create %s: %s\n", tmp ? tmp : name, strerror(errno));
         free(tmp);
@@ -187,10 +201,10 @@ static int write_config(cJSON *cfg, const char *out_dir, long long n_ffn) {
 /* read_metadata: the "__metadata__" object of a safetensors file's header (a
  * copy the caller deletes), or NULL when it has none or cannot be read. */
 static cJSON *read_metadata(const char *path) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = NULL;
     unsigned char n8[8];
     cJSON *meta = NULL;
-    if (!f) return NULL;
+    if (moe_file_fopen_read(path, &f)) return NULL; /* regular files only, never blocks */
     if (fread(n8, 1, 8, f) == 8) {
         uint64_t n = 0;
         for (int i = 7; i >= 0; i--) n = n << 8 | n8[i];
@@ -310,7 +324,7 @@ static int write_model(const struct moe_safetensors *st, const enum pad_kind *ki
     uint64_t data_bytes = 0;
     char *hdr = build_header(st, kind, N, meta, &hlen, &data_bytes);
     char *tmp = hdr ? tmp_path(out_dir, "model.safetensors") : NULL;
-    FILE *f = tmp ? fopen(tmp, "wb") : NULL;
+    FILE *f = create_tmp(tmp);
     if (!f) {
         fprintf(stderr, "inflate-moe: cannot create %s: %s\n", tmp ? tmp : "the header", strerror(errno));
         free(hdr);

@@ -12,14 +12,10 @@
  * reports as a crash. Blobs whose declared raw size is above 16 MiB are not
  * decompressed (a tiny zstd frame of RLE blocks can legally claim gigabytes).
  *
- * Run the fuzzer (clang with libFuzzer; Debian: apt-get install clang-14
- * libclang-rt-14-dev):
+ * Run the fuzzer: build with -DMOE_BUILD_FUZZ=ON (clang, libFuzzer;
+ * docs/fuzzing.md), then
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_POSIX_C_SOURCE=200809L \
- *       -Iformats tests/fuzz/fuzz-bundle.c formats/bundle.c formats/status.c \
- *       formats/mmap.c -lxxhash -lzstd -lpthread -o /tmp/fuzz-bundle
- *   mkdir -p /tmp/bundle-corpus
- *   /tmp/fuzz-bundle -max_total_time=120 -max_len=65536 -timeout=10 \
+ *   build-fuzz/tests/fuzz-bundle -jobs=1 -max_total_time=600 -max_len=65536 -timeout=10 \
  *       /tmp/bundle-corpus tests/fuzz/corpus/bundle
  *
  * The seeds in tests/fuzz/corpus/bundle are regenerated with

@@ -12,14 +12,10 @@
  * Every record handed out is checked: NUL-terminated at len, no NUL inside,
  * valid UTF-8, at most max_record_bytes; counts agree. Any violation aborts.
  *
- * Run the fuzzer (clang with libFuzzer; Debian: apt-get install libclang-rt-14-dev):
+ * Run the fuzzer: build with -DMOE_BUILD_FUZZ=ON (clang, libFuzzer;
+ * docs/fuzzing.md), then
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_POSIX_C_SOURCE=200809L \
- *       -Iformats -Idatasets tests/fuzz/fuzz-dataset.c datasets/dataset.c datasets/json.c \
- *       datasets/csv.c datasets/source.c datasets/spec.c datasets/sha256.c \
- *       formats/status.c formats/mmap.c -lcjson -lcsv -lz -lm -lpthread -o /tmp/fuzz-dataset
- *   mkdir -p /tmp/ds-corpus
- *   /tmp/fuzz-dataset -max_total_time=120 -max_len=4096 /tmp/ds-corpus tests/fuzz/corpus/dataset
+ *   build-fuzz/tests/fuzz-dataset -jobs=1 -max_total_time=600 -max_len=4096 /tmp/ds-corpus tests/fuzz/corpus/dataset
  *
  * New inputs go to /tmp/ds-corpus (the first directory); copy small interesting
  * ones (and any crash-* file, after fixing the bug) into tests/fuzz/corpus/dataset,

@@ -4,14 +4,10 @@
  * ASan catches a data pointer outside the input) and checks that find() and
  * at() agree; any inconsistency aborts, which the fuzzer reports as a crash.
  *
- * Run the fuzzer (clang with libFuzzer; Debian: apt-get install libclang-rt-14-dev):
+ * Run the fuzzer: build with -DMOE_BUILD_FUZZ=ON (clang, libFuzzer;
+ * docs/fuzzing.md), then
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_POSIX_C_SOURCE=200809L \
- *       -Iformats tests/fuzz/fuzz-safetensors.c formats/safetensors.c \
- *       formats/status.c formats/mmap.c formats/dtype.c -lcjson -lm -lpthread \
- *       -o /tmp/fuzz-safetensors
- *   mkdir -p /tmp/st-corpus
- *   /tmp/fuzz-safetensors -max_total_time=60 -max_len=4096 \
+ *   build-fuzz/tests/fuzz-safetensors -jobs=1 -max_total_time=600 -max_len=4096 \
  *       /tmp/st-corpus tests/fuzz/corpus/safetensors
  *
  * New inputs go to /tmp/st-corpus (the first directory); copy small interesting

@@ -20,6 +20,7 @@
 
 #include "cache-sim.h"
 #include "moe-bundle.h"
+#include "moe-file.h"
 #include "moe-prep.h"
 #include "moe-tuning.h"
 #include "profile-h5.h"
@@ -687,13 +688,10 @@ static void print_json(const struct fc_args *a, const struct fc_model *m, const 
 
 /* write_csv: the table as CSV, via a temporary file renamed over path. */
 static int write_csv(const char *path, const struct fc_result *r) {
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
+    struct moe_tmp_file t = {NULL, NULL, -1, NULL}; /* exclusive, beside path: never through a planted link */
     FILE *f = NULL;
     int ok = 0;
-    if (!tmp) goto done;
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    if (!(f = fopen(tmp, "w"))) goto done;
+    if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) goto done;
     fputs("high_experts,low_experts,fitted,policy,hit_ratio,penalty_per_token,bytes_per_token,gap_to_belady_pct,"
           "accesses,hits_high,hits_low,misses_high,misses_low,skips,prefetch_loads,prefetch_hits\n", f);
     for (int s = 0; s < r->n_sizes; s++)
@@ -710,17 +708,10 @@ static int write_csv(const char *path, const struct fc_result *r) {
                     (long long)st->hits_low, (long long)st->misses_high, (long long)st->misses_low,
                     (long long)st->skips, (long long)st->prefetch_loads, (long long)st->prefetch_hits);
         }
-    ok = fflush(f) == 0 && !ferror(f);
-    ok &= fclose(f) == 0;
-    f = NULL;
-    ok = ok && rename(tmp, path) == 0;
+    ok = moe_tmp_commit(&t) == MOE_OK; /* flush, fsync, rename; removed on failure */
 done:
-    if (!ok) {
-        fprintf(stderr, "moe-prep " CMD ": cannot write %s: %s\n", path, strerror(errno));
-        if (f) fclose(f);
-        if (tmp) remove(tmp);
-    }
-    free(tmp);
+    moe_tmp_discard(&t);
+    if (!ok) fprintf(stderr, "moe-prep " CMD ": cannot write %s (see the message above)\n", path);
     return ok;
 }
 
@@ -794,6 +785,11 @@ int moe_prep_fit_cache(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     rc = 1;
     if (!r) goto done;
+    const char *inputs[2] = {a.profile, a.bundle};
+    if (!moe_tool_output_ok(CMD, a.csv, NULL, NULL, 0, inputs, 2)) { /* --csv naming an input */
+        rc = 2;
+        goto done;
+    }
     if (moe_profile_read(a.profile, &p) != MOE_OK) {
         fprintf(stderr, "moe-prep " CMD ": cannot read the profile %s (see the message above)\n", a.profile);
         goto done;

@@ -9,15 +9,32 @@
 
 #include "profile-h5.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <sys/wait.h>
+#include <sys/stat.h>
+#include <signal.h>
 #include <hdf5.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define MOE_SANITIZER_HOOKS 1
+#endif
+#elif defined(__SANITIZE_ADDRESS__)
+#define MOE_SANITIZER_HOOKS 1
+#endif
+#ifdef MOE_SANITIZER_HOOKS
+#include <sanitizer/common_interface_defs.h> /* the child drops the parent's death callback */
+#endif
+
 #include "moe-dtype.h"
+#include "moe-file.h"
 
 /* ------------------------------------------------------------------ memory */
 
@@ -622,56 +639,66 @@ fail:
     return 0;
 }
 
-/* fsync_path: flush a closed file's data to disk before it is renamed. */
-static int fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return 0;
-    int ok = fsync(fd) == 0;
-    close(fd);
-    return ok;
+/* write_image: bytes [0, n) to a new temporary file beside path, fsynced and
+ * renamed over it (moe_tmp_*: exclusive create, the old file intact on any
+ * error, e.g. a full disk). */
+static enum moe_status write_image(const char *path, const void *buf, size_t n) {
+    struct moe_tmp_file t;
+    enum moe_status st = moe_tmp_create(path, &t);
+    if (st) return st;
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(t.fd, (const char *)buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            MOE_LOGE("%s: cannot write %s: %s; the old file, if any, is unchanged", path, t.path,
+                     w < 0 ? strerror(errno) : "no progress");
+            moe_tmp_discard(&t);
+            return MOE_ERR_IO;
+        }
+        done += (size_t)w;
+    }
+    return moe_tmp_commit(&t);
 }
 
+/* The file is built in memory (HDF5's core driver, no backing store) and its
+ * image written by write_image. HDF5 itself then never writes to disk: a full
+ * disk or an I/O error is one failed write() of ours, reported cleanly, and
+ * never a failed H5Fclose that leaves the file open inside the library (which
+ * crashed at exit). */
 enum moe_status moe_profile_write(const struct moe_profile *p, const char *path) {
     struct h5_quiet q;
     quiet_begin(&q);
     enum moe_status st = MOE_ERR_IO;
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
     hid_t fapl = -1, f = -1;
-    if (!tmp) {
-        st = MOE_ERR_NOMEM;
-        goto fail;
-    }
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    if ((fapl = fapl_strong()) < 0) goto fail;
-    f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    void *img = NULL;
+    ssize_t n = -1;
+    if ((fapl = fapl_strong()) < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0) goto fail;
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl); /* in memory only: path is just its name */
     if (f < 0) {
-        MOE_LOGE("%s: cannot create", tmp);
+        MOE_LOGE("%s: cannot create the HDF5 image in memory", path);
         goto fail;
     }
-    if (!write_contents(p, f)) {
-        MOE_LOGE("%s: HDF5 write failed (disk full?)", tmp);
+    if (!write_contents(p, f) || H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) {
+        MOE_LOGE("%s: building the HDF5 image failed (out of memory?)", path);
+        goto fail;
+    }
+    if ((n = H5Fget_file_image(f, NULL, 0)) <= 0 || !(img = malloc((size_t)n)) ||
+        H5Fget_file_image(f, img, (size_t)n) != n) {
+        MOE_LOGE("%s: cannot get the HDF5 image (%lld bytes)", path, (long long)n);
+        st = img || n <= 0 ? MOE_ERR_IO : MOE_ERR_NOMEM;
         goto fail;
     }
     herr_t closed = H5Fclose(f);
     f = -1;
-    if (closed < 0 || !fsync_path(tmp)) {
-        MOE_LOGE("%s: close/fsync failed", tmp);
+    if (closed < 0) {
+        MOE_LOGE("%s: closing the HDF5 image failed", path);
         goto fail;
     }
-    if (rename(tmp, path) != 0) {
-        MOE_LOGE("cannot rename %s to %s", tmp, path);
-        goto fail;
-    }
-    H5Pclose(fapl);
-    free(tmp);
-    quiet_end(&q);
-    return MOE_OK;
+    st = write_image(path, img, (size_t)n);
 fail:
     if (f >= 0) H5Fclose(f);
     if (fapl >= 0) H5Pclose(fapl);
-    if (tmp) remove(tmp);
-    free(tmp);
+    free(img);
     quiet_end(&q);
     return st;
 }
@@ -1047,6 +1074,262 @@ fail:
     return st;
 }
 
+/* ------------------------------------------------------------- validation */
+
+/* Symbolic dimensions of the arrays the project writes: the profile's own
+ * shape, or any size. */
+enum { DIM_ANY = -1, DIM_L = -2, DIM_E = -3, DIM_K = -4, DIM_LE = -5 };
+
+/* What the values of an array may be. NaN marks "not measured" in several
+ * results (no held-out sequences, a constant series), never in sums or
+ * counts; infinity never. */
+enum value_rule {
+    V_FINITE,      /* finite */
+    V_NONNEG,      /* finite, >= 0 (times, sums of squares, counts) */
+    V_UNIT,        /* in [0, 1] (shares, rates, thresholds) */
+    V_UNIT_NAN,    /* in [0, 1] or NaN */
+    V_CORR_NAN,    /* in [-1, 1] or NaN (correlations, similarities) */
+    V_NONNEG_NAN,  /* >= 0 finite, or NaN */
+    V_NOT_INF,     /* finite or NaN */
+    V_PERM,        /* integers: a permutation of [0, element count) */
+};
+
+/* One known derived array: element type (-1 = any integer type), rank, dims
+ * (symbolic or fixed) and values. Names not in the table are free-form (other
+ * modules may add arrays) and only checked for their size. */
+struct array_rule {
+    const char *name;
+    int dtype, ndims;
+    int64_t dims[3];
+    enum value_rule values;
+    int64_t old_last; /* > 0: the last dim may also be this (what older writers wrote) */
+};
+
+#define INT_ANY (-1)
+static const struct array_rule k_rules[] = {
+    /* profile (profile-derive.c, profile.c) */
+    {"targets", MOE_PROFILE_F64, 1, {4}, V_UNIT, 0},
+    {"placement_order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM, 0},
+    {"placement_hit_rate", MOE_PROFILE_F64, 2, {3, 3}, V_UNIT_NAN, 0},
+    {"hobbit_thresholds", MOE_PROFILE_F64, 1, {5}, V_UNIT_NAN, 0},
+    {"gate_output_pearson", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN, 0},
+    {"layer_similarity", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_CORR_NAN, 0},
+    {"stacked_top1", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN, 0},
+    {"stacked_recall", MOE_PROFILE_F64, 2, {DIM_L, DIM_ANY}, V_UNIT_NAN, 0},
+    {"path_accuracy_order1", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN, 0},
+    {"path_accuracy_order2", MOE_PROFILE_F64, 2, {2, 3}, V_UNIT_NAN, 0},
+    {"path_key_coverage", MOE_PROFILE_F64, 1, {2}, V_UNIT_NAN, 0},
+    {"reuse", MOE_PROFILE_F64, 2, {DIM_L, DIM_K}, V_UNIT_NAN, 0},
+    {"reuse_chance", MOE_PROFILE_F64, 1, {1}, V_UNIT_NAN, 0},
+    {"split_sequences", MOE_PROFILE_I64, 1, {2}, V_NONNEG, 0},
+    {"big_little", MOE_PROFILE_F64, 2, {DIM_ANY, 3}, V_UNIT_NAN, 0},
+    {"big_little_summary", MOE_PROFILE_F64, 1, {5}, V_NONNEG_NAN, 0},
+    {"sum.pearson", MOE_PROFILE_F64, 1, {6}, V_FINITE, 0},
+    {"sum.stacked", MOE_PROFILE_F64, 3, {DIM_L, DIM_ANY, 4}, V_FINITE, 0},
+    {"sum.big_little_maxprob", MOE_PROFILE_I64, 2, {2, DIM_ANY}, V_NONNEG, 0},
+    {"config.record", MOE_PROFILE_I64, 1, {4}, V_NONNEG, 0},
+    {"shard", MOE_PROFILE_I64, 1, {3}, V_NONNEG, 0},
+    /* sensitivity (sensitivity.c): a profile file of MoE layers x experts */
+    {"config.sensitivity", MOE_PROFILE_F64, 1, {DIM_ANY}, V_FINITE, 0},
+    {"sensitivity.progress", MOE_PROFILE_I64, 1, {4}, V_NONNEG, 0},
+    {"sensitivity.times", MOE_PROFILE_F64, 1, {3}, V_NONNEG, 0},
+    {"sensitivity.sum_kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.sum_dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.sum_proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG, 0},
+    {"sensitivity.routed", MOE_PROFILE_I64, 2, {DIM_L, DIM_E}, V_NONNEG, 0},
+    {"sensitivity.kl", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.dnll", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.proxy", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_NONNEG, 0},
+    {"sensitivity.score", MOE_PROFILE_F64, 2, {DIM_L, DIM_E}, V_FINITE, 0},
+    {"sensitivity.order", MOE_PROFILE_I32, 1, {DIM_LE}, V_PERM, 0},
+    {"sensitivity.spearman_proxy", MOE_PROFILE_F64, 1, {1}, V_CORR_NAN, 0},
+    {"sensitivity.cost", MOE_PROFILE_F64, 1, {4}, V_NONNEG_NAN, 0},
+    /* fit-cache (fit-cache.c, docs/cache-sim.md) */
+    {"cache.sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG, 0},
+    {"cache.low_sizes", MOE_PROFILE_I64, 1, {DIM_ANY}, V_NONNEG, 0},
+    {"cache.penalty", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN, 0},
+    {"cache.hit_ratio", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_UNIT_NAN, 0},
+    {"cache.bytes", MOE_PROFILE_F64, 2, {DIM_ANY, DIM_ANY}, V_NONNEG_NAN, 0},
+    /* weights: the 5 HOBBIT weights (MOE_CACHE_N_WEIGHTS) then the admission flag; files written
+     * before w_pop and admission control hold 4 weights */
+    {"cache.weights", MOE_PROFILE_F64, 1, {6}, V_FINITE, 4},
+    {"cache.size_weights", MOE_PROFILE_F64, 2, {DIM_ANY, 6}, V_FINITE, 4},
+    {"cache.settings", MOE_PROFILE_F64, 1, {8}, V_NOT_INF, 0},
+};
+
+/* value_ok: element x (as a double) obeys rule v. */
+static int value_ok(double x, enum value_rule v) {
+    switch (v) {
+    case V_FINITE: return isfinite(x);
+    case V_NONNEG: return isfinite(x) && x >= 0;
+    case V_UNIT: return x >= 0 && x <= 1;
+    case V_UNIT_NAN: return isnan(x) || (x >= 0 && x <= 1);
+    case V_CORR_NAN: return isnan(x) || (x >= -1 - 1e-9 && x <= 1 + 1e-9);
+    case V_NONNEG_NAN: return isnan(x) || (isfinite(x) && x >= 0);
+    case V_NOT_INF: return !isinf(x);
+    case V_PERM: return 1; /* checked as a whole */
+    }
+    return 0;
+}
+
+/* elem: element i of a derived array as a double. */
+static double elem(const struct moe_profile_array *a, int64_t i) {
+    return a->dtype == MOE_PROFILE_F64   ? ((const double *)a->data)[i]
+           : a->dtype == MOE_PROFILE_I64 ? (double)((const int64_t *)a->data)[i]
+                                         : (double)((const int32_t *)a->data)[i];
+}
+
+/* check_rule: array a against its rule; logs and returns an error naming it. */
+static enum moe_status check_rule(const char *path, const struct moe_profile *p, const struct moe_profile_array *a,
+                                  const struct array_rule *r) {
+    const int64_t L = p->n_layers, E = p->n_experts, K = p->k;
+    int ok = a->ndims == r->ndims && (r->dtype == INT_ANY ? a->dtype != MOE_PROFILE_F64 : (int)a->dtype == r->dtype);
+    char want[96] = "";
+    for (int d = 0; d < r->ndims; d++) {
+        int64_t w = r->dims[d] == DIM_L ? L : r->dims[d] == DIM_E ? E : r->dims[d] == DIM_K ? K
+                    : r->dims[d] == DIM_LE ? L * E : r->dims[d];
+        const int64_t alt = d == r->ndims - 1 && r->old_last > 0 ? r->old_last : w;
+        if (ok && w != DIM_ANY) ok = a->dims[d] == w || a->dims[d] == alt;
+        if (w == DIM_ANY) snprintf(want + strlen(want), sizeof want - strlen(want), "%s*", d ? " x " : "");
+        else if (alt != w)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld or %lld", d ? " x " : "", (long long)w,
+                     (long long)alt);
+        else snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? " x " : "", (long long)w);
+    }
+    if (!ok) {
+        MOE_LOGE("%s: /derived/%s has the wrong type or shape (want %s %s)", path, a->name,
+                 r->dtype == MOE_PROFILE_F64 ? "float64" : r->dtype == MOE_PROFILE_I64 ? "int64" : "int32", want);
+        return MOE_ERR_SHAPE;
+    }
+    int64_t n = array_elems(a);
+    if (r->values == V_PERM) {
+        char *seen = calloc((size_t)(n > 0 ? n : 1), 1);
+        if (!seen) return MOE_ERR_NOMEM;
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n && bad < 0; i++) {
+            double x = elem(a, i);
+            if (!(x >= 0 && x < (double)n) || seen[(int64_t)x]) bad = i;
+            else seen[(int64_t)x] = 1;
+        }
+        free(seen);
+        if (bad >= 0) {
+            MOE_LOGE("%s: /derived/%s is not a permutation of 0..%lld: entry %lld is %g (out of range or repeated)",
+                     path, a->name, (long long)n - 1, (long long)bad, elem(a, bad));
+            return MOE_ERR_RANGE;
+        }
+        return MOE_OK;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (!value_ok(elem(a, i), r->values)) {
+            static const char *const k_why[] = {"a finite number", "a finite number >= 0", "in [0, 1]",
+                                                "in [0, 1] (or NaN)", "in [-1, 1] (or NaN)", "finite and >= 0 (or NaN)",
+                                                "not infinite"};
+            MOE_LOGE("%s: /derived/%s element %lld is %g; it must be %s", path, a->name, (long long)i, elem(a, i),
+                     k_why[r->values]);
+            return MOE_ERR_RANGE;
+        }
+    return MOE_OK;
+}
+
+/* has_derived: 1 if p holds derived array `name`. */
+static int has_derived(const struct moe_profile *p, const char *name) { return find_derived(p, name) >= 0; }
+
+/* validate: what the reader promises beyond the HDF5 structure: the layer
+ * index in range and increasing, the trace's gate weights finite, every known
+ * derived array of its shape, type and value range, and the sensitivity
+ * results complete (a ranking comes with its scores). Once, here, so that no
+ * consumer (report, bitwidth, fit-cache, merge) meets NaN or a broken ranking. */
+static enum moe_status validate(const char *path, const struct moe_profile *p) {
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->moe_layer_index[l] < 0 || p->moe_layer_index[l] >= (1 << 20) ||
+            (l > 0 && p->moe_layer_index[l] <= p->moe_layer_index[l - 1])) {
+            MOE_LOGE("%s: moe_layer_index[%d] = %d: model layers must be increasing, from 0", path, l,
+                     p->moe_layer_index[l]);
+            return MOE_ERR_RANGE;
+        }
+    const int64_t le = (int64_t)p->n_layers * p->n_experts;
+    for (int64_t i = 0; i < le; i++)
+        if (p->popularity[i] < 0) goto negative;
+    for (int64_t i = 0; i < (int64_t)p->n_seq * le; i++)
+        if (p->seq_popularity[i] < 0) goto negative;
+    for (int64_t i = 0; i < (int64_t)p->k * p->n_bins; i++)
+        if (p->hobbit_hist[i] < 0) goto negative;
+    struct moe_trace t;
+    moe_profile_trace(p, &t);
+    enum moe_status st = moe_trace_check(&t); /* expert ids and gate weights (finite, >= 0) */
+    if (st) {
+        MOE_LOGE("%s: the trace is damaged (see the message above)", path);
+        return st;
+    }
+    if (p->logits == MOE_PROFILE_LOGITS_F32) {
+        const float *lg = p->router_logits;
+        int64_t n = moe_profile_n_tokens(p) * p->n_layers * p->n_experts;
+        for (int64_t i = 0; i < n; i++)
+            if (isnan(lg[i])) {
+                MOE_LOGE("%s: router logit %lld is NaN", path, (long long)i);
+                return MOE_ERR_RANGE;
+            }
+    }
+    for (int i = 0; i < p->n_derived; i++)
+        for (size_t r = 0; r < sizeof k_rules / sizeof k_rules[0]; r++)
+            if (!strcmp(p->derived[i].name, k_rules[r].name) &&
+                (st = check_rule(path, p, &p->derived[i], &k_rules[r])))
+                return st;
+    /* a finished sensitivity sweep: the ranking and every matrix it summarises */
+    static const char *const k_sens[] = {"sensitivity.score", "sensitivity.order", "sensitivity.kl",
+                                         "sensitivity.dnll", "sensitivity.proxy", "sensitivity.routed"};
+    int n_sens = 0; /* the finished set; "routed" alone also belongs to a partial sweep's state */
+    for (size_t i = 0; i < sizeof k_sens / sizeof k_sens[0] - 1; i++) n_sens += has_derived(p, k_sens[i]);
+    if (n_sens && (!has_derived(p, "sensitivity.score") || !has_derived(p, "sensitivity.order"))) {
+        MOE_LOGE("%s: sensitivity results without %s: the file is incomplete or damaged", path,
+                 has_derived(p, "sensitivity.score") ? "the ranking (sensitivity.order)" : "the scores (sensitivity.score)");
+        return MOE_ERR_NOT_FOUND;
+    }
+    int complete = 1;
+    for (size_t i = 0; i < sizeof k_sens / sizeof k_sens[0]; i++) complete &= has_derived(p, k_sens[i]);
+    if (n_sens && !complete) {
+        for (size_t i = 0; i < sizeof k_sens / sizeof k_sens[0]; i++)
+            if (!has_derived(p, k_sens[i])) {
+                MOE_LOGE("%s: sensitivity results without %s: the file is incomplete or damaged", path, k_sens[i]);
+                break;
+            }
+        return MOE_ERR_NOT_FOUND;
+    }
+    /* a sensitivity file (its settings array, or its tool) holds a finished
+     * sweep or the complete state of a partial one, never nothing */
+    static const char *const k_state[] = {"sensitivity.progress", "sensitivity.times", "sensitivity.sum_kl",
+                                          "sensitivity.sum_dnll", "sensitivity.sum_proxy", "sensitivity.routed"};
+    int n_state = 0;
+    for (size_t i = 0; i < sizeof k_state / sizeof k_state[0]; i++) n_state += has_derived(p, k_state[i]);
+    int is_sens = has_derived(p, "config.sensitivity") || !strncmp(p->tool_version, "moe-prep sensitivity", 20);
+    if ((is_sens || n_state) && !complete && n_state < (int)(sizeof k_state / sizeof k_state[0])) {
+        MOE_LOGE("%s: a sensitivity file without %s: it holds no usable sensitivity data", path,
+                 n_state ? "the complete state of its sweep" : "any sensitivity results");
+        return MOE_ERR_NOT_FOUND;
+    }
+    int si = find_derived(p, "shard"), sp = find_derived(p, "split_sequences");
+    if (si >= 0) {
+        const int64_t *r = p->derived[si].data;
+        if (!(r[0] <= r[1] && r[1] <= r[2] && r[1] - r[0] == p->n_seq)) {
+            MOE_LOGE("%s: /derived/shard %lld..%lld of %lld does not match the %d sequences of the trace", path,
+                     (long long)r[0], (long long)r[1], (long long)r[2], p->n_seq);
+            return MOE_ERR_RANGE;
+        }
+    }
+    if (sp >= 0) {
+        const int64_t *r = p->derived[sp].data;
+        if (r[0] + r[1] != p->n_seq) {
+            MOE_LOGE("%s: /derived/split_sequences %lld + %lld is not the %d sequences of the trace", path,
+                     (long long)r[0], (long long)r[1], p->n_seq);
+            return MOE_ERR_RANGE;
+        }
+    }
+    return MOE_OK;
+negative:
+    MOE_LOGE("%s: negative count", path);
+    return MOE_ERR_RANGE;
+}
+
 /* read_file: everything below the open file f into a new profile. */
 static enum moe_status read_file(const char *path, hid_t f, struct moe_profile **out) {
     char *format = NULL;
@@ -1069,6 +1352,14 @@ static enum moe_status read_file(const char *path, hid_t f, struct moe_profile *
         (st = read_int_attr(path, f, "n_experts", 1, INT16_MAX, &E)) ||
         (st = read_int_attr(path, f, "k", 1, E, &K)) || (st = read_int_attr(path, f, "n_bins", 1, 1 << 24, &bins)))
         goto fail;
+    int64_t le, kb;
+    if (!mul_ok(L, E, &le) || !mul_ok(K, bins, &kb) || le > (1 << 24) || kb > (1 << 24)) {
+        /* the counts are allocated before their datasets are read: a damaged shape must not ask for terabytes */
+        MOE_LOGE("%s: %lld layers x %lld experts, k %lld x %lld bins: too large for a profile (damaged attributes?)",
+                 path, (long long)L, (long long)E, (long long)K, (long long)bins);
+        st = MOE_ERR_RANGE;
+        goto fail;
+    }
     if ((st = moe_profile_new((int)L, (int)E, (int)K, (int)bins, MOE_PROFILE_LOGITS_NONE, &p))) goto fail;
     char *s[4] = {NULL, NULL, NULL, NULL};
     static const char *names[4] = {"arch", "model_path", "dataset", "tool_version"};
@@ -1079,7 +1370,8 @@ static enum moe_status read_file(const char *path, hid_t f, struct moe_profile *
     if (st) goto fail;
     int64_t d1[1] = {L};
     if ((st = read_ds(path, f, "moe_layer_index", H5T_INTEGER, H5T_NATIVE_INT32, 1, d1, p->moe_layer_index)) ||
-        (st = read_trace(path, f, p)) || (st = read_counts(path, f, p)) || (st = read_derived(path, f, p)))
+        (st = read_trace(path, f, p)) || (st = read_counts(path, f, p)) || (st = read_derived(path, f, p)) ||
+        (st = validate(path, p)))
         goto fail;
     *out = p;
     p = NULL;
@@ -1089,26 +1381,20 @@ fail:
     return st;
 }
 
-enum moe_status moe_profile_read(const char *path, struct moe_profile **out) {
+/* read_in_process: open and read the file with HDF5 in this process. */
+static enum moe_status read_in_process(const char *path, const char *open_path, struct moe_profile **out) {
     *out = NULL;
     struct h5_quiet q;
     quiet_begin(&q);
     enum moe_status st = MOE_ERR_FORMAT;
     hid_t fapl = -1, f = -1;
-    FILE *probe = fopen(path, "rb");
-    if (!probe) {
-        MOE_LOGE("%s: cannot open", path);
-        st = MOE_ERR_IO;
-        goto fail;
-    }
-    fclose(probe);
-    htri_t is = H5Fis_hdf5(path);
+    htri_t is = H5Fis_hdf5(open_path);
     if (is <= 0) {
         MOE_LOGE("%s: not an HDF5 file (empty, text or damaged superblock)", path);
         goto fail;
     }
     if ((fapl = fapl_strong()) < 0) goto fail;
-    if ((f = H5Fopen(path, H5F_ACC_RDONLY, fapl)) < 0) {
+    if ((f = H5Fopen(open_path, H5F_ACC_RDONLY, fapl)) < 0) {
         MOE_LOGE("%s: HDF5 cannot open it (truncated or damaged file?)", path);
         goto fail;
     }
@@ -1117,5 +1403,330 @@ fail:
     if (f >= 0) H5Fclose(f);
     if (fapl >= 0) H5Pclose(fapl);
     quiet_end(&q);
+    return st;
+}
+
+/* ------------------------------------------------------------ containment */
+
+/*
+ * libhdf5 1.10 is not safe on hostile files: fuzzing found heap overflows,
+ * use-after-free, SEGVs, multi-terabyte allocation requests and leaks inside
+ * the library (docs/fuzzing.md). So the file is read in a child process: the
+ * child parses it with HDF5 and our reader, and streams the profile through a
+ * pipe; whatever libhdf5 does to the child (a crash, an abort, an endless
+ * loop, stopped by an alarm) ends there, and the parent reports the file as
+ * damaged. The parent decodes the stream with bounds checks and validates the
+ * result again, trusting the child no more than the file.
+ */
+#define PIPE_MAGIC 0x5049505250454f4dull /* the bytes "MOEPRPIP" as a little-endian u64 */
+#define PIPE_MAX_MSGS 64
+
+/* A child's log: the messages of the read, forwarded to the parent's log. */
+struct child_log {
+    int n;
+    int level[PIPE_MAX_MSGS];
+    char msg[PIPE_MAX_MSGS][512];
+};
+
+static void child_capture(enum moe_log_level level, const char *msg, void *user) {
+    struct child_log *l = user;
+    if (l->n < PIPE_MAX_MSGS) {
+        l->level[l->n] = (int)level;
+        snprintf(l->msg[l->n++], sizeof l->msg[0], "%s", msg);
+    }
+}
+
+/* put_all: write n bytes to fd; 0 on success. */
+static int put_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        c += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int put_i64(int fd, int64_t v) { return put_all(fd, &v, sizeof v); }
+
+static int put_str(int fd, const char *s) {
+    size_t n = strlen(s);
+    return put_i64(fd, (int64_t)n) || put_all(fd, s, n);
+}
+
+/* child_send: status, log and (on success) the whole profile, in the order
+ * the parent decodes them (pipe_decode). */
+static int child_send(int fd, enum moe_status st, const struct child_log *l, const struct moe_profile *p) {
+    if (put_i64(fd, (int64_t)PIPE_MAGIC) || put_i64(fd, st) || put_i64(fd, l->n)) return -1;
+    for (int i = 0; i < l->n; i++)
+        if (put_i64(fd, l->level[i]) || put_str(fd, l->msg[i])) return -1;
+    if (st) return 0;
+    const int64_t L = p->n_layers, E = p->n_experts, K = p->k, n_tok = moe_profile_n_tokens(p);
+    if (put_str(fd, p->arch) || put_str(fd, p->model_path) || put_str(fd, p->dataset) ||
+        put_str(fd, p->tool_version) || put_i64(fd, L) || put_i64(fd, E) || put_i64(fd, K) ||
+        put_i64(fd, p->n_bins) || put_i64(fd, p->logits) || put_i64(fd, p->n_seq) ||
+        put_all(fd, p->moe_layer_index, (size_t)L * sizeof(int32_t)) ||
+        put_all(fd, p->seq_start, (size_t)(p->n_seq + 1) * sizeof(int64_t)) ||
+        put_all(fd, p->experts, (size_t)(n_tok * L * K) * sizeof(int16_t)) ||
+        put_all(fd, p->weights, (size_t)(n_tok * L * K) * sizeof(float)) ||
+        (p->logits && put_all(fd, p->router_logits, (size_t)(n_tok * L * E) * logit_size(p->logits))) ||
+        put_all(fd, p->popularity, (size_t)(L * E) * sizeof(int64_t)) ||
+        put_all(fd, p->seq_popularity, (size_t)((int64_t)p->n_seq * L * E) * sizeof(int64_t)) ||
+        put_all(fd, p->hobbit_hist, (size_t)(K * p->n_bins) * sizeof(int64_t)) || put_i64(fd, p->n_derived))
+        return -1;
+    for (int i = 0; i < p->n_derived; i++) {
+        const struct moe_profile_array *a = &p->derived[i];
+        if (put_str(fd, a->name) || put_i64(fd, a->dtype) || put_i64(fd, a->ndims) ||
+            put_all(fd, a->dims, sizeof a->dims) ||
+            put_all(fd, a->data, (size_t)array_elems(a) * DTYPE_SIZE[a->dtype]))
+            return -1;
+    }
+    return put_i64(fd, (int64_t)PIPE_MAGIC);
+}
+
+/* get_all: read exactly n bytes from fd; 0 on success, -1 at EOF or error. */
+static int get_all(int fd, void *p, size_t n) {
+    char *c = p;
+    while (n) {
+        ssize_t r = read(fd, c, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        c += r, n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int get_i64(int fd, int64_t *v) { return get_all(fd, v, sizeof *v); }
+
+/* get_i64_in: an int64 in [lo, hi]. */
+static int get_i64_in(int fd, int64_t lo, int64_t hi, int64_t *v) { return get_i64(fd, v) || *v < lo || *v > hi; }
+
+/* get_str: a string of at most max bytes, malloc'd and NUL-terminated. */
+static int get_str(int fd, size_t max, char **out) {
+    int64_t n;
+    *out = NULL;
+    if (get_i64_in(fd, 0, (int64_t)max, &n) || !(*out = malloc((size_t)n + 1))) return -1;
+    (*out)[n] = 0;
+    return get_all(fd, *out, (size_t)n) || memchr(*out, 0, (size_t)n) ? -1 : 0;
+}
+
+/* get_grow: read count elements of esize bytes into a new buffer that grows
+ * only as the bytes arrive (1 MiB, then doubling): a stream that claims 2^36
+ * elements and then ends costs what it sent, not the claim. 0 on success. */
+static int get_grow(int fd, int64_t count, size_t esize, void **out) {
+    *out = NULL;
+    int64_t total;
+    if (!mul_ok(count, (int64_t)esize, &total)) return -1;
+    size_t cap = total < (1 << 20) ? (size_t)total : (size_t)1 << 20, have = 0;
+    char *buf = malloc(cap ? cap : 1);
+    if (!buf) return -1;
+    while (have < (size_t)total) {
+        if (have == cap) {
+            size_t next = cap * 2 < (size_t)total ? cap * 2 : (size_t)total;
+            char *b = realloc(buf, next);
+            if (!b) break;
+            buf = b, cap = next;
+        }
+        if (get_all(fd, buf + have, cap - have)) break;
+        have = cap;
+    }
+    if (have < (size_t)total) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    return 0;
+}
+
+/* take: replace *slot (owned by the profile) by a buffer read with get_grow. */
+static int take(int fd, int64_t count, size_t esize, void **slot) {
+    void *b;
+    if (get_grow(fd, count, esize, &b)) return -1;
+    free(*slot);
+    *slot = b;
+    return 0;
+}
+
+/* pipe_decode: the child's stream into a new profile; MOE_ERR_FORMAT on any
+ * inconsistency (a child that lost its mind counts as a damaged file). The
+ * child's status and log come first; its status is returned as is. Nothing
+ * is allocated ahead of the bytes that fill it (get_grow), whatever the
+ * stream claims. */
+static enum moe_status pipe_decode(int fd, const char *path, struct moe_profile **out) {
+    int64_t magic, status, n_msgs, v[6];
+    struct moe_profile *p = NULL;
+    char *str[4] = {NULL, NULL, NULL, NULL};
+    void *buf = NULL;
+    enum moe_status st = MOE_ERR_FORMAT;
+    *out = NULL;
+    if (get_i64(fd, &magic) || magic != (int64_t)PIPE_MAGIC || get_i64_in(fd, MOE_ERR_RANGE, MOE_OK, &status) ||
+        get_i64_in(fd, 0, PIPE_MAX_MSGS, &n_msgs))
+        goto fail;
+    for (int64_t i = 0; i < n_msgs; i++) {
+        int64_t level;
+        char *m = NULL;
+        if (get_i64_in(fd, MOE_LOG_DEBUG, MOE_LOG_ERROR, &level) || get_str(fd, 4096, &m)) {
+            free(m);
+            goto fail;
+        }
+        moe_log((enum moe_log_level)level, "%s", m);
+        free(m);
+    }
+    if (status) return (enum moe_status)status;
+    for (int i = 0; i < 4; i++)
+        if (get_str(fd, 1 << 20, &str[i])) goto fail;
+    if (get_i64_in(fd, 1, 65536, &v[0]) || get_i64_in(fd, 1, INT16_MAX, &v[1]) || get_i64_in(fd, 1, v[1], &v[2]) ||
+        get_i64_in(fd, 1, 1 << 24, &v[3]) || get_i64_in(fd, 0, 2, &v[4]) || get_i64_in(fd, 0, INT_MAX - 1, &v[5]))
+        goto fail;
+    const int64_t L = v[0], E = v[1], K = v[2], n_seq = v[5];
+    int64_t le, kb, n_tok, slots, ltot, seqpop;
+    if (!mul_ok(L, E, &le) || !mul_ok(K, v[3], &kb)) goto fail;
+    /* the profile is assembled from buffers read as they arrive, not from moe_profile_new's allocations */
+    if (!(p = calloc(1, sizeof *p))) {
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    p->n_layers = (int)L, p->n_experts = (int)E, p->k = (int)K, p->n_bins = (int)v[3];
+    p->logits = (enum moe_profile_logits)v[4];
+    p->arch = str[0], p->model_path = str[1], p->dataset = str[2], p->tool_version = str[3];
+    str[0] = str[1] = str[2] = str[3] = NULL;
+    if (take(fd, L, sizeof(int32_t), (void **)&p->moe_layer_index) ||
+        take(fd, n_seq + 1, sizeof(int64_t), (void **)&p->seq_start))
+        goto fail;
+    n_tok = p->seq_start[n_seq];
+    if (p->seq_start[0] != 0 || n_tok < 0 || !mul_ok(n_tok, L * K, &slots) || !mul_ok(n_tok, le, &ltot) ||
+        !mul_ok(n_seq, le, &seqpop))
+        goto fail;
+    p->n_seq = (int)n_seq;
+    if (take(fd, slots, sizeof(int16_t), (void **)&p->experts) ||
+        take(fd, slots, sizeof(float), (void **)&p->weights) ||
+        (p->logits && take(fd, ltot, logit_size(p->logits), &p->router_logits)) ||
+        take(fd, le, sizeof(int64_t), (void **)&p->popularity) ||
+        take(fd, seqpop, sizeof(int64_t), (void **)&p->seq_popularity) ||
+        take(fd, kb, sizeof(int64_t), (void **)&p->hobbit_hist))
+        goto fail;
+    int64_t n_derived;
+    if (get_i64_in(fd, 0, 1 << 16, &n_derived)) goto fail;
+    for (int64_t i = 0; i < n_derived; i++) {
+        char *name = NULL;
+        int64_t dtype, nd, dims[MOE_PROFILE_MAX_DIMS], n = 1;
+        int ok = !get_str(fd, MOE_PROFILE_MAX_NAME, &name) && valid_name(name) && !get_i64_in(fd, 0, 2, &dtype) &&
+                 !get_i64_in(fd, 1, MOE_PROFILE_MAX_DIMS, &nd) && !get_all(fd, dims, sizeof dims);
+        for (int d = 0; ok && d < nd; d++) ok = mul_ok(n, dims[d], &n);
+        ok = ok && !get_grow(fd, n, DTYPE_SIZE[dtype], &buf) &&
+             put_array(p, name, (enum moe_profile_dtype)dtype, (int)nd, dims, buf) == MOE_OK;
+        free(name);
+        free(buf);
+        buf = NULL;
+        if (!ok) goto fail;
+    }
+    if (get_i64(fd, &magic) || magic != (int64_t)PIPE_MAGIC) goto fail;
+    if ((st = validate(path, p))) goto fail;
+    *out = p;
+    p = NULL;
+    st = MOE_OK;
+fail:
+    if (st == MOE_ERR_FORMAT) MOE_LOGE("%s: reading it ended early or inconsistently (the file is damaged)", path);
+    for (int i = 0; i < 4; i++) free(str[i]);
+    free(buf);
+    moe_profile_free(p);
+    return st;
+}
+
+enum moe_status moe_profile_encode(int fd, const struct moe_profile *p) {
+    static const struct child_log none; /* no messages */
+    if (child_send(fd, MOE_OK, &none, p)) {
+        MOE_LOGE("cannot write the profile stream: %s", strerror(errno));
+        return MOE_ERR_IO;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_profile_decode(int fd, const char *label, struct moe_profile **out) {
+    return pipe_decode(fd, label ? label : "<stream>", out);
+}
+
+/* read_contained: read_in_process in a child process (see above). */
+static enum moe_status read_contained(const char *path, const char *open_path, off_t size,
+                                      struct moe_profile **out) {
+    int fd[2];
+    *out = NULL;
+    if (pipe(fd) != 0) {
+        MOE_LOGE("%s: pipe: %s", path, strerror(errno));
+        return MOE_ERR_IO;
+    }
+    fflush(NULL); /* nothing buffered is written twice */
+    pid_t pid = fork();
+    if (pid < 0) {
+        MOE_LOGE("%s: fork: %s", path, strerror(errno));
+        close(fd[0]);
+        close(fd[1]);
+        return MOE_ERR_IO;
+    }
+    if (pid == 0) { /* the child: read, send, and leave without running any exit handler */
+        close(fd[0]);
+        /* the parent's crash handlers (a fuzzer's, a sanitizer's report hook) are
+         * not the child's: a crash here ends the child and nothing else */
+        static const int k_sigs[] = {SIGPIPE, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGALRM, SIGTERM, SIGINT};
+        for (size_t i = 0; i < sizeof k_sigs / sizeof k_sigs[0]; i++) signal(k_sigs[i], SIG_DFL);
+#ifdef MOE_SANITIZER_HOOKS
+        __sanitizer_set_death_callback(NULL);
+#endif
+        int null = open("/dev/null", O_WRONLY | O_CLOEXEC); /* what libhdf5 (or a sanitizer) prints about */
+        if (null >= 0) {                                   /* a damaged file stays out of the tool's output */
+            dup2(null, STDOUT_FILENO);
+            dup2(null, STDERR_FILENO);
+            close(null);
+        }
+        alarm((unsigned)(20 + size / (8 << 20))); /* an endless loop inside libhdf5 ends here */
+        static struct child_log log; /* static: large, and the child's alone */
+        moe_log_set(child_capture, &log);
+        struct moe_profile *p = NULL;
+        enum moe_status st = read_in_process(path, open_path, &p);
+        int rc = child_send(fd[1], st, &log, p);
+        _exit(rc ? 1 : 0);
+    }
+    close(fd[1]);
+    enum moe_status st = pipe_decode(fd[0], path, out);
+    close(fd[0]); /* a child still writing gets SIGPIPE */
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFSIGNALED(ws) || (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)) {
+        if (st == MOE_OK) {
+            moe_profile_free(*out);
+            *out = NULL;
+        }
+        if (WIFSIGNALED(ws) && WTERMSIG(ws) == SIGALRM)
+            MOE_LOGE("%s: libhdf5 did not finish reading it in %d s (an endless loop on a damaged file?): refused",
+                     path, (int)(20 + size / (8 << 20)));
+        else if (WIFSIGNALED(ws))
+            MOE_LOGE("%s: libhdf5 crashed reading it (signal %d; the process that read it was a separate one): "
+                     "the file is damaged", path, WTERMSIG(ws));
+        else
+            MOE_LOGE("%s: libhdf5 failed reading it (exit %d): the file is damaged", path, WEXITSTATUS(ws));
+        return st == MOE_OK || st == MOE_ERR_FORMAT ? MOE_ERR_FORMAT : st;
+    }
+    return st;
+}
+
+enum moe_status moe_profile_read(const char *path, struct moe_profile **out) {
+    *out = NULL;
+    int probe;
+    if (moe_file_open_read(path, &probe)) return MOE_ERR_IO; /* logged; a FIFO would block HDF5's open */
+    struct stat sb;
+    off_t size = fstat(probe, &sb) == 0 ? sb.st_size : 0;
+    /* libhdf5 opens by name: give it the file just checked (through the open
+     * descriptor, which the child inherits), not whatever the path names by
+     * then; without /proc, the path itself (a FIFO put there meanwhile blocks
+     * only the child, which its alarm ends) */
+    char by_fd[64];
+    snprintf(by_fd, sizeof by_fd, "/proc/self/fd/%d", probe);
+    const char *open_path = access(by_fd, R_OK) == 0 ? by_fd : path;
+    const char *inproc = getenv("MOE_PROFILE_READ_INPROCESS"); /* debugging and fuzzing libhdf5 itself */
+    enum moe_status st = inproc && inproc[0] == '1' ? read_in_process(path, open_path, out)
+                                                    : read_contained(path, open_path, size, out);
+    close(probe);
     return st;
 }

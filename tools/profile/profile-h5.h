@@ -133,9 +133,12 @@ enum moe_status moe_profile_get_i32(const struct moe_profile *p, const char *nam
 /* moe_profile_clear_derived: drop every derived array. */
 void moe_profile_clear_derived(struct moe_profile *p);
 
-/* moe_profile_write: write p to `path`, first as path.tmp.<pid>, fsynced, then
- * renamed over path, so an interrupted run leaves no (partial) file at path.
- * Trace datasets are chunked and deflate-compressed. */
+/* moe_profile_write: write p to `path`. The HDF5 file is built in memory
+ * (the core driver; HDF5 never writes to disk itself), then written to a new
+ * temporary file beside path (moe_tmp_create: exclusive, never through a
+ * symlink), fsynced and renamed over path: an interrupted run or a full disk
+ * leaves no partial file and the old one intact, and is reported as
+ * MOE_ERR_IO. Trace datasets are chunked and deflate-compressed. */
 enum moe_status moe_profile_write(const struct moe_profile *p, const char *path);
 
 /* moe_profile_read: load and validate a profile file: HDF5 at all, format
@@ -146,6 +149,17 @@ enum moe_status moe_profile_write(const struct moe_profile *p, const char *path)
  * (version), MOE_ERR_NOT_FOUND (missing dataset), MOE_ERR_SHAPE, MOE_ERR_RANGE.
  * On success *out is a new profile owned by the caller. */
 enum moe_status moe_profile_read(const char *path, struct moe_profile **out);
+
+/* moe_profile_encode / moe_profile_decode: the stream in which
+ * moe_profile_read's child process hands a profile to its parent (libhdf5
+ * runs in the child; see docs/format.md, "Containment"). encode writes p to
+ * fd (MOE_ERR_IO on a write error); decode reads a stream from fd into a new
+ * profile, checking every count and size against the limits above before
+ * allocating, and validating the result as moe_profile_read validates a file
+ * (MOE_ERR_FORMAT for a short or inconsistent stream; label names it in
+ * messages). Public for the round-trip test and the fuzz target. */
+enum moe_status moe_profile_encode(int fd, const struct moe_profile *p);
+enum moe_status moe_profile_decode(int fd, const char *label, struct moe_profile **out);
 
 /* moe_profile_merge: add shard src into dst. Requires the same arch,
  * model_path, n_layers, n_experts, k, n_bins, logits mode and

@@ -139,6 +139,11 @@ int moe_prep_profile_merge(int argc, char **argv) {
     moe_log_set_level(MOE_LOG_WARN);
     int status = 1;
     enum moe_status st;
+    if (!moe_tool_output_ok("profile merge", a.out, NULL, NULL, 0, a.in, (size_t)a.n_in) ||
+        !moe_tool_output_ok("profile merge", a.out, NULL, NULL, 0, &a.bundle, 1)) {
+        free(a.in); /* -o naming a shard or the bundle would replace it */
+        return 2;
+    }
     struct shard *sh = calloc((size_t)a.n_in, sizeof *sh);
     if (!sh) {
         fprintf(stderr, "moe-prep profile merge: out of memory\n");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "moe-bundle.h"
+#include "moe-file.h"
 #include "moe-tuning.h"
 #include "profile-results.h"
 #include "tool-util.h"
@@ -231,17 +232,20 @@ void moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct m
 
 /* ---- CSV ---- */
 
-/* A CSV file being written: to path.tmp.<pid>, renamed by csv_close. */
+/* A CSV file being written: to a new temporary file beside it (moe_tmp_create:
+ * exclusive, never through a symlink), renamed by csv_close. */
 struct csv_out {
     FILE *f;
-    char path[4096], tmp[4200];
+    struct moe_tmp_file t;
+    char path[4096];
 };
 
 static int csv_open(struct csv_out *c, const char *dir, const char *name, const char *header) {
+    c->f = NULL;
     if (snprintf(c->path, sizeof c->path, "%s/%s", dir, name) >= (int)sizeof c->path) return 0;
-    snprintf(c->tmp, sizeof c->tmp, "%s.tmp.%ld", c->path, (long)getpid());
-    if (!(c->f = fopen(c->tmp, "w"))) {
-        MOE_LOGE("cannot create %s: %s", c->tmp, strerror(errno));
+    if (moe_tmp_create(c->path, &c->t)) return 0; /* logged */
+    if (!(c->f = moe_tmp_stream(&c->t))) {
+        moe_tmp_discard(&c->t);
         return 0;
     }
     fprintf(c->f, "%s\n", header);
@@ -250,17 +254,8 @@ static int csv_open(struct csv_out *c, const char *dir, const char *name, const 
 
 /* csv_close: flush, check and rename into place; on failure remove the temp file. */
 static int csv_close(struct csv_out *c) {
-    int ok = !ferror(c->f);
-    ok = (fflush(c->f) == 0) && ok;
-    ok = (fsync(fileno(c->f)) == 0) && ok;
-    ok = (fclose(c->f) == 0) && ok;
     c->f = NULL;
-    if (ok && rename(c->tmp, c->path) != 0) ok = 0;
-    if (!ok) {
-        MOE_LOGE("cannot write %s: %s", c->path, strerror(errno));
-        unlink(c->tmp);
-    }
-    return ok;
+    return moe_tmp_commit(&c->t) == MOE_OK; /* logged on failure */
 }
 
 /* csv_num: a number, empty when not finite (what CSV readers take as missing). */

@@ -414,8 +414,7 @@ int moe_prep_profile(int argc, char **argv) {
     int status = 1;
     struct moe_model *model = NULL;
     struct moe_profile *p = NULL;
-    char *text = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t n_ids = 0;
     int32_t *ids = NULL, *seq = NULL, *layer_of = NULL;
     int *moe_index = NULL;
     float *routers = NULL, *logits = NULL, *big = NULL, *little = NULL;
@@ -426,23 +425,25 @@ int moe_prep_profile(int argc, char **argv) {
     enum moe_status st;
 
     struct moe_dataset_params dp = moe_dataset_default_params();
-    if (moe_eval_text_load(a.dataset, &dp, &text, &len)) {
-        fprintf(stderr, "moe-prep profile: cannot read the dataset %s\n", a.dataset);
-        goto done;
-    }
     struct moe_model_params mp = moe_model_default_params();
     if (moe_model_load(a.model, &mp, &model)) {
         fprintf(stderr, "moe-prep profile: cannot load the model from %s (see the message above)\n", a.model);
         goto done;
     }
     const struct moe_config *c = &model->cfg;
+    if (!moe_tool_output_ok("profile", a.out, model, &a.dataset, 1, NULL, 0)) { /* -o naming the model or text */
+        status = 2;
+        goto done;
+    }
     if (a.n_ctx > c->max_pos) {
         fprintf(stderr, "moe-prep profile: --ctx %d exceeds the context of %s (max_position_embeddings %d)\n",
                 a.n_ctx, a.model, c->max_pos);
         goto done;
     }
-    if (moe_eval_tokenize(model, NULL, text, len, &ids, &n_ids)) {
-        fprintf(stderr, "moe-prep profile: cannot tokenize %s (see the message above)\n", a.dataset);
+    /* with --max-tokens, read only the text those tokens (and one sequence more) need */
+    if (moe_tool_load_tokens(model, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens + (size_t)a.n_ctx : 0,
+                             &ids, &n_ids)) {
+        fprintf(stderr, "moe-prep profile: cannot read or tokenize %s (see the message above)\n", a.dataset);
         goto done;
     }
     const int32_t bos = moe_eval_bos(model->tok);
@@ -586,9 +587,9 @@ int moe_prep_profile(int argc, char **argv) {
     const char *tuning = !a.no_tuning && whole && !moe_is_dir(a.model) ? a.model : NULL;
     struct moe_profile_labels lb = {a.model, a.dataset, a.out, a.n_ctx, seconds};
     status = moe_profile_finish(p, &a.targets, a.out, a.csv_dir, tuning, a.json, &lb, "profile");
-    fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s)%s; wrote %s\n", seq1 - seq0,
+    fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s)%s; %s %s\n", seq1 - seq0,
             (long long)n_done, seconds, seconds > 0 ? n_done / seconds : 0.0,
-            a.big_little_every ? " with the big-little pass" : "", a.out);
+            a.big_little_every ? " with the big-little pass" : "", status ? "nothing written to" : "wrote", a.out);
     if (!whole && !status)
         fprintf(stderr, "moe-prep profile: this is shard %d/%d (sequences %d..%d of %d); the bundle's tuning is "
                         "written when the shards are merged (moe-prep profile merge ... --bundle MODEL)\n",
@@ -614,7 +615,6 @@ done:
     free(layer_of);
     free(moe_index);
     free(ids);
-    free(text);
     moe_model_free(model);
     return status;
 }

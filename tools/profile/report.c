@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "moe-file.h"
 #include "profile-h5.h"
 #include "report.h"
 
@@ -1490,48 +1491,23 @@ done:
 }
 
 enum moe_status moe_profile_report_write(const struct moe_profile *p, const char *title, const char *path) {
-    enum moe_status st = MOE_ERR_IO;
-    char *tmp = NULL;
-    FILE *f = NULL;
-    int created = 0;
     if (!path || !*path) {
         MOE_LOGE("no output path");
         return MOE_ERR_INVALID;
     }
-    size_t n = strlen(path) + 32;
-    if (!(tmp = malloc(n))) {
-        st = MOE_ERR_NOMEM;
-        goto fail;
+    struct moe_tmp_file t; /* O_EXCL beside path: a planted link at the temporary name is not followed */
+    enum moe_status st = moe_tmp_create(path, &t);
+    if (st) return st;
+    FILE *f = moe_tmp_stream(&t);
+    if (!f) {
+        moe_tmp_discard(&t);
+        return MOE_ERR_NOMEM;
     }
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    if (!(f = fopen(tmp, "wb"))) {
-        MOE_LOGE("%s: cannot create: %s", tmp, strerror(errno));
-        goto fail;
+    if ((st = moe_profile_report_render(p, title, f))) {
+        moe_tmp_discard(&t);
+        return st;
     }
-    created = 1;
-    if ((st = moe_profile_report_render(p, title, f))) goto fail;
-    st = MOE_ERR_IO;
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        MOE_LOGE("%s: cannot write: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    int closed = fclose(f);
-    f = NULL;
-    if (closed != 0) {
-        MOE_LOGE("%s: cannot close: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        MOE_LOGE("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    free(tmp);
-    return MOE_OK;
-fail:
-    if (f) fclose(f);
-    if (created) remove(tmp);
-    free(tmp);
-    return st;
+    return moe_tmp_commit(&t); /* flush, fsync, rename; on a full disk the old page stays */
 }
 
 /* ------------------------------------------------------------------- CLI */
@@ -1594,10 +1570,21 @@ int moe_prep_profile_report(int argc, char **argv) {
     int rc = report_args(argc, argv, &in, &out, &title);
     if (rc) return rc == 1 ? 0 : 2;
     moe_log_set_level(MOE_LOG_WARN);
+    if (moe_file_check_output(out, &in, 1)) { /* -o naming the profile would replace it */
+        fprintf(stderr, "moe-prep profile report: refusing to write %s (see the message above)\n", out);
+        return 2;
+    }
     struct moe_profile *p = NULL;
     enum moe_status st = moe_profile_read(in, &p);
     if (st) {
         fprintf(stderr, "moe-prep profile report: cannot read %s: %s\n", in, moe_status_str(st));
+        return 1;
+    }
+    const double *score = NULL;
+    if (moe_profile_n_tokens(p) == 0 && moe_profile_get_f64(p, "sensitivity.score", NULL, NULL, &score) != MOE_OK) {
+        fprintf(stderr, "moe-prep profile report: %s holds no routing trace and no finished sensitivity results: "
+                        "nothing to report\n", in);
+        moe_profile_free(p);
         return 1;
     }
     st = moe_profile_report_write(p, title, out);

@@ -34,7 +34,8 @@
 enum moe_status moe_profile_report_render(const struct moe_profile *p, const char *title, FILE *out);
 
 /* moe_profile_report_write: render p to the file `path` atomically: first to
- * `<path>.tmp.<pid>`, flushed and fsynced, then renamed over path. On any
+ * a new `<path>.tmp.<pid>[.<n>]` (moe_tmp_create: exclusive, never through a
+ * symlink), flushed and fsynced, then renamed over path. On any
  * failure the temporary file is removed, path is left as it was, the cause is
  * logged and the error returned (MOE_ERR_IO when the file cannot be created,
  * written or renamed, e.g. in a directory that does not exist). */

@@ -35,6 +35,12 @@ enum moe_status moe_trace_check(const struct moe_trace *t) {
                              t->n_experts);
                     return MOE_ERR_RANGE;
                 }
+                float w = t->weights[((size_t)i * (size_t)t->n_layers + (size_t)l) * (size_t)t->k + (size_t)j];
+                if (!isfinite(w) || w < 0) { /* NaN / inf would poison every statistic derived from it */
+                    MOE_LOGE("trace: token %lld layer %d: gate weight %g is not a finite number >= 0", (long long)i,
+                             l, (double)w);
+                    return MOE_ERR_RANGE;
+                }
             }
     return MOE_OK;
 }
@@ -124,7 +130,7 @@ static int cmp_float(const void *a, const void *b) {
 static double threshold_for_share(const float *sorted, size_t n, double share) {
     double best_v = sorted[n - 1], best_err = share; /* above the largest: 0 */
     for (size_t i = 0; i < n;) {
-        size_t j = i;
+        size_t j = i + 1; /* always advances, whatever the values compare like */
         while (j < n && sorted[j] == sorted[i]) j++; /* scores <= sorted[i] are [0, j) */
         double above = (double)(n - j) / (double)n;
         if (fabs(above - share) < best_err) {
@@ -143,6 +149,11 @@ enum moe_status moe_hobbit_thresholds(const float *s, size_t n, double target_lo
                  target_skip);
         return MOE_ERR_INVALID;
     }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(s[i])) {
+            MOE_LOGE("HOBBIT thresholds: score %zu is %g, not a finite number", i, (double)s[i]);
+            return MOE_ERR_RANGE;
+        }
     float *sorted = malloc(sizeof(float) * n);
     if (!sorted) return MOE_ERR_NOMEM;
     memcpy(sorted, s, sizeof(float) * n);

@@ -36,8 +36,9 @@ struct moe_trace {
 /* moe_trace_n_tokens: tokens in the trace. */
 static inline int64_t moe_trace_n_tokens(const struct moe_trace *t) { return t->seq_start[t->n_seq]; }
 
-/* moe_trace_check: every expert id in range and sequences in order; the error
- * names the token and layer. */
+/* moe_trace_check: every expert id in range, every gate weight a finite
+ * number >= 0, and sequences in order; the error (MOE_ERR_RANGE for ids and
+ * weights) names the token and layer. */
 enum moe_status moe_trace_check(const struct moe_trace *t);
 
 /* ---- popularity (Twiddler) ---- */
@@ -74,7 +75,8 @@ struct moe_hobbit_split moe_hobbit_split_at(const float *s, size_t n, double t1,
 /* moe_hobbit_thresholds: T1 <= T2 whose split comes closest to the target
  * shares of low-precision and skipped slots (chosen among the observed score
  * values, so ties decide the achievable shares); the top-1 slot (s = 0) is
- * always high. s is not modified. */
+ * always high. s is not modified. A NaN or infinite score is refused
+ * (MOE_ERR_RANGE, logged): it has no place in the order. */
 enum moe_status moe_hobbit_thresholds(const float *s, size_t n, double target_low, double target_skip,
                                       struct moe_hobbit_split *out);
 

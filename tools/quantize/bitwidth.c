@@ -352,13 +352,11 @@ static enum moe_status loss_cb(const int16_t *assign, double *loss, void *user) 
     return MOE_OK;
 }
 
-/* load_ids: the token stream of a dataset spec. */
-static int load_ids(const struct moe_model *m, const char *spec, int32_t **ids, size_t *n) {
-    char *text = NULL;
-    size_t len = 0;
+/* load_ids: the token stream of a dataset spec, read only as far as `need`
+ * tokens require (0 = all). */
+static int load_ids(const struct moe_model *m, const char *spec, size_t need, int32_t **ids, size_t *n) {
     struct moe_dataset_params dp = moe_dataset_default_params();
-    int ok = !moe_eval_text_load(spec, &dp, &text, &len) && !moe_eval_tokenize(m, NULL, text, len, ids, n);
-    free(text);
+    int ok = !moe_tool_load_tokens(m, NULL, spec, &dp, need, ids, n);
     if (!ok) fprintf(stderr, "moe-prep bitwidth: cannot read or tokenize %s (see the message above)\n", spec);
     return ok;
 }
@@ -431,7 +429,8 @@ static int run_heldout(struct bw_eval *b, const struct moe_bw_problem *p, const 
                        const char *spec, struct heldout *h) {
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!load_ids(b->m, spec, &ids, &n)) return 0;
+    if (!load_ids(b->m, spec, b->ep.max_chunks > 0 ? (size_t)b->ep.max_chunks * (size_t)b->ep.n_ctx : 0, &ids, &n))
+        return 0;
     const int32_t *keep_ids = b->ids;
     size_t keep_n = b->n_ids;
     b->ids = ids;
@@ -597,7 +596,7 @@ int moe_prep_bitwidth(int argc, char **argv) {
         }
     int64_t dense = 0;
     for (size_t i = 0; i < moe_bundle_tensor_count(m->bundle); i++) dense += (int64_t)moe_bundle_tensor_at(m->bundle, i)->size;
-    if (!load_ids(m, a.dataset, &ids, &n_ids)) goto done;
+    if (!load_ids(m, a.dataset, a.max_chunks > 0 ? (size_t)a.max_chunks * (size_t)a.n_ctx : 0, &ids, &n_ids)) goto done;
     struct bw_eval be = {m, layer_of, n_moe, c->n_expert, 0, ids, n_ids, moe_eval_default_params(), 0, 0,
                          (double)time(NULL)};
     be.ep.n_ctx = a.n_ctx;

@@ -425,7 +425,15 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     for (int c = 0; c < n_chunks; c++) {
         memcpy(chunk, ids + (size_t)c * (size_t)n_ctx, sizeof(int32_t) * (size_t)n_ctx);
         if (p.bos >= 0) chunk[0] = p.bos; /* replaces a token, as llama-perplexity does */
+        int64_t first = acc.n;
         if ((st = eval_chunk(side, n_side, chunk, n_ctx, &acc))) goto done;
+        for (int64_t i = first; i < acc.n; i++) /* NaN logits must not become "PPL nan" */
+            if (!isfinite(acc.nll[i]) || (ref && !isfinite(acc.ref_nll[i]))) {
+                MOE_LOGE("chunk %d: %s produced non-finite logits (NaN or infinity): its weights or config are "
+                         "damaged", c, !isfinite(acc.nll[i]) ? "the model" : "the reference");
+                st = MOE_ERR_RANGE;
+                goto done;
+            }
         if (p.on_chunk) p.on_chunk(c + 1, n_chunks, now_s() - t0, p.user);
     }
     out->seconds = now_s() - t0;
@@ -818,26 +826,24 @@ int moe_prep_eval(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : 2;
     moe_log_set_level(MOE_LOG_WARN);
     struct moe_model *model = NULL, *ref = NULL;
-    char *text = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t n_ids = 0;
     int32_t *ids = NULL;
     int status = 1;
 
     struct moe_dataset_params dp = moe_dataset_default_params();
     dp.skip_bad = a.skip_bad;
-    if (moe_eval_text_load(a.dataset, &dp, &text, &len)) {
-        fprintf(stderr, "moe-prep eval: cannot read the dataset %s\n", a.dataset);
-        goto done;
-    }
     if (a.precision && moe_is_dir(a.model))
         fprintf(stderr, "moe-prep eval: --expert-precision applies to bundles; %s is a checkpoint "
                         "directory, so it is ignored\n", a.model);
     const int engine = moe_store_params_active(&a.store);
     if (!load(a.model, a.precision, "model", engine, &model) || !check_ctx(&a, model, a.model)) goto done;
     if (a.ref && (!load(a.ref, NULL, "reference", 0, &ref) || !check_ctx(&a, ref, a.ref))) goto done;
-    if (moe_eval_tokenize(model, ref, text, len, &ids, &n_ids)) {
-        fprintf(stderr, "moe-prep eval: cannot tokenize %s for this evaluation (see the message above)\n",
-                a.dataset);
+    /* with --max-chunks, read only the text those chunks need (memory bounded by the request);
+     * --unigram counts over the whole text, so it reads it all */
+    size_t need = a.max_chunks > 0 && !a.unigram ? (size_t)a.max_chunks * (size_t)a.n_ctx : 0;
+    if (moe_tool_load_tokens(model, ref, a.dataset, &dp, need, &ids, &n_ids)) {
+        fprintf(stderr, "moe-prep eval: cannot read the dataset %s or tokenize it for this evaluation (see the "
+                        "message above)\n", a.dataset);
         goto done;
     }
     if (n_ids < 2 * (size_t)a.n_ctx) {
@@ -890,7 +896,6 @@ int moe_prep_eval(int argc, char **argv) {
     status = 0;
 done:
     free(ids);
-    free(text);
     moe_model_free(ref);
     moe_model_free(model);
     return status;

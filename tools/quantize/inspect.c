@@ -19,7 +19,9 @@ static void inspect_usage(FILE *f) {
                "section is present, and where it came from.\n\n"
                "  --json     machine-readable output\n"
                "  --verify   check every checksum (header, directory, tensors, every expert\n"
-               "             blob, tuning); each damaged item is named; exit 1 if any\n\n"
+               "             blob, tuning slots), then that the bundle binds as a model\n"
+               "             (shapes, stored sizes, constants); each damaged item is named;\n"
+               "             exit 1 if any\n\n"
                "examples:\n  moe-prep inspect mixtral.moeb\n  moe-prep inspect mixtral.moeb --verify --json\n");
 }
 
@@ -39,6 +41,25 @@ static void on_failure(const char *item, const char *problem, void *user) {
     } else {
         printf("  DAMAGED  %s: %s\n", item, problem);
     }
+}
+
+/* last_error: a log sink keeping the last error message (binding check). */
+static void last_error(enum moe_log_level level, const char *msg, void *user) {
+    if (level >= MOE_LOG_ERROR) snprintf(user, 1024, "%s", msg);
+}
+
+/* verify_binding: the checks a checksum cannot make: the bundle binds as a
+ * model (every view inside its stored bytes, shapes and types as the config
+ * implies, every tensor accounted for, constants in range). Reported as the
+ * item "model". */
+static void verify_binding(const char *path, struct verify_state *v) {
+    char why[1024] = "";
+    struct moe_model *m = NULL;
+    moe_log_set(last_error, why);
+    enum moe_status st = moe_model_load(path, NULL, &m);
+    moe_log_set(NULL, NULL);
+    moe_model_free(m);
+    if (st) on_failure("model", why[0] ? why : moe_status_str(st), v);
 }
 
 /* part_bits: bits per weight of a precision's blob (parts' bytes over weights). */
@@ -173,6 +194,7 @@ int moe_prep_inspect(int argc, char **argv) {
         struct verify_state v = {0, json ? cJSON_CreateArray() : NULL};
         if (!json) printf("verify:\n");
         moe_bundle_verify_all(b, on_failure, &v);
+        if (!v.n_bad) verify_binding(path, &v); /* a sound container can still hold an unusable model */
         if (json) {
             cJSON_AddBoolToObject(root, "verified", v.n_bad == 0);
             cJSON_AddItemToObject(root, "damaged", v.list);

@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include "moe-bundle.h"
+#include "moe-file.h"
 #include "moe-gguf-model.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
@@ -32,6 +33,7 @@
 #include "moe-quant.h"
 #include "moe-safetensors.h"
 #include "moe-threadpool.h"
+#include "tool-util.h"
 
 #define MAX_PRECISIONS 8
 
@@ -296,8 +298,8 @@ static enum moe_status write_source_texts(struct moe_bundle_writer *w, const str
 
 /* hash_file: XXH3-64 of a file, read in chunks (not mapped: memory stays flat). */
 static enum moe_status hash_file(const char *path, uint64_t *out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return MOE_ERR_IO;
+    int fd;
+    if (moe_file_open_read(path, &fd)) return MOE_ERR_IO;
     XXH3_state_t *s = XXH3_createState();
     char *buf = malloc(1 << 20);
     enum moe_status st = (s && buf) ? MOE_OK : MOE_ERR_NOMEM;
@@ -528,6 +530,10 @@ int moe_prep_quantize(int argc, char **argv) {
         return 1;
     }
     const struct moe_config *c = &j.m->cfg;
+    if (!moe_tool_output_ok("quantize", a.out, j.m, NULL, 0, NULL, 0)) { /* -o naming a shard or config.json */
+        moe_model_free(j.m);
+        return 2;
+    }
     if ((st = moe_pool_create(a.n_threads, &j.pool))) goto fail;
     int64_t max_in = c->n_embd > c->n_ff_expert ? c->n_embd : c->n_ff_expert;
     for (int i = 0; i < j.m->n_refs; i++)

@@ -4,6 +4,8 @@
  */
 #include "sensitivity.h"
 
+#include "moe-file.h"
+
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -725,6 +727,16 @@ static enum moe_status save(const struct moe_model *m, const struct sens_args *a
         moe_sens_scores(s, MOE_SENS_PPL, dn);
         moe_sens_scores(s, MOE_SENS_PROXY, px);
         moe_sens_scores(s, a->metric, score);
+        for (int i = 0; i < 4 * n; i++)
+            if (!isfinite(kl[i])) { /* NaN logits (damaged weights) must not become a ranking */
+                MOE_LOGE("%s: expert %d of MoE layer %d has a non-finite %s; the model produces NaN or infinite "
+                         "outputs (damaged weights?)", path, i % n % s->n_expert, i % n / s->n_expert,
+                         i < n ? "KL" : i < 2 * n ? "NLL increase" : i < 3 * n ? "proxy" : "score");
+                free(kl);
+                free(order);
+                st = MOE_ERR_RANGE;
+                goto done;
+            }
         moe_sens_order(score, n, order);
         double rho = a->metric == MOE_SENS_PROXY ? NAN : moe_spearman(px, score, n);
         if (spearman_out) *spearman_out = rho;
@@ -753,9 +765,8 @@ static int write_csv(const struct moe_model *m, const struct moe_sens_state *s, 
     const int n = s->n_moe * s->n_expert;
     double *v = malloc(sizeof(double) * (size_t)n * 4);
     int32_t *order = malloc(sizeof(int32_t) * (size_t)n), *rank = malloc(sizeof(int32_t) * (size_t)n);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = v && order && rank ? fopen(tmp, "w") : NULL;
+    struct moe_tmp_file t = {NULL, NULL, -1, NULL}; /* exclusive, beside path: never through a planted link */
+    FILE *f = v && order && rank && !moe_tmp_create(path, &t) ? moe_tmp_stream(&t) : NULL;
     int ok = 0;
     if (f) {
         moe_sens_scores(s, MOE_SENS_KL, v);
@@ -774,12 +785,10 @@ static int write_csv(const struct moe_model *m, const struct moe_sens_state *s, 
             }
             li++;
         }
-        ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
-        ok &= fclose(f) == 0;
-        if (ok) ok = rename(tmp, path) == 0;
-        if (!ok) remove(tmp);
+        ok = moe_tmp_commit(&t) == MOE_OK; /* flush, fsync, rename; removed on failure */
     }
-    if (!ok) fprintf(stderr, "moe-prep sensitivity: cannot write %s: %s\n", path, strerror(errno));
+    moe_tmp_discard(&t);
+    if (!ok) fprintf(stderr, "moe-prep sensitivity: cannot write %s (see the message above)\n", path);
     free(v);
     free(order);
     free(rank);
@@ -885,9 +894,9 @@ int moe_prep_sensitivity(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
     moe_log_set_level(MOE_LOG_WARN);
     struct moe_model *m = NULL;
-    char *text = NULL, *partial = NULL;
+    char *partial = NULL;
     int32_t *ids = NULL, *seqs = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t n_ids = 0;
     struct moe_sens_state s = {0};
     int exit_code = 1;
     double t_start = now_s();
@@ -936,10 +945,15 @@ int moe_prep_sensitivity(int argc, char **argv) {
         exit_code = 2;
         goto done;
     }
-    struct moe_dataset_params dp = moe_dataset_default_params();
-    if (moe_eval_text_load(a.dataset, &dp, &text, &len) || moe_eval_tokenize(m, NULL, text, len, &ids, &n_ids)) {
+    struct moe_dataset_params dp = moe_dataset_default_params(); /* --max-tokens: read only what it needs */
+    if (moe_tool_load_tokens(m, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens : 0, &ids, &n_ids)) {
         fprintf(stderr, "moe-prep sensitivity: cannot read or tokenize the dataset %s (see the message above)\n",
                 a.dataset);
+        goto done;
+    }
+    if (!moe_tool_output_ok("sensitivity", a.out, m, &a.dataset, 1, NULL, 0) ||
+        !moe_tool_output_ok("sensitivity", a.csv, m, &a.dataset, 1, &a.out, 1)) {
+        exit_code = 2; /* -o or --csv naming the bundle, the text, or each other */
         goto done;
     }
     size_t usable = n_ids;
@@ -1023,7 +1037,6 @@ int moe_prep_sensitivity(int argc, char **argv) {
 done:
     moe_sens_state_clear(&s);
     moe_model_free(m);
-    free(text);
     free(ids);
     free(seqs);
     free(partial);
