@@ -47,7 +47,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "moe-file.h"
 #include "moe-mmap.h"
 
 #define GGUF_MAGIC "GGUF"
@@ -623,13 +625,14 @@ enum moe_status moe_gguf_open(const char *path, struct moe_gguf **out) {
     return MOE_OK;
 }
 
-/* Sniffs the 4-byte magic; directories and short files are not GGUF. */
+/* Sniffs the 4-byte magic; directories, FIFOs, other non-regular files and
+ * short files are not GGUF. */
 int moe_gguf_is_gguf_file(const char *path) {
-    if (!path || moe_is_dir(path)) return 0;
-    FILE *f = fopen(path, "rb");
-    char m[4];
-    int ok = f && fread(m, 1, 4, f) == 4 && memcmp(m, GGUF_MAGIC, 4) == 0;
-    if (f) fclose(f);
+    int fd;
+    char why[256], m[4];
+    if (!path || moe_file_open_regular(path, &fd, why, sizeof why)) return 0; /* never blocks on a FIFO */
+    int ok = read(fd, m, 4) == 4 && memcmp(m, GGUF_MAGIC, 4) == 0;
+    close(fd);
     return ok;
 }
 

@@ -539,7 +539,12 @@ static enum moe_status add(struct moe_gguf_model *v, const char *hf, const struc
     e->data = data;
     e->type = type;
     e->n_dims = n_dims;
-    for (int d = 0; d < n_dims; d++) e->shape[d] = ne[n_dims - 1 - d];
+    uint64_t rows = 1;
+    for (int d = 0; d < n_dims; d++) {
+        e->shape[d] = ne[n_dims - 1 - d];
+        if (d) rows *= (uint64_t)ne[d];
+    }
+    e->nbytes = rows * (uint64_t)moe_qtype_row_bytes(type, ne[0]);
     return MOE_OK;
 }
 

@@ -672,6 +672,8 @@ static int gguf_find(const struct bind *b, const char *name, struct src_tensor *
     const struct moe_gguf_hf_tensor *x = moe_gguf_model_find(b->src, name);
     if (!x) return 0;
     t->data = x->data;
+    t->size = x->nbytes;
+    t->index = 0;
     t->type = x->type;
     t->raw_u8 = 0;
     t->n_dims = x->n_dims;
@@ -695,7 +697,10 @@ enum moe_status moe_model_load_gguf(const char *path, struct moe_model **out) {
     const char *cj = moe_gguf_model_config_json(m->gguf_view);
     snprintf(label, sizeof label, "%s: the config made from its metadata", path);
     if ((st = moe_config_parse(cj, strlen(cj), label, &m->cfg))) goto fail;
-    struct bind b = {gguf_find, m->gguf_view, path, m, gguf_expert};
+    /* no check that every tensor is bound: llama.cpp writes tensors the
+     * model does not read (rope_freqs, token_types), and merged expert
+     * tensors are bound through gguf_expert, not by name */
+    struct bind b = {gguf_find, m->gguf_view, path, m, gguf_expert, NULL};
     if ((st = bind_all(&b, m))) goto fail;
     const char *tj = moe_gguf_model_tokenizer_json(m->gguf_view), *tc = moe_gguf_model_tokenizer_config_json(m->gguf_view);
     if (tj) {

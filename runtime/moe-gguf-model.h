@@ -55,6 +55,8 @@ struct moe_gguf_hf_tensor {
     enum moe_qtype type;
     int n_dims;
     int64_t shape[4];     /* outermost first, as torch */
+    uint64_t nbytes;      /* bytes at data: what the shape and type need (the reader
+                           * checked each stored tensor's extent against the file) */
 };
 
 struct moe_gguf_model;
