@@ -140,7 +140,8 @@ void moe_store_begin_sequence(struct moe_store *st);
 
 /* moe_store_plan: layer `layer`'s routed work for n tokens (positions
  * pos0..pos0+n-1; n == 1 is a decode step): sel/w [n x k] the router's
- * choices in rank order. Asks the cache for each expert, starts the loads,
+ * choices in rank order, k at most the k the store was made for (fewer:
+ * big-little's little pass; path prefetch then waits for a top-k step). Asks the cache for each expert, starts the loads,
  * and fills *plan (owned by the store, valid until the next call). */
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
                                int k, struct moe_store_plan **plan);

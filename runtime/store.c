@@ -799,9 +799,9 @@ static void path_prefetch(struct moe_store *st, int ml, const int32_t *sel) {
 
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
                                int k, struct moe_store_plan **plan) {
-    if (k != st->K || n > 4096 || n <= 0) {
-        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for top-%d, <= 4096 tokens)", n, k,
-                 st->K);
+    if (k < 1 || k > st->K || n > 4096 || n <= 0) {
+        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for up to top-%d, <= 4096 tokens)",
+                 n, k, st->K);
         return MOE_ERR_INVALID;
     }
     const int E = st->E;
@@ -858,7 +858,8 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
             ni++;
         }
     }
-    if (decode && st->paths) path_prefetch(st, layer, sel);
+    if (decode && st->paths && k == st->K) path_prefetch(st, layer, sel); /* keyed on top-K sets: not for
+                                                                            * big-little's little passes */
     /* mispredicted prefetches for this layer whose read has not started are cancelled */
     for (int i = 0; i < st->scratch0; i++) {
         struct slot *s = &st->slots[i];

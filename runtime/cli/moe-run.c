@@ -5,6 +5,7 @@
  * stdout: generated text (or ids / token lists); stderr: progress and speed.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "moe-model.h"
 #include "moe-sampler.h"
 #include "moe-store.h"
+#include "moe-tuning.h"
 #include "profile-h5.h"
 #include "moe-session.h"
 #include "moe-tokenizer.h"
@@ -27,6 +29,7 @@ static void usage(FILE *f) {
 "  moe-run -m mixtral.moeb --expert-precision q4_k -p \"The meaning of life\" -n 32\n"
 "  moe-run -m mixtral.moeb --expert-mem 512M -p \"Once upon a time\" --stats-json stats.json\n"
 "  moe-run -m mixtral.moeb --expert-mem 25% --policy lru --dynamic off --prefetch off -p \"Hi\"\n"
+"  moe-run -m olmoe.moeb --expert-mem 2G --little-k 4 --gamma 0.7 -p \"Hi\" --stats-json s.json\n"
 "  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
 "  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
 "  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n";
@@ -68,6 +71,18 @@ static void usage(FILE *f) {
 "  -v, --verbose           more log output\n"
 "  -h, --help              this help\n"
 "\n"
+"big-little decoding (MoBiLE):\n"
+"      --little-k K2       decode each token with K2 experts per MoE layer (the little\n"
+"                          model; default K/2 when --gamma is given); when the largest\n"
+"                          next-token probability is below gamma, run the token again\n"
+"                          with all K experts, prefetching them from the little pass's\n"
+"                          router. 0 = off. The prompt always runs with K\n"
+"      --gamma G           the confidence threshold in [0, 1] (default: the bundle's\n"
+"                          mobile.gamma from moe-prep profile, else 0.7); 0 = never fall\n"
+"                          back (the K2 model), 1 = always (the K model's output)\n"
+"      --bl-prefetch D     prefetch the big pass's experts D MoE layers ahead (default 2;\n"
+"                          0 = off; with an expert budget)\n"
+"\n"
 "statistics:\n"
 "      --stats-json FILE   speed, peak memory and (with an expert budget) the expert\n"
 "                          store's counts as JSON: hit ratios per precision, loads and\n"
@@ -89,6 +104,9 @@ struct args {
     float temp, top_p;
     unsigned long long seed;
     int ignore_eos, no_special, print_ids, tokenize, verbose;
+    int little_k;       /* -1: not given */
+    double gamma;       /* NaN: not given */
+    int bl_prefetch;    /* -1: not given */
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -123,6 +141,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
     a->n_predict = 64;
     a->top_p = 1.0f;
     a->seed = 42;
+    a->little_k = -1, a->gamma = NAN, a->bl_prefetch = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
 #define IS(s, l) (!strcmp(o, s) || !strcmp(o, l))
@@ -181,6 +200,18 @@ static int parse_args(int argc, char **argv, struct args *a) {
             a->tokenize = 1;
         } else if (IS("-v", "--verbose")) {
             a->verbose = 1;
+        } else if (!strcmp(o, "--little-k")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->little_k)) return 2;
+        } else if (!strcmp(o, "--gamma")) {
+            float g;
+            if (!(v = NEXT()) || !parse_float(o, v, &g)) return 2;
+            if (!(g >= 0 && g <= 1)) {
+                fprintf(stderr, "moe-run: --gamma must be in [0, 1], got %s\n", v);
+                return 2;
+            }
+            a->gamma = atof(v);
+        } else if (!strcmp(o, "--bl-prefetch")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->bl_prefetch)) return 2;
         } else if (!strcmp(o, "--stats-json")) {
             if (!(a->stats_json = NEXT())) return 2;
         } else if (!strcmp(o, "--trace-out")) {
@@ -212,6 +243,11 @@ static int parse_args(int argc, char **argv, struct args *a) {
     }
     if (a->tokenize && a->tokens) {
         fprintf(stderr, "moe-run: --tokenize needs text (-p or -f), not --tokens\n");
+        return 2;
+    }
+    if (a->trace_out && (a->little_k > 0 || (!isnan(a->gamma) && a->little_k != 0))) {
+        fprintf(stderr, "moe-run: --trace-out records top-K routing; it cannot be combined with big-little "
+                        "decoding (--little-k / --gamma)\n");
         return 2;
     }
     return 0;
@@ -288,8 +324,8 @@ static int write_trace(const struct moe_session *sess, const struct moe_model *m
 }
 
 /* write_stats: speed, peak memory and the store's counts as JSON. */
-static int write_stats(const char *path, const struct moe_session *sess, size_t n_prompt, double t_prompt, int n_gen,
-                       double t_gen) {
+static int write_stats(const char *path, const struct moe_session *sess, const struct moe_session_params *sp,
+                       size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
@@ -310,6 +346,20 @@ static int write_stats(const char *path, const struct moe_session *sess, size_t 
         moe_store_get_stats(st, &ss);
         moe_store_stats_json(&ss, f);
         fprintf(f, ", \"store_overhead_bytes\": %lld", (long long)moe_store_overhead_bytes(st));
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, ", \"big_little\": ");
+    if (sp->little_k > 0) {
+        struct moe_big_little_stats b;
+        moe_session_big_little_stats(sess, &b);
+        fprintf(f, "{\"little_k\": %d, \"k\": %d, \"gamma\": %.9g, \"prefetch_layers\": %d, \"tokens\": %lld, "
+                   "\"fallbacks\": %lld, \"fallback_ratio\": ",
+                sp->little_k, sp->n_expert_used, sp->gamma, sp->bl_prefetch_layers, (long long)b.tokens,
+                (long long)b.fallbacks);
+        if (b.tokens > 0) fprintf(f, "%.9g", (double)b.fallbacks / (double)b.tokens);
+        else fprintf(f, "null");
+        fprintf(f, ", \"little_s\": %.6f, \"big_s\": %.6f}", b.little_s, b.big_s);
     } else {
         fprintf(f, "null");
     }
@@ -338,6 +388,37 @@ static void print_store_stats(const struct moe_session *sess) {
             (long long)s.hits_high, (long long)s.hits_low, (long long)s.misses_high, (long long)s.misses_low,
             (long long)s.skips, (double)s.loads / tok, (double)s.load_bytes / tok / 1e6, 1e3 * s.stall_s / tok,
             (long long)s.prefetch_loads, (long long)s.prefetch_used, (double)s.peak_resident_bytes / 1e6);
+}
+
+/* big_little_params: --little-k / --gamma (with the bundle's mobile.gamma as
+ * the default threshold) into the session params; 0 after a message. */
+static int big_little_params(const struct args *a, const struct moe_model *m, struct moe_session_params *sp) {
+    const struct moe_config *c = &m->cfg;
+    if (a->little_k == 0 || (a->little_k < 0 && isnan(a->gamma))) return 1; /* off */
+    const int K = c->n_expert_used;
+    int k2 = a->little_k > 0 ? a->little_k : K / 2;
+    if (k2 < 1 || k2 >= K) {
+        fprintf(stderr, "moe-run: big-little needs a little model with 1 .. %d experts per token (the model routes "
+                        "to %d); got %d\n", K - 1, K, k2);
+        return 0;
+    }
+    double g = a->gamma;
+    if (isnan(g)) {
+        struct moe_tuning t;
+        int L = 0;
+        for (int l = 0; l < c->n_layer; l++) L += c->layer_moe[l] != 0;
+        g = 0.7;
+        if (m->bundle && L > 0 && moe_tuning_read(moe_bundle_tuning(m->bundle), L, c->n_expert, &t) == MOE_OK &&
+            t.has_gamma)
+            g = t.gamma;
+        else
+            fprintf(stderr, "moe-run: no mobile.gamma in the model's tuning (moe-prep profile writes one); gamma 0.7\n");
+    }
+    sp->n_expert_used = K;
+    sp->little_k = k2;
+    sp->gamma = g;
+    if (a->bl_prefetch >= 0) sp->bl_prefetch_layers = a->bl_prefetch;
+    return 1;
 }
 
 static int is_eos(const struct moe_model *m, int32_t id) {
@@ -424,6 +505,7 @@ int main(int argc, char **argv) {
         sp.store = &a.store;
     }
     sp.record_trace = a.trace_out != NULL;
+    if (!big_little_params(&a, model, &sp)) goto done;
     sp.n_threads = a.n_threads;
     sp.n_ctx = a.n_ctx;
     sp.n_batch = a.n_batch;
@@ -518,7 +600,15 @@ int main(int argc, char **argv) {
             n_gen > 0 ? (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
     print_store_stats(sess);
     /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
-    if (a.stats_json && !write_stats(a.stats_json, sess, n_ids, t1 - t0, n_gen > 1 ? n_gen - 1 : 0, t2 - t1)) goto done;
+    if (sp.little_k > 0) {
+        struct moe_big_little_stats b;
+        moe_session_big_little_stats(sess, &b);
+        fprintf(stderr, "moe-run: big-little: top-%d little model, gamma %.3g: %lld of %lld tokens fell back to top-%d "
+                        "(%.1f %%)\n", sp.little_k, sp.gamma, (long long)b.fallbacks, (long long)b.tokens,
+                sp.n_expert_used, b.tokens ? 100.0 * (double)b.fallbacks / (double)b.tokens : 0.0);
+    }
+    if (a.stats_json && !write_stats(a.stats_json, sess, &sp, n_ids, t1 - t0, n_gen > 1 ? n_gen - 1 : 0, t2 - t1))
+        goto done;
     if (a.trace_out && !write_trace(sess, model, a.model, a.trace_out)) goto done;
     status = 0;
 done:
