@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "moe-bundle.h"
+#include "moe-hw.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-sampler.h"
@@ -90,6 +91,16 @@ static void usage(FILE *f) {
 "                          and recall, skipped experts, peak resident expert bytes\n"
 "      --trace-out FILE    the run's routing as a profile (HDF5) that moe-prep fit-cache\n"
 "                          can replay\n"
+"\n"
+"planning (moe-prep plan):\n"
+"      --measure-hw        measure this machine's numbers for MODEL (storage reads, memory\n"
+"                          bandwidth, expert and step times on -t threads), keep them in the\n"
+"                          hardware table for moe-prep plan, print them and exit\n"
+"      --hw FILE           the table (default $XDG_CACHE_HOME/moe/hw.json)\n"
+"      --no-plan           ignore the plan moe-prep plan --apply wrote into the bundle; by\n"
+"                          default its settings (expert memory, precisions, policy,\n"
+"                          big-little) are the starting point, and the options given here\n"
+"                          override them one by one\n"
 "\n");
     fputs(moe_store_options_help(), f);
     fprintf(f, "\n%s", examples);
@@ -107,6 +118,13 @@ struct args {
     int little_k;       /* -1: not given */
     double gamma;       /* NaN: not given */
     int bl_prefetch;    /* -1: not given */
+    int measure_hw, no_plan;
+    const char *hw;
+    /* the engine options as given, applied again on top of a bundle's plan */
+    int n_engine;
+    const char *engine_name[64], *engine_value[64];
+    struct moe_tuning_plan plan; /* the applied plan (strings the store params point to) */
+    int have_plan;
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -216,6 +234,12 @@ static int parse_args(int argc, char **argv, struct args *a) {
             if (!(a->stats_json = NEXT())) return 2;
         } else if (!strcmp(o, "--trace-out")) {
             if (!(a->trace_out = NEXT())) return 2;
+        } else if (!strcmp(o, "--measure-hw")) {
+            a->measure_hw = 1;
+        } else if (!strcmp(o, "--no-plan")) {
+            a->no_plan = 1;
+        } else if (!strcmp(o, "--hw")) {
+            if (!(a->hw = NEXT())) return 2;
         } else if (moe_store_option_takes_value(o) >= 0) {
             const int takes = moe_store_option_takes_value(o);
             char err[256];
@@ -224,6 +248,11 @@ static int parse_args(int argc, char **argv, struct args *a) {
                 fprintf(stderr, "moe-run: %s\n", err);
                 return 2;
             }
+            if (a->n_engine == 64) {
+                fprintf(stderr, "moe-run: too many engine options\n");
+                return 2;
+            }
+            a->engine_name[a->n_engine] = o, a->engine_value[a->n_engine++] = takes ? v : NULL;
         } else {
             fprintf(stderr, "moe-run: unknown option \"%s\" (see moe-run --help)\n", o);
             return 2;
@@ -236,6 +265,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
     }
+    if (a->measure_hw) return 0;
     int n_inputs = !!a->prompt + !!a->prompt_file + !!a->tokens;
     if (n_inputs != 1) {
         fprintf(stderr, "moe-run: give exactly one of -p TEXT, -f FILE or --tokens IDS\n");
@@ -441,11 +471,54 @@ static void print_text_delta(const struct moe_tokenizer *tok, const int32_t *ids
     free(text);
 }
 
+/* apply_plan: a bundle's applied plan (moe-prep plan --apply) as the
+ * starting point of the engine options, the ones given on the command line
+ * applied again on top. 0 after a message. */
+static int apply_plan(struct args *a) {
+    if (a->no_plan || moe_is_dir(a->model)) return 1;
+    struct moe_bundle *b = NULL;
+    if (moe_bundle_open(a->model, &b) != MOE_OK) return 1; /* the model load reports it */
+    uint32_t nl = 0, ne = 0, np = 0;
+    moe_bundle_expert_layout(b, &nl, &ne, &np);
+    int L = 0;
+    for (uint32_t l = 0; l < nl; l++) L += moe_bundle_layer_has_experts(b, l);
+    struct moe_tuning t;
+    if (L > 0 && ne > 0 && moe_tuning_read(moe_bundle_tuning(b), L, (int)ne, &t) == MOE_OK && t.has_plan) {
+        a->plan = t.plan;
+        a->have_plan = 1;
+    }
+    moe_bundle_free(b);
+    if (!a->have_plan) return 1;
+    struct moe_store_params sp = moe_store_default_params();
+    moe_store_params_from_plan(&sp, &a->plan);
+    for (int i = 0; i < a->n_engine; i++) {
+        char err[256];
+        if (moe_store_parse_option(&sp, a->engine_name[i], a->engine_value[i], err, sizeof err) != MOE_OK) {
+            fprintf(stderr, "moe-run: %s\n", err);
+            return 0;
+        }
+    }
+    a->store = sp;
+    a->use_store = moe_store_params_active(&a->store);
+    if (a->little_k < 0 && isnan(a->gamma) && !a->trace_out) {
+        a->little_k = a->plan.little_k;
+        if (a->plan.little_k > 0) a->gamma = a->plan.gamma;
+    }
+    fprintf(stderr, "moe-run: using the bundle's plan for %.0f MiB (moe-prep plan --apply; %.2f tok/s predicted on %d "
+                    "threads): expert memory %.1f MiB%s%s, policy %s%s%s (--no-plan ignores it)\n",
+            (double)a->plan.mem / 1048576, a->plan.tok_s, a->plan.threads, (double)a->plan.expert_mem / 1048576,
+            a->plan.high[0] ? ", high " : "", a->plan.high, a->plan.policy,
+            a->plan.dynamic ? ", dynamic precision" : "", a->plan.little_k ? ", big-little" : "");
+    return 1;
+}
+
 int main(int argc, char **argv) {
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
     if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
+    if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.hw, 0, "moe-run");
+    if (!apply_plan(&a)) return 2;
 
     struct moe_model *model = NULL;
     struct moe_session *sess = NULL;
