@@ -367,11 +367,12 @@ static void print_table(const struct plan_args *a, const struct moe_plan_model *
            a->bundle, (double)a->mem / 1048576, (double)pm->fixed_bytes / 1048576, a->ctx, a->threads,
            (long long)r->heldout_tokens, r->n, r->n_infeasible);
     printf("  #   tok/s  ms/tok  MB read/tok  hit %%  stall %%  experts MiB  copies H+L  quality (PPL, KL, top)\n");
-    int shown = 0;
+    int shown = 0, last = -1;
     for (int i = 0; i < r->n; i++) {
         const struct moe_plan *p = &r->plans[i];
-        if (shown >= a->top && i != r->chosen) continue;
-        shown++;
+        if ((shown >= a->top && i != r->chosen) || (last >= 0 && moe_plan_same(&r->plans[last], p) && i != r->chosen))
+            continue;
+        shown++, last = i;
         char q[64];
         if (p->neutral) snprintf(q, sizeof q, "exact (0)");
         else if (p->has_quality)

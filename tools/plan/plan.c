@@ -161,12 +161,13 @@ static int capacities(const struct moe_plan_model *m, const struct moe_plan_para
     p->low_slot = dyn ? slot_bytes(m, p, 0) : p->high_slot;
     const int64_t big = p->high_slot > p->low_slot ? p->high_slot : p->low_slot;
     int n_slots = 0;
-    for (int it = 0; it < 3; it++) { /* the overhead depends a little on the slot count */
+    for (int it = 0; it < 8; it++) { /* the overhead depends a little on the slot count */
         p->overhead = moe_store_overhead_estimate(big, m->n_loaders, all, n_slots, m->K);
         p->expert_mem = pp->mem - m->fixed_bytes - p->overhead;
         if (p->expert_mem <= 0) return 0;
         moe_store_capacities(p->expert_mem, p->low_share, dyn, p->high_slot, p->low_slot, all, &p->high_cap,
                              &p->low_cap);
+        if (p->high_cap + p->low_cap == n_slots) break;
         n_slots = p->high_cap + p->low_cap;
     }
     const int64_t min_bytes = (int64_t)m->K * (dyn ? p->low_slot : p->high_slot);
@@ -252,6 +253,17 @@ static int by_speed(const void *x, const void *y) {
     return a->expert_mem < b->expert_mem ? -1 : a->expert_mem > b->expert_mem; /* then less memory */
 }
 
+/* same_quality: plans a and b compute the same thing: the same copies' precisions and
+ * big-little decisions. With dynamic precision off every use is a home copy,
+ * whatever the cache holds; with it on, which low copies serve depends on the
+ * cache, so the cache settings must match too. */
+static int same_quality(const struct moe_plan *a, const struct moe_plan *b) {
+    if (a->high != b->high || a->low != b->low || a->little_k != b->little_k || a->gamma != b->gamma) return 0;
+    if (a->low < 0) return 1;
+    return a->t1 == b->t1 && a->t2 == b->t2 && a->low_share == b->low_share && a->policy == b->policy &&
+           a->prefetch_paths == b->prefetch_paths && a->high_cap == b->high_cap && a->low_cap == b->low_cap;
+}
+
 /* within: the plan is known to be within the quality budget. */
 static int within(const struct moe_plan *p, double budget) {
     if (p->neutral) return 1;
@@ -313,11 +325,16 @@ enum moe_status moe_plan_search(const struct moe_trace *t, const struct moe_plan
             fastest_neutral = i;
             break;
         }
-    for (int i = 0; pp->quality && i < fastest_neutral && out->n_evals < pp->max_evals; i++) {
+    for (int i = 0; pp->quality && i < fastest_neutral && (out->n_evals < pp->max_evals || out->plans[i].has_quality);
+         i++) {
         struct moe_plan *p = &out->plans[i];
-        if ((st = pp->quality(p, pp->user, &p->q))) goto fail;
-        p->has_quality = 1;
-        out->n_evals++;
+        if (!p->has_quality) {
+            if ((st = pp->quality(p, pp->user, &p->q))) goto fail;
+            p->has_quality = 1;
+            out->n_evals++;
+            for (int j = i + 1; j < out->n; j++) /* measured once for every plan computing the same */
+                if (same_quality(p, &out->plans[j])) out->plans[j].has_quality = 1, out->plans[j].q = p->q;
+        }
         if (within(p, pp->quality_budget)) break; /* the slower ones cannot be chosen */
     }
     for (int i = 0; i < out->n && out->chosen < 0; i++)
@@ -326,6 +343,11 @@ enum moe_status moe_plan_search(const struct moe_trace *t, const struct moe_plan
 fail:
     moe_plan_result_free(out);
     return st;
+}
+
+int moe_plan_same(const struct moe_plan *a, const struct moe_plan *b) {
+    return a->tok_s == b->tok_s && a->bytes_per_token == b->bytes_per_token && a->high_cap == b->high_cap &&
+           a->low_cap == b->low_cap && a->neutral == b->neutral && same_quality(a, b);
 }
 
 void moe_plan_options(const struct moe_plan *p, const struct moe_plan_model *m, char *buf, size_t n) {

@@ -153,6 +153,10 @@ enum moe_status moe_plan_search(const struct moe_trace *t, const struct moe_plan
 /* moe_plan_result_free: frees the plans; NULL-safe. */
 void moe_plan_result_free(struct moe_plan_result *r);
 
+/* moe_plan_same: plans a and b are predicted alike and compute the same
+ * (e.g. two policies when every copy fits): a table shows one of them. */
+int moe_plan_same(const struct moe_plan *a, const struct moe_plan *b);
+
 /* moe_plan_options: the moe-run options that run plan p, as one line
  * ("--expert-mem 12345 --high q8_0 --dynamic off ..."), into buf[n]. */
 void moe_plan_options(const struct moe_plan *p, const struct moe_plan_model *m, char *buf, size_t n);
