@@ -59,7 +59,10 @@ struct moe_hw_storage {
 struct moe_hw_expert {
     char precision[24];
     int64_t bytes;         /* raw bytes of one expert copy */
-    double a_s, b_s;       /* seconds for n routed tokens: a + b n */
+    double a_s, b_s;       /* seconds for n routed tokens: a + b n (measured alone) */
+    double decode_s;       /* one token in a decode step: the time in place (from decode steps
+                            * with top-K and top-1 at the bound precision), scaled to this
+                            * precision by the measured-alone times at one token */
     int n_points;
     struct moe_hw_point points[MOE_HW_MAX_POINTS]; /* x = tokens */
 };
@@ -70,8 +73,9 @@ struct moe_hw_model {
     int threads;
     int k;                 /* experts per token of the measured decode step */
     double step_s;         /* one decode step, every expert resident (median) */
-    double fixed_s;        /* step_s less its routed-expert time: attention, dense and
-                            * shared FFNs, router, LM head, per token */
+    double fixed_s;        /* step_s less its routed-expert time (top-K step - top-1 step =
+                            * (K - 1) experts per layer): attention, dense and shared FFNs,
+                            * router, LM head, per token */
     double store_step_s;   /* the expert store's own work per MoE layer step (planning,
                             * locks, slot bookkeeping), measured with every expert
                             * cached; 0 when not measured */

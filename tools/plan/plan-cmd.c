@@ -347,9 +347,9 @@ static void print_json(const struct plan_args *a, const struct moe_plan_model *p
         printf(", \"low\": ");
         moe_tool_json_string(stdout, p->low >= 0 ? pm->prec_name[p->low] : NULL);
         printf(", \"policy\": \"%s\", \"prefetch_paths\": %d, \"little_k\": %d, \"gamma\": %.6g, \"fallback\": %.6g, "
-               "\"neutral\": %s, \"quality\": ",
+               "\"neutral\": %s, \"eligible\": %s, \"quality\": ",
                moe_cache_policy_name(p->policy), p->prefetch_paths, p->little_k, p->gamma, p->fallback,
-               p->neutral ? "true" : "false");
+               p->neutral ? "true" : "false", p->eligible ? "true" : "false");
         if (p->has_quality)
             printf("{\"ppl_ratio\": %.6g, \"kld\": %.6g, \"same_top\": %.6g}", p->q.ppl_ratio, p->q.kld, p->q.same_top);
         else
@@ -366,24 +366,37 @@ static void print_table(const struct plan_args *a, const struct moe_plan_model *
            "tokens, process), %d threads; %lld held-out tokens replayed per plan, %d plans, %d did not fit\n\n",
            a->bundle, (double)a->mem / 1048576, (double)pm->fixed_bytes / 1048576, a->ctx, a->threads,
            (long long)r->heldout_tokens, r->n, r->n_infeasible);
-    printf("  #   tok/s  ms/tok  MB read/tok  hit %%  stall %%  experts MiB  copies H+L  quality (PPL, KL, top)\n");
-    int shown = 0, last = -1;
-    for (int i = 0; i < r->n; i++) {
-        const struct moe_plan *p = &r->plans[i];
-        if ((shown >= a->top && i != r->chosen) || (last >= 0 && moe_plan_same(&r->plans[last], p) && i != r->chosen))
-            continue;
-        shown++, last = i;
-        char q[64];
-        if (p->neutral) snprintf(q, sizeof q, "exact (0)");
-        else if (p->has_quality)
-            snprintf(q, sizeof q, "%+.2f %%, %.4f, %.1f %%", 100 * (p->q.ppl_ratio - 1), p->q.kld, 100 * p->q.same_top);
-        else snprintf(q, sizeof q, "not measured");
-        printf("%s%3d %7.2f %7.2f %12.3f %6.1f %8.1f %12.1f %5d+%-5d  %s\n", i == r->chosen ? "*" : " ", i + 1, p->tok_s,
-               1e3 * p->s_per_token, p->bytes_per_token / 1e6, 100 * p->hit_ratio, 100 * p->stall_share,
-               (double)p->expert_mem / 1048576, p->high_cap, p->low_cap, q);
-        char opts[512];
-        moe_plan_options(p, pm, opts, sizeof opts);
-        printf("      %s\n", opts);
+    for (int part = 0; part < 2; part++) {
+        int shown = 0, last = -1, skipped = 0;
+        if (part == 0)
+            printf("plans within the quality budget (exact: the reference's computation; measured: an eval through "
+                   "the engine), fastest first:\n");
+        else
+            printf("\nfaster plans that are not (over the budget, or quality not measured):\n");
+        printf("  #   tok/s  ms/tok  MB read/tok  hit %%  stall %%  experts MiB  copies H+L  quality (PPL, KL, top)\n");
+        for (int i = 0; i < r->n; i++) {
+            const struct moe_plan *p = &r->plans[i];
+            if (p->eligible != !part || (part && r->chosen >= 0 && i > r->chosen)) continue;
+            if (shown >= (part ? 3 : a->top) || (last >= 0 && moe_plan_same(&r->plans[last], p))) {
+                skipped++;
+                continue;
+            }
+            shown++, last = i;
+            char q[64];
+            if (p->neutral) snprintf(q, sizeof q, "exact (0)");
+            else if (p->has_quality)
+                snprintf(q, sizeof q, "%+.2f %%, %.4f, %.1f %%", 100 * (p->q.ppl_ratio - 1), p->q.kld,
+                         100 * p->q.same_top);
+            else snprintf(q, sizeof q, "not measured");
+            printf("%s%3d %7.2f %7.2f %12.3f %6.1f %8.1f %12.1f %5d+%-5d  %s\n", i == r->chosen ? "*" : " ", i + 1,
+                   p->tok_s, 1e3 * p->s_per_token, p->bytes_per_token / 1e6, 100 * p->hit_ratio, 100 * p->stall_share,
+                   (double)p->expert_mem / 1048576, p->high_cap, p->low_cap, q);
+            char opts[512];
+            moe_plan_options(p, pm, opts, sizeof opts);
+            printf("      %s\n", opts);
+        }
+        if (!shown) printf("  (none)\n");
+        if (skipped) printf("  (%d more, or alike)\n", skipped);
     }
     if (r->chosen >= 0)
         printf("\n* chosen: plan %d, %.2f tokens/s predicted%s\n", r->chosen + 1, r->plans[r->chosen].tok_s,
@@ -508,6 +521,7 @@ int moe_prep_plan(int argc, char **argv) {
         pp.quality = quality, pp.user = &x;
         pp.quality_budget = a.quality_budget;
         pp.max_evals = a.max_evals;
+        pp.want = a.top < 4 ? a.top : 4;
     }
     if (moe_plan_search(&t, &pm, hm, hs, &pp, &res) != MOE_OK) {
         fprintf(stderr, "moe-prep " CMD ": the search failed (see above)\n");

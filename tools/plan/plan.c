@@ -25,6 +25,7 @@ struct moe_plan_params moe_plan_default_params(void) {
     p.low_share = 0.25;
     p.quality_budget = NAN;
     p.max_evals = 8;
+    p.want = 4;
     return p;
 }
 
@@ -194,7 +195,7 @@ enum moe_status moe_plan_predict(const struct moe_trace *t, const struct moe_pla
                      m->prec_name[q]);
             return MOE_ERR_NOT_FOUND;
         }
-        tm.a[q] = moe_hw_expert_s(e, 1), tm.b[q] = 0; /* decode steps: one token per expert */
+        tm.a[q] = e->decode_s > 0 ? e->decode_s : moe_hw_expert_s(e, 1), tm.b[q] = 0; /* one token per expert */
     }
     p->neutral = p->high == m->ref_prec && p->low < 0 && p->little_k == 0;
     if (!capacities(m, pp, p)) return MOE_ERR_RANGE;
@@ -319,26 +320,22 @@ enum moe_status moe_plan_search(const struct moe_trace *t, const struct moe_plan
         goto fail;
     }
     qsort(out->plans, (size_t)out->n, sizeof *out->plans, by_speed);
-    int fastest_neutral = out->n;
-    for (int i = 0; i < out->n; i++)
-        if (out->plans[i].neutral) {
-            fastest_neutral = i;
-            break;
-        }
-    for (int i = 0; pp->quality && i < fastest_neutral && (out->n_evals < pp->max_evals || out->plans[i].has_quality);
-         i++) {
+    int n_eligible = 0;
+    for (int i = 0; i < out->n && n_eligible < pp->want; i++) {
         struct moe_plan *p = &out->plans[i];
-        if (!p->has_quality) {
+        if (pp->quality && !p->neutral && !p->has_quality && out->n_evals < pp->max_evals) {
             if ((st = pp->quality(p, pp->user, &p->q))) goto fail;
             p->has_quality = 1;
             out->n_evals++;
             for (int j = i + 1; j < out->n; j++) /* measured once for every plan computing the same */
                 if (same_quality(p, &out->plans[j])) out->plans[j].has_quality = 1, out->plans[j].q = p->q;
         }
-        if (within(p, pp->quality_budget)) break; /* the slower ones cannot be chosen */
+        n_eligible += within(p, pp->quality_budget);
     }
-    for (int i = 0; i < out->n && out->chosen < 0; i++)
-        if (within(&out->plans[i], pp->quality_budget)) out->chosen = i;
+    for (int i = 0; i < out->n; i++) {
+        out->plans[i].eligible = within(&out->plans[i], pp->quality_budget);
+        if (out->chosen < 0 && out->plans[i].eligible) out->chosen = i;
+    }
     return MOE_OK;
 fail:
     moe_plan_result_free(out);

@@ -89,6 +89,8 @@ struct moe_plan_params {
     double low_share;             /* share of the budget for low copies (0.25) */
     double quality_budget;        /* largest PPL ratio - 1 allowed (NaN: none) */
     int max_evals;                /* quality measurements at most (8) */
+    int want;                     /* stop measuring once this many plans are known to be within
+                                   * the budget, the exact ones included (4) */
     moe_plan_quality_fn quality;  /* NULL: no measurement */
     void *user;
 };
@@ -118,6 +120,7 @@ struct moe_plan {
     int neutral;                  /* computes what the reference computes: quality cost 0 */
     int has_quality;
     struct moe_plan_quality q;
+    int eligible;                 /* known to be within the quality budget: exact, or measured */
 };
 
 struct moe_plan_result {
@@ -141,9 +144,9 @@ enum moe_status moe_plan_predict(const struct moe_trace *t, const struct moe_pla
                                  const struct moe_plan_params *pp, struct moe_plan *p);
 
 /* moe_plan_search: every candidate predicted, sorted fastest first,
- * qualities measured in that order (at most max_evals, only plans that are
- * not neutral and faster than the fastest neutral plan), the chosen plan
- * marked. Free with moe_plan_result_free. Errors as moe_plan_predict, or
+ * qualities measured in that order (plans that are not neutral, at most
+ * max_evals measurements, until `want` plans are eligible), eligibility and
+ * the chosen plan (the fastest eligible one) marked. Free with moe_plan_result_free. Errors as moe_plan_predict, or
  * the quality callback's; MOE_ERR_RANGE (logged) when no candidate fits the
  * memory size. */
 enum moe_status moe_plan_search(const struct moe_trace *t, const struct moe_plan_model *m,
