@@ -517,34 +517,55 @@ static enum moe_status time_expert(struct moe_session *s, const struct moe_model
     return MOE_OK;
 }
 
-/* time_decode: median seconds of a decode step (after an 8-token prompt) in a
- * session with params p, each token routed to k experts (0: the model's). */
-static enum moe_status time_decode(const struct moe_model *m, const struct moe_session_params *p, int k, double *out) {
-    struct moe_session *s = NULL;
-    enum moe_status st = moe_session_create(m, p, &s);
-    if (st) return st;
-    if (k > 0 && (st = moe_session_set_experts(s, k))) {
-        moe_session_free(s);
-        return st;
+/* time_steps: decode steps in turn, so a busy machine slows them alike:
+ * session a (every expert resident) with top-K, a with top-1, and session b
+ * (every expert in a store; NULL: not timed) with top-K; the median of each
+ * into step_k, step_1, step_store, after a prompt and a few warm-up steps. */
+static enum moe_status time_steps(const struct moe_model *m, const struct moe_session_params *pa,
+                                  const struct moe_session_params *pb, double *step_k, double *step_1,
+                                  double *step_store) {
+    enum { NP = 8, WARM = 8, N = 40 };
+    const int K = m->cfg.n_expert_used;
+    struct moe_session *a = NULL, *b = NULL;
+    struct moe_session_params qa = *pa;
+    qa.n_ctx = NP + WARM + 2 * N + 8;
+    double *t = malloc(sizeof *t * 3 * N);
+    float *lg = malloc(sizeof(float) * (size_t)m->cfg.n_vocab);
+    int32_t ids[NP + WARM + 2 * N];
+    for (int i = 0; i < NP + WARM + 2 * N; i++) ids[i] = (int32_t)((97 * i + 13) % m->cfg.n_vocab);
+    enum moe_status st = !t || !lg ? MOE_ERR_NOMEM : moe_session_create(m, &qa, &a);
+    if (!st && pb) {
+        struct moe_session_params qb = *pb;
+        qb.n_ctx = qa.n_ctx;
+        st = moe_session_create(m, &qb, &b);
     }
-    enum { NP = 8, ND = 24 };
-    double t[ND];
-    int32_t ids[NP + ND];
-    for (int i = 0; i < NP + ND; i++) ids[i] = (int32_t)((97 * i + 13) % m->cfg.n_vocab);
-    for (int round = 0; !st && round < 2; round++) { /* the first round loads (or touches) the experts */
-        moe_session_reset(s);
-        st = moe_session_forward(s, ids, NP, NULL, 0);
-        float *lg = malloc(sizeof(float) * (size_t)m->cfg.n_vocab);
-        if (!lg) st = MOE_ERR_NOMEM;
-        for (int i = 0; !st && i < ND; i++) {
+    if (!st) st = moe_session_forward(a, ids, NP, NULL, 0);
+    if (!st && b) st = moe_session_forward(b, ids, NP, NULL, 0);
+    int pa_pos = NP, pb_pos = NP;
+    for (int i = 0; !st && i < WARM; i++) {
+        st = moe_session_forward(a, ids + pa_pos++, 1, lg, 0);
+        if (!st && b) st = moe_session_forward(b, ids + pb_pos++, 1, lg, 0);
+    }
+    for (int i = 0; !st && i < N; i++) {
+        for (int w = 0; !st && w < 3; w++) {
+            if (w == 1 && K < 2) continue;
+            if (w == 2 && !b) continue;
+            if (w < 2) st = moe_session_set_experts(a, w == 0 ? K : 1);
+            if (st) break;
             double t0 = now_s();
-            st = moe_session_forward(s, ids + NP + i, 1, lg, 0);
-            t[i] = now_s() - t0;
+            st = w < 2 ? moe_session_forward(a, ids + pa_pos++, 1, lg, 0) : moe_session_forward(b, ids + pb_pos++, 1, lg, 0);
+            t[w * N + i] = now_s() - t0;
         }
-        free(lg);
     }
-    if (!st) *out = median(t, ND);
-    moe_session_free(s);
+    if (!st) {
+        *step_k = median(t, N);
+        *step_1 = K > 1 ? median(t + N, N) : *step_k;
+        *step_store = b ? median(t + 2 * N, N) : 0;
+    }
+    moe_session_free(a);
+    moe_session_free(b);
+    free(t);
+    free(lg);
     return st;
 }
 
@@ -591,8 +612,7 @@ enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int
     if (st) return st;
     /* decode steps, every expert resident at the model's bound precision, with
      * top-K and top-1 (the expert time in place and the rest of the step), and
-     * with every expert in a store (its own work); three rounds in turn, the
-     * fastest median of each kept (a busy machine only adds time) */
+     * with every expert in a store (its own work), taken in turn */
     int n_moe = 0;
     for (int l = 0; l < c->n_layer; l++) n_moe += c->layer_moe[l] != 0;
     if (store_limit <= 0) store_limit = (int64_t)1 << 30;
@@ -612,15 +632,8 @@ enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int
     struct moe_session_params sp2 = sp;
     sp2.store = &stp;
     const int K = c->n_expert_used, with_store = all <= store_limit && n_moe > 0;
-    double step_k = INFINITY, step_1 = INFINITY, step_st = INFINITY, t;
-    for (int round = 0; round < 3; round++) {
-        if ((st = time_decode(m, &sp, 0, &t))) return st;
-        step_k = t < step_k ? t : step_k;
-        if (K > 1 && (st = time_decode(m, &sp, 1, &t))) return st;
-        if (K > 1) step_1 = t < step_1 ? t : step_1;
-        if (with_store && (st = time_decode(m, &sp2, 0, &t))) return st;
-        if (with_store) step_st = t < step_st ? t : step_st;
-    }
+    double step_k = 0, step_1 = 0, step_st = 0;
+    if ((st = time_steps(m, &sp, with_store ? &sp2 : NULL, &step_k, &step_1, &step_st))) return st;
     out->step_s = step_k;
     double iso = 0; /* the bound precisions' time measured alone at one token, mean over the experts */
     for (int l = 0; l < c->n_layer; l++)

@@ -339,7 +339,7 @@ static void print_json(const struct plan_args *a, const struct moe_plan_model *p
         const struct moe_plan *p = &r->plans[i];
         char opts[512];
         moe_plan_options(p, pm, opts, sizeof opts);
-        printf("%s{\"rank\": %d, \"tok_s\": %.6g, \"s_per_token\": %.6g, \"bytes_per_token\": %.6g, \"hit_ratio\": %.6g, "
+        printf("%s\n{\"rank\": %d, \"tok_s\": %.6g, \"s_per_token\": %.6g, \"bytes_per_token\": %.6g, \"hit_ratio\": %.6g, "
                "\"stall_share\": %.4g, \"expert_mem\": %lld, \"high_cap\": %d, \"low_cap\": %d, \"high\": ",
                i ? ", " : "", i + 1, p->tok_s, p->s_per_token, p->bytes_per_token, p->hit_ratio, p->stall_share,
                (long long)p->expert_mem, p->high_cap, p->low_cap);
@@ -358,7 +358,7 @@ static void print_json(const struct plan_args *a, const struct moe_plan_model *p
         moe_tool_json_string(stdout, opts);
         putchar('}');
     }
-    printf("]}\n");
+    printf("\n]}\n");
 }
 
 static void print_table(const struct plan_args *a, const struct moe_plan_model *pm, const struct moe_plan_result *r) {
