@@ -8,6 +8,7 @@ size_t moe_dtype_size(enum moe_dtype t) {
     case MOE_DTYPE_F32: return 4;
     case MOE_DTYPE_F16: return 2;
     case MOE_DTYPE_BF16: return 2;
+    case MOE_DTYPE_U8: return 1;
     default: break;
     }
     MOE_ASSERT(!"bad dtype");
@@ -19,6 +20,7 @@ const char *moe_dtype_name(enum moe_dtype t) {
     case MOE_DTYPE_F32: return "F32";
     case MOE_DTYPE_F16: return "F16";
     case MOE_DTYPE_BF16: return "BF16";
+    case MOE_DTYPE_U8: return "U8";
     default: return "?";
     }
 }
@@ -78,6 +80,9 @@ uint16_t moe_f32_to_f16(float f) {
 void moe_convert_row_f32(enum moe_dtype t, const void *src, float *dst, size_t n) {
     switch (t) {
     case MOE_DTYPE_F32: memcpy(dst, src, n * 4); return;
+    case MOE_DTYPE_U8:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const unsigned char *)src)[i];
+        return;
     /* elements are read through memcpy: tensors in a mapped file may be unaligned */
     case MOE_DTYPE_F16: {
         const unsigned char *s = src;

@@ -19,13 +19,14 @@ enum moe_dtype {
     MOE_DTYPE_F32 = 0,
     MOE_DTYPE_F16 = 1,
     MOE_DTYPE_BF16 = 2,
+    MOE_DTYPE_U8 = 3, /* raw bytes: packed quantized data (gpt-oss's MXFP4 blocks and scales) */
     MOE_DTYPE_COUNT
 };
 
 /* moe_dtype_size: bytes per element. */
 size_t moe_dtype_size(enum moe_dtype t);
 
-/* moe_dtype_name: "F32", "F16", "BF16" (the safetensors spellings). */
+/* moe_dtype_name: "F32", "F16", "BF16", "U8" (the safetensors spellings). */
 const char *moe_dtype_name(enum moe_dtype t);
 
 static inline float moe_bf16_to_f32(uint16_t h) {

@@ -68,6 +68,7 @@ extern "C" {
  *   14     q6_k     256    210  6.5625       16 sub-blocks of 16, int8 scales
  *   15     q8_k     256    292  9.125        f32 d; int8 q; int16 sums of 16
  *   30     bf16       1      2  16           bfloat16 (upper half of binary32)
+ *   39     mxfp4     32     17  4.25         e8m0 e; 4-bit e2m1 q, w = kv[q] * 2^(e-128)
  *
  * q8_k is ggml's activation-side type for integer k-quant dot products; it is
  * here for that later use and is not meant for weights.
@@ -84,9 +85,10 @@ enum moe_qtype {
     MOE_QTYPE_Q6_K = 14,
     MOE_QTYPE_Q8_K = 15,
     MOE_QTYPE_BF16 = 30,
+    MOE_QTYPE_MXFP4 = 39,
 };
 /* One past the largest value: a bound for tables indexed by type. */
-#define MOE_QTYPE_LIMIT 31
+#define MOE_QTYPE_LIMIT 40
 
 /* Elements per block. */
 #define MOE_QK4_0 32
@@ -102,6 +104,28 @@ typedef struct moe_block_q4_0 {
     uint8_t qs[MOE_QK4_0 / 2];
 } moe_block_q4_0;
 MOE_STATIC_ASSERT(sizeof(moe_block_q4_0) == 18, "q4_0 block size");
+
+/* mxfp4 (OCP microscaling FP4, gpt-oss's expert format, ggml's layout): 32
+ * e2m1 values sharing the power-of-two scale e (e8m0). kv = {0, 1, 2, 3, 4,
+ * 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12} (twice the e2m1 values, so the
+ * scale is 2^(e-128): e < 2 are subnormal floats); qs[j] holds q[j] (low
+ * nibble) and q[j+16] (high). */
+#define MOE_QK_MXFP4 32
+typedef struct moe_block_mxfp4 {
+    uint8_t e;
+    uint8_t qs[MOE_QK_MXFP4 / 2];
+} moe_block_mxfp4;
+MOE_STATIC_ASSERT(sizeof(moe_block_mxfp4) == 17, "mxfp4 block size");
+
+/* moe_e8m0_to_f32_half: 2^(e-128), ggml's GGML_E8M0_TO_FP32_HALF. */
+static inline MOE_HOST_DEVICE float moe_e8m0_to_f32_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    union {
+        uint32_t u;
+        float f;
+    } v = {bits};
+    return v.f;
+}
 
 /* q8_0: w[j] = d * qs[j]. */
 typedef struct moe_block_q8_0 {

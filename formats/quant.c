@@ -118,6 +118,7 @@ static const struct qtype_info g_info[MOE_QTYPE_LIMIT] = {
     [MOE_QTYPE_Q6_K] = {"q6_k", MOE_QK_K, sizeof(moe_block_q6_K)},
     [MOE_QTYPE_Q8_K] = {"q8_k", MOE_QK_K, sizeof(moe_block_q8_K)},
     [MOE_QTYPE_BF16] = {"bf16", 1, 2},
+    [MOE_QTYPE_MXFP4] = {"mxfp4", MOE_QK_MXFP4, sizeof(moe_block_mxfp4)},
 };
 
 /* Returns the table entry of t, or NULL if t is not a supported type. */
@@ -223,6 +224,38 @@ static void quantize_q8_0(const float *x, uint8_t *y, int64_t nb) {
  * (ggml's C differs from gguf in one corner: for an all-zero block starting with
  * -0.0, gguf stores d = +0 and ggml d = -0; we follow gguf.)
  */
+/* The e2m1 values of mxfp4, doubled (ggml's kvalues_mxfp4). */
+static const int8_t k_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* mxfp4_index: the code whose value (times d) is nearest to x, the lowest on ties. */
+static int mxfp4_index(float x, float d) {
+    int best = 0;
+    float best_err = fabsf((float)k_mxfp4[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        float err = fabsf((float)k_mxfp4[i] * d - x);
+        if (err < best_err) best = i, best_err = err;
+    }
+    return best;
+}
+
+/* ggml's quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127, so the
+ * block's largest magnitude lands in kv's top octave; each value to its
+ * nearest code. The exponent is converted through int and wrapped to 8 bits
+ * as ggml's cast does on the machines it runs on (only blocks below 2^-125
+ * or above 2^130 reach that). */
+static void quantize_mxfp4(const float *x, uint8_t *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += MOE_QK_MXFP4, y += sizeof(moe_block_mxfp4)) {
+        float amax = 0.0f;
+        for (int j = 0; j < MOE_QK_MXFP4; j++)
+            if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+        const uint8_t e = amax > 0.0f ? (uint8_t)(int)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = moe_e8m0_to_f32_half(e);
+        y[0] = e;
+        for (int j = 0; j < MOE_QK_MXFP4 / 2; j++)
+            y[1 + j] = (uint8_t)(mxfp4_index(x[j], d) | mxfp4_index(x[j + MOE_QK_MXFP4 / 2], d) << 4);
+    }
+}
+
 static void quantize_q4_0(const float *x, uint8_t *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += MOE_QK4_0, y += sizeof(moe_block_q4_0)) {
         int imax = 0;
@@ -758,6 +791,7 @@ enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, 
     case MOE_QTYPE_Q5_K: quantize_q5_K(src, y, nb); break;
     case MOE_QTYPE_Q6_K: quantize_q6_K(src, y, nb); break;
     case MOE_QTYPE_Q8_K: quantize_q8_K(src, y, nb); break;
+    case MOE_QTYPE_MXFP4: quantize_mxfp4(src, y, nb); break;
     }
     return MOE_OK;
 }
@@ -784,6 +818,17 @@ static void deq_q4_0(const void *w, float *y, int64_t nb) {
         for (int j = 0; j < 16; j++) {
             y[j] = d * (float)((qs[j] & 15) - 8);
             y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void deq_mxfp4(const void *w, float *y, int64_t nb) {
+    const uint8_t *b = w;
+    for (int64_t i = 0; i < nb; i++, b += sizeof(moe_block_mxfp4), y += MOE_QK_MXFP4) {
+        const float d = moe_e8m0_to_f32_half(b[0]);
+        for (int j = 0; j < MOE_QK_MXFP4 / 2; j++) {
+            y[j] = (float)k_mxfp4[b[1 + j] & 15] * d;
+            y[j + MOE_QK_MXFP4 / 2] = (float)k_mxfp4[b[1 + j] >> 4] * d;
         }
     }
 }
@@ -924,6 +969,7 @@ DOT_REF(q4_K, moe_block_q4_K, MOE_QK_K)
 DOT_REF(q5_K, moe_block_q5_K, MOE_QK_K)
 DOT_REF(q6_K, moe_block_q6_K, MOE_QK_K)
 DOT_REF(q8_K, moe_block_q8_K, MOE_QK_K)
+DOT_REF(mxfp4, moe_block_mxfp4, MOE_QK_MXFP4)
 
 /* Plain rows: chunks of 256 elements through dot_blocks, then the rest. */
 static float dot_plain(moe_dequant_fn deq, size_t es, const void *w, const float *x, int64_t n) {
@@ -979,6 +1025,7 @@ static void fill_scalar(struct moe_quant_kernels *k) {
     SET_REF(Q5_K, q5_K);
     SET_REF(Q6_K, q6_K);
     SET_REF(Q8_K, q8_K);
+    SET_REF(MXFP4, mxfp4);
 }
 
 /* Probe the CPU once, build the three tables (SIMD tables start as copies of

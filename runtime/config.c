@@ -22,6 +22,9 @@ const char *moe_arch_name(enum moe_arch a) {
     case MOE_ARCH_QWEN3_MOE: return "qwen3_moe";
     case MOE_ARCH_OLMOE: return "olmoe";
     case MOE_ARCH_PHIMOE: return "phimoe";
+    case MOE_ARCH_DEEPSEEK_V2: return "deepseek_v2";
+    case MOE_ARCH_DEEPSEEK_V3: return "deepseek_v3";
+    case MOE_ARCH_GPT_OSS: return "gpt_oss";
     }
     return "?";
 }
@@ -32,8 +35,11 @@ static const struct {
 } k_arches[] = {
     {"MixtralForCausalLM", MOE_ARCH_MIXTRAL},   {"Qwen2MoeForCausalLM", MOE_ARCH_QWEN2_MOE},
     {"Qwen3MoeForCausalLM", MOE_ARCH_QWEN3_MOE}, {"OlmoeForCausalLM", MOE_ARCH_OLMOE},
-    {"PhimoeForCausalLM", MOE_ARCH_PHIMOE},
+    {"PhimoeForCausalLM", MOE_ARCH_PHIMOE},     {"DeepseekV2ForCausalLM", MOE_ARCH_DEEPSEEK_V2},
+    {"DeepseekV3ForCausalLM", MOE_ARCH_DEEPSEEK_V3}, {"GptOssForCausalLM", MOE_ARCH_GPT_OSS},
 };
+
+static int is_deepseek(enum moe_arch a) { return a == MOE_ARCH_DEEPSEEK_V2 || a == MOE_ARCH_DEEPSEEK_V3; }
 
 /* Parsing context: the JSON root and the label used in messages. */
 struct cfg_ctx {
@@ -125,6 +131,61 @@ static enum moe_status read_factor_list(const struct cfg_ctx *c, const cJSON *rp
     return MOE_OK;
 }
 
+/* yarn_mscale: YaRN's attention temperature 0.1 * m * ln(scale) + 1 (1 for scale <= 1). */
+static double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+/* parse_yarn: YaRN's parameters as transformers' _compute_yarn_parameters reads
+ * them; for MLA also the softmax scale's mscale_all_dim correction. */
+static enum moe_status parse_yarn(const struct cfg_ctx *c, struct moe_config *cfg, const cJSON *p) {
+    struct moe_rope *r = &cfg->rope;
+    enum moe_status st;
+    r->kind = MOE_ROPE_YARN;
+    float omp;
+    const cJSON *top_omp = field(c, "original_max_position_embeddings");
+    double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
+    if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
+    if (!(omp >= 1)) {
+        MOE_LOGE("%s: yarn original_max_position_embeddings must be >= 1", c->label);
+        return MOE_ERR_INVALID;
+    }
+    r->original_max_pos = (int)omp;
+    /* no factor: the ratio of the extended to the original context (DeepSeek-V3's note) */
+    if ((st = get_float(c, p, "factor", (double)cfg->max_pos / omp, &r->factor))) return st;
+    if (!(r->factor > 0)) {
+        MOE_LOGE("%s: yarn factor must be positive", c->label);
+        return MOE_ERR_INVALID;
+    }
+    float mscale, mscale_all, af;
+    if ((st = get_float(c, p, "mscale", 0.0, &mscale)) || (st = get_float(c, p, "mscale_all_dim", 0.0, &mscale_all)) ||
+        (st = get_float(c, p, "attention_factor", -1.0, &af)))
+        return st;
+    if (af >= 0)
+        r->attention_factor = af;
+    else if (mscale != 0 && mscale_all != 0)
+        r->attention_factor = (float)(yarn_mscale(r->factor, mscale) / yarn_mscale(r->factor, mscale_all));
+    else
+        r->attention_factor = (float)yarn_mscale(r->factor, 1.0);
+    /* transformers: `get("beta_fast") or 32`, so 0 also means the default */
+    if ((st = get_float(c, p, "beta_fast", 32.0, &r->beta_fast)) || (st = get_float(c, p, "beta_slow", 1.0, &r->beta_slow)))
+        return st;
+    if (r->beta_fast == 0) r->beta_fast = 32;
+    if (r->beta_slow == 0) r->beta_slow = 1;
+    if (!(r->beta_fast > 0 && r->beta_slow > 0)) {
+        MOE_LOGE("%s: yarn beta_fast and beta_slow must be positive", c->label);
+        return MOE_ERR_INVALID;
+    }
+    r->truncate = 1;
+    const cJSON *tr = cJSON_GetObjectItemCaseSensitive(p, "truncate");
+    if (tr && !cJSON_IsNull(tr)) {
+        if (!cJSON_IsBool(tr)) {
+            MOE_LOGE("%s: yarn \"truncate\" must be true or false", c->label);
+            return MOE_ERR_INVALID;
+        }
+        r->truncate = cJSON_IsTrue(tr);
+    }
+    return MOE_OK;
+}
+
 /* parse_rope: rope_parameters (v5) or rope_theta + rope_scaling (v4). */
 static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cfg, double def_theta) {
     struct moe_rope *r = &cfg->rope;
@@ -152,7 +213,8 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
         MOE_LOGE("%s: partial_rotary_factor must be in (0, 1]", c->label);
         return MOE_ERR_INVALID;
     }
-    r->n_rot = (int)(cfg->head_dim * prf);
+    const int rope_head = cfg->attn == MOE_ATTN_MLA ? cfg->qk_rope_dim : cfg->head_dim;
+    r->n_rot = (int)(rope_head * prf);
     r->n_rot -= r->n_rot % 2;
     r->kind = MOE_ROPE_DEFAULT;
     r->factor = 1.0f;
@@ -215,8 +277,9 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
                                : (float)sqrt(1.0 + log(factor) / log((double)r->original_max_pos));
         return MOE_OK;
     }
+    if (!strcmp(type, "yarn")) return parse_yarn(c, cfg, p);
     MOE_LOGE("%s: RoPE scaling type \"%s\" is not supported (supported: default, linear, llama3, "
-             "longrope)",
+             "longrope, yarn)",
              c->label, type);
     return MOE_ERR_UNSUPPORTED;
 }
@@ -235,9 +298,13 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
         MOE_LOGE("%s: \"mlp_only_layers\" must be a list", c->label);
         return MOE_ERR_INVALID;
     }
+    int first_moe = 0; /* DeepSeek: the first first_k_dense_replace layers are dense */
+    if (is_deepseek(cfg->arch) &&
+        (st = get_int(c, "first_k_dense_replace", 0, cfg->arch == MOE_ARCH_DEEPSEEK_V3 ? 3 : 0, 0, 1 << 20, &first_moe)))
+        return st;
     int has_dense = 0;
     for (int l = 0; l < L; l++) {
-        int moe = 1;
+        int moe = l >= first_moe;
         if (cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE)
             moe = ((l + 1) % step) == 0;
         const cJSON *e;
@@ -274,6 +341,8 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
         int max_window_layers = L;
         if ((st = get_int(c, "max_window_layers", 0, L, 0, 1 << 20, &max_window_layers))) return st;
         for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0 && l < max_window_layers;
+    } else if (cfg->arch == MOE_ARCH_GPT_OSS) { /* GptOssConfig's default: even layers slide */
+        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0;
     } else { /* Mixtral, Phi-MoE, OLMoE, Qwen3-MoE: one window for every layer */
         for (int l = 0; l < L; l++) cfg->layer_sliding[l] = 1;
     }
@@ -296,6 +365,127 @@ static void parse_token_ids(const cJSON *v, int *ids, int *n, int max) {
             if (cJSON_IsNumber(e) && *n < max) ids[(*n)++] = (int)e->valuedouble;
         }
     }
+}
+
+/* parse_mla: DeepSeek's multi-head latent attention shapes. q_lora_rank may
+ * be null (queries straight from the hidden state) but must be present: the
+ * class default would silently pick a shape. */
+static enum moe_status parse_mla(const struct cfg_ctx *c, struct moe_config *cfg) {
+    enum moe_status st;
+    const int BIG = 1 << 24;
+    cfg->attn = MOE_ATTN_MLA;
+    if (cfg->n_head_kv != cfg->n_head) {
+        MOE_LOGE("%s: multi-head latent attention expands the latent to every head: num_key_value_heads (%d) must "
+                 "equal num_attention_heads (%d)",
+                 c->label, cfg->n_head_kv, cfg->n_head);
+        return MOE_ERR_INVALID;
+    }
+    if (!cJSON_GetObjectItemCaseSensitive(c->root, "q_lora_rank")) {
+        MOE_LOGE("%s: missing required field \"q_lora_rank\" (null for no query compression)", c->label);
+        return MOE_ERR_NOT_FOUND;
+    }
+    if ((st = get_int(c, "q_lora_rank", 0, 0, 1, BIG, &cfg->q_lora_rank))) return st;
+    if ((st = get_int(c, "kv_lora_rank", 1, 0, 1, BIG, &cfg->kv_lora_rank))) return st;
+    if ((st = get_int(c, "qk_nope_head_dim", 1, 0, 1, BIG, &cfg->qk_nope_dim))) return st;
+    if ((st = get_int(c, "qk_rope_head_dim", 1, 0, 2, BIG, &cfg->qk_rope_dim))) return st;
+    if ((st = get_int(c, "v_head_dim", 1, 0, 1, BIG, &cfg->v_head_dim))) return st;
+    if (cfg->qk_rope_dim % 2) {
+        MOE_LOGE("%s: qk_rope_head_dim %d must be even for RoPE", c->label, cfg->qk_rope_dim);
+        return MOE_ERR_INVALID;
+    }
+    cfg->head_dim = cfg->qk_nope_dim + cfg->qk_rope_dim;
+    return MOE_OK;
+}
+
+/* parse_deepseek_routing: V2's topk_method (greedy or group_limited_greedy,
+ * softmax scores, never renormalised: transformers ignores norm_topk_prob
+ * there) and V3's sigmoid scores with groups; both scale the weights by
+ * routed_scaling_factor. */
+static enum moe_status parse_deepseek_routing(const struct cfg_ctx *c, struct moe_config *cfg) {
+    enum moe_status st;
+    const int v3 = cfg->arch == MOE_ARCH_DEEPSEEK_V3;
+    if ((st = get_float(c, c->root, "routed_scaling_factor", v3 ? 2.5 : 1.0, &cfg->routed_scale))) return st;
+    int grouped = v3;
+    if (!v3) {
+        const cJSON *m = field(c, "topk_method");
+        const char *method = cJSON_IsString(m) ? m->valuestring : m ? "?" : "greedy";
+        if (!strcmp(method, "group_limited_greedy")) {
+            grouped = 1;
+        } else if (strcmp(method, "greedy")) {
+            MOE_LOGE("%s: topk_method \"%s\" is not supported by DeepseekV2 (greedy, group_limited_greedy)",
+                     c->label, method);
+            return MOE_ERR_UNSUPPORTED;
+        }
+        cfg->norm_topk_prob = 0;
+    }
+    if (!grouped) return MOE_OK;
+    cfg->router = v3 ? MOE_ROUTER_SIGMOID_GROUP : MOE_ROUTER_SOFTMAX_GROUP;
+    if ((st = get_int(c, "n_group", !v3, 8, 1, 1 << 16, &cfg->n_group)) ||
+        (st = get_int(c, "topk_group", !v3, 4, 1, 1 << 16, &cfg->topk_group)))
+        return st;
+    const int gsize = cfg->n_expert / cfg->n_group;
+    if (cfg->n_expert % cfg->n_group || cfg->topk_group > cfg->n_group || (v3 && gsize < 2)) {
+        MOE_LOGE("%s: %d experts cannot form n_group = %d equal groups%s with topk_group = %d", c->label,
+                 cfg->n_expert, cfg->n_group, v3 ? " of at least 2" : "", cfg->topk_group);
+        return MOE_ERR_INVALID;
+    }
+    if (cfg->n_expert_used > cfg->topk_group * gsize) {
+        MOE_LOGE("%s: num_experts_per_tok (%d) exceeds the %d experts of the topk_group = %d groups", c->label,
+                 cfg->n_expert_used, cfg->topk_group * gsize, cfg->topk_group);
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* mla_rope: DeepSeek's RoPE details: V2 rotates adjacent pairs (complex
+ * multiplication), V3 does when rope_interleave (its default); with a scaled
+ * RoPE the softmax scale grows by yarn_mscale(factor, mscale_all_dim)^2. */
+static enum moe_status mla_rope(const struct cfg_ctx *c, struct moe_config *cfg) {
+    enum moe_status st;
+    int inter = 1;
+    if (cfg->arch == MOE_ARCH_DEEPSEEK_V3 && (st = get_bool(c, "rope_interleave", 1, &inter))) return st;
+    cfg->rope.interleave = inter;
+    const cJSON *p = field(c, "rope_parameters");
+    if (!p) p = field(c, "rope_scaling");
+    if (!p || cfg->rope.kind == MOE_ROPE_DEFAULT) return MOE_OK;
+    float all_dim;
+    if ((st = get_float(c, p, "mscale_all_dim", 0.0, &all_dim))) return st;
+    if (all_dim != 0) {
+        double m = yarn_mscale(cfg->rope.factor, all_dim);
+        cfg->attn_scale = (float)(pow((double)cfg->head_dim, -0.5) * m * m);
+    }
+    return MOE_OK;
+}
+
+/* parse_gpt_oss: the clamped SwiGLU of the experts, their biases, the
+ * router's bias and the attention sinks. */
+static enum moe_status parse_gpt_oss(const struct cfg_ctx *c, struct moe_config *cfg) {
+    enum moe_status st;
+    cfg->expert_act = MOE_ACT_SWIGLU_OAI;
+    cfg->expert_bias = cfg->router_bias = cfg->attn_sinks = 1;
+    if ((st = get_float(c, c->root, "swiglu_alpha", 1.702, &cfg->swiglu_alpha)) ||
+        (st = get_float(c, c->root, "swiglu_limit", 7.0, &cfg->swiglu_limit)))
+        return st;
+    if (!(cfg->swiglu_limit > 0)) {
+        MOE_LOGE("%s: swiglu_limit must be positive", c->label);
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* parse_quantization: a pre-quantized checkpoint's quantization_config. gpt-oss's
+ * MXFP4 experts are read as they are; other methods (DeepSeek-V3's block-scaled
+ * FP8, GPTQ, AWQ, ...) are refused by name rather than misread. */
+static enum moe_status parse_quantization(const struct cfg_ctx *c, const struct moe_config *cfg) {
+    const cJSON *q = field(c, "quantization_config");
+    if (!q) return MOE_OK;
+    const cJSON *m = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "quant_method") : NULL;
+    const char *method = cJSON_IsString(m) ? m->valuestring : "?";
+    if (cfg->arch == MOE_ARCH_GPT_OSS && !strcmp(method, "mxfp4")) return MOE_OK;
+    MOE_LOGE("%s: quantization_config with quant_method \"%s\" is not supported%s", c->label, method,
+             !strcmp(method, "fp8") ? " (block-scaled FP8 is not read yet: convert the checkpoint to BF16 first)"
+                                    : " (only gpt-oss's mxfp4 experts are read as stored)");
+    return MOE_ERR_UNSUPPORTED;
 }
 
 enum moe_status moe_config_parse(const char *json, size_t len, const char *label,
@@ -329,7 +519,8 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     }
     if (!found) {
         MOE_LOGE("%s: unknown architecture \"%s\" (supported: MixtralForCausalLM, "
-                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, PhimoeForCausalLM)",
+                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, PhimoeForCausalLM, "
+                 "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)",
                  label, name);
         st = MOE_ERR_UNSUPPORTED;
         goto fail;
@@ -348,16 +539,24 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         st = MOE_ERR_INVALID;
         goto fail;
     }
-    if ((st = get_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
-    if (cfg->head_dim % 2) {
-        MOE_LOGE("%s: head_dim %d must be even for RoPE", label, cfg->head_dim);
-        st = MOE_ERR_INVALID;
-        goto fail;
+    const int ds = is_deepseek(a);
+    if (ds) {
+        if ((st = parse_mla(c, cfg))) goto fail;
+    } else {
+        if ((st = get_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
+        if (cfg->head_dim % 2) {
+            MOE_LOGE("%s: head_dim %d must be even for RoPE", label, cfg->head_dim);
+            st = MOE_ERR_INVALID;
+            goto fail;
+        }
     }
     if ((st = get_int(c, "max_position_embeddings", 0, 4096, 1, 1 << 30, &cfg->max_pos))) goto fail;
 
     /* experts: v5 spells num_local_experts for several architectures */
-    const char *ne_name = field(c, "num_local_experts") ? "num_local_experts" : "num_experts";
+    const char *ne_name = field(c, "num_local_experts") ? "num_local_experts"
+                          : field(c, "num_experts")     ? "num_experts"
+                          : ds                          ? "n_routed_experts"
+                                                        : "num_experts";
     if ((st = get_int(c, ne_name, 1, 0, 1, 1 << 16, &cfg->n_expert))) goto fail;
     if ((st = get_int(c, "num_experts_per_tok", 1, 0, 1, 1 << 16, &cfg->n_expert_used))) goto fail;
     if (cfg->n_expert_used > cfg->n_expert) {
@@ -368,22 +567,44 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     }
     int inter = 0;
     if ((st = get_int(c, "intermediate_size", 0, 0, 0, BIG, &inter))) goto fail;
-    if (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE) {
+    if (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE || ds) {
         if ((st = get_int(c, "moe_intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
         cfg->n_ff_dense = inter;
     } else {
         if ((st = get_int(c, "intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
     }
-    if (a == MOE_ARCH_QWEN2_MOE &&
-        (st = get_int(c, "shared_expert_intermediate_size", 1, 0, 0, BIG, &cfg->n_ff_shared)))
-        goto fail;
+    if (a == MOE_ARCH_QWEN2_MOE) {
+        if ((st = get_int(c, "shared_expert_intermediate_size", 1, 0, 0, BIG, &cfg->n_ff_shared))) goto fail;
+        cfg->shared_gated = 1;
+    }
+    if (ds) { /* n_shared_experts experts of moe_intermediate_size act as one ungated MLP */
+        int n_shared = 0;
+        if ((st = get_int(c, "n_shared_experts", 0, a == MOE_ARCH_DEEPSEEK_V2 ? 2 : 1, 0, 1 << 16, &n_shared))) goto fail;
+        if ((int64_t)n_shared * cfg->n_ff_expert > BIG) {
+            MOE_LOGE("%s: n_shared_experts x moe_intermediate_size is too large", label);
+            st = MOE_ERR_INVALID;
+            goto fail;
+        }
+        cfg->n_ff_shared = n_shared * cfg->n_ff_expert;
+        int mlp_bias = 0;
+        if ((st = get_bool(c, "mlp_bias", 0, &mlp_bias))) goto fail;
+        if (mlp_bias) {
+            MOE_LOGE("%s: \"mlp_bias\": true is not supported (feed-forward layers without biases only)", label);
+            st = MOE_ERR_UNSUPPORTED;
+            goto fail;
+        }
+    }
 
     /* routing */
     cfg->router = a == MOE_ARCH_PHIMOE ? MOE_ROUTER_SPARSEMIXER : MOE_ROUTER_SOFTMAX_TOPK;
     cfg->norm_topk_prob = a == MOE_ARCH_MIXTRAL; /* Mixtral always renormalises */
-    if (a != MOE_ARCH_MIXTRAL && a != MOE_ARCH_PHIMOE &&
-        (st = get_bool(c, "norm_topk_prob", 0, &cfg->norm_topk_prob)))
+    cfg->n_group = cfg->topk_group = 1;
+    cfg->routed_scale = 1.0f;
+    if (a == MOE_ARCH_GPT_OSS) cfg->norm_topk_prob = 1; /* softmax over the k largest logits */
+    if (a != MOE_ARCH_MIXTRAL && a != MOE_ARCH_PHIMOE && a != MOE_ARCH_DEEPSEEK_V2 && a != MOE_ARCH_GPT_OSS &&
+        (st = get_bool(c, "norm_topk_prob", a == MOE_ARCH_DEEPSEEK_V3, &cfg->norm_topk_prob)))
         goto fail;
+    if (ds && (st = parse_deepseek_routing(c, cfg))) goto fail;
     if (a == MOE_ARCH_PHIMOE) {
         if ((st = get_float(c, root, "router_jitter_noise", 0.01, &cfg->router_jitter))) goto fail;
         if (cfg->n_expert_used != 2) {
@@ -396,13 +617,13 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
 
     /* norms and attention */
     cfg->norm = a == MOE_ARCH_PHIMOE ? MOE_NORM_LAYER : MOE_NORM_RMS;
-    double def_eps = (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE) ? 1e-6 : 1e-5;
+    double def_eps = (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE || ds) ? 1e-6 : 1e-5;
     if ((st = get_float(c, root, "rms_norm_eps", def_eps, &cfg->norm_eps))) goto fail;
     if (a == MOE_ARCH_QWEN2_MOE) {
         if ((st = get_bool(c, "qkv_bias", 1, &cfg->attn_qkv_bias))) goto fail;
     } else if (a != MOE_ARCH_MIXTRAL) {
         int ab = 0;
-        if ((st = get_bool(c, "attention_bias", 0, &ab))) goto fail;
+        if ((st = get_bool(c, "attention_bias", a == MOE_ARCH_GPT_OSS, &ab))) goto fail;
         cfg->attn_qkv_bias = cfg->attn_o_bias = ab;
     }
     cfg->qk_norm = a == MOE_ARCH_QWEN3_MOE ? MOE_QK_NORM_HEAD
@@ -417,8 +638,12 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
     if (a == MOE_ARCH_PHIMOE && (st = get_bool(c, "lm_head_bias", 0, &cfg->lm_head_bias))) goto fail;
     if ((st = get_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings))) goto fail;
 
-    double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : 10000.0;
+    double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : a == MOE_ARCH_GPT_OSS ? 150000.0 : 10000.0;
+    if (a == MOE_ARCH_GPT_OSS && (st = parse_gpt_oss(c, cfg))) goto fail;
+    if ((st = parse_quantization(c, cfg))) goto fail;
     if ((st = parse_rope(c, cfg, def_theta))) goto fail;
+    cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
+    if (ds && (st = mla_rope(c, cfg))) goto fail;
     if ((st = parse_layer_kinds(c, cfg))) goto fail;
 
     cfg->bos_id = -1;

@@ -38,6 +38,7 @@ struct src_tensor {
     enum moe_qtype type;
     int n_dims;
     int64_t shape[8];
+    int raw_u8;   /* raw bytes (safetensors U8: packed MXFP4 blocks or scales), not a weight */
 };
 
 /* Binding context: where tensors come from, and the path for messages.
@@ -79,6 +80,10 @@ static enum moe_status find_shape(const struct bind *b, const char *name, int n_
     if (!b->find(b, name, t)) {
         MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
         return MOE_ERR_NOT_FOUND;
+    }
+    if (t->raw_u8) {
+        MOE_LOGE("%s: tensor \"%s\" holds raw bytes (U8), not weights", b->path, name);
+        return MOE_ERR_FORMAT;
     }
     int ok = t->n_dims == n_dims;
     for (int i = 0; ok && i < n_dims; i++) ok = t->shape[i] == dims[i];
@@ -191,6 +196,185 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_ffn *
     return MOE_OK;
 }
 
+static enum moe_status own(struct moe_model_impl *mi, void *p);
+
+/* gpt_oss_bias: expert e's biases as gate | up | down floats (gate_up_proj_bias
+ * [E, 2F] alternates gate and up; down_proj_bias [E, H]); row: 2F floats of scratch. */
+static enum moe_status gpt_oss_bias(const struct src_tensor *gub, const struct src_tensor *dnb, int64_t e, int64_t F,
+                                    int64_t H, float *row, float *bias) {
+    const size_t gbs = moe_qtype_row_bytes(gub->type, 2 * F), dbs = moe_qtype_row_bytes(dnb->type, H);
+    enum moe_status st = moe_dequantize_row(gub->type, (const char *)gub->data + (size_t)e * gbs, row, 2 * F);
+    if (!st) st = moe_dequantize_row(dnb->type, (const char *)dnb->data + (size_t)e * dbs, bias + 2 * F, H);
+    for (int64_t f = 0; !st && f < F; f++) bias[f] = row[2 * f], bias[F + f] = row[2 * f + 1];
+    return st;
+}
+
+/* mxfp4_repack_row: one weight row of n_in values from OpenAI's MXFP4 layout
+ * (n_in/32 blocks of 16 bytes, byte j = element 2j low nibble, 2j+1 high;
+ * a separate e8m0 scale per block) into ggml's (moe_block_mxfp4: the scale,
+ * then byte j = element j low, j+16 high). The codes and scales are kept:
+ * the same values bit for bit, no requantization. */
+static void mxfp4_repack_row(const uint8_t *blocks, const uint8_t *scales, int64_t n_in, uint8_t *out) {
+    for (int64_t g = 0; g < n_in / 32; g++, blocks += 16, out += sizeof(moe_block_mxfp4)) {
+        uint8_t q[32];
+        for (int j = 0; j < 16; j++) q[2 * j] = blocks[j] & 15, q[2 * j + 1] = blocks[j] >> 4;
+        out[0] = scales[g];
+        for (int j = 0; j < 16; j++) out[1 + j] = (uint8_t)(q[j] | q[j + 16] << 4);
+    }
+}
+
+/* split_gpt_oss: expert e's gate, up and down of gpt-oss's merged layout
+ * (gate_up [E, H, 2F] with gate and up in alternate columns, down [E, F, H],
+ * both x @ W) as row-major [F x H], [F x H], [H x F] copies in the stored
+ * element type; biases (gate_up [E, 2F] alternating, down [E, H]) as one
+ * float block gate | up | down. */
+static enum moe_status split_gpt_oss(const struct bind *b, const struct src_tensor *gu, const struct src_tensor *dn,
+                                     const struct src_tensor *gub, const struct src_tensor *dnb, int64_t e, int64_t F,
+                                     int64_t H, struct moe_ffn *out) {
+    struct moe_model_impl *mi = b->m->impl;
+    const size_t es = moe_qtype_row_bytes(gu->type, 1), ed = moe_qtype_row_bytes(dn->type, 1);
+    char *g = malloc((size_t)(F * H) * es), *u = malloc((size_t)(F * H) * es), *d = malloc((size_t)(H * F) * ed);
+    float *bias = malloc(sizeof(float) * (size_t)(2 * F + H)), *row = malloc(sizeof(float) * (size_t)(2 * F + H));
+    enum moe_status st = g && u && d && bias && row ? MOE_OK : MOE_ERR_NOMEM;
+    const char *src = (const char *)gu->data + (size_t)(e * H * 2 * F) * es;
+    for (int64_t i = 0; !st && i < H; i++) /* column 2f of row i is gate[f][i], 2f+1 up[f][i] */
+        for (int64_t f = 0; f < F; f++) {
+            memcpy(g + (size_t)(f * H + i) * es, src + (size_t)(i * 2 * F + 2 * f) * es, es);
+            memcpy(u + (size_t)(f * H + i) * es, src + (size_t)(i * 2 * F + 2 * f + 1) * es, es);
+        }
+    src = (const char *)dn->data + (size_t)(e * F * H) * ed;
+    for (int64_t f = 0; !st && f < F; f++)
+        for (int64_t i = 0; i < H; i++) memcpy(d + (size_t)(i * F + f) * ed, src + (size_t)(f * H + i) * ed, ed);
+    if (!st) st = gpt_oss_bias(gub, dnb, e, F, H, row, bias);
+    free(row);
+    if (st) {
+        free(g), free(u), free(d), free(bias);
+        return st;
+    }
+    void *bufs[4] = {g, u, d, bias};
+    for (int k = 0; k < 4; k++)
+        if ((st = own(mi, bufs[k]))) { /* own() freed bufs[k]; the rest are not kept either */
+            for (int r = k + 1; r < 4; r++) free(bufs[r]);
+            return st;
+        }
+    out->gate = (struct moe_weight){g, gu->type, F, H};
+    out->up = (struct moe_weight){u, gu->type, F, H};
+    out->down = (struct moe_weight){d, dn->type, H, F};
+    out->bias = bias;
+    return MOE_OK;
+}
+
+/* find_u8: a raw-byte (U8) tensor of exactly the given shape. */
+static enum moe_status find_u8(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
+                               struct src_tensor *t) {
+    if (!b->find(b, name, t)) {
+        MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
+        return MOE_ERR_NOT_FOUND;
+    }
+    int ok = t->raw_u8 && t->n_dims == n_dims;
+    for (int i = 0; ok && i < n_dims; i++) ok = t->shape[i] == dims[i];
+    if (!ok) {
+        MOE_LOGE("%s: tensor \"%s\" must be U8 of shape [%lld, %lld, %lld%s]", b->path, name, (long long)dims[0],
+                 (long long)dims[1], (long long)dims[2], n_dims == 4 ? ", 16" : "");
+        return MOE_ERR_SHAPE;
+    }
+    return MOE_OK;
+}
+
+/* bind_gpt_oss_mxfp4: the experts of one layer of a released gpt-oss
+ * checkpoint (MXFP4 `_blocks` and `_scales`, rows = output features, gate and
+ * up rows alternating), repacked into mxfp4 weights the model owns. */
+static enum moe_status bind_gpt_oss_mxfp4(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
+                                          const char *prefix) {
+    const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
+    if (H % 32 || F % 32) {
+        MOE_LOGE("%s: MXFP4 experts need hidden_size (%lld) and intermediate_size (%lld) divisible by 32", b->path,
+                 (long long)H, (long long)F);
+        return MOE_ERR_SHAPE;
+    }
+    char name[256];
+    struct src_tensor gb, gs, db, ds, gub, dnb;
+    enum moe_status st;
+    const int64_t d_gb[4] = {E, 2 * F, H / 32, 16}, d_gs[3] = {E, 2 * F, H / 32}, d_db[4] = {E, H, F / 32, 16},
+                  d_ds[3] = {E, H, F / 32}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
+    if ((st = find_u8(b, name, 4, d_gb, &gb))) return st;
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_scales", prefix);
+    if ((st = find_u8(b, name, 3, d_gs, &gs))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_blocks", prefix);
+    if ((st = find_u8(b, name, 4, d_db, &db))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_scales", prefix);
+    if ((st = find_u8(b, name, 3, d_ds, &ds))) return st;
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b1, &gub))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b2, &dnb))) return st;
+    const size_t rh = moe_qtype_row_bytes(MOE_QTYPE_MXFP4, H), rf = moe_qtype_row_bytes(MOE_QTYPE_MXFP4, F);
+    float *row = malloc(sizeof(float) * (size_t)(2 * F));
+    if (!row) return MOE_ERR_NOMEM;
+    for (int64_t e = 0; e < E && !st; e++) {
+        uint8_t *g = malloc(rh * (size_t)F), *u = malloc(rh * (size_t)F), *d = malloc(rf * (size_t)H);
+        float *bias = malloc(sizeof(float) * (size_t)(2 * F + H));
+        st = g && u && d && bias ? MOE_OK : MOE_ERR_NOMEM;
+        const uint8_t *blk = (const uint8_t *)gb.data + (size_t)(e * 2 * F) * (size_t)(H / 2),
+                      *sc = (const uint8_t *)gs.data + (size_t)(e * 2 * F) * (size_t)(H / 32);
+        for (int64_t f = 0; !st && f < F; f++) {
+            mxfp4_repack_row(blk + (size_t)(2 * f) * (size_t)(H / 2), sc + (size_t)(2 * f) * (size_t)(H / 32), H,
+                             g + (size_t)f * rh);
+            mxfp4_repack_row(blk + (size_t)(2 * f + 1) * (size_t)(H / 2), sc + (size_t)(2 * f + 1) * (size_t)(H / 32),
+                             H, u + (size_t)f * rh);
+        }
+        blk = (const uint8_t *)db.data + (size_t)(e * H) * (size_t)(F / 2);
+        sc = (const uint8_t *)ds.data + (size_t)(e * H) * (size_t)(F / 32);
+        for (int64_t i = 0; !st && i < H; i++)
+            mxfp4_repack_row(blk + (size_t)i * (size_t)(F / 2), sc + (size_t)i * (size_t)(F / 32), F, d + (size_t)i * rf);
+        if (!st) st = gpt_oss_bias(&gub, &dnb, e, F, H, row, bias);
+        void *bufs[4] = {g, u, d, bias};
+        if (st) {
+            for (int k = 0; k < 4; k++) free(bufs[k]);
+            break;
+        }
+        for (int k = 0; k < 4 && !st; k++)
+            if ((st = own(b->m->impl, bufs[k])))
+                for (int r = k + 1; r < 4; r++) free(bufs[r]);
+        if (st) break;
+        experts[e].gate = (struct moe_weight){g, MOE_QTYPE_MXFP4, F, H};
+        experts[e].up = (struct moe_weight){u, MOE_QTYPE_MXFP4, F, H};
+        experts[e].down = (struct moe_weight){d, MOE_QTYPE_MXFP4, H, F};
+        experts[e].bias = bias;
+    }
+    free(row);
+    return st;
+}
+
+/* bind_gpt_oss_experts: every expert of one gpt-oss MoE layer, split from the
+ * merged tensors (float, or MXFP4 blocks) into copies the model owns. */
+static enum moe_status bind_gpt_oss_experts(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
+                                            const char *prefix) {
+    char name[256];
+    struct src_tensor gu, dn, gub, dnb;
+    enum moe_status st;
+    const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
+    const int64_t d1[3] = {E, H, 2 * F}, d2[3] = {E, F, H}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
+    if (has_tensor(b, name)) return bind_gpt_oss_mxfp4(b, experts, c, prefix);
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj", prefix);
+    if ((st = find_shape(b, name, 3, d1, &gu))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj", prefix);
+    if ((st = find_shape(b, name, 3, d2, &dn))) return st;
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b1, &gub))) return st;
+    snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);
+    if ((st = find_shape(b, name, 2, b2, &dnb))) return st;
+    if (moe_qtype_block_size(gu.type) != 1 || moe_qtype_block_size(dn.type) != 1) {
+        MOE_LOGE("%s: %sexperts: merged expert tensors must be f32, f16 or bf16", b->path, prefix);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    for (int64_t e = 0; e < E; e++)
+        if ((st = split_gpt_oss(b, &gu, &dn, &gub, &dnb, e, F, H, &experts[e]))) return st;
+    return MOE_OK;
+}
+
 /* bind_moe: router, experts and shared expert of one MoE layer. */
 static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
                                 const struct moe_config *c, int l) {
@@ -202,12 +386,17 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
     snprintf(probe, sizeof probe, "%sgate.weight", prefix);
     if (mixtral_names && !has_tensor(b, probe)) /* v5-native spelling */
         snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.", l);
-    if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%sgate.weight", prefix))) return st;
+    const char *router = c->arch == MOE_ARCH_GPT_OSS ? "router" : "gate";
+    if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%s%s.weight", prefix, router)))
+        return st;
+    if (c->router_bias && (st = bind_vector(b, &L->router_b, c->n_expert, 0, "%s%s.bias", prefix, router))) return st;
     struct moe_ffn *experts = b->m->impl->experts + (size_t)l * (size_t)c->n_expert;
     snprintf(probe, sizeof probe, "%sexperts.gate_up_proj", prefix);
     if (b->bind_expert) { /* bundle: one blob per expert */
         for (int e = 0; e < c->n_expert && !b->m->impl->lazy; e++)
             if ((st = b->bind_expert(b, l, e, &experts[e]))) return st;
+    } else if (c->arch == MOE_ARCH_GPT_OSS) {
+        if ((st = bind_gpt_oss_experts(b, experts, c, prefix))) return st;
     } else if (has_tensor(b, probe)) {
         if ((st = bind_fused_experts(b, experts, c, prefix))) return st;
     } else {
@@ -220,24 +409,30 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
             if (st) return st;
         }
     }
+    if (c->router == MOE_ROUTER_SIGMOID_GROUP &&
+        (st = bind_vector(b, &L->router_bias, c->n_expert, 0, "%sgate.e_score_correction_bias", prefix)))
+        return st;
     if (c->n_ff_shared > 0) {
         char sp[160];
-        snprintf(sp, sizeof sp, "%sshared_expert.", prefix);
+        snprintf(sp, sizeof sp, "%s%s", prefix, c->shared_gated ? "shared_expert." : "shared_experts.");
         if ((st = bind_ffn(b, &L->shared, c->n_embd, c->n_ff_shared, sp, "gate_proj", "up_proj",
                            "down_proj", 0)))
             return st;
-        if ((st = bind_named(b, &L->shared_gate, 1, c->n_embd, MOE_ROLE_ROUTER, "%sshared_expert_gate.weight", prefix)))
+        if (c->shared_gated &&
+            (st = bind_named(b, &L->shared_gate, 1, c->n_embd, MOE_ROLE_ROUTER, "%sshared_expert_gate.weight", prefix)))
             return st;
     }
     return MOE_OK;
 }
 
-/* bind_layer: attention, norms and feed-forward of layer l. */
+static enum moe_status bind_gqa(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l);
+static enum moe_status bind_mla(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l);
+
+/* bind_layer: norms, attention and feed-forward of layer l. */
 static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
                                   const struct moe_config *c, int l) {
     enum moe_status st;
-    const int64_t H = c->n_embd, q = (int64_t)c->n_head * c->head_dim,
-                  kv = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t H = c->n_embd;
     const int ln = c->norm == MOE_NORM_LAYER;
     const char *p = "model.layers";
     if ((st = bind_vector(b, &L->attn_norm, H, 0, "%s.%d.input_layernorm.weight", p, l))) return st;
@@ -247,6 +442,22 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
         if ((st = bind_vector(b, &L->ffn_norm_b, H, 0, "%s.%d.post_attention_layernorm.bias", p, l)))
             return st;
     }
+    if (c->attn == MOE_ATTN_MLA) {
+        if ((st = bind_mla(b, L, c, l))) return st;
+    } else if ((st = bind_gqa(b, L, c, l))) {
+        return st;
+    }
+    if (c->layer_moe[l]) return bind_moe(b, L, c, l);
+    char dp[96];
+    snprintf(dp, sizeof dp, "%s.%d.mlp.", p, l);
+    return bind_ffn(b, &L->dense, H, c->n_ff_dense, dp, "gate_proj", "up_proj", "down_proj", 0);
+}
+
+/* bind_gqa: q/k/v/o projections, their biases and q/k norms of layer l. */
+static enum moe_status bind_gqa(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l) {
+    enum moe_status st;
+    const int64_t H = c->n_embd, q = (int64_t)c->n_head * c->head_dim, kv = (int64_t)c->n_head_kv * c->head_dim;
+    const char *p = "model.layers";
     if ((st = bind_named(b, &L->wq, q, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l))) return st;
     if ((st = bind_named(b, &L->wk, kv, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.k_proj.weight", p, l))) return st;
     if ((st = bind_named(b, &L->wv, kv, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.v_proj.weight", p, l))) return st;
@@ -258,6 +469,7 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
     }
     if (c->attn_o_bias && (st = bind_vector(b, &L->bo, H, 0, "%s.%d.self_attn.o_proj.bias", p, l)))
         return st;
+    if (c->attn_sinks && (st = bind_vector(b, &L->sinks, c->n_head, 0, "%s.%d.self_attn.sinks", p, l))) return st;
     if (c->qk_norm != MOE_QK_NORM_NONE) {
         int full = c->qk_norm == MOE_QK_NORM_FULL;
         if ((st = bind_vector(b, &L->q_norm, full ? q : c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, l)))
@@ -265,10 +477,35 @@ static enum moe_status bind_layer(const struct bind *b, struct moe_layer *L,
         if ((st = bind_vector(b, &L->k_norm, full ? kv : c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, l)))
             return st;
     }
-    if (c->layer_moe[l]) return bind_moe(b, L, c, l);
-    char dp[96];
-    snprintf(dp, sizeof dp, "%s.%d.mlp.", p, l);
-    return bind_ffn(b, &L->dense, H, c->n_ff_dense, dp, "gate_proj", "up_proj", "down_proj", 0);
+    return MOE_OK;
+}
+
+/* bind_mla: DeepSeek's latent attention of layer l: the query (straight, or
+ * through its LoRA pair and norm), the KV down-projection with the shared
+ * rope key, the latent norm, the per-head up-projection and o_proj. */
+static enum moe_status bind_mla(const struct bind *b, struct moe_layer *L, const struct moe_config *c, int l) {
+    enum moe_status st;
+    const int64_t H = c->n_embd, nh = c->n_head, q = nh * c->head_dim, r = c->kv_lora_rank,
+                  kva = r + c->qk_rope_dim, kvb = nh * (c->qk_nope_dim + c->v_head_dim), o = nh * c->v_head_dim;
+    const char *p = "model.layers";
+    const int bias = c->attn_qkv_bias;
+    if (c->q_lora_rank > 0) {
+        const int64_t qr = c->q_lora_rank;
+        if ((st = bind_named(b, &L->wq_a, qr, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_a_proj.weight", p, l))) return st;
+        if (bias && (st = bind_vector(b, &L->bq_a, qr, 0, "%s.%d.self_attn.q_a_proj.bias", p, l))) return st;
+        if ((st = bind_vector(b, &L->q_a_norm, qr, 0, "%s.%d.self_attn.q_a_layernorm.weight", p, l))) return st;
+        if ((st = bind_named(b, &L->wq_b, q, qr, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_b_proj.weight", p, l))) return st;
+    } else if ((st = bind_named(b, &L->wq, q, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.q_proj.weight", p, l))) {
+        return st;
+    }
+    if ((st = bind_named(b, &L->wkv_a, kva, H, MOE_ROLE_MATRIX, "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l)))
+        return st;
+    if (bias && (st = bind_vector(b, &L->bkv_a, kva, 0, "%s.%d.self_attn.kv_a_proj_with_mqa.bias", p, l))) return st;
+    if ((st = bind_vector(b, &L->kv_a_norm, r, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wkv_b, kvb, r, MOE_ROLE_MATRIX, "%s.%d.self_attn.kv_b_proj.weight", p, l))) return st;
+    if ((st = bind_named(b, &L->wo, H, o, MOE_ROLE_MATRIX, "%s.%d.self_attn.o_proj.weight", p, l))) return st;
+    if (c->attn_o_bias && (st = bind_vector(b, &L->bo, H, 0, "%s.%d.self_attn.o_proj.bias", p, l))) return st;
+    return MOE_OK;
 }
 
 /* bind_all: every tensor of the model. */
@@ -297,9 +534,10 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
 static int st_find(const struct bind *b, const char *name, struct src_tensor *t) {
     const struct moe_st_tensor *x = moe_safetensors_find(b->src, name);
     if (!x) return 0;
-    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16};
+    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16, MOE_QTYPE_F32};
     t->data = x->data;
     t->type = map[x->dtype];
+    t->raw_u8 = x->dtype == MOE_DTYPE_U8;
     t->n_dims = x->n_dims;
     for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
     return 1;
@@ -363,6 +601,7 @@ static int bundle_find(const struct bind *b, const char *name, struct src_tensor
     if (!x) return 0;
     t->data = x->data;
     t->type = (enum moe_qtype)x->type_id;
+    t->raw_u8 = 0;
     t->n_dims = (int)x->n_dims;
     for (uint32_t i = 0; i < x->n_dims; i++) t->shape[i] = (int64_t)x->shape[i];
     if (!moe_qtype_valid(t->type)) t->n_dims = -1; /* find_shape reports it */
@@ -402,16 +641,20 @@ static enum moe_status expert_base(const struct moe_model *m, int layer, int exp
         return MOE_OK;
     }
     const int64_t H = c->n_embd, F = c->n_ff_expert;
-    int ok = d->n_parts == 3 && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
+    const uint32_t np = c->expert_bias ? 4 : 3; /* gpt-oss: + one f32 row of gate | up | down biases */
+    int ok = d->n_parts == np && d->parts[0].rows == (uint64_t)F && d->parts[0].cols == (uint64_t)H &&
              d->parts[1].rows == (uint64_t)F && d->parts[1].cols == (uint64_t)H && d->parts[2].rows == (uint64_t)H &&
              d->parts[2].cols == (uint64_t)F;
-    for (int k = 0; ok && k < 3; k++)
+    if (ok && np == 4)
+        ok = d->parts[3].type_id == MOE_QTYPE_F32 && d->parts[3].rows == 1 && d->parts[3].cols == (uint64_t)(2 * F + H);
+    for (int k = 0; ok && k < (int)np; k++)
         ok = moe_qtype_valid((enum moe_qtype)d->parts[k].type_id) &&
              d->parts[k].nbytes == moe_qtype_row_bytes((enum moe_qtype)d->parts[k].type_id, (int64_t)d->parts[k].cols) *
                                        d->parts[k].rows;
     if (!ok) {
-        MOE_LOGE("%s: precision %s: expert blobs do not hold gate/up [%lld x %lld] and down [%lld x %lld] of known types",
-                 path, d->name, (long long)F, (long long)H, (long long)H, (long long)F);
+        MOE_LOGE("%s: precision %s: expert blobs do not hold gate/up [%lld x %lld] and down [%lld x %lld] of known types%s",
+                 path, d->name, (long long)F, (long long)H, (long long)H, (long long)F,
+                 np == 4 ? " and an f32 row of their biases" : "");
         return MOE_ERR_SHAPE;
     }
     const char *base;
@@ -434,12 +677,13 @@ static enum moe_status expert_base(const struct moe_model *m, int layer, int exp
     return MOE_OK;
 }
 
-/* bind_blob: point an expert's three matrices into its raw blob. */
+/* bind_blob: point an expert's three matrices (and biases) into its raw blob. */
 static void bind_blob(const struct moe_bundle_precision *d, const char *base, struct moe_ffn *out) {
     struct moe_weight *w[3] = {&out->gate, &out->up, &out->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){base + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+    out->bias = d->n_parts > 3 ? (const float *)(const void *)(base + d->parts[3].offset) : NULL;
 }
 
 /* bundle_expert: bind one expert at the precision m->expert_prec gives it. */
@@ -679,6 +923,7 @@ int64_t moe_model_n_params(const struct moe_model *m) {
     for (int l = 0; l < c->n_layer; l++) {
         const struct moe_layer *L = &m->layers[l];
         n += weight_params(&L->wq) + weight_params(&L->wk) + weight_params(&L->wv) + weight_params(&L->wo);
+        n += weight_params(&L->wq_a) + weight_params(&L->wq_b) + weight_params(&L->wkv_a) + weight_params(&L->wkv_b);
         n += weight_params(&L->router) + ffn_params(&L->shared) + weight_params(&L->shared_gate);
         n += ffn_params(&L->dense);
         for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
@@ -703,6 +948,13 @@ void moe_model_free(struct moe_model *m) {
         free(L->bo);
         free(L->q_norm);
         free(L->k_norm);
+        free(L->q_a_norm);
+        free(L->bq_a);
+        free(L->kv_a_norm);
+        free(L->bkv_a);
+        free(L->router_bias);
+        free(L->router_b);
+        free(L->sinks);
     }
     free(m->layers);
     free(m->out_norm);

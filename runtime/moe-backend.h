@@ -9,9 +9,19 @@
  * other backend is checked against; a CUDA backend implements the same table.
  *
  * The table is versioned as ggml's backends and SQLite's VFS are: a backend
- * sets iface->version to the MOE_BACKEND_VERSION it was written for, and the
- * session refuses a backend whose version it does not know. Members are only
- * ever appended.
+ * sets iface->version to the MOE_BACKEND_VERSION it was written for, the
+ * session refuses a backend whose version is newer than it knows, and calls
+ * a member only when the backend's version has it. Members are only ever
+ * appended. Version 2 added kv_cache_bytes.
+ *
+ * Attention kinds: `attention` runs the layer's attention whatever its kind
+ * (moe_config.attn): grouped-query attention with K and V in the cache, or
+ * DeepSeek's multi-head latent attention, whose cache holds per token the
+ * normed KV latent [kv_lora_rank] and the rotated shared rope key
+ * [qk_rope_dim] only (the CPU backend absorbs kv_b_proj into the query and
+ * the output, so full keys and values never exist). A backend that does not
+ * implement a kind must refuse the model when it is created
+ * (MOE_ERR_UNSUPPORTED), never compute it wrongly.
  *
  * Data that crosses the seam: token ids, router logits and gate weights
  * (small, always host memory), host copies of the residual stream for the
@@ -38,7 +48,7 @@
 extern "C" {
 #endif
 
-#define MOE_BACKEND_VERSION 1
+#define MOE_BACKEND_VERSION 2
 
 /* Memory owned by a backend. */
 struct moe_buffer {
@@ -73,7 +83,7 @@ struct moe_backend_iface {
 
     /* -- one layer, for the n tokens at positions pos0.. -- */
     /* attention: x += o_proj(attention(attn_norm(x))), writing the layer's KV
-     * cache at pos0..pos0+n-1. seq_len: the largest position of this forward
+     * cache at pos0..pos0+n-1 (GQA or MLA, see above). seq_len: the largest position of this forward
      * call + 1 (Phi-MoE's longrope scale depends on it). */
     enum moe_status (*attention)(struct moe_backend *be, int layer, int pos0, int n, int seq_len);
     /* ffn_norm: xn = ffn_norm(x); the layer's feed-forward accumulator and
@@ -92,7 +102,8 @@ struct moe_backend_iface {
     enum moe_status (*expert)(struct moe_backend *be, const struct moe_ffn *f, const int32_t *rows,
                               const int32_t *slots, const float *w, int n_rows, float *out);
     /* dense: acc += the layer's dense MLP (a dense layer) or its shared
-     * expert times sigmoid(shared gate) (an MoE layer that has one). */
+     * expert (an MoE layer that has one), times sigmoid(shared gate) when
+     * moe_config.shared_gated (Qwen2-MoE; DeepSeek adds it as it is). */
     enum moe_status (*dense)(struct moe_backend *be, int layer, int n);
     /* residual: acc += the expert slots (in slot order), then x += acc. */
     enum moe_status (*residual)(struct moe_backend *be, int n);
@@ -105,6 +116,11 @@ struct moe_backend_iface {
     enum moe_status (*ffn_rows)(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n);
     /* lm_head_rows: logits of n host rows of final residual stream (n <= n_batch). */
     enum moe_status (*lm_head_rows)(struct moe_backend *be, const float *x, int n, float *logits);
+
+    /* -- version 2 -- */
+    /* kv_cache_bytes: the bytes of the KV cache the backend allocated for
+     * n_ctx tokens of every layer (what the attention kind keeps per token). */
+    size_t (*kv_cache_bytes)(struct moe_backend *be);
 };
 
 struct moe_backend {

@@ -26,6 +26,21 @@ enum moe_arch {
     MOE_ARCH_QWEN3_MOE = 2,
     MOE_ARCH_OLMOE = 3,
     MOE_ARCH_PHIMOE = 4,
+    MOE_ARCH_DEEPSEEK_V2 = 5,
+    MOE_ARCH_DEEPSEEK_V3 = 6,
+    MOE_ARCH_GPT_OSS = 7,
+};
+
+enum moe_ffn_act {
+    MOE_ACT_SWIGLU = 0,     /* down(silu(gate x) * up x) */
+    MOE_ACT_SWIGLU_OAI = 1, /* gpt-oss: g = min(gate x, limit), u = clamp(up x, +-limit),
+                             * down(g * sigmoid(alpha g) * (u + 1)) */
+};
+
+enum moe_attn_kind {
+    MOE_ATTN_GQA = 0, /* q/k/v projections, grouped-query attention, the cache holds K and V */
+    MOE_ATTN_MLA = 1, /* DeepSeek's multi-head latent attention: the cache holds the normed
+                       * compressed KV latent and the rotated shared rope key per token */
 };
 
 enum moe_norm_kind { MOE_NORM_RMS = 0, MOE_NORM_LAYER = 1 /* LayerNorm with bias */ };
@@ -39,6 +54,11 @@ enum moe_qk_norm {
 enum moe_router_kind {
     MOE_ROUTER_SOFTMAX_TOPK = 0, /* softmax, top-k, optional renormalisation */
     MOE_ROUTER_SPARSEMIXER = 1,  /* Phi-MoE's sparsemixer, inference form, top-2 */
+    MOE_ROUTER_SOFTMAX_GROUP = 2, /* DeepSeek-V2 group_limited_greedy: softmax, keep the topk_group
+                                   * groups with the largest maximum, top-k within them */
+    MOE_ROUTER_SIGMOID_GROUP = 3, /* DeepSeek-V3 noaux_tc: sigmoid scores + correction bias choose
+                                   * (groups by the sum of their two best, then top-k); the weights
+                                   * are the sigmoid scores, optionally renormalised */
 };
 
 enum moe_rope_kind {
@@ -46,6 +66,7 @@ enum moe_rope_kind {
     MOE_ROPE_LINEAR = 1,
     MOE_ROPE_LONGROPE = 2,
     MOE_ROPE_LLAMA3 = 3,
+    MOE_ROPE_YARN = 4,
 };
 
 #define MOE_MAX_EOS 8
@@ -64,6 +85,11 @@ struct moe_rope {
     int original_max_pos;
     /* llama3 */
     float low_freq_factor, high_freq_factor;
+    /* yarn (attention_factor scales cos/sin; factor and original_max_pos as above) */
+    float beta_fast, beta_slow;
+    int truncate;              /* round the correction range outwards (transformers' default) */
+    int interleave;            /* rotate adjacent pairs (x0, x1), (x2, x3)... (DeepSeek) instead of
+                                * the halves (x_i, x_{i+n_rot/2}) */
 };
 
 struct moe_config {
@@ -74,15 +100,32 @@ struct moe_config {
     int n_layer;
     int n_head;
     int n_head_kv;
-    int head_dim;
+    int head_dim;              /* query/key head size (MLA: qk_nope_dim + qk_rope_dim) */
+    enum moe_attn_kind attn;
+    /* MLA only (DeepSeek-V2/V3) */
+    int q_lora_rank;           /* 0 = q_proj straight from the hidden state */
+    int kv_lora_rank;          /* the compressed KV latent's size */
+    int qk_nope_dim;           /* per-head query/key part without RoPE */
+    int qk_rope_dim;           /* per-head query part with RoPE; one rope key shared by all heads */
+    int v_head_dim;
+    float attn_scale;          /* softmax scale of q.k (1/sqrt(head_dim), times YaRN's mscale^2) */
     int n_expert;              /* routed experts per MoE layer */
     int n_expert_used;         /* top-k */
     int n_ff_expert;           /* intermediate size of one routed expert */
     int n_ff_dense;            /* intermediate size of dense-MLP layers (0 if none) */
     int n_ff_shared;           /* shared expert intermediate size (0 = none) */
+    int shared_gated;          /* the shared expert is scaled by sigmoid(shared_expert_gate x) (Qwen2) */
+    enum moe_ffn_act expert_act; /* the routed experts' activation */
+    float swiglu_alpha, swiglu_limit; /* MOE_ACT_SWIGLU_OAI */
+    int expert_bias;           /* routed experts have gate/up/down biases (gpt-oss) */
+    int router_bias;           /* the router has a bias (gpt-oss) */
+    int attn_sinks;            /* a learned per-head sink logit joins each softmax (gpt-oss) */
     int norm_topk_prob;        /* renormalise the top-k weights to sum to 1 */
     enum moe_router_kind router;
     float router_jitter;       /* sparsemixer's jitter_eps */
+    int n_group, topk_group;   /* group-limited routers: experts in n_group equal groups, the
+                                * topk_group best groups searched (1, 1 otherwise) */
+    float routed_scale;        /* routed_scaling_factor: multiplies the gate weights (1 otherwise) */
     enum moe_norm_kind norm;
     float norm_eps;
     int attn_qkv_bias;
@@ -146,25 +189,38 @@ struct moe_tensor_ref {
     struct moe_weight w;    /* vectors: n_out = 1, n_in = length */
 };
 
-/* One SwiGLU feed-forward: down(silu(gate x) * up x). */
+/* One SwiGLU feed-forward: down(silu(gate x) * up x), or for routed experts
+ * the model's expert_act, with biases when `bias` is set. */
 struct moe_ffn {
     struct moe_weight gate; /* [n_ff x n_embd] */
     struct moe_weight up;   /* [n_ff x n_embd] */
     struct moe_weight down; /* [n_embd x n_ff] */
+    const float *bias;      /* [2*n_ff + n_embd]: gate, up and down biases, or NULL */
 };
 
 struct moe_layer {
     float *attn_norm, *attn_norm_b;  /* [n_embd]; _b only for LayerNorm */
     float *ffn_norm, *ffn_norm_b;    /* [n_embd] */
-    struct moe_weight wq;            /* [n_head*head_dim x n_embd] */
-    struct moe_weight wk;            /* [n_head_kv*head_dim x n_embd] */
-    struct moe_weight wv;            /* [n_head_kv*head_dim x n_embd] */
-    struct moe_weight wo;            /* [n_embd x n_head*head_dim] */
+    struct moe_weight wq;            /* [n_head*head_dim x n_embd] (MLA: without q LoRA) */
+    struct moe_weight wk;            /* [n_head_kv*head_dim x n_embd] (GQA) */
+    struct moe_weight wv;            /* [n_head_kv*head_dim x n_embd] (GQA) */
+    struct moe_weight wo;            /* [n_embd x n_head*head_dim] (MLA: n_head*v_head_dim) */
     float *bq, *bk, *bv, *bo;        /* biases or NULL */
     float *q_norm, *k_norm;          /* [head_dim] or [proj] per qk_norm, or NULL */
+    float *sinks;                    /* [n_head] attention sink logits (attn_sinks), or NULL */
+    /* MLA (cfg.attn == MOE_ATTN_MLA) */
+    struct moe_weight wq_a;          /* [q_lora_rank x n_embd] (q_lora_rank > 0) */
+    float *q_a_norm, *bq_a;          /* [q_lora_rank]; bias if attention_bias */
+    struct moe_weight wq_b;          /* [n_head*head_dim x q_lora_rank] */
+    struct moe_weight wkv_a;         /* [kv_lora_rank + qk_rope_dim x n_embd] */
+    float *kv_a_norm, *bkv_a;        /* [kv_lora_rank]; [kv_lora_rank + qk_rope_dim] if attention_bias */
+    struct moe_weight wkv_b;         /* [n_head*(qk_nope_dim + v_head_dim) x kv_lora_rank]: per head,
+                                      * qk_nope_dim key rows then v_head_dim value rows */
     /* MoE block (layer_moe[l]); the routed experts are private to the model:
      * ask for them with moe_model_expert() */
     struct moe_weight router;        /* [n_expert x n_embd] */
+    float *router_bias;              /* [n_expert] DeepSeek-V3's e_score_correction_bias, or NULL */
+    float *router_b;                 /* [n_expert] the router's own bias (gpt-oss), or NULL */
     struct moe_ffn shared;           /* n_ff_shared > 0 */
     struct moe_weight shared_gate;   /* [1 x n_embd] */
     /* dense MLP (!layer_moe[l]) */

@@ -12,6 +12,7 @@
 #ifndef MOE_SESSION_H
 #define MOE_SESSION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moe-model.h"
@@ -168,6 +169,19 @@ struct moe_big_little_stats {
 
 /* moe_session_big_little_stats: the counts so far. */
 void moe_session_big_little_stats(const struct moe_session *s, struct moe_big_little_stats *out);
+
+/* moe_route: the router's choice for one token at MoE layer `layer` from its
+ * router logits [n_expert], exactly as a session routes: k experts (k <= the
+ * model's top-k; sparsemixer: 1 or 2) by gate weight, largest first, and
+ * their gate weights (routed_scaling_factor included). For tools that
+ * recompute routing offline (the profiler's stacked-gate prediction). */
+void moe_route(const struct moe_model *m, int layer, int k, const float *logits, int32_t *experts, float *weights);
+
+/* moe_session_kv_bytes: the bytes the session's KV cache holds (allocated for
+ * n_ctx tokens): full keys and values per layer for grouped-query attention,
+ * the compressed latent and the shared rope key for multi-head latent
+ * attention. 0 when the backend does not report it. */
+size_t moe_session_kv_bytes(const struct moe_session *s);
 
 /* moe_session_store: the session's expert store, or NULL (no budget); for
  * moe_store_get_stats. Borrowed: valid until moe_session_free. */

@@ -85,6 +85,7 @@ struct moe_store_stats {
     int64_t accesses;               /* (step, expert) uses asked of the cache */
     int64_t hits_high, hits_low, misses_high, misses_low, skips;
     int64_t loads, load_bytes;      /* blobs read from storage and their stored bytes (demand + prefetch) */
+    int64_t loads_decode, load_bytes_decode; /* of which started during decode steps */
     int64_t prefetch_loads;         /* of which prefetches */
     int64_t prefetch_used;          /* prefetched copies that served a demand access */
     int64_t prefetch_cancelled;     /* prefetches dropped before their read started */
@@ -151,11 +152,15 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view);
 void moe_store_release(struct moe_store *st, int i);
 
-/* moe_store_prefetch_hint: experts[0..n) of MoE layer `layer` will probably
- * be used `ahead` MoE layer steps from now (stacked gating); the store loads
- * and protects the ones the policy admits. Returns how many reads it started
- * (0: all cached already, or nothing admitted). Decode steps only. */
-int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, int n, int ahead);
+/* moe_store_prefetch_hint: experts[0..n) of MoE layer `layer` (in rank
+ * order, gate weights `weights` or NULL) will probably be used `ahead` MoE
+ * layer steps from now (stacked gating); the store loads and protects the
+ * ones the policy admits; with weights and dynamic precision on, only those
+ * whose predicted need is the high copy (the top-1, and s <= T1). Returns how
+ * many reads it started (0: all cached already, or nothing admitted). Decode
+ * steps only. */
+int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
+                            int ahead);
 
 /* moe_store_count_tokens: n tokens were run (decode != 0: one-token steps). */
 void moe_store_count_tokens(struct moe_store *st, int n, int decode);

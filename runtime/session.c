@@ -2,7 +2,8 @@
  * session.c - the run state of a model and the forward logic, on a backend.
  *
  * The session owns what does not depend on the hardware: the token history,
- * the router's decisions (softmax top-k or sparsemixer, computed on the host
+ * the router's decisions (softmax top-k, sparsemixer or DeepSeek's group-limited
+ * softmax / sigmoid routing, computed on the host
  * from the backend's router logits), the order of layers and chunks, the
  * observers, and which copy of each routed expert a token uses (the resident
  * views of the model, or the expert store's slots when a memory budget is
@@ -54,13 +55,14 @@ struct moe_session {
     int redo;                   /* the big pass re-runs the token the little pass ran */
     float *bl_logits;           /* [n_vocab] the little pass's logits when the caller wants none */
     int32_t *bl_pred;           /* [n_layer x K] top-K of the little pass's router, per MoE layer */
+    float *bl_pred_w;           /* [n_layer x K] their gate weights */
     struct moe_big_little_stats bl;
 };
 
 /* ---- routing ---------------------------------------------------------- */
 
 /* route_softmax_topk: softmax over experts, top-k (ties to the lower index),
- * optional renormalisation — Mixtral, Qwen2/3-MoE, OLMoE. */
+ * optional renormalisation — Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2's greedy. */
 static void route_softmax_topk(const struct moe_config *c, int K, const float *logits, int32_t *sel, float *w) {
     int E = c->n_expert;
     float mx = -INFINITY, sum = 0;
@@ -83,6 +85,7 @@ static void route_softmax_topk(const struct moe_config *c, int K, const float *l
         for (int k = 0; k < K; k++) ws += w[k];
         for (int k = 0; k < K; k++) w[k] /= ws;
     }
+    for (int k = 0; k < K; k++) w[k] *= c->routed_scale; /* 1 but for DeepSeek */
 }
 
 /* sparsemixer_pick: one step of Phi-MoE's inference-time sparsemixer. Among
@@ -120,17 +123,102 @@ static void route_sparsemixer(const struct moe_config *c, int K, const float *lo
     sparsemixer_pick(logits, masked, E, c->router_jitter, &sel[1], &w[1]);
 }
 
-/* route: the router's top-K choices for n tokens from their logits. */
-static void route(const struct moe_session *s, int K, const float *logits, int n, int32_t *sel, float *w) {
-    const struct moe_config *c = &s->m->cfg;
-    const int E = c->n_expert;
-    for (int t = 0; t < n; t++) {
-        const float *lg = logits + (size_t)t * E;
-        if (c->router == MOE_ROUTER_SPARSEMIXER)
-            route_sparsemixer(c, K, lg, sel + (size_t)t * K, w + (size_t)t * K);
-        else
-            route_softmax_topk(c, K, lg, sel + (size_t)t * K, w + (size_t)t * K);
+/* top_by: the k indices of the largest of score[n] not masked (mask NULL or
+ * mask[i] != 0), largest first, ties to the lower index (as torch.topk). */
+static void top_by(const float *score, const uint8_t *mask, int n, int k, int32_t *out) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            if (mask && !mask[e]) continue;
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= out[q] == e;
+            if (!taken && (best < 0 || score[e] > score[best])) best = e;
+        }
+        out[j] = best;
     }
+}
+
+/* group_mask: the topk_group groups (of n_group equal groups of experts)
+ * with the largest group score, as a per-expert mask. */
+static void group_mask(const struct moe_config *c, const float *group_score, uint8_t *mask) {
+    const int G = c->n_group, gs = c->n_expert / c->n_group;
+    int32_t pick[G];
+    top_by(group_score, NULL, G, c->topk_group, pick);
+    memset(mask, 0, (size_t)c->n_expert);
+    for (int j = 0; j < c->topk_group; j++) memset(mask + (size_t)pick[j] * gs, 1, (size_t)gs);
+}
+
+/* route_softmax_group: DeepSeek-V2's group_limited_greedy: softmax, keep the
+ * topk_group groups whose best probability is largest, top-k among their
+ * experts; weights are the probabilities (never renormalised) x scale. */
+static void route_softmax_group(const struct moe_config *c, int K, const float *logits, int32_t *sel, float *w) {
+    const int E = c->n_expert, G = c->n_group, gs = E / G;
+    float probs[E], gscore[G], mx = -INFINITY, sum = 0;
+    uint8_t mask[E];
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, logits[e]);
+    for (int e = 0; e < E; e++) sum += (probs[e] = expf(logits[e] - mx));
+    for (int e = 0; e < E; e++) probs[e] /= sum;
+    for (int g = 0; g < G; g++) {
+        gscore[g] = probs[g * gs];
+        for (int i = 1; i < gs; i++) gscore[g] = fmaxf(gscore[g], probs[g * gs + i]);
+    }
+    group_mask(c, gscore, mask);
+    top_by(probs, mask, E, K, sel);
+    for (int k = 0; k < K; k++) w[k] = probs[sel[k]] * c->routed_scale;
+}
+
+/* route_sigmoid_group: DeepSeek-V3's noaux_tc: scores s = sigmoid(logit);
+ * the choice uses s + e_score_correction_bias: the topk_group groups whose
+ * two best choice scores sum highest, then top-k within them. The weights are
+ * s (renormalised when norm_topk_prob, +1e-20 as transformers) x scale, and
+ * the experts are listed by weight, largest first. */
+static void route_sigmoid_group(const struct moe_config *c, const float *bias, int K, const float *logits,
+                                int32_t *sel, float *w) {
+    const int E = c->n_expert, G = c->n_group, gs = E / G;
+    float sc[E], choice[E], gscore[G];
+    uint8_t mask[E];
+    for (int e = 0; e < E; e++) {
+        sc[e] = 1.0f / (1.0f + expf(-logits[e]));
+        choice[e] = sc[e] + (bias ? bias[e] : 0.0f);
+    }
+    for (int g = 0; g < G; g++) {
+        int32_t two[2];
+        top_by(choice + (size_t)g * gs, NULL, gs, 2, two);
+        gscore[g] = choice[g * gs + two[0]] + choice[g * gs + two[1]];
+    }
+    group_mask(c, gscore, mask);
+    top_by(choice, mask, E, K, sel);
+    float ws = 0;
+    for (int k = 0; k < K; k++) ws += (w[k] = sc[sel[k]]);
+    for (int k = 0; k < K; k++) {
+        if (c->norm_topk_prob) w[k] /= ws + 1e-20f;
+        w[k] *= c->routed_scale;
+    }
+    for (int i = 1; i < K; i++) /* by weight, largest first (stable) */
+        for (int j = i; j > 0 && w[j] > w[j - 1]; j--) {
+            float tw = w[j];
+            int32_t te = sel[j];
+            w[j] = w[j - 1], sel[j] = sel[j - 1];
+            w[j - 1] = tw, sel[j - 1] = te;
+        }
+}
+
+void moe_route(const struct moe_model *m, int layer, int k, const float *logits, int32_t *experts, float *weights) {
+    const struct moe_config *c = &m->cfg;
+    switch (c->router) {
+    case MOE_ROUTER_SPARSEMIXER: route_sparsemixer(c, k, logits, experts, weights); break;
+    case MOE_ROUTER_SOFTMAX_GROUP: route_softmax_group(c, k, logits, experts, weights); break;
+    case MOE_ROUTER_SIGMOID_GROUP:
+        route_sigmoid_group(c, m->layers[layer].router_bias, k, logits, experts, weights);
+        break;
+    default: route_softmax_topk(c, k, logits, experts, weights); break;
+    }
+}
+
+/* route: the router's top-K choices for n tokens of layer l from their logits. */
+static void route(const struct moe_session *s, int l, int K, const float *logits, int n, int32_t *sel, float *w) {
+    const int E = s->m->cfg.n_expert;
+    for (int t = 0; t < n; t++) moe_route(s->m, l, K, logits + (size_t)t * E, sel + (size_t)t * K, w + (size_t)t * K);
 }
 
 /* ---- session ---------------------------------------------------------- */
@@ -173,7 +261,7 @@ static void bl_hint(struct moe_session *s, int ml, int ahead) {
     const int K = s->p.n_expert_used;
     for (int l = 0; l < c->n_layer; l++)
         if (s->moe_of[l] == ml) {
-            moe_store_prefetch_hint(s->store, l, s->bl_pred + (size_t)ml * K, K, ahead);
+            moe_store_prefetch_hint(s->store, l, s->bl_pred + (size_t)ml * K, s->bl_pred_w + (size_t)ml * K, K, ahead);
             return;
         }
 }
@@ -187,11 +275,10 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
     const int64_t H = c->n_embd;
     enum moe_status st;
     if ((st = bi->router(s->be, l, n_tok, s->router_logits))) return st;
-    route(s, K, s->router_logits, n_tok, s->sel, s->sel_w);
-    if (s->bl_phase == 1) { /* the big pass's experts, should it run: the same logits' top Kmax */
-        float w[64];
-        route(s, Kmax, s->router_logits, 1, s->bl_pred + (size_t)s->moe_of[l] * Kmax, w);
-    }
+    route(s, l, K, s->router_logits, n_tok, s->sel, s->sel_w);
+    if (s->bl_phase == 1) /* the big pass's experts, should it run: the same logits' top Kmax */
+        route(s, l, Kmax, s->router_logits, 1, s->bl_pred + (size_t)s->moe_of[l] * Kmax,
+              s->bl_pred_w + (size_t)s->moe_of[l] * Kmax);
     if (s->p.on_route) {
         if ((st = bi->get_xn(s->be, s->xh, n_tok))) return st;
         struct moe_route_event ev = {l, pos0, n_tok, E, K, s->xh, s->router_logits, s->sel, s->sel_w};
@@ -213,8 +300,8 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
                 int32_t psel[64];
                 float pw[64];
                 if ((st = bi->router(s->be, j, 1, s->pred_logits))) return st;
-                route(s, K, s->pred_logits, 1, psel, pw);
-                if (moe_store_prefetch_hint(s->store, j, psel, K, ahead) > 0) break; /* HOBBIT: go further
+                route(s, j, K, s->pred_logits, 1, psel, pw);
+                if (moe_store_prefetch_hint(s->store, j, psel, pw, K, ahead) > 0) break; /* HOBBIT: go further
                                                                    * only while the predictions are cached */
                 ahead++;
             }
@@ -284,6 +371,7 @@ static void session_free_parts(struct moe_session *s) {
     free(s->tr_seq_start);
     free(s->bl_logits);
     free(s->bl_pred);
+    free(s->bl_pred_w);
 }
 
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
@@ -323,8 +411,8 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
         free(s);
         return st;
     }
-    if (s->be->iface->version != MOE_BACKEND_VERSION) {
-        MOE_LOGE("backend \"%s\" implements interface version %u; this runtime knows %d", s->be->iface->name,
+    if (s->be->iface->version < 1 || s->be->iface->version > MOE_BACKEND_VERSION) {
+        MOE_LOGE("backend \"%s\" implements interface version %u; this runtime knows 1 to %d", s->be->iface->name,
                  s->be->iface->version, MOE_BACKEND_VERSION);
         session_free_parts(s);
         free(s);
@@ -348,6 +436,7 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     if (s->p.little_k > 0) {
         ALLOC(s->bl_logits, c->n_vocab);
         ALLOC(s->bl_pred, (int64_t)c->n_layer * K);
+        ALLOC(s->bl_pred_w, (int64_t)c->n_layer * K);
     }
 #undef ALLOC
     if (!ok) {
@@ -595,7 +684,7 @@ enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n
 enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n) {
     const struct moe_config *c = &s->m->cfg;
     const size_t H = (size_t)c->n_embd;
-    int64_t max_ff = c->n_ff_expert > c->n_ff_dense ? c->n_ff_expert : c->n_ff_dense;
+    int64_t max_ff = c->n_ff_expert > c->n_ff_dense ? c->n_ff_expert : c->n_ff_dense; /* as the backend's scratch */
     if (c->n_ff_shared > max_ff) max_ff = c->n_ff_shared;
     if (f->gate.n_in != (int64_t)H || f->down.n_out != (int64_t)H || f->gate.n_out > max_ff) {
         MOE_LOGE("feed-forward of [%lld x %lld] does not fit this model's hidden size %zu",
@@ -623,6 +712,11 @@ enum moe_status moe_session_set_experts(struct moe_session *s, int k) {
 }
 
 void moe_session_big_little_stats(const struct moe_session *s, struct moe_big_little_stats *out) { *out = s->bl; }
+
+size_t moe_session_kv_bytes(const struct moe_session *s) {
+    const struct moe_backend_iface *bi = s->be->iface;
+    return bi->version >= 2 && bi->kv_cache_bytes ? bi->kv_cache_bytes(s->be) : 0;
+}
 
 enum moe_status moe_session_trace(const struct moe_session *s, struct moe_session_trace *out) {
     memset(out, 0, sizeof *out);

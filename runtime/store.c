@@ -238,7 +238,9 @@ static void enqueue(struct moe_store *st, int i) {
     st->q[(st->q_head + st->q_len++) % st->q_cap] = (struct req){i, s->gen};
     st->stats.loads++;
     struct moe_bundle_blob b;
-    if (blob(st, s->g, s->prec, &b) == MOE_OK) st->stats.load_bytes += (int64_t)b.stored_size;
+    const int64_t bytes = blob(st, s->g, s->prec, &b) == MOE_OK ? (int64_t)b.stored_size : 0;
+    st->stats.load_bytes += bytes;
+    if (st->step_n == 1) st->stats.loads_decode++, st->stats.load_bytes_decode += bytes;
     pthread_cond_broadcast(&st->cv);
 }
 
@@ -901,13 +903,15 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     return MOE_OK;
 }
 
-/* view_of: the expert's three matrices in slot memory at precision prec. */
+/* view_of: the expert's matrices (and biases) in slot memory at precision prec. */
 static void view_of(const struct moe_store *st, const struct slot *s, int prec, struct moe_ffn *f) {
     const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
     struct moe_weight *w[3] = {&f->gate, &f->up, &f->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
+    /* gpt-oss blobs: an f32 row of gate | up | down biases (checked by the model loader) */
+    f->bias = d->n_parts > 3 ? (const float *)(const void *)((const char *)s->buf.data + d->parts[3].offset) : NULL;
 }
 
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
@@ -970,12 +974,20 @@ void moe_store_release(struct moe_store *st, int i) {
     pthread_mutex_unlock(&st->mu);
 }
 
-int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, int n, int ahead) {
+int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
+                            int ahead) {
     int started = 0;
     if (layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
     layer = st->moe_of[layer];
+    uint8_t needs[64];
+    if (n > 64) n = 64;
+    if (weights) token_needs(st, weights, n, needs);
     pthread_mutex_lock(&st->mu);
     for (int j = 0; j < n; j++) {
+        /* with dynamic precision only the predictions that would need their
+         * high copy are read ahead: a low-need one costs a high read that the
+         * token would not make, and evicts a copy to hold it */
+        if (weights && needs[j] != MOE_CACHE_NEED_HIGH) continue;
         const int32_t g = layer * st->E + experts[j];
         struct moe_cache_result r;
         if (!moe_cache_prefetch(st->cache, g, ahead, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
@@ -1169,6 +1181,8 @@ void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
     json_num(f, "hit_ratio_low", s->hits_low + s->misses_low > 0 ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN, 0);
     json_num(f, "loads_per_token", (double)s->loads / tok, 0);
     json_num(f, "bytes_read_per_token", (double)s->load_bytes / tok, 0);
+    json_num(f, "loads_per_decode_token", s->decode_tokens > 0 ? (double)s->loads_decode / (double)s->decode_tokens : NAN, 0);
+    json_num(f, "bytes_read_per_decode_token", s->decode_tokens > 0 ? (double)s->load_bytes_decode / (double)s->decode_tokens : NAN, 0);
     json_num(f, "stall_s", s->stall_s, 0);
     json_num(f, "stall_s_per_token", s->stall_s / tok, 0);
     json_num(f, "stall_s_per_decode_token", s->decode_tokens > 0 ? s->stall_s_decode / (double)s->decode_tokens : NAN, 0);

@@ -3,8 +3,9 @@
 # pipeline on the embedded default model: check the checkpoint, quantize it
 # into a multi-precision bundle, inspect and verify the bundle, measure each
 # precision against the original (perplexity, KL), generate text, profile the
-# routing, sweep EdgeMoE sensitivities and search per-expert bit-widths, offload
-# experts, decode big-little (MoBiLE) and plan a run for a memory size. The default model is the small MoE trained for the project
+# routing, sweep EdgeMoE sensitivities, search per-expert bit-widths, run with a quarter of the
+# expert bytes in memory next to all resident, decode big-little (MoBiLE) and plan a run for
+# a memory size. The default model is the small MoE trained for the project
 # (datasets/models/tiny-moe-mixtral: Mixtral architecture, BF16); MOE_DEMO_MODEL
 # picks another checkpoint directory, MOE_DEMO_TEXT another calibration text.
 set -euo pipefail
@@ -141,8 +142,8 @@ echo "           report $work/profile.html, CSV in $work/profile-csv, tuning wri
 echo "sensitivity $(grep '^cost' "$work/sensitivity.txt" | sed 's/^cost: //')"
 echo "           $(grep '^proxy' "$work/sensitivity.txt"); heat map $work/sensitivity.html"
 echo "bit-widths $(grep -A1 '^chosen' "$work/bitwidth.txt" | tr '\n' ' ' | sed 's/  */ /g')"
-echo "offload    25 % of the expert bytes: $(grep '^moe-run: prompt' "$work/offload-speed.txt" | sed 's/.*generated/generated/') vs all resident $(grep '^moe-run: prompt' "$work/resident-speed.txt" | sed 's/.*generated/generated/')"
 echo "           $(grep '^held-out' "$work/bitwidth.txt")"
+echo "offload    25 % of the expert bytes: $(grep '^moe-run: prompt' "$work/offload-speed.txt" | sed 's/.*generated/generated/') vs all resident $(grep '^moe-run: prompt' "$work/resident-speed.txt" | sed 's/.*generated/generated/')"
 echo "big-little gamma $gamma (the profile's, for a 20 % fallback ratio): $(grep '^moe-run: prompt' "$work/bl-big-little.txt" | sed 's/.*generated/generated/')"
 echo "           vs top-2 $(grep '^moe-run: prompt' "$work/bl-K.txt" | sed 's/.*generated/generated/'); quality on $(basename "$text3"): $bl_quality"
 echo "plan       $mem: predicted $predicted tokens/s, measured $measured tokens/s ($work/plan.txt)"

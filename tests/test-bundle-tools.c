@@ -256,6 +256,9 @@ int main(int argc, char **argv) {
     test_f32_exact("qwen2_moe-f32");
     test_f32_exact("phimoe-f32");
     test_f32_exact("olmoe-tied-f32");
+    test_f32_exact("deepseek_v3-f32"); /* MLA tensors, the correction bias */
+    test_f32_exact("deepseek_v2-f32"); /* q_proj without LoRA, group-limited softmax */
+    test_f32_exact("gpt_oss-f32"); /* merged experts split, expert biases in the blobs, sinks */
     test_kl();
     test_verify();
     test_kill();

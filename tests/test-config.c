@@ -3,6 +3,7 @@
  * unknown architectures, missing fields, bad values; tensor binding errors
  * (missing tensor, wrong shape) name the tensor.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,9 +147,12 @@ static void test_errors(void) {
                 "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":6,"
                 "\"num_local_experts\":3,\"num_experts_per_tok\":4}", &c) == MOE_ERR_INVALID,
           "top-k > experts");
-    CHECK(parse("{" MIXTRAL_BASE ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}", &c) ==
-              MOE_ERR_UNSUPPORTED && strstr(last_log, "yarn"),
+    CHECK(parse("{" MIXTRAL_BASE ",\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":4}}", &c) ==
+              MOE_ERR_UNSUPPORTED && strstr(last_log, "dynamic"),
           "unsupported rope: %s", last_log);
+    CHECK(parse("{" MIXTRAL_BASE ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":-4}}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "factor"),
+          "negative yarn factor: %s", last_log);
     CHECK(parse("{" MIXTRAL_BASE ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],"
                 "\"long_factor\":[1,2]}}", &c) != MOE_OK && strstr(last_log, "short_factor"),
           "longrope wrong length: %s", last_log);
@@ -157,6 +161,130 @@ static void test_errors(void) {
                 "\"num_local_experts\":3,\"num_experts_per_tok\":2}", &c) == MOE_ERR_INVALID &&
               strstr(last_log, "num_hidden_layers"),
           "negative layers");
+}
+
+
+#define DSV3_BASE                                                                                  \
+    "\"architectures\":[\"DeepseekV3ForCausalLM\"],\"vocab_size\":32,\"hidden_size\":16,"          \
+    "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"num_key_value_heads\":2,"                 \
+    "\"intermediate_size\":20,\"moe_intermediate_size\":6,\"n_routed_experts\":16,"                \
+    "\"num_experts_per_tok\":2,\"kv_lora_rank\":4,\"qk_nope_head_dim\":6,\"qk_rope_head_dim\":4,"  \
+    "\"v_head_dim\":5,\"head_dim\":4,\"max_position_embeddings\":1024"
+
+/* test_deepseek: MLA shapes, routing kinds and their defaults, YaRN, and the
+ * errors of DeepSeek configs (cJSON takes the first of duplicate keys, so
+ * overrides go before the base fields). */
+static void test_deepseek(void) {
+    struct moe_config c;
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null}", &c) == MOE_OK, "v3 parse: %s", last_log);
+    CHECK(c.arch == MOE_ARCH_DEEPSEEK_V3 && c.attn == MOE_ATTN_MLA && c.head_dim == 10 && c.q_lora_rank == 0 &&
+              c.kv_lora_rank == 4 && c.v_head_dim == 5 && c.rope.n_rot == 4,
+          "v3 MLA shapes (head_dim from nope + rope, not the saved head_dim)");
+    CHECK(c.router == MOE_ROUTER_SIGMOID_GROUP && c.n_group == 8 && c.topk_group == 4 && c.routed_scale == 2.5f &&
+              c.norm_topk_prob == 1,
+          "v3 routing defaults");
+    CHECK(c.n_ff_expert == 6 && c.n_ff_shared == 6 && !c.shared_gated && c.n_ff_dense == 20, "v3 ffn sizes");
+    CHECK(!c.layer_moe[0] && !c.layer_moe[1] && !c.layer_moe[2] && c.layer_moe[3], "first_k_dense_replace default 3");
+    CHECK(c.rope.interleave == 1 && c.norm_eps == 1e-6f && fabsf(c.attn_scale - 1.0f / sqrtf(10.0f)) < 1e-7f,
+          "v3 rope interleave, eps, scale");
+    moe_config_clear(&c);
+
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":12,\"rope_interleave\":false,\"first_k_dense_replace\":1,"
+                "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,\"original_max_position_embeddings\":64,"
+                "\"mscale\":1.0,\"mscale_all_dim\":0.5,\"beta_fast\":0}}", &c) == MOE_OK,
+          "v3 yarn: %s", last_log);
+    double m1 = 0.1 * log(40.0) + 1, m5 = 0.05 * log(40.0) + 1;
+    CHECK(c.rope.kind == MOE_ROPE_YARN && c.rope.factor == 40.0f && c.rope.original_max_pos == 64 &&
+              c.rope.beta_fast == 32.0f && c.rope.beta_slow == 1.0f && c.rope.truncate == 1 &&
+              fabs(c.rope.attention_factor - m1 / m5) < 1e-6,
+          "yarn parameters (beta_fast 0 = default 32): af %g", c.rope.attention_factor);
+    CHECK(fabs(c.attn_scale - m5 * m5 / sqrt(10.0)) < 1e-6 && c.rope.interleave == 0 && c.q_lora_rank == 12 &&
+              c.layer_moe[1],
+          "mscale_all_dim scales the softmax: %g", c.attn_scale);
+    moe_config_clear(&c);
+
+    const char *v2 = "{\"architectures\":[\"DeepseekV2ForCausalLM\"],\"vocab_size\":32,\"hidden_size\":16,"
+                     "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":20,"
+                     "\"moe_intermediate_size\":6,\"n_routed_experts\":6,\"num_experts_per_tok\":2,"
+                     "\"kv_lora_rank\":4,\"qk_nope_head_dim\":6,\"qk_rope_head_dim\":4,\"v_head_dim\":5,"
+                     "\"q_lora_rank\":8,\"norm_topk_prob\":true%s}";
+    char buf[1024];
+    snprintf(buf, sizeof buf, v2, "");
+    CHECK(parse(buf, &c) == MOE_OK, "v2 parse: %s", last_log);
+    CHECK(c.router == MOE_ROUTER_SOFTMAX_TOPK && c.routed_scale == 1.0f && !c.norm_topk_prob && c.n_ff_shared == 12 &&
+              c.layer_moe[0] && c.rope.interleave == 1 && c.n_head_kv == 2,
+          "v2 defaults: greedy, scale 1, norm_topk_prob ignored, 2 shared experts, no dense layer");
+    moe_config_clear(&c);
+    snprintf(buf, sizeof buf, v2, ",\"topk_method\":\"group_limited_greedy\",\"n_group\":3,\"topk_group\":2");
+    CHECK(parse(buf, &c) == MOE_OK && c.router == MOE_ROUTER_SOFTMAX_GROUP && c.n_group == 3 && c.topk_group == 2,
+          "v2 group_limited_greedy: %s", last_log);
+    moe_config_clear(&c);
+
+    /* errors */
+    snprintf(buf, sizeof buf, v2, ",\"topk_method\":\"group_limited_greedy\",\"n_group\":4,\"topk_group\":2");
+    CHECK(parse(buf, &c) == MOE_ERR_INVALID && strstr(last_log, "n_group"), "6 experts in 4 groups: %s", last_log);
+    snprintf(buf, sizeof buf, v2, ",\"topk_method\":\"group_limited_greedy\",\"n_group\":3");
+    CHECK(parse(buf, &c) == MOE_ERR_NOT_FOUND && strstr(last_log, "topk_group"), "v2 groups need topk_group: %s",
+          last_log);
+    snprintf(buf, sizeof buf, v2, ",\"topk_method\":\"noaux_tc\"");
+    CHECK(parse(buf, &c) == MOE_ERR_UNSUPPORTED && strstr(last_log, "noaux_tc"), "v2 unknown method: %s", last_log);
+    snprintf(buf, sizeof buf, v2, ",\"mlp_bias\":true");
+    CHECK(parse(buf, &c) == MOE_ERR_UNSUPPORTED && strstr(last_log, "mlp_bias"), "mlp_bias: %s", last_log);
+    snprintf(buf, sizeof buf, v2, ",\"num_key_value_heads\":1");
+    CHECK(parse(buf, &c) == MOE_ERR_INVALID && strstr(last_log, "num_key_value_heads"), "MLA kv heads: %s", last_log);
+    CHECK(parse("{" DSV3_BASE "}", &c) == MOE_ERR_NOT_FOUND && strstr(last_log, "q_lora_rank"),
+          "q_lora_rank must be present: %s", last_log);
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"n_group\":16}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "at least 2"),
+          "v3 groups of one expert: %s", last_log);
+    CHECK(parse("{\"q_lora_rank\":null,\"topk_group\":1,\"num_experts_per_tok\":3," DSV3_BASE "}", &c) ==
+              MOE_ERR_INVALID && strstr(last_log, "num_experts_per_tok"),
+          "top-k beyond the kept groups: %s", last_log);
+    CHECK(parse("{\"q_lora_rank\":null,\"qk_rope_head_dim\":3," DSV3_BASE "}", &c) != MOE_OK &&
+              strstr(last_log, "qk_rope_head_dim"),
+          "odd rope dim: %s", last_log);
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"rope_interleave\":1}", &c) == MOE_ERR_INVALID &&
+              strstr(last_log, "rope_interleave"),
+          "rope_interleave must be a bool: %s", last_log);
+}
+
+/* test_gpt_oss: gpt-oss defaults (biases, sinks, clamped SwiGLU, the
+ * alternating window) and pre-quantized checkpoints: mxfp4 for gpt-oss,
+ * everything else refused by name. */
+static void test_gpt_oss(void) {
+    struct moe_config c;
+    const char *base = "\"architectures\":[\"GptOssForCausalLM\"],\"vocab_size\":32,\"hidden_size\":16,"
+                       "\"num_hidden_layers\":3,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                       "\"head_dim\":8,\"intermediate_size\":6,\"num_local_experts\":4,"
+                       "\"num_experts_per_tok\":2,\"sliding_window\":5";
+    char buf[2048];
+    snprintf(buf, sizeof buf, "{%s}", base);
+    CHECK(parse(buf, &c) == MOE_OK, "gpt-oss: %s", last_log);
+    CHECK(c.arch == MOE_ARCH_GPT_OSS && c.attn_sinks && c.expert_bias && c.router_bias && c.attn_qkv_bias &&
+              c.attn_o_bias && c.expert_act == MOE_ACT_SWIGLU_OAI && c.swiglu_alpha == 1.702f &&
+              c.swiglu_limit == 7.0f && c.norm_topk_prob == 1 && c.rope.theta == 150000.0f,
+          "gpt-oss defaults");
+    CHECK(c.sliding_window == 5 && c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2],
+          "gpt-oss: even layers slide without layer_types");
+    moe_config_clear(&c);
+    snprintf(buf, sizeof buf,
+             "{%s,\"swiglu_limit\":3,\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":32.0,"
+             "\"original_max_position_embeddings\":4096,\"truncate\":false},"
+             "\"quantization_config\":{\"quant_method\":\"mxfp4\"}}",
+             base);
+    CHECK(parse(buf, &c) == MOE_OK && c.swiglu_limit == 3.0f && c.rope.kind == MOE_ROPE_YARN && !c.rope.truncate &&
+              fabsf(c.rope.attention_factor - (float)(0.1 * log(32.0) + 1)) < 1e-6f,
+          "gpt-oss yarn without truncation, mxfp4 accepted: %s", last_log);
+    moe_config_clear(&c);
+    snprintf(buf, sizeof buf, "{%s,\"swiglu_limit\":0}", base);
+    CHECK(parse(buf, &c) == MOE_ERR_INVALID && strstr(last_log, "swiglu_limit"), "limit 0: %s", last_log);
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\","
+                "\"weight_block_size\":[128,128]}}", &c) == MOE_ERR_UNSUPPORTED &&
+              strstr(last_log, "fp8") && strstr(last_log, "BF16"),
+          "FP8 DeepSeek refused by name: %s", last_log);
+    CHECK(parse("{" MIXTRAL_BASE ",\"quantization_config\":{\"quant_method\":\"mxfp4\"}}", &c) ==
+              MOE_ERR_UNSUPPORTED && strstr(last_log, "mxfp4"),
+          "mxfp4 only for gpt-oss: %s", last_log);
 }
 
 /* --- model binding on a synthetic checkpoint ------------------------------ */
@@ -228,6 +356,8 @@ int main(void) {
     moe_log_set(capture, NULL);
     test_arches();
     test_errors();
+    test_deepseek();
+    test_gpt_oss();
     test_binding();
     printf("test-config: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;

@@ -368,10 +368,13 @@ int main(int argc, char **argv) {
 
     check_self("qwen2_moe-f32");
     check_self("mixtral-f32");
+    check_self("deepseek_v3-f32");
+    check_self("gpt_oss-f32");
     check_pair("mixtral-bf16", "mixtral-f32");
     check_ppl("mixtral-f32", 0);   /* BOS 1 replaces each chunk's first token */
     check_ppl("qwen2_moe-f32", 0); /* no BOS */
     check_ppl("phimoe-f32", 3);    /* --max-chunks */
+    check_ppl("deepseek_v2-f32", 0);
     check_extras("qwen2_moe-f32"); /* --unigram, --routing (one dense layer) */
 
     char args[1024];

@@ -81,6 +81,26 @@ static float max_abs_diff(const float *a, const float *b, size_t n) {
     return m;
 }
 
+/* check_kv_size: the session reports its KV cache: keys and values of every
+ * KV head for grouped-query attention; for multi-head latent attention only
+ * the latent and the shared rope key, less than the full keys and values
+ * transformers' eager path would expand. */
+static void check_kv_size(const struct moe_model *m, const struct moe_session *s, int n_ctx, const char *name) {
+    const struct moe_config *c = &m->cfg;
+    const size_t per_tok = (size_t)c->n_layer * sizeof(float), got = moe_session_kv_bytes(s);
+    if (c->attn == MOE_ATTN_MLA) {
+        size_t want = per_tok * (size_t)n_ctx * (size_t)(c->kv_lora_rank + c->qk_rope_dim);
+        size_t full = per_tok * (size_t)n_ctx * (size_t)c->n_head * (size_t)(c->head_dim + c->v_head_dim);
+        CHECK(got == want && got < full, "%s: MLA KV cache %zu bytes, expected %zu (full K/V %zu)", name, got, want,
+              full);
+        printf("  %-22s MLA KV cache %zu bytes for %d tokens = %.1f%% of full K/V (%zu bytes)\n", name, got, n_ctx,
+               100.0 * (double)got / (double)full, full);
+    } else {
+        size_t want = 2 * per_tok * (size_t)n_ctx * (size_t)c->n_head_kv * (size_t)c->head_dim;
+        CHECK(got == want, "%s: KV cache %zu bytes, expected %zu", name, got, want);
+    }
+}
+
 static void check_model(const char *dir, const char *name) {
     struct moe_model *m = NULL;
     if (moe_model_load_hf(dir, &m) != MOE_OK) {
@@ -100,6 +120,7 @@ static void check_model(const char *dir, const char *name) {
     sp.n_threads = 2;
     struct moe_session *s = NULL;
     CHECK(moe_session_create(m, &sp, &s) == MOE_OK, "%s: session", name);
+    check_kv_size(m, s, sp.n_ctx, name);
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)o.n_prompt);
     CHECK(moe_session_forward(s, o.prompt, o.n_prompt, logits, 1) == MOE_OK, "%s: prefill", name);
     float e_pre = max_abs_diff(logits, o.prefill, (size_t)V * o.n_prompt);

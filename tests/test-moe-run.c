@@ -118,6 +118,9 @@ int main(int argc, char **argv) {
     check_fixture("phimoe-f32");
     check_fixture("olmoe-f32");
     check_fixture("qwen3_moe-bf16");
+    check_fixture("deepseek_v3-f32");
+    check_fixture("deepseek_v2-bf16");
+    check_fixture("gpt_oss-f32");
 
     char cmd[4096], out[65536];
     snprintf(cmd, sizeof cmd, "%s --help", moe_run);

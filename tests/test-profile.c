@@ -483,6 +483,8 @@ int main(int argc, char **argv) {
 
     check_model("qwen2_moe-f32");
     check_model("mixtral-f32");
+    check_model("deepseek_v3-f32"); /* groups, sigmoid + bias, a dense first layer */
+    check_model("gpt_oss-f32"); /* router bias in the stacked-gate prediction */
     check_shards();
 
     /* failures and usage */

@@ -52,7 +52,7 @@ static int checks;
 
 static const enum moe_qtype ALL[] = {MOE_QTYPE_F32,  MOE_QTYPE_F16,  MOE_QTYPE_BF16, MOE_QTYPE_Q8_0,
                                      MOE_QTYPE_Q4_0, MOE_QTYPE_Q2_K, MOE_QTYPE_Q3_K, MOE_QTYPE_Q4_K,
-                                     MOE_QTYPE_Q5_K, MOE_QTYPE_Q6_K, MOE_QTYPE_Q8_K};
+                                     MOE_QTYPE_Q5_K, MOE_QTYPE_Q6_K, MOE_QTYPE_Q8_K, MOE_QTYPE_MXFP4};
 #define NTYPES (int)(sizeof ALL / sizeof ALL[0])
 
 /*
@@ -71,6 +71,7 @@ static const enum moe_qtype ALL[] = {MOE_QTYPE_F32,  MOE_QTYPE_F16,  MOE_QTYPE_B
  *   q8_k   0.0070              0.0061-0.0090        0.0095
  *   f16    0.00021             -                    0.00025
  *   bf16   0.0017              -                    0.0020
+ *   mxfp4  0.115               0.104-0.122          0.14
  */
 static double err_bound(enum moe_qtype t) {
     switch (t) {
@@ -85,6 +86,7 @@ static double err_bound(enum moe_qtype t) {
     case MOE_QTYPE_Q5_K: return 0.046;
     case MOE_QTYPE_Q6_K: return 0.024;
     case MOE_QTYPE_Q8_K: return 0.0095;
+    case MOE_QTYPE_MXFP4: return 0.14;
     }
     return 0.0;
 }
@@ -174,7 +176,7 @@ static void test_table(void) {
         {MOE_QTYPE_Q2_K, 10, "q2_k", 256, 84, 2.625}, {MOE_QTYPE_Q3_K, 11, "q3_k", 256, 110, 3.4375},
         {MOE_QTYPE_Q4_K, 12, "q4_k", 256, 144, 4.5}, {MOE_QTYPE_Q5_K, 13, "q5_k", 256, 176, 5.5},
         {MOE_QTYPE_Q6_K, 14, "q6_k", 256, 210, 6.5625}, {MOE_QTYPE_Q8_K, 15, "q8_k", 256, 292, 9.125},
-        {MOE_QTYPE_BF16, 30, "bf16", 1, 2, 16},
+        {MOE_QTYPE_BF16, 30, "bf16", 1, 2, 16},     {MOE_QTYPE_MXFP4, 39, "mxfp4", 32, 17, 4.25},
     };
     int nvalid = 0;
     for (int t = -3; t < MOE_QTYPE_LIMIT + 3; t++) nvalid += moe_qtype_valid((enum moe_qtype)t);

@@ -209,7 +209,7 @@ static const struct bad_row bad_rows[] = {
      "unsupported dtype I64 for tensor a"},
     {"dtype-F64", HDR_STRLEN, "{" TE("w", "F64", "[1]", "0", "8") "}", 0, 0, 8,
      "unsupported dtype F64 for tensor w"},
-    {"dtype-U8", HDR_STRLEN, "{" TE("a", "U8", "[1]", "0", "1") "}", 0, 0, 1, "unsupported dtype U8"},
+    {"dtype-I8", HDR_STRLEN, "{" TE("a", "I8", "[1]", "0", "1") "}", 0, 0, 1, "unsupported dtype I8"},
     {"dtype-BOOL", HDR_STRLEN, "{" TE("a", "BOOL", "[1]", "0", "1") "}", 0, 0, 1,
      "unsupported dtype BOOL"},
     {"dtype-F8", HDR_STRLEN, "{" TE("a", "F8_E4M3", "[1]", "0", "1") "}", 0, 0, 1,
@@ -376,6 +376,19 @@ static void test_good_memory(void) {
     moe_safetensors_free(st);
     free(p);
     st = open_good("whitespace", " \t\r\n{ }\n  ", 0, &p);
+    moe_safetensors_free(st);
+    free(p);
+
+    /* U8: raw bytes (gpt-oss's MXFP4 blocks), one byte per element, any offset */
+    st = open_good("u8", "{" TE("blk", "U8", "[2,3]", "1", "7") "," TE("pad", "U8", "[1]", "0", "1") "}", 7, &p);
+    if (st) {
+        const struct moe_st_tensor *t = moe_safetensors_find(st, "blk");
+        CHECK(t && t->dtype == MOE_DTYPE_U8 && t->n_dims == 2 && t->n_elements == 6 && t->nbytes == 6,
+              "U8 tensor shape and size");
+        float f[6];
+        if (t) moe_convert_row_f32(MOE_DTYPE_U8, t->data, f, 6);
+        CHECK(t && f[0] == (float)((const uint8_t *)t->data)[0], "U8 converts to its value");
+    }
     moe_safetensors_free(st);
     free(p);
 

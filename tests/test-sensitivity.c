@@ -320,6 +320,8 @@ int main(int argc, char **argv) {
     write_text();
     check_library("mixtral-f32");
     check_library("qwen2_moe-f32");
+    check_library("deepseek_v3-f32"); /* MLA cache under forward_from, sigmoid routing */
+    check_library("gpt_oss-f32"); /* expert biases and the clamped SwiGLU in the sweep */
     check_cli();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

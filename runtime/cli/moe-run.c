@@ -409,14 +409,16 @@ static void print_store_stats(const struct moe_session *sess) {
     struct moe_store_stats s;
     moe_store_get_stats(st, &s);
     const double tok = s.tokens > 0 ? (double)s.tokens : 1, served = (double)(s.accesses - s.skips);
+    const double dtok = s.decode_tokens > 0 ? (double)s.decode_tokens : 1;
     fprintf(stderr,
             "moe-run: experts: %s cache %d high + %d low copies%s; hits %.1f %% (high %lld, low %lld), misses %lld + %lld "
-            "low, skipped %lld; %.2f loads and %.2f MB read per token, %.2f ms stalled per token; prefetched %lld "
-            "(used %lld); peak resident %.1f MB\n",
+            "low, skipped %lld; %.2f loads and %.2f MB read per token, %.2f ms stalled per token (decode: %.2f, %.2f MB, "
+            "%.2f ms); prefetched %lld (used %lld); peak resident %.1f MB\n",
             moe_cache_policy_name((enum moe_cache_policy)s.policy), s.high_cap, s.low_cap,
             s.dynamic ? ", dynamic precision" : "", served > 0 ? 100.0 * (double)(s.hits_high + s.hits_low) / served : 0.0,
             (long long)s.hits_high, (long long)s.hits_low, (long long)s.misses_high, (long long)s.misses_low,
             (long long)s.skips, (double)s.loads / tok, (double)s.load_bytes / tok / 1e6, 1e3 * s.stall_s / tok,
+            (double)s.loads_decode / dtok, (double)s.load_bytes_decode / dtok / 1e6, 1e3 * s.stall_s_decode / dtok,
             (long long)s.prefetch_loads, (long long)s.prefetch_used, (double)s.peak_resident_bytes / 1e6);
 }
 

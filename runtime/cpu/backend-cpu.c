@@ -20,7 +20,14 @@ struct cpu {
     struct moe_backend_params p;
     struct moe_pool *pool;
     int64_t q_dim, kv_dim, max_in, max_ff;
-    float *k_cache, *v_cache;   /* [n_layer][n_ctx][kv_dim] */
+    int64_t kv_row;             /* floats per token and layer in k_cache: kv_dim (GQA), or
+                                 * kv_lora_rank + qk_rope_dim (MLA: latent, then rope key) */
+    float *k_cache, *v_cache;   /* [n_layer][n_ctx][kv_row]; v_cache [..][kv_dim] (GQA only) */
+    size_t kv_bytes;            /* both caches' bytes */
+    /* MLA scratch: q LoRA rank output, the latent + rope key of the chunk, the
+     * absorbed queries and the attention's latent outputs */
+    float *qa, *ckv;            /* [B x q_lora_rank], [B x kv_row] */
+    float *qlat, *olat;         /* [B x n_head x kv_lora_rank] */
     /* scratch for one chunk of up to n_batch tokens */
     float *x, *xn, *q, *k, *v;  /* [B x n_embd], [B x q_dim], [B x kv_dim] */
     float *att, *tmp;           /* [B x q_dim], [B x n_embd] attention / FFN output */
@@ -135,6 +142,32 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- RoPE ------------------------------------------------------------- */
 
+/* yarn_dim: the dimension (of n_rot) whose wavelength turns n_rot times in
+ * the original context (YaRN's find_correction_dim). */
+static double yarn_dim(double rotations, const struct moe_rope *r) {
+    return (r->n_rot * log((double)r->original_max_pos / (rotations * 2 * 3.14159265358979323846))) /
+           (2 * log((double)r->theta));
+}
+
+/* yarn_inv_freq: YaRN's blend of extrapolated (theta^-2i/d) and interpolated
+ * (the same / factor) frequencies along a linear ramp between the correction
+ * dimensions of beta_fast and beta_slow, as transformers' _compute_yarn_parameters. */
+static void yarn_inv_freq(const struct moe_rope *r, float *inv_freq) {
+    double lo = yarn_dim(r->beta_fast, r), hi = yarn_dim(r->beta_slow, r);
+    if (r->truncate) lo = floor(lo), hi = ceil(hi);
+    if (lo < 0) lo = 0;
+    if (hi > r->n_rot - 1) hi = r->n_rot - 1;
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < r->n_rot / 2; i++) {
+        float pos = (float)pow((double)r->theta, (double)((float)(2 * i) / (float)r->n_rot));
+        float extra = 1.0f / pos, inter = 1.0f / (r->factor * pos);
+        float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float ef = 1.0f - ramp; /* the share of extrapolation */
+        inv_freq[i] = inter * (1.0f - ef) + extra * ef;
+    }
+}
+
 /* rope_init: inverse frequencies as transformers computes them (float32). */
 static void rope_init(const struct moe_config *c, float *inv_freq) {
     const struct moe_rope *r = &c->rope;
@@ -145,6 +178,7 @@ static void rope_init(const struct moe_config *c, float *inv_freq) {
         float f = 1.0f / base_pow;
         switch (r->kind) {
         case MOE_ROPE_DEFAULT: break;
+        case MOE_ROPE_YARN: break; /* yarn_inv_freq below */
         case MOE_ROPE_LINEAR: f = f / r->factor; break;
         case MOE_ROPE_LONGROPE: f = 1.0f / (r->short_factor[i] * base_pow); break;
         case MOE_ROPE_LLAMA3: {
@@ -163,6 +197,7 @@ static void rope_init(const struct moe_config *c, float *inv_freq) {
         }
         inv_freq[i] = f;
     }
+    if (r->kind == MOE_ROPE_YARN) yarn_inv_freq(r, inv_freq);
 }
 
 /* rope_tables: cos/sin for n_tok positions starting at pos0. `seq_len` is the
@@ -174,6 +209,8 @@ static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
     if (r->kind == MOE_ROPE_LONGROPE)
         scale = r->has_mscale ? (seq_len > r->original_max_pos ? r->long_mscale : r->short_mscale)
                               : r->attention_factor;
+    else if (r->kind == MOE_ROPE_YARN)
+        scale = r->attention_factor;
     for (int t = 0; t < n_tok; t++) {
         float p = (float)(pos0 + t);
         for (int i = 0; i < half; i++) {
@@ -184,11 +221,22 @@ static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
     }
 }
 
-/* rope_apply: rotate n_heads heads of one token in the HF (rotate_half) layout. */
-static void rope_apply(float *v, int n_heads, int head_dim, int n_rot, const float *cs, const float *sn) {
+/* rope_apply: rotate the first n_rot values of n_heads heads (head_dim
+ * apart) of one token: pairs (x_i, x_{i+n_rot/2}) in the HF (rotate_half)
+ * layout, or adjacent pairs (x_2i, x_2i+1) when interleaved (DeepSeek); pair
+ * i turns by position x inv_freq[i]. */
+static void rope_apply(float *v, int n_heads, int head_dim, int n_rot, int interleave, const float *cs, const float *sn) {
     int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * head_dim;
+        if (interleave) {
+            for (int i = 0; i < half; i++) {
+                float x1 = x[2 * i], x2 = x[2 * i + 1];
+                x[2 * i] = x1 * cs[i] - x2 * sn[i];
+                x[2 * i + 1] = x2 * cs[i] + x1 * sn[i];
+            }
+            continue;
+        }
         for (int i = 0; i < half; i++) {
             float x1 = x[i], x2 = x[i + half];
             x[i] = x1 * cs[i] - x2 * sn[i];
@@ -224,7 +272,9 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
             sc[j] = dot(qv, kc + (size_t)j * s->kv_dim + (size_t)kvh * hd, hd) * scale;
             if (sc[j] > mx) mx = sc[j];
         }
-        float sum = 0;
+        const float *sink = s->m->layers[a->layer].sinks; /* gpt-oss: a logit with no value */
+        if (sink && sink[h] > mx) mx = sink[h];
+        float sum = sink ? expf(sink[h] - mx) : 0.0f;
         for (int j = lo; j <= p; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
@@ -268,8 +318,8 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
         }
         const float *cs = s->rope_cos + (size_t)t * (c->rope.n_rot / 2);
         const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
-        rope_apply(q, c->n_head, hd, c->rope.n_rot, cs, sn);
-        rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, cs, sn);
+        rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
+        rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
         size_t off = ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim;
         memcpy(s->k_cache + off, k, sizeof(float) * s->kv_dim);
         memcpy(s->v_cache + off, v, sizeof(float) * s->kv_dim);
@@ -279,13 +329,142 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
 }
 
-/* ffn: y = down(silu(gate x) * up x) for n rows of x (ld n_embd). */
-static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n) {
-    int64_t F = f->gate.n_out, H = s->m->cfg.n_embd;
-    matmul(s, &f->gate, NULL, x, H, s->ge, F, n);
-    matmul(s, &f->up, NULL, x, H, s->ue, F, n);
-    for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
-    matmul(s, &f->down, NULL, s->ge, F, y, H, n);
+/* ---- multi-head latent attention (DeepSeek-V2/V3) ------------------------
+ *
+ * transformers expands every cached latent c_j through kv_b_proj into each
+ * head's key k_j = W_UK c_j and value v_j = W_UV c_j. Here the cache keeps
+ * c_j (normed latent) and the rotated rope key only, and kv_b_proj is
+ * absorbed: q.k_j = (W_UK^T q_nope).c_j + q_rope.k_rope_j, and
+ * sum_j p_j v_j = W_UV (sum_j p_j c_j). Same arithmetic up to rounding, and the
+ * cache is kv_lora_rank + qk_rope_dim floats per token instead of
+ * n_head x (head_dim + v_head_dim). */
+
+/* The latent-space eps of q_a_layernorm and kv_a_layernorm: transformers
+ * builds them with its RMSNorm default, not rms_norm_eps. */
+#define MLA_LATENT_EPS 1e-6f
+
+struct mla_ctx {
+    struct cpu *s;
+    const struct moe_layer *L;
+    int layer, pos0, n_tok;
+};
+
+/* mla_absorb_range: qlat[t][h] = W_UK[h]^T q_nope[t][h] for heads [b, e). */
+static void mla_absorb_range(void *vctx, int64_t b, int64_t e, int tid) {
+    struct mla_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int nope = c->qk_nope_dim, r = c->kv_lora_rank, nh = c->n_head, per = nope + c->v_head_dim;
+    float *buf = s->row_buf + (size_t)tid * (size_t)s->max_in;
+    for (int64_t h = b; h < e; h++) {
+        for (int t = 0; t < a->n_tok; t++) memset(s->qlat + ((size_t)t * nh + h) * r, 0, sizeof(float) * (size_t)r);
+        for (int d = 0; d < nope; d++) {
+            const float *row = weight_row(&a->L->wkv_b, h * per + d, buf);
+            for (int t = 0; t < a->n_tok; t++) {
+                const float qd = s->q[(size_t)t * s->q_dim + (size_t)h * c->head_dim + d];
+                float *ql = s->qlat + ((size_t)t * nh + h) * r;
+                for (int i = 0; i < r; i++) ql[i] += qd * row[i];
+            }
+        }
+    }
+}
+
+/* mla_score_range: for (token, head) pairs [b, e): softmax over the cached
+ * positions of (qlat.c_j + q_rope.k_rope_j) * scale, and olat = sum_j p_j c_j. */
+static void mla_score_range(void *vctx, int64_t b, int64_t e, int tid) {
+    struct mla_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int nh = c->n_head, r = c->kv_lora_rank, rd = c->qk_rope_dim;
+    float *sc = s->att_buf + (size_t)tid * (size_t)s->p.n_ctx;
+    const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_row;
+    for (int64_t it = b; it < e; it++) {
+        const int t = (int)(it / nh), h = (int)(it % nh), p = a->pos0 + t;
+        const float *ql = s->qlat + ((size_t)t * nh + h) * r;
+        const float *qr = s->q + (size_t)t * s->q_dim + (size_t)h * c->head_dim + c->qk_nope_dim;
+        float mx = -INFINITY;
+        for (int j = 0; j <= p; j++) {
+            const float *row = kc + (size_t)j * s->kv_row;
+            sc[j] = (dot(ql, row, r) + dot(qr, row + r, rd)) * c->attn_scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        float sum = 0;
+        for (int j = 0; j <= p; j++) sum += (sc[j] = expf(sc[j] - mx));
+        float *ol = s->olat + ((size_t)t * nh + h) * r;
+        memset(ol, 0, sizeof(float) * (size_t)r);
+        for (int j = 0; j <= p; j++) {
+            const float w = sc[j] / sum, *row = kc + (size_t)j * s->kv_row;
+            for (int i = 0; i < r; i++) ol[i] += w * row[i];
+        }
+    }
+}
+
+/* mla_value_range: att[t][h] = W_UV[h] olat[t][h] for heads [b, e). */
+static void mla_value_range(void *vctx, int64_t b, int64_t e, int tid) {
+    struct mla_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int nope = c->qk_nope_dim, vd = c->v_head_dim, r = c->kv_lora_rank, nh = c->n_head;
+    float *buf = s->row_buf + (size_t)tid * (size_t)s->max_in;
+    for (int64_t h = b; h < e; h++)
+        for (int d = 0; d < vd; d++) {
+            const float *row = weight_row(&a->L->wkv_b, h * (nope + vd) + nope + d, buf);
+            for (int t = 0; t < a->n_tok; t++)
+                s->att[(size_t)t * nh * vd + (size_t)h * vd + d] = dot(row, s->olat + ((size_t)t * nh + h) * r, r);
+        }
+}
+
+/* attention_mla: the latent attention block of layer l for n_tok tokens. */
+static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[l];
+    const int64_t H = c->n_embd, r = c->kv_lora_rank, qr = c->q_lora_rank;
+    if (qr > 0) {
+        matmul(s, &L->wq_a, L->bq_a, s->xn, H, s->qa, qr, n_tok);
+        for (int t = 0; t < n_tok; t++) rms_norm(s->qa + t * qr, s->qa + t * qr, L->q_a_norm, qr, MLA_LATENT_EPS);
+        matmul(s, &L->wq_b, NULL, s->qa, qr, s->q, s->q_dim, n_tok);
+    } else {
+        matmul(s, &L->wq, NULL, s->xn, H, s->q, s->q_dim, n_tok);
+    }
+    matmul(s, &L->wkv_a, L->bkv_a, s->xn, H, s->ckv, s->kv_row, n_tok);
+    const int half = c->rope.n_rot / 2;
+    for (int t = 0; t < n_tok; t++) {
+        float *kv = s->ckv + (size_t)t * s->kv_row;
+        const float *cs = s->rope_cos + (size_t)t * half, *sn = s->rope_sin + (size_t)t * half;
+        rms_norm(kv, kv, L->kv_a_norm, r, MLA_LATENT_EPS);
+        rope_apply(kv + r, 1, c->qk_rope_dim, c->rope.n_rot, c->rope.interleave, cs, sn);
+        rope_apply(s->q + (size_t)t * s->q_dim + c->qk_nope_dim, c->n_head, c->head_dim, c->rope.n_rot,
+                   c->rope.interleave, cs, sn);
+        memcpy(s->k_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_row, kv,
+               sizeof(float) * (size_t)s->kv_row);
+    }
+    struct mla_ctx a = {s, L, l, pos0, n_tok};
+    moe_pool_for(s->pool, c->n_head, 1, mla_absorb_range, &a);
+    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, 1, mla_score_range, &a);
+    moe_pool_for(s->pool, c->n_head, 1, mla_value_range, &a);
+    matmul(s, &L->wo, L->bo, s->att, (int64_t)c->n_head * c->v_head_dim, s->tmp, H, n_tok);
+}
+
+/* ffn: y = down(act(gate x, up x)) for n rows of x (ld n_embd), with the
+ * biases of f->bias if set. act: silu(g) * u, or for a routed expert of a
+ * MOE_ACT_SWIGLU_OAI model gpt-oss's clamped form
+ * min(g, L) * sigmoid(alpha min(g, L)) * (clamp(u, -L, L) + 1). */
+static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y, int n, int expert) {
+    const struct moe_config *c = &s->m->cfg;
+    int64_t F = f->gate.n_out, H = c->n_embd;
+    const float *b = f->bias;
+    matmul(s, &f->gate, b, x, H, s->ge, F, n);
+    matmul(s, &f->up, b ? b + F : NULL, x, H, s->ue, F, n);
+    if (expert && c->expert_act == MOE_ACT_SWIGLU_OAI) {
+        const float lim = c->swiglu_limit, alpha = c->swiglu_alpha;
+        for (int64_t i = 0; i < (int64_t)n * F; i++) {
+            float g = fminf(s->ge[i], lim), u = fminf(fmaxf(s->ue[i], -lim), lim);
+            s->ge[i] = (g * (1.0f / (1.0f + expf(-(g * alpha))))) * (u + 1.0f);
+        }
+    } else {
+        for (int64_t i = 0; i < (int64_t)n * F; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    }
+    matmul(s, &f->down, b ? b + 2 * F : NULL, s->ge, F, y, H, n);
 }
 
 /* ---- the interface ---------------------------------------------------- */
@@ -358,7 +537,10 @@ static enum moe_status cpu_attention(struct moe_backend *be, int layer, int pos0
         s->rope_pos0 = pos0, s->rope_n = n, s->rope_len = seq_len;
     }
     norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n);
-    attention(s, layer, pos0, n);
+    if (c->attn == MOE_ATTN_MLA)
+        attention_mla(s, layer, pos0, n);
+    else
+        attention(s, layer, pos0, n);
     for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->tmp[i];
     return MOE_OK;
 }
@@ -377,7 +559,8 @@ static enum moe_status cpu_ffn_norm(struct moe_backend *be, int layer, int n) {
 static enum moe_status cpu_router(struct moe_backend *be, int layer, int n, float *logits) {
     struct cpu *s = ctx(be);
     const struct moe_config *c = &s->m->cfg;
-    matmul(s, &s->m->layers[layer].router, NULL, s->xn, c->n_embd, logits, c->n_expert, n);
+    const struct moe_layer *L = &s->m->layers[layer];
+    matmul(s, &L->router, L->router_b, s->xn, c->n_embd, logits, c->n_expert, n);
     return MOE_OK;
 }
 
@@ -390,7 +573,7 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
         int n = n_rows - done < s->p.n_batch ? n_rows - done : s->p.n_batch;
         for (int i = 0; i < n; i++)
             memcpy(s->xe + (size_t)i * H, s->xn + (size_t)rows[done + i] * H, sizeof(float) * (size_t)H);
-        ffn(s, f, s->xe, s->ye, n);
+        ffn(s, f, s->xe, s->ye, n, 1);
         for (int i = 0; i < n; i++) {
             const int t = rows[done + i], k = slots[done + i];
             float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
@@ -411,21 +594,25 @@ static enum moe_status cpu_dense(struct moe_backend *be, int layer, int n) {
     const struct moe_layer *L = &s->m->layers[layer];
     const int64_t H = c->n_embd;
     if (!c->layer_moe[layer]) {
-        ffn(s, &L->dense, s->xn, s->acc, n);
+        ffn(s, &L->dense, s->xn, s->acc, n, 0);
         return MOE_OK;
     }
     if (c->n_ff_shared <= 0) return MOE_OK;
-    matmul(s, &L->shared_gate, NULL, s->xn, H, s->sg, 1, n);
-    ffn(s, &L->shared, s->xn, s->tmp, n);
+    if (c->shared_gated) matmul(s, &L->shared_gate, NULL, s->xn, H, s->sg, 1, n);
+    ffn(s, &L->shared, s->xn, s->tmp, n, 0);
     s->shared_pending = 1;
     return MOE_OK;
 }
 
-/* shared_add: acc += sigmoid(shared gate) * shared expert (after the routed
- * experts, as transformers adds it). */
+/* shared_add: acc += [sigmoid(shared gate) *] shared expert (after the
+ * routed experts, as transformers adds it). */
 static void shared_add(struct cpu *s, int n) {
     const int64_t H = s->m->cfg.n_embd;
     for (int t = 0; t < n; t++) {
+        if (!s->m->cfg.shared_gated) {
+            for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += s->tmp[(size_t)t * H + d];
+            continue;
+        }
         float g = 1.0f / (1.0f + expf(-s->sg[t]));
         for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += g * s->tmp[(size_t)t * H + d];
     }
@@ -465,9 +652,11 @@ static enum moe_status cpu_lm_head(struct moe_backend *be, int row0, int n, floa
 }
 
 static enum moe_status cpu_ffn_rows(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n) {
-    ffn(ctx(be), f, x, y, n);
+    ffn(ctx(be), f, x, y, n, 1);
     return MOE_OK;
 }
+
+static size_t cpu_kv_cache_bytes(struct moe_backend *be) { return ctx(be)->kv_bytes; }
 
 static void cpu_free(struct moe_backend *be);
 
@@ -491,6 +680,7 @@ static const struct moe_backend_iface k_cpu_iface = {
     .lm_head = cpu_lm_head,
     .ffn_rows = cpu_ffn_rows,
     .lm_head_rows = cpu_lm_head_rows,
+    .kv_cache_bytes = cpu_kv_cache_bytes,
 };
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -505,7 +695,7 @@ static void cpu_free(struct moe_backend *be) {
         moe_pool_free(s->pool);
         float *bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->acc, s->part,
                          s->xe, s->ge, s->ue, s->ye, s->sg, s->row_buf, s->att_buf, s->inv_freq, s->rope_cos,
-                         s->rope_sin};
+                         s->rope_sin, s->qa, s->ckv, s->qlat, s->olat};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
         free(s->part_used);
         free(s);
@@ -537,21 +727,32 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     }
     s->p.n_threads = moe_pool_n_threads(s->pool);
     const int64_t B = s->p.n_batch, H = c->n_embd, T = s->p.n_threads, S = s->p.n_slots;
+    const int mla = c->attn == MOE_ATTN_MLA;
     s->q_dim = (int64_t)c->n_head * c->head_dim;
-    s->kv_dim = (int64_t)c->n_head_kv * c->head_dim;
+    s->kv_dim = mla ? 0 : (int64_t)c->n_head_kv * c->head_dim;
+    s->kv_row = mla ? (int64_t)c->kv_lora_rank + c->qk_rope_dim : s->kv_dim;
+    const int64_t att_dim = mla ? (int64_t)c->n_head * c->v_head_dim : s->q_dim;
     s->max_ff = max64(max64(c->n_ff_expert, c->n_ff_dense), c->n_ff_shared);
-    s->max_in = max64(max64(H, s->q_dim), s->max_ff);
-    size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
+    s->max_in = max64(max64(max64(H, s->q_dim), s->max_ff), max64(att_dim, max64(c->kv_lora_rank, c->q_lora_rank)));
+    const size_t per_layer = (size_t)s->p.n_ctx * (size_t)(s->kv_row + s->kv_dim);
+    s->kv_bytes = (size_t)c->n_layer * per_layer * sizeof(float);
+    size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_row;
     int ok = 1;
 #define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
     ALLOC(s->k_cache, kv);
-    ALLOC(s->v_cache, kv);
+    if (!mla) ALLOC(s->v_cache, kv);
     ALLOC(s->x, B * H);
     ALLOC(s->xn, B * H);
     ALLOC(s->q, B * s->q_dim);
     ALLOC(s->k, B * s->kv_dim);
     ALLOC(s->v, B * s->kv_dim);
-    ALLOC(s->att, B * s->q_dim);
+    ALLOC(s->att, B * att_dim);
+    if (mla) {
+        ALLOC(s->qa, B * c->q_lora_rank);
+        ALLOC(s->ckv, B * s->kv_row);
+        ALLOC(s->qlat, B * c->n_head * c->kv_lora_rank);
+        ALLOC(s->olat, B * c->n_head * c->kv_lora_rank);
+    }
     ALLOC(s->tmp, B * H);
     ALLOC(s->acc, B * H);
     ALLOC(s->part, B * S * H);
@@ -568,7 +769,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     ALLOC(s->rope_sin, B * (c->rope.n_rot / 2));
 #undef ALLOC
     if (!ok) {
-        MOE_LOGE("cannot allocate the session (KV cache %zu MiB); try a smaller context", (kv * 8) >> 20);
+        MOE_LOGE("cannot allocate the session (KV cache %zu MiB); try a smaller context", s->kv_bytes >> 20);
         cpu_free(be);
         return MOE_ERR_NOMEM;
     }

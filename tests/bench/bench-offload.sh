@@ -264,13 +264,13 @@ one_run() {
   # fall back on moe-run's own summary line: "generated N tokens in T s (X tok/s)"
   [ -n "$tps" ] || tps=$(sed -n 's/.*generated [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$log" | tail -n 1)
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$cfg" "$bname" "$prompt" "$rc" "${tps:-}" \
-    "$(stat_of bytes_read_per_token)" "$(stat_of hit_ratio_high)" "$(stat_of hit_ratio_low)" "$(stat_of stall_s_per_token)" \
+    "$(stat_of bytes_read_per_decode_token)" "$(stat_of hit_ratio_high)" "$(stat_of hit_ratio_low)" "$(stat_of stall_s_per_decode_token)" \
     "$(stat_of peak_resident_bytes)" >>"$work/results.tsv"
   [ $rc -eq 0 ] || echo "bench-offload: run $tag exited $rc (see $log)" >&2
 }
 
 echo "== moe-run: $rounds rounds x ${#configs[@]} configurations x budgets 25/50 % x prompts ($prompt_domains), -n $n_predict -t $threads"
-[ $dry_run -eq 1 ] || printf 'round\tconfig\tbudget\tprompt\trc\ttok_s\tbytes_per_tok\thit_high\thit_low\tstall_s_tok\tpeak_bytes\n' >"$work/results.tsv"
+[ $dry_run -eq 1 ] || printf 'round\tconfig\tbudget\tprompt\trc\ttok_s\tbytes_per_decode_tok\thit_high\thit_low\tstall_s_decode_tok\tpeak_bytes\n' >"$work/results.tsv"
 for ((r = 1; r <= rounds; r++)); do
   order=("${configs[@]}")
   if [ $((r % 2)) -eq 0 ]; then # alternate the order so drift hits every configuration alike
@@ -301,7 +301,7 @@ resident=$(median e all 6)
 {
   echo "decode tokens/s, median over $rounds rounds x prompts ($prompt_domains); FFN $ffn, -t $threads, -n $n_predict, --io $io"
   echo "budgets: 25 % = $budget25 bytes, 50 % = $budget50 bytes (of the q8_0 expert bytes, $q8_total)"
-  printf '%-7s %-6s %6s %9s %7s %9s %11s %8s %8s %10s %10s\n' config budget runs "tok/s" "x a" "x e" "MB/token" "hit hi" "hit lo" "stall ms" "peak MB"
+  printf '%-7s %-6s %6s %9s %7s %9s %11s %8s %8s %10s %10s\n' config budget runs "tok/s" "x a" "x e" "MB/dec tok" "hit hi" "hit lo" "stall ms" "peak MB"
   for cfg in "${configs[@]}"; do
     for b in 25 50; do
       [ "$cfg" = e ] && { [ $b = 25 ] || continue; b=all; }
@@ -323,6 +323,7 @@ resident=$(median e all 6)
     done
   done
   echo "a: LRU, q8_0 only; b: + HOBBIT dynamic precision (q2_k low); c: + HOBBIT policy; d: + prefetch; e: all resident"
+  echo "MB/dec tok and stall ms: bytes read and time waiting for reads per decoded token; hit ratios over the whole run"
   echo "runs: successful/all; medians over the successful ones. Storage, reads of one q8_0 expert blob:"
   echo "  $(grep "^ *fastest" "$work/bench-io.txt" | head -n 1 | sed 's/^ *//'), direct-t1 $(awk '/direct-t1/ {print $2 " MB/s"; exit}' "$work/bench-io.txt") (bench-io, $work/bench-io.txt)"
 } | tee "$work/table.txt"
@@ -341,7 +342,7 @@ run "$prep" fit-cache "$bundle" --profile "$work/sim-trace.h5" --cache-experts "
   --prompt-len "$np" --high q8_0 --low q2_k --no-tuning --no-profile-update >"$work/sim-replay.txt" 2>&1
 # the lru row: "lru  HIT %  PENALTY  BYTES MiB  GAP"
 sim_hit=$(awk '$1 == "lru" { sub("%", "", $2); print $2 / 100; exit }' "$work/sim-replay.txt")
-sim_bpt=$(awk '$1 == "lru" { v = $4; u = $5; m = (u == "MiB") ? 1048576 : (u == "KiB") ? 1024 : (u == "GiB") ? 1073741824 : 1; print v * m; exit }' "$work/sim-replay.txt")
+sim_bpt=$(awk '$1 == "lru" { v = $5; u = $6; m = (u == "MiB") ? 1048576 : (u == "KiB") ? 1024 : (u == "GiB") ? 1073741824 : 1; print v * m; exit }' "$work/sim-replay.txt")
 awk -v rh="$run_hit" -v rb="$run_bpt" -v sh="$sim_hit" -v sb="$sim_bpt" -v h="$hc" -v l="$lc" -v n="$np" 'BEGIN {
   printf "LRU + dynamic precision, %d high + %d low copies, prompt %d tokens + decode:\n", h, l, n
   printf "  %-10s %10s %14s\n", "", "hit ratio", "bytes/token"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -41,8 +42,14 @@ import torch
 
 import transformers
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     DynamicCache,
     GenerationConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -277,6 +284,189 @@ ARCHS: dict[str, dict] = {
             "(24 tokens) is entirely in the long-mscale regime (prefill and every decode step)."
         ),
     ),
+    "deepseek_v2": dict(
+        config_cls=DeepseekV2Config,
+        model_cls=DeepseekV2ForCausalLM,
+        tokenizer="qwen-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=21,
+        seed=6606,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=64,  # dense layers (first_k_dense_replace)
+            moe_intermediate_size=24,  # routed experts; shared = 24 x n_shared_experts
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,  # MLA expands the latent to every head
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=10,
+            routed_scaling_factor=1.5,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: no q LoRA, group-limited greedy routing (4 groups of 2, best 2 groups), layer 0 dense.
+            "f32": dict(
+                q_lora_rank=None, topk_method="group_limited_greedy", n_group=4, topk_group=2, first_k_dense_replace=1
+            ),
+            # bf16: q LoRA (rank 24), greedy routing, every layer sparse, 2 shared experts, attention biases.
+            "bf16": dict(
+                q_lora_rank=24,
+                topk_method="greedy",
+                first_k_dense_replace=0,
+                n_shared_experts=2,
+                routed_scaling_factor=1.0,
+                attention_bias=True,
+            ),
+        },
+        notes=(
+            "DeepSeek-V2: multi-head latent attention: q = q_proj(x) (q_lora_rank null) or "
+            "q_b_proj(RMSNorm_eps1e-6(q_a_proj(x))); kv_a_proj_with_mqa(x) = [latent (kv_lora_rank) | k_rope "
+            "(qk_rope_head_dim)], the latent goes through kv_a_layernorm (eps 1e-6, NOT rms_norm_eps) and "
+            "kv_b_proj to per-head [k_nope (qk_nope_head_dim) | v (v_head_dim)]; one k_rope shared by all "
+            "heads; RoPE on q_rope and k_rope as complex multiplication of ADJACENT pairs (x0,x1),(x2,x3)...; "
+            "scores (q_nope.k_nope + q_rope.k_rope) * (nope+rope)^-0.5. Router: softmax over 8 experts; greedy "
+            "top-3, or group_limited_greedy (groups of 2, the topk_group groups with the largest max prob, "
+            "others masked to 0); weights = probs x routed_scaling_factor, never renormalised (transformers "
+            "ignores norm_topk_prob for V2). Shared experts (moe_intermediate_size x n_shared_experts) added "
+            "ungated. Layers < first_k_dense_replace are a dense SwiGLU MLP (intermediate_size)."
+        ),
+    ),
+    "deepseek_v3": dict(
+        config_cls=DeepseekV3Config,
+        model_cls=DeepseekV3ForCausalLM,
+        tokenizer="neox-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",  # group gaps are measured by the recorder
+        prompt_len=22,
+        seed=7707,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=80,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_nope_head_dim=12,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.8,
+            },
+            rope_interleave=True,
+            num_mtp_layers=0,
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: as the base config (q LoRA, YaRN, interleaved RoPE, 4 groups / best 2, renormalised x 2.5).
+            "f32": {},
+            # bf16: no q LoRA, default RoPE in the rotate_half layout, 2 groups / best 1, no renormalisation.
+            "bf16": dict(
+                q_lora_rank=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                rope_interleave=False,
+                n_group=2,
+                topk_group=1,
+                norm_topk_prob=False,
+            ),
+        },
+        notes=(
+            "DeepSeek-V3: the attention of DeepSeek-V2 (see deepseek_v2) with rope_interleave (default true: "
+            "adjacent pairs, as V2) or rotate_half halves; YaRN RoPE over qk_rope_head_dim (factor 4, original "
+            "context 64, beta 32/1, mscale 1.0 / mscale_all_dim 0.8: cos/sin x attention_factor = "
+            "get_mscale(4,1)/get_mscale(4,0.8), and the softmax scale x get_mscale(4,0.8)^2). Router: scores = "
+            "sigmoid(logits); choice = scores + e_score_correction_bias (a buffer, non-zero here); groups "
+            "(n_group) ranked by the sum of their two best choice scores, the best topk_group kept, top-k of the "
+            "choice among them; weights = scores of the chosen (renormalised with +1e-20 if norm_topk_prob) x "
+            "routed_scaling_factor. Shared expert ungated. First first_k_dense_replace layers dense."
+        ),
+    ),
+    "gpt_oss": dict(
+        config_cls=GptOssConfig,
+        model_cls=GptOssForCausalLM,
+        tokenizer="qwen-bytelevel",
+        special_tokens={"bos": (None, None), "eos": ("<|endoftext|>", None)},
+        router_kind="softmax_topk",
+        prompt_len=22,
+        seed=8808,
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=32,
+            head_dim=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=6,  # layer_types derived: layers 0 and 2 slide, layer 1 full
+            attention_bias=True,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        ),
+        variants={
+            # f32: YaRN without truncation (as the real gpt-oss), a tight SwiGLU clamp so it bites.
+            "f32": dict(
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 150000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "truncate": False,
+                },
+                swiglu_limit=1.2,
+                swiglu_alpha=1.702,
+            ),
+            # bf16: default RoPE, the real clamp (7.0), another alpha.
+            "bf16": dict(
+                rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+                swiglu_limit=7.0,
+                swiglu_alpha=1.5,
+            ),
+        },
+        notes=(
+            "gpt-oss: RMSNorm (eps 1e-5); attention with q/k/v/o biases, GQA 4/2 (head_dim 16), RoPE in halves "
+            "(rotate_half), a learned per-head sink logit (self_attn.sinks) joining every softmax without a value, "
+            "sliding window 6 on the layers layer_types marks (derived: even layers), full attention on the "
+            "others. Router: logits = router.weight x + router.bias, top-2 by logit, weights = softmax of the 2 "
+            "logits. Experts stored merged: gate_up_proj [E, H, 2I] used as x @ W with gate = columns 0::2 and "
+            "up = columns 1::2, gate_up_proj_bias [E, 2I] likewise interleaved; down_proj [E, I, H], "
+            "down_proj_bias [E, H]. Activation: g = min(gate, limit), u = clamp(up, -limit, limit), "
+            "out = (u + 1) * g * sigmoid(alpha * g)."
+        ),
+    ),
 }
 
 
@@ -352,6 +542,34 @@ EXTRA_VARIANTS: dict[str, dict] = {
             "weighted by its softmax probability (< 1), not by 1."
         ),
     ),
+    "gpt_oss-mxfp4": dict(
+        arch="gpt_oss",
+        dtype="f32",
+        seed=8871,
+        overrides=dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+            },
+            swiglu_limit=7.0,
+        ),
+        mxfp4_experts=True,
+        notes=(
+            "gpt-oss as gpt_oss-f32 (limit 7.0) but with the routed experts stored as the released gpt-oss "
+            "checkpoints store them: MXFP4 in OpenAI's layout, experts.gate_up_proj_blocks [E, 2I, H/32, 16] "
+            "and _scales [E, 2I, H/32] (uint8; rows = output features, gate and up alternating; each byte holds "
+            "elements 2j (low nibble) and 2j+1 (high); value = FP4[code] * 2^(scale - 127)), down_proj_blocks "
+            "[E, H, I/32, 16] and _scales; biases and every other tensor float32. The codes are gguf 0.19's "
+            "MXFP4 quantization of the random float experts. config.json has quantization_config "
+            "{quant_method: mxfp4}; the oracle is transformers loading it with Mxfp4Config(dequantize=True) "
+            "(exactly the MXFP4 values in float32)."
+        ),
+    ),
     "phimoe-norope-f32": dict(
         arch="phimoe",
         dtype="f32",
@@ -391,6 +609,7 @@ def all_jobs() -> list[dict]:
                     notes=spec["notes"],
                     init_scale=None,
                     extra=False,
+                    mxfp4_experts=False,
                 )
             )
     for name, ex in EXTRA_VARIANTS.items():
@@ -406,6 +625,7 @@ def all_jobs() -> list[dict]:
                 notes=ex["notes"],
                 init_scale=ex.get("init_scale"),
                 extra=True,
+                mxfp4_experts=ex.get("mxfp4_experts", False),
             )
         )
     return jobs
@@ -498,9 +718,16 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | No
     def randn(shape):
         return torch.randn(shape, generator=g, dtype=torch.float32)
 
+    transposed = type(model).__name__.startswith("GptOss")  # experts used as x @ W: fan-in is shape[-2]
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         shape = tuple(p.shape)
-        if name.endswith("embed_tokens.weight"):
+        if name.endswith("self_attn.sinks"):  # gpt-oss: one sink logit per head, the size of a score
+            val = 1.0 * randn(shape)
+        elif name.endswith("_proj_bias"):  # gpt-oss expert biases [E, 2I] / [E, H]
+            val = 0.1 * randn(shape)
+        elif transposed and (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+            val = randn(shape) * (1.0 / shape[-2] ** 0.5)
+        elif name.endswith("embed_tokens.weight"):
             val = randn(shape) * 1.0
             if tied:  # it is also the lm_head: rows with no token never win greedy
                 val[TOKEN_ID_LIMIT:] *= 0.02
@@ -536,6 +763,11 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | No
             if name.endswith(suffix):
                 val = val * factor
         p.copy_(val.to(p.dtype))
+    # DeepSeek-V3's score-correction bias is a buffer (saved with the weights); make it matter:
+    # sigmoid scores lie in (0, 1), a bias of std 0.1 changes some choices.
+    for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+        if name.endswith("e_score_correction_bias"):
+            b.copy_((0.1 * randn(tuple(b.shape))).to(b.dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -546,13 +778,20 @@ def init_params(model: torch.nn.Module, seed: int, hidden: int, scale: dict | No
 class RouterRecorder:
     def __init__(self, model):
         self.logits: list[torch.Tensor] = []
+        self.group_gaps: list[float] = []  # DeepSeek group-limited routers: gaps measured per call
         self.handles = []
         for _, m in model.named_modules():
-            if type(m).__name__.endswith("TopKRouter"):
+            if type(m).__name__.lower().endswith("topkrouter"):
                 self.handles.append(m.register_forward_hook(self._hook))
 
     def _hook(self, module, inputs, output):
-        self.logits.append(output[0].detach().float().reshape(-1, output[0].shape[-1]).clone())
+        lg = output[0].detach().float().reshape(-1, output[0].shape[-1]).clone()
+        self.logits.append(lg)
+        grouped = hasattr(module, "e_score_correction_bias") or getattr(module, "topk_method", None) == (
+            "group_limited_greedy"
+        )
+        if grouped:
+            self.group_gaps.append(group_router_gap(module, lg))
 
     def remove(self):
         for h in self.handles:
@@ -560,12 +799,42 @@ class RouterRecorder:
         self.handles = []
 
 
-def router_stats(logits_list, kind: str, top_k: int, eps: float | None) -> dict:
+def group_router_gap(module, lg: torch.Tensor) -> float:
+    """DeepSeek group-limited routing: the smallest distance of a routing decision from its tie point:
+    the group ranking at topk_group and the expert ranking at top_k among the kept groups, in the
+    units of the choice score (V3: sigmoid + e_score_correction_bias, groups by the sum of their
+    two best; V2: softmax probabilities, groups by their best)."""
+    E = lg.shape[-1]
+    G, tg, k = module.num_group, module.topk_group, module.top_k
+    gs = E // G
+    if hasattr(module, "e_score_correction_bias"):
+        ch = lg.double().sigmoid() + module.e_score_correction_bias.double()
+        gsc = ch.view(-1, G, gs).topk(2, dim=-1)[0].sum(-1)
+    else:
+        ch = lg.double().softmax(-1)
+        gsc = ch.view(-1, G, gs).max(-1).values
+    gaps = []
+    sg = gsc.sort(-1, descending=True).values
+    if tg < G:
+        gaps.append(float((sg[:, tg - 1] - sg[:, tg]).min()))
+    keep = torch.zeros_like(gsc, dtype=torch.bool).scatter_(1, gsc.topk(tg, dim=-1).indices, True)
+    keep = keep.unsqueeze(-1).expand(-1, G, gs).reshape(-1, E)
+    sc = ch.masked_fill(~keep, float("-inf")).sort(-1, descending=True).values
+    if k < tg * gs:
+        gaps.append(float((sc[:, k - 1] - sc[:, k]).min()))
+    return min(gaps) if gaps else float("inf")
+
+
+def router_stats(logits_list, kind: str, top_k: int, eps: float | None, group_gaps=None) -> dict:
     if not logits_list:
         return {"min_router_gap": None}
     L = torch.cat(logits_list, 0).double()
     s, _ = torch.sort(L, dim=-1, descending=True)
     out: dict = {"router_rows": int(L.shape[0])}
+    if group_gaps:  # DeepSeek group-limited (and sigmoid) routers
+        out["min_router_gap"] = min(group_gaps)
+        out["router_kind"] = "group_limited"
+        return out
     if kind.startswith("softmax"):
         # the softmax is monotonic, so the top-k set flips only when s[k-1] == s[k]
         gap = (s[:, top_k - 1] - s[:, top_k]).min().item()
@@ -623,8 +892,12 @@ class ClipRecorder:
 
 
 def load(dirpath: Path, dtype):
+    extra = {}
+    if json.loads((dirpath / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "mxfp4":
+        # MXFP4 experts: transformers dequantizes them on a CPU (exactly: FP4 values times powers of two)
+        extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     m = transformers.AutoModelForCausalLM.from_pretrained(
-        str(dirpath), dtype=dtype, attn_implementation="eager", experts_implementation="eager"
+        str(dirpath), dtype=dtype, attn_implementation="eager", experts_implementation="eager", **extra
     )
     m.eval()
     return m
@@ -680,7 +953,7 @@ def compute_oracle(model, spec: dict, prompt_ids: list[int]) -> dict:
 
     top_k = cfg.num_experts_per_tok
     eps = getattr(cfg, "router_jitter_noise", None)
-    rstats = router_stats(rec.logits, spec["router_kind"], top_k, eps)
+    rstats = router_stats(rec.logits, spec["router_kind"], top_k, eps, rec.group_gaps)
 
     n = len(prompt_ids)
     # 1) prefill without cache must equal prefill with cache
@@ -878,10 +1151,216 @@ def np_sparsemixer(l, eps):
     return [(i1, w1), (i2, w2)]
 
 
+def np_yarn(rp: dict, dim: int, max_pos: int):
+    """YaRN inverse frequencies [dim/2] and cos/sin factor, as _compute_yarn_parameters (float64)."""
+    base = rp["rope_theta"]
+    omp = rp.get("original_max_position_embeddings") or max_pos
+    factor = rp.get("factor") or max_pos / omp
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    af = rp.get("attention_factor")
+    if af is None:
+        ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
+        af = get_mscale(factor, ms) / get_mscale(factor, msa) if ms and msa else get_mscale(factor)
+    beta_fast, beta_slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+    def corr(rot):
+        return (dim * math.log(omp / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    lo, hi = corr(beta_fast), corr(beta_slow)
+    if rp.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+    pos = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    extra_share = 1 - ramp
+    inv = (1.0 / (factor * pos)) * (1 - extra_share) + (1.0 / pos) * extra_share
+    return inv, af
+
+
+def np_reference_deepseek(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
+    """DeepSeek-V2/V3 in float64 with FULL keys and values (kv_b_proj applied to every cached latent,
+    as transformers does): the C side absorbs kv_b_proj instead, so this is an independent statement."""
+    mt = cfg["model_type"]
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    nope, rd, vd, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    qlr, eps, T = cfg.get("q_lora_rank"), cfg["rms_norm_eps"], len(ids)
+    bias = cfg.get("attention_bias", False)
+    rp = cfg["rope_parameters"]
+    inv = 1.0 / rp["rope_theta"] ** (np.arange(0, rd, 2, dtype=np.float64) / rd)
+    af, scale = 1.0, (nope + rd) ** -0.5
+    if rp["rope_type"] == "yarn":
+        inv, af = np_yarn(rp, rd, cfg["max_position_embeddings"])
+    elif rp["rope_type"] != "default":
+        raise NotImplementedError(rp["rope_type"])
+    if rp["rope_type"] != "default" and rp.get("mscale_all_dim"):
+        m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0
+        scale = scale * m * m
+    f = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(f) * af, np.sin(f) * af  # [T, rd/2]
+    interleave = mt == "deepseek_v2" or cfg.get("rope_interleave", True)
+
+    def rope(x):  # [..., T, rd]; output layout does not matter (q and k alike)
+        x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleave else (x[..., : rd // 2], x[..., rd // 2 :])
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    def lin(x, name, b=False):
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if b else y
+
+    def swiglu(x, p):
+        return lin(np_silu(lin(x, p + ".gate_proj")) * lin(x, p + ".up_proj"), p + ".down_proj")
+
+    mask = np.where(np.arange(T)[None, :] <= np.arange(T)[:, None], 0.0, -np.inf)
+    E, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    rsf = cfg.get("routed_scaling_factor", 1.0)
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        P, A = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        h = np_rms(x, W[f"{P}.input_layernorm.weight"], eps)
+        if qlr:
+            q = lin(np_rms(lin(h, f"{A}.q_a_proj", bias), W[f"{A}.q_a_layernorm.weight"], 1e-6), f"{A}.q_b_proj")
+        else:
+            q = lin(h, f"{A}.q_proj")
+        q = q.reshape(T, nh, nope + rd).transpose(1, 0, 2)  # [nh, T, nope+rd]
+        ckv = lin(h, f"{A}.kv_a_proj_with_mqa", bias)
+        lat = np_rms(ckv[:, :r], W[f"{A}.kv_a_layernorm.weight"], 1e-6)
+        kv = lin(lat, f"{A}.kv_b_proj").reshape(T, nh, nope + vd).transpose(1, 0, 2)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+        q_rot, k_rot = rope(q[..., nope:]), rope(ckv[:, r:])
+        sc = (q[..., :nope] @ k_nope.transpose(0, 2, 1) + q_rot @ k_rot.T) * scale + mask
+        a = (np_softmax(sc) @ v).transpose(1, 0, 2).reshape(T, nh * vd)
+        x = x + lin(a, f"{A}.o_proj", bias)
+        h = np_rms(x, W[f"{P}.post_attention_layernorm.weight"], eps)
+        M = f"{P}.mlp"
+        if i < cfg.get("first_k_dense_replace", 0):
+            x = x + swiglu(h, M)
+            continue
+        logits = lin(h, f"{M}.gate")
+        y = np.zeros_like(h)
+        for t in range(T):
+            if mt == "deepseek_v3":
+                sc_t = 1.0 / (1.0 + np.exp(-logits[t]))
+                ch = sc_t + W[f"{M}.gate.e_score_correction_bias"]
+                G, tg = cfg["n_group"], cfg["topk_group"]
+                gs = np.sort(ch.reshape(G, -1), -1)[:, -2:].sum(-1)
+                keep = np.repeat(np.isin(np.arange(G), np.argsort(-gs, kind="stable")[:tg]), E // G)
+                sel = np.argsort(-np.where(keep, ch, -np.inf), kind="stable")[:K]
+                w = sc_t[sel]
+                if cfg.get("norm_topk_prob", True):
+                    w = w / (w.sum() + 1e-20)
+            else:
+                p = np_softmax(logits[t])
+                if cfg.get("topk_method", "greedy") == "group_limited_greedy":
+                    G, tg = cfg["n_group"], cfg["topk_group"]
+                    gs = p.reshape(G, -1).max(-1)
+                    keep = np.repeat(np.isin(np.arange(G), np.argsort(-gs, kind="stable")[:tg]), E // G)
+                    p = np.where(keep, p, 0.0)
+                sel = np.argsort(-p, kind="stable")[:K]
+                w = p[sel]
+            for e, we in zip(sel, w * rsf):
+                y[t] += we * swiglu(h[t], f"{M}.experts.{e}")
+        x = x + y + swiglu(h, f"{M}.shared_experts")
+    x = np_rms(x, W["model.norm.weight"], eps)
+    return x @ W["lm_head.weight"].T
+
+
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+
+def np_gpt_oss_experts(W: dict, name: str) -> np.ndarray:
+    """A merged expert tensor as used (x @ W, [E, n_in, n_out]): the float tensor, or the MXFP4 blocks and
+    scales decoded with OpenAI's formula: byte j of a block holds elements 2j (low nibble) and 2j+1 (high),
+    value = FP4[code] * 2^(scale - 127)."""
+    if name in W:
+        return W[name]
+    blocks = W[name + "_blocks"].astype(np.uint8)  # [E, out, G, 16] (loaded as float64)
+    scales = W[name + "_scales"].astype(np.int64) - 127  # [E, out, G]
+    codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(*blocks.shape[:-1], 32)
+    vals = FP4_VALUES[codes] * np.exp2(scales)[..., None]
+    E, O = blocks.shape[:2]
+    return vals.reshape(E, O, -1).transpose(0, 2, 1)
+
+
+NP_GPT_OSS_CLAMPED = [0, 0]  # clamped gate/up values, all gate/up values (the last call)
+
+
+def np_reference_gpt_oss(cfg: dict, W: dict, ids: list[int]) -> np.ndarray:
+    """gpt-oss in float64: sinks, per-layer sliding windows, biases, merged experts, clamped SwiGLU."""
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, T = cfg["rms_norm_eps"], len(ids)
+    rp = cfg["rope_parameters"]
+    if rp["rope_type"] == "yarn":
+        inv, af = np_yarn(rp, hd, cfg["max_position_embeddings"])
+    else:
+        inv, af = 1.0 / rp["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd), 1.0
+    f = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(f) * af, np.sin(f) * af
+
+    def rope(x):  # halves
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    def lin(x, name):
+        return x @ W[name + ".weight"].T + W[name + ".bias"]
+
+    qi, kj = np.arange(T)[:, None], np.arange(T)[None, :]
+    sw = cfg["sliding_window"]
+    lim, alpha = cfg["swiglu_limit"], cfg["swiglu_alpha"]
+    E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    clamped = total = 0
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        P, A = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        sliding = cfg["layer_types"][i] == "sliding_attention"
+        mask = np.where((kj <= qi) & ((kj > qi - sw) if sliding else True), 0.0, -np.inf)
+        h = np_rms(x, W[f"{P}.input_layernorm.weight"], eps)
+        q = rope(lin(h, f"{A}.q_proj").reshape(T, nh, hd).transpose(1, 0, 2))
+        k = rope(lin(h, f"{A}.k_proj").reshape(T, nkv, hd).transpose(1, 0, 2))
+        v = lin(h, f"{A}.v_proj").reshape(T, nkv, hd).transpose(1, 0, 2)
+        rep = nh // nkv
+        k, v = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
+        sc = q @ k.transpose(0, 2, 1) * hd**-0.5 + mask  # [nh, T, T]
+        sink = W[f"{A}.sinks"][:, None, None] * np.ones((1, T, 1))
+        comb = np.concatenate([sc, sink], -1)
+        p = np_softmax(comb)[..., :-1]  # the sink takes probability, gives nothing
+        a = (p @ v).transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + lin(a, f"{A}.o_proj")
+        h = np_rms(x, W[f"{P}.post_attention_layernorm.weight"], eps)
+        M = f"{P}.mlp"
+        logits = lin(h, f"{M}.router")
+        gu_w, gu_b = np_gpt_oss_experts(W, f"{M}.experts.gate_up_proj"), W[f"{M}.experts.gate_up_proj_bias"]
+        dn_w, dn_b = np_gpt_oss_experts(W, f"{M}.experts.down_proj"), W[f"{M}.experts.down_proj_bias"]
+        y = np.zeros_like(h)
+        for t in range(T):
+            sel = np.argsort(-logits[t], kind="stable")[:K]
+            w = np_softmax(logits[t, sel])
+            for e, we in zip(sel, w):
+                gu = h[t] @ gu_w[e] + gu_b[e]
+                g, u = gu[0::2], gu[1::2]
+                clamped += int((g > lim).sum() + (np.abs(u) > lim).sum())
+                total += 2 * len(g)
+                g, u = np.minimum(g, lim), np.clip(u, -lim, lim)
+                out = ((u + 1) * g / (1.0 + np.exp(-alpha * g))) @ dn_w[e] + dn_b[e]
+                y[t] += we * out
+        x = x + y
+    NP_GPT_OSS_CLAMPED[:] = [clamped, total]
+    x = np_rms(x, W["model.norm.weight"], eps)
+    return x @ W["lm_head.weight"].T
+
+
 def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
     cfg = json.loads((d / "config.json").read_text())
     W = np_load_checkpoint(d)
     mt = cfg["model_type"]
+    if mt.startswith("deepseek"):
+        return np_reference_deepseek(cfg, W, ids)
+    if mt == "gpt_oss":
+        return np_reference_gpt_oss(cfg, W, ids)
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh
     eps = cfg["rms_norm_eps"]
@@ -992,6 +1471,44 @@ def np_reference_logits(d: Path, ids: list[int]) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def mxfp4_openai(rows: np.ndarray):
+    """float32 rows [R, n] -> (blocks [R, n/32, 16], scales [R, n/32]) in OpenAI's gpt-oss layout, with the
+    codes of gguf's MXFP4 quantizer (ggml block: e, qs[16] with element j low and j+16 high; OpenAI: byte j
+    holds elements 2j low and 2j+1 high, the same e8m0 scale)."""
+    import gguf
+
+    R, n = rows.shape
+    q = np.asarray(gguf.quants.quantize(np.ascontiguousarray(rows, np.float32), gguf.GGMLQuantizationType.MXFP4))
+    q = q.view(np.uint8).reshape(R, n // 32, 17)
+    codes = np.concatenate([q[..., 1:] & 15, q[..., 1:] >> 4], -1)  # [R, G, 32] in element order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), q[..., 0].copy()
+
+
+def write_mxfp4_experts(outdir: Path) -> None:
+    """Replace the saved float experts by MXFP4 blocks and scales, as the released gpt-oss files hold them."""
+    from safetensors.torch import load_file, save_file
+
+    path = outdir / "model.safetensors"
+    W = load_file(str(path))
+    out = {}
+    for k, v in W.items():
+        if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):
+            rows = v.float().transpose(1, 2).numpy()  # x @ W: rows are the output features
+            bl, sc = zip(*[mxfp4_openai(rows[e]) for e in range(rows.shape[0])])
+            out[k + "_blocks"] = torch.from_numpy(np.stack(bl))
+            out[k + "_scales"] = torch.from_numpy(np.stack(sc))
+        else:
+            out[k] = v
+    save_file(out, str(path), metadata={"format": "pt"})
+    cj = outdir / "config.json"
+    c = json.loads(cj.read_text())
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_NOT_CONVERTED}
+    cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+
+
 def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
     spec = ARCHS[job["arch"]]
     cfg_kwargs = copy.deepcopy(spec["config"])
@@ -1026,6 +1543,8 @@ def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
     if c.get("dtype") != want:
         c["dtype"] = want
         cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+    if job.get("mxfp4_experts"):
+        write_mxfp4_experts(outdir)
     if tokdir is not None:
         for fn in ("tokenizer.json", "tokenizer_config.json"):
             src = tokdir / fn
@@ -1155,6 +1674,13 @@ def process(job: dict, prompt_source: str) -> dict:
         info["lm_head_weight_in_checkpoint"] = "lm_head.weight" in np_checkpoint_keys(outdir)
     if res["clip"] is not None:
         info["clip_qkv_stats"] = res["clip"]
+    if arch == "gpt_oss":
+        info["swiglu_clamp_stats"] = {
+            "limit": model.config.swiglu_limit,
+            "clamped_values": NP_GPT_OSS_CLAMPED[0],
+            "total_values": NP_GPT_OSS_CLAMPED[1],
+            "note": "gate above limit or |up| above limit, over the NumPy reference's prefill + decode rows",
+        }
     if arch == "phimoe" and longrope:
         orig = model.config.rope_parameters["original_max_position_embeddings"]
         n = len(prompt_ids)

@@ -7,8 +7,9 @@ dequantizes those bytes to. tests/test-quant.c checks that moe_quantize_row give
 the same bytes and moe_dequantize_row the same floats, bit for bit.
 
 Oracles:
-  * gguf.quants.quantize (gguf 0.19) for f16, bf16, q8_0 and q4_0, the types it
-    can quantize (it raises NotImplementedError for the k-quants; checked below).
+  * gguf.quants.quantize (gguf 0.19) for f16, bf16, q8_0, q4_0 and mxfp4, the types
+    it can quantize (it raises NotImplementedError for the k-quants; checked below);
+    for mxfp4 the script also checks that ggml's quantize_row_mxfp4_ref agrees.
   * ggml's reference quantizers quantize_row_{q2,q3,q4,q5,q6,q8}_K_ref from
     ggml-quants.c, compiled here into a small shared library (no -march, and
     -ffp-contract=off, so no multiply-add is fused; -DNDEBUG, as in release
@@ -66,6 +67,7 @@ TYPES = {
     "q5_k": (T.Q5_K, 512, ORIGIN_GGML),
     "q6_k": (T.Q6_K, 512, ORIGIN_GGML),
     "q8_k": (T.Q8_K, 512, ORIGIN_GGML),
+    "mxfp4": (T.MXFP4, 256, ORIGIN_GGUF),
 }
 
 # byte offsets of the f16 scale fields (set to sane values in random-byte blocks)
@@ -74,7 +76,7 @@ F16_FIELDS = {
     T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
 }
 GGML_REF = {T.Q2_K: "q2_K", T.Q3_K: "q3_K", T.Q4_K: "q4_K", T.Q5_K: "q5_K", T.Q6_K: "q6_K",
-            T.Q8_K: "q8_K"}
+            T.Q8_K: "q8_K", T.MXFP4: "mxfp4"}
 
 ROW = 512
 
@@ -172,6 +174,9 @@ def random_bytes(qt, n, rng):
     b = rng.integers(0, 256, (n // bs, ts)).astype(np.uint8)
     if qt == T.Q8_K:
         b[:, 0:4] = (rng.standard_normal(n // bs) * 0.01).astype(np.float32).view(np.uint8).reshape(-1, 4)
+    if qt == T.MXFP4:  # e8m0 scales 2^-28 .. 2^12 (and the two subnormal codes): finite values
+        b[:, 0] = rng.integers(100, 140, n // bs).astype(np.uint8)
+        b[:2, 0] = [0, 1]
     for off in F16_FIELDS.get(qt, []):
         v = (rng.standard_normal(n // bs) * 0.01).astype(np.float16)
         b[:, off:off + 2] = v.view(np.uint8).reshape(-1, 2)
@@ -246,7 +251,7 @@ def main():
 
     stats = ["relative RMSE = rms(dequantize(quantize(x)) - x) / rms(x); quantized by ggml's "
              "reference C, dequantized by gguf", ""]
-    agree = []
+    agree, mx_agree = [], []
     for tname, (qt, n, origin) in TYPES.items():
         cases = []
         for ri, (name, x) in enumerate(rows):
@@ -260,6 +265,8 @@ def main():
             if origin == ORIGIN_GGML and qt != T.Q8_K:
                 gy = ggml_dequantize(lib, qt, q, n)
                 agree.append(np.array_equal(gy.view(np.uint32), y.view(np.uint32)))
+            if qt == T.MXFP4:  # gguf's numpy quantizer and ggml's C one give the same bytes
+                mx_agree.append(np.array_equal(ggml_quantize(lib, qt, xs), q))
             if qt not in (T.F16, T.BF16) and (name in ("normal", "outliers") or name.startswith("real:")):
                 stats.append("%-5s %-40s %.5f" % (tname, name, rel_rmse(xs, y)))
         rng = np.random.default_rng(7 + int(qt))
@@ -290,6 +297,8 @@ def main():
         fh.write("\n".join(bulk) + "\n")
     stats.append("ggml's C dequantizers == gguf's numpy dequantize on all %d k-quant cases: %s"
                   % (len(agree), all(agree)))
+    stats.append("ggml's C quantize_row_mxfp4_ref == gguf's numpy MXFP4 quantizer on all %d input rows: %s"
+                  % (len(mx_agree), all(mx_agree)))
     text = "\n".join(stats) + "\n"
     with open(os.path.join(args.out, "stats.txt"), "w") as fh:
         fh.write(text)

@@ -247,27 +247,17 @@ static void on_expert(const struct moe_expert_event *ev, void *user) {
 
 /* ---- stacked gating ---- */
 
-/* top_k: indices of the k largest of x[n], largest first, lower index on ties. */
-static void top_k(const float *x, int n, int k, int *out) {
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < n; e++) {
-            int taken = 0;
-            for (int q = 0; q < j; q++) taken |= out[q] == e;
-            if (!taken && (best < 0 || x[e] > x[best])) best = e;
-        }
-        out[j] = best;
-    }
-}
-
 /* stacked_add: after a sequence of n tokens, add for every MoE layer l and
  * distance j the cosine of the gate inputs (l, l+j) and whether the router of
- * l+j applied to x_l predicts the experts actually chosen at l+j. Top-K of the
- * logits is top-K of their softmax. routers: [L x E x n_embd] dequantized;
- * sums as sum.stacked [L x MAX_DIST x 4]: cosine, top-1 hits, top-K recall,
- * tokens. */
-static void stacked_add(const struct recorder *r, const float *routers, int n, double *sums,
-                        float *logits, int *pred) {
+ * l+j applied to x_l predicts the experts actually chosen at l+j. The
+ * prediction routes those logits as the runtime does (moe_route: softmax
+ * top-K, sparsemixer, DeepSeek's groups, V3's sigmoid with its correction
+ * bias), so its top-1 is the expert with the largest gate weight. routers:
+ * [L x E x n_embd] dequantized; sums as sum.stacked [L x MAX_DIST x 4]:
+ * cosine, top-1 hits, top-K recall, tokens. */
+static void stacked_add(const struct recorder *r, const struct moe_model *m, const float *routers, int n,
+                        double *sums, float *logits, int32_t *pred) {
+    float pw[64];
     const int L = r->L, E = r->E, K = r->K, D = r->n_embd;
     for (int li = 0; li < L; li++)
         for (int j = 1; j <= MAX_DIST; j++) {
@@ -286,12 +276,13 @@ static void stacked_add(const struct recorder *r, const float *routers, int n, d
                 }
                 q[0] += xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 0;
                 const float *w = routers + (size_t)mj * E * D;
+                const float *rb = m->layers[lj].router_b; /* gpt-oss's router bias */
                 for (int e = 0; e < E; e++) {
-                    double acc = 0;
+                    double acc = rb ? rb[e] : 0.0;
                     for (int d = 0; d < D; d++) acc += (double)w[(size_t)e * D + d] * x[d];
                     logits[e] = (float)acc;
                 }
-                top_k(logits, E, K, pred);
+                moe_route(m, lj, K, logits, pred, pw);
                 const int16_t *act = r->experts + ((size_t)t * L + mj) * K;
                 int hit1 = 0, hits = 0;
                 for (int a = 0; a < K; a++) {
@@ -428,7 +419,7 @@ int moe_prep_profile(int argc, char **argv) {
     int32_t *ids = NULL, *seq = NULL, *layer_of = NULL;
     int *moe_index = NULL;
     float *routers = NULL, *logits = NULL, *big = NULL, *little = NULL;
-    int *pred = NULL;
+    int32_t *pred = NULL;
     struct recorder rec = {0};
     double *sums = NULL;
     int64_t *bl_hist = NULL;
@@ -559,7 +550,7 @@ int moe_prep_profile(int argc, char **argv) {
             goto done;
         }
         if (bl) big_little_add(big, little, n, V, bl_hist);
-        stacked_add(&rec, routers, n, sums, logits, pred);
+        stacked_add(&rec, model, routers, n, sums, logits, pred);
         seq_start[1] = n;
         struct moe_trace t = {.n_layers = L, .n_experts = E, .k = K, .n_seq = 1, .seq_start = seq_start,
                               .experts = rec.experts, .weights = rec.weights};

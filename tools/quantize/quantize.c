@@ -51,9 +51,10 @@ static void usage(FILE *f) {
 "  -t, --threads N         quantization threads (default: all CPUs)\n"
 "  -h, --help              this help\n"
 "\n"
-"types: f32 f16 bf16 q8_0 q4_0 q4_k q3_k q2_k (also q5_k q6_k). A matrix whose\n"
+"types: f32 f16 bf16 q8_0 q4_0 q4_k q3_k q2_k (also q5_k q6_k mxfp4). A matrix whose\n"
 "rows do not fit a type's block size falls back as llama.cpp does (k-quants ->\n"
-"q4_0 / q8_0, then f16); fallbacks are printed and recorded in the bundle.\n"
+"q4_0 / q8_0, then f16); fallbacks are printed and recorded in the bundle. A\n"
+"matrix already stored in the requested type (gpt-oss's mxfp4 experts) is copied.\n"
 "\n"
 "memory: the checkpoint is read through mmap and each tensor's pages are released\n"
 "after use; resident memory stays below about: the largest non-expert matrix at\n"
@@ -181,6 +182,10 @@ static void quant_rows(void *vctx, int64_t b, int64_t e, int tid) {
     float *row = c->bufs + (size_t)tid * (size_t)n;
     const size_t src_row = moe_qtype_row_bytes(c->src->type, n);
     for (int64_t r = b; r < e; r++) {
+        if (c->src->type == c->type) { /* the stored type is kept as it is (e.g. mxfp4 experts) */
+            memcpy(c->dst + (size_t)r * c->dst_row, (const char *)c->src->data + (size_t)r * src_row, src_row);
+            continue;
+        }
         enum moe_status st = moe_dequantize_row(c->src->type, (const char *)c->src->data + (size_t)r * src_row, row, n);
         if (!st) st = moe_quantize_row(c->type, row, c->dst + (size_t)r * c->dst_row, n);
         if (st) c->st = st;
@@ -383,7 +388,8 @@ static enum moe_status write_dense(struct job *j) {
     return st;
 }
 
-/* expert_layout: per precision, the three parts of a blob with fitted types. */
+/* expert_layout: per precision, the parts of a blob with fitted types (gate,
+ * up, down; gpt-oss also an f32 row of their biases). */
 static enum moe_status expert_layout(struct job *j, struct moe_bundle_precision *prec) {
     const struct moe_config *c = &j->m->cfg;
     for (int p = 0; p < j->a->n_experts; p++) {
@@ -402,6 +408,10 @@ static enum moe_status expert_layout(struct job *j, struct moe_bundle_precision 
         d->parts[0] = (struct moe_bundle_part){(uint32_t)tg, F, H, moe_qtype_row_bytes(tg, (int64_t)H) * F, 0};
         d->parts[1] = (struct moe_bundle_part){(uint32_t)tg, F, H, moe_qtype_row_bytes(tg, (int64_t)H) * F, 0};
         d->parts[2] = (struct moe_bundle_part){(uint32_t)td, H, F, moe_qtype_row_bytes(td, (int64_t)F) * H, 0};
+        if (c->expert_bias) { /* gpt-oss: the biases, gate | up | down, as one f32 row */
+            d->n_parts = 4;
+            d->parts[3] = (struct moe_bundle_part){MOE_QTYPE_F32, 1, 2 * F + H, 4 * (2 * F + H), 0};
+        }
         enum moe_status st = moe_bundle_precision_layout(d);
         if (st) return st;
     }
@@ -433,6 +443,12 @@ static enum moe_status write_experts(struct job *j, const struct moe_bundle_prec
                 for (int k = 0; k < 3 && !st; k++)
                     st = quantize_matrix(j->pool, j->bufs, parts[k], (enum moe_qtype)prec[p].parts[k].type_id,
                                          blob + prec[p].parts[k].offset);
+                if (!st && prec[p].n_parts > 3) {
+                    if (f->bias)
+                        memcpy(blob + prec[p].parts[3].offset, f->bias, prec[p].parts[3].nbytes);
+                    else
+                        st = MOE_ERR_INVALID; /* the config promises biases the model did not bind */
+                }
                 if (!st)
                     st = moe_bundle_writer_add_expert(j->w, (uint32_t)l, (uint32_t)e, (uint32_t)p, blob,
                                                       prec[p].raw_size, j->a->zstd_level);
