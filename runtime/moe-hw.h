@@ -168,13 +168,6 @@ enum moe_status moe_hw_measure_bundle(const char *path, int threads, struct moe_
  * model_key at `threads` (NULL / 0: all). */
 void moe_hw_print(const struct moe_hw *hw, const char *model_key, int threads, const char *device, FILE *f);
 
-/* moe_hw_command: what `moe-prep hw` and `moe-run --measure-hw` do (both
- * CLIs only parse): measure bundle on `threads` (0: all) into the table at
- * `table` (NULL: moe_hw_default_path), or with show != 0 only print the
- * table's entries for it; messages name `who`. Returns the exit status (0,
- * 1 failure, 2 usage). Prints to stdout / stderr. */
-int moe_hw_command(const char *bundle, int threads, const char *table, int show, const char *who);
-
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "moe-bundle.h"
+#include "hw-cmd.h"
 #include "moe-hw.h"
 #include "moe-mmap.h"
 #include "moe-model.h"

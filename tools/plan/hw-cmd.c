@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hw-cmd.h"
 #include "moe-hw.h"
 #include "moe-prep.h"
 #include "tool-util.h"
