@@ -254,15 +254,16 @@ static int by_speed(const void *x, const void *y) {
     return a->expert_mem < b->expert_mem ? -1 : a->expert_mem > b->expert_mem; /* then less memory */
 }
 
-/* same_quality: plans a and b compute the same thing: the same copies' precisions and
- * big-little decisions. With dynamic precision off every use is a home copy,
- * whatever the cache holds; with it on, which low copies serve depends on the
- * cache, so the cache settings must match too. */
+/* same_quality: plans a and b compute the same thing, or nearly: the same
+ * home precisions, low precision and thresholds, and big-little decisions.
+ * With dynamic precision on, which low copies serve also depends on the
+ * cache (policy, capacities, prefetch); that difference is small (on the
+ * inflated demo model 3.78 against 3.77 % PPL for two policies), so one
+ * measurement stands for the family and the quality budget buys distinct
+ * computations. */
 static int same_quality(const struct moe_plan *a, const struct moe_plan *b) {
     if (a->high != b->high || a->low != b->low || a->little_k != b->little_k || a->gamma != b->gamma) return 0;
-    if (a->low < 0) return 1;
-    return a->t1 == b->t1 && a->t2 == b->t2 && a->low_share == b->low_share && a->policy == b->policy &&
-           a->prefetch_paths == b->prefetch_paths && a->high_cap == b->high_cap && a->low_cap == b->low_cap;
+    return a->low < 0 || (a->t1 == b->t1 && a->t2 == b->t2 && a->low_share == b->low_share);
 }
 
 /* within: the plan is known to be within the quality budget. */
