@@ -547,21 +547,27 @@ static enum moe_status time_steps(const struct moe_model *m, const struct moe_se
         st = moe_session_forward(a, ids + pa_pos++, 1, lg, 0);
         if (!st && b) st = moe_session_forward(b, ids + pb_pos++, 1, lg, 0);
     }
+    int n_b = 0; /* store steps that were all hits (a miss times the storage, not the store) */
     for (int i = 0; !st && i < N; i++) {
         for (int w = 0; !st && w < 3; w++) {
             if (w == 1 && K < 2) continue;
             if (w == 2 && !b) continue;
             if (w < 2) st = moe_session_set_experts(a, w == 0 ? K : 1);
             if (st) break;
+            struct moe_store_stats s0, s1;
+            if (w == 2) moe_store_get_stats(moe_session_store(b), &s0);
             double t0 = now_s();
             st = w < 2 ? moe_session_forward(a, ids + pa_pos++, 1, lg, 0) : moe_session_forward(b, ids + pb_pos++, 1, lg, 0);
-            t[w * N + i] = now_s() - t0;
+            const double dt = now_s() - t0;
+            if (w < 2) t[w * N + i] = dt;
+            if (w == 2) moe_store_get_stats(moe_session_store(b), &s1);
+            if (w == 2 && s1.loads == s0.loads) t[2 * N + n_b++] = dt;
         }
     }
     if (!st) {
         *step_k = median(t, N);
         *step_1 = K > 1 ? median(t + N, N) : *step_k;
-        *step_store = b ? median(t + 2 * N, N) : 0;
+        *step_store = b && n_b > 0 ? median(t + 2 * N, n_b) : 0;
     }
     moe_session_free(a);
     moe_session_free(b);
