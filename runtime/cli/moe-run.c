@@ -503,9 +503,13 @@ static int apply_plan(struct args *a) {
     }
     a->store = sp;
     a->use_store = moe_store_params_active(&a->store);
-    if (a->little_k < 0 && isnan(a->gamma) && !a->trace_out) {
-        a->little_k = a->plan.little_k;
-        if (a->plan.little_k > 0) a->gamma = a->plan.gamma;
+    if (a->little_k < 0 && isnan(a->gamma)) {
+        if (a->trace_out && a->plan.little_k > 0)
+            fprintf(stderr, "moe-run: --trace-out records top-K routing: the plan's big-little decoding is off\n");
+        else {
+            a->little_k = a->plan.little_k;
+            if (a->plan.little_k > 0) a->gamma = a->plan.gamma;
+        }
     }
     fprintf(stderr, "moe-run: using the bundle's plan for %.0f MiB (moe-prep plan --apply; %.2f tok/s predicted on %d "
                     "threads): expert memory %.1f MiB%s%s, policy %s%s%s (--no-plan ignores it)\n",
