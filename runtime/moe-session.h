@@ -84,6 +84,21 @@ struct moe_session_params {
     moe_backend_new_fn backend_new; /* the backend to run on (moe-backend.h); NULL = the CPU
                          * reference backend. The CUDA backend: moe_backend_cuda_new_fn */
     void *backend_user; /* passed to backend_new (borrowed for the call) */
+    /* MoBiLE big-little decoding (off when little_k is 0): every one-token
+     * step (a decode step, or any chunk of one token) runs first with
+     * little_k experts per token (the "little" model); when the largest
+     * probability of its next-token distribution is below gamma the token is
+     * run again with all n_expert_used experts (the "big" model), at the same
+     * position, so the KV cache holds the accepted pass's keys and values.
+     * The caller gets the accepted pass's logits. Chunks of several tokens
+     * (a prompt) run big. With a store, the big pass's experts come from the
+     * little pass's router logits (their top n_expert_used per MoE layer) as
+     * prefetch hints bl_prefetch_layers MoE layers ahead. */
+    int little_k;       /* 1 .. n_expert_used - 1 (sparsemixer: 1); 0 = off */
+    double gamma;       /* [0, 1]: accept the little token when its top probability
+                         * >= gamma; 0 = never fall back; 1 = always */
+    int bl_prefetch_layers; /* hint the big pass's experts this many MoE layers ahead
+                         * (0 = no hints; default 2) */
 };
 
 struct moe_session_params moe_session_default_params(void);
@@ -141,6 +156,24 @@ enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n
  * x [n x n_embd], on the session's threads. */
 enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, const float *x, float *y, int n);
 
+/* moe_session_set_experts: the following passes that are not big-little
+ * steps route each token to its top k experts (1 <= k <= n_expert_used;
+ * MOE_ERR_INVALID otherwise, logged). A check of big-little decoding
+ * replays its decisions with it. */
+enum moe_status moe_session_set_experts(struct moe_session *s, int k);
+
+/* What big-little decoding did since the session was created (all 0 when
+ * it is off). tokens = one-token steps decided; fallbacks = of which the big
+ * pass ran again; little_s / big_s: wall time of the little passes and of the
+ * big passes (the decision and the LM head included). */
+struct moe_big_little_stats {
+    int64_t tokens, fallbacks;
+    double little_s, big_s;
+};
+
+/* moe_session_big_little_stats: the counts so far. */
+void moe_session_big_little_stats(const struct moe_session *s, struct moe_big_little_stats *out);
+
 /* moe_route: the router's choice for one token at MoE layer `layer` from its
  * router logits [n_expert], exactly as a session routes: k experts (k <= the
  * model's top-k; sparsemixer: 1 or 2) by gate weight, largest first, and
@@ -165,7 +198,9 @@ const struct moe_backend *moe_session_backend(const struct moe_session *s);
 /* The routing the session ran (record_trace): sequence i (a reset starts
  * one) is tokens [seq_start[i], seq_start[i+1]); per token and MoE layer
  * (dense layers are left out) the k experts in rank order and their gate
- * weights. The layout of the profile's trace (tools/profile/routing-stats.h). */
+ * weights. The layout of the profile's trace (tools/profile/routing-stats.h).
+ * With big-little decoding, a token is recorded as the pass that was
+ * accepted: a little token has -1 (weight 0) in ranks little_k .. k-1. */
 struct moe_session_trace {
     int n_layers, k, n_seq;      /* n_layers: MoE layers */
     int64_t n_tokens;

@@ -150,7 +150,8 @@ void moe_store_begin_sequence(struct moe_store *st);
 
 /* moe_store_plan: layer `layer`'s routed work for n tokens (positions
  * pos0..pos0+n-1; n == 1 is a decode step): sel/w [n x k] the router's
- * choices in rank order. Asks the cache for each expert, starts the loads,
+ * choices in rank order, k at most the k the store was made for (fewer:
+ * big-little's little pass; path prefetch then waits for a top-k step). Asks the cache for each expert, starts the loads,
  * and fills *plan (owned by the store, valid until the next call). */
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
                                int k, struct moe_store_plan **plan);
@@ -193,6 +194,26 @@ void moe_store_stats_json(const struct moe_store_stats *s, FILE *f);
 
 /* moe_store_get_stats: the counters so far. */
 void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out);
+
+/* moe_store_capacities: the copies a byte budget `mem` holds, as the store
+ * computes them: high = mem (1 - low_share) / high_bytes, low = mem
+ * low_share / low_bytes (0 without dynamic precision), each at most
+ * n_experts; high_bytes / low_bytes the slot size of each cache (the largest
+ * copy's bytes, rounded up to 4096). For the planner (moe-prep plan). */
+void moe_store_capacities(int64_t mem, double low_share, int dynamic, int64_t high_bytes, int64_t low_bytes,
+                          int n_experts, int *high, int *low);
+
+/* moe_store_overhead_estimate: moe_store_overhead_bytes of a store whose
+ * largest slot is copy_bytes, with n_loaders threads, n_experts routed
+ * experts, n_slots cache slots and top-k. */
+int64_t moe_store_overhead_estimate(int64_t copy_bytes, int n_loaders, int n_experts, int n_slots, int k);
+
+struct moe_tuning_plan;
+/* moe_store_params_from_plan: p's engine settings from an applied plan
+ * (moe-tuning.h): budget, precisions, dynamic precision and thresholds,
+ * policy, path prefetch. p->high / p->low then point into *plan, which must
+ * outlive p's use. */
+void moe_store_params_from_plan(struct moe_store_params *p, const struct moe_tuning_plan *plan);
 
 /* moe_store_params_active: whether p asks for a budget at all (an
  * --expert-mem size or share, or --cache-experts); without one the session

@@ -88,6 +88,26 @@ extern "C" {
 #define MOE_TUNING_CACHE_HIGH_PRECISION "hobbit.cache.high_precision" /* string: e.g. q8_0 */
 #define MOE_TUNING_CACHE_LOW_PRECISION "hobbit.cache.low_precision"   /* string: e.g. q2_k */
 
+/* moe-prep plan --apply: the engine settings chosen for a memory size; moe-run
+ * starts from them unless --no-plan (every option still overrides) */
+#define MOE_TUNING_PLAN_MEM "plan.mem"                 /* i64: the memory size planned for, bytes */
+#define MOE_TUNING_PLAN_EXPERT_MEM "plan.expert_mem"   /* i64: bytes of expert copies (--expert-mem) */
+#define MOE_TUNING_PLAN_HIGH "plan.high"               /* string: high copies' precision; "" = each expert's
+                                                        * home precision (the bit-width map) */
+#define MOE_TUNING_PLAN_LOW "plan.low"                 /* string: low copies' precision ("" with dynamic 0) */
+#define MOE_TUNING_PLAN_DYNAMIC "plan.dynamic"         /* i64: HOBBIT dynamic precision 0/1 */
+#define MOE_TUNING_PLAN_LOW_SHARE "plan.low_share"     /* f64: share of expert_mem for low copies */
+#define MOE_TUNING_PLAN_T1 "plan.t1"                   /* f64 */
+#define MOE_TUNING_PLAN_T2 "plan.t2"                   /* f64 */
+#define MOE_TUNING_PLAN_POLICY "plan.policy"           /* string: a cache policy name (moe-cache.h) */
+#define MOE_TUNING_PLAN_PREFETCH_PATHS "plan.prefetch_paths" /* i64: EdgeMoE path prefetch, experts per layer */
+#define MOE_TUNING_PLAN_LITTLE_K "plan.little_k"       /* i64: big-little's little model; 0 = off */
+#define MOE_TUNING_PLAN_GAMMA "plan.gamma"             /* f64 */
+#define MOE_TUNING_PLAN_THREADS "plan.threads"         /* i64: CPU threads the speed was predicted for */
+#define MOE_TUNING_PLAN_TOK_S "plan.predicted_tok_s"   /* f64: predicted decode tokens/s */
+#define MOE_TUNING_PLAN_BYTES "plan.predicted_bytes_per_token" /* f64: predicted bytes read per token */
+#define MOE_TUNING_PLAN_QUALITY "plan.quality_cost"    /* f64: PPL / PPL(all experts, high) - 1; NaN unmeasured */
+
 /* moe-prep bitwidth: EdgeMoE's per-expert bit-widths (model layers) and the search's figures */
 /* i64 [n_layer * E]: precision index, -1 (also defined, identically, in moe-model.h for now) */
 #define MOE_TUNING_BITWIDTH_MAP "edgemoe.bitwidth.map"
@@ -97,6 +117,19 @@ extern "C" {
 #define MOE_TUNING_BITWIDTH_MAX_BYTES "edgemoe.bitwidth.max_bytes"       /* i64, 0: not that kind of budget */
 #define MOE_TUNING_BITWIDTH_EXPERT_BYTES "edgemoe.bitwidth.expert_bytes" /* i64 */
 #define MOE_TUNING_BITWIDTH_DATASET "edgemoe.bitwidth.dataset"           /* string: the search text */
+
+/* An applied plan (the plan.* keys). Strings are copied (fixed sizes). */
+struct moe_tuning_plan {
+    int64_t mem, expert_mem;
+    char high[32], low[32], policy[16]; /* high "": the bit-width map */
+    int dynamic;
+    double low_share, t1, t2;
+    int prefetch_paths;
+    int little_k;                       /* 0: big-little off */
+    double gamma;
+    int threads;
+    double tok_s, bytes_per_token, quality;
+};
 
 /* moe_tuning_cache_weight_key: the key of HOBBIT cache weight i (the order of
  * moe_cache_config.w); NULL out of range. */
@@ -139,6 +172,10 @@ struct moe_tuning {
     double gamma;
     int little_k;
     double target_fallback;          /* mobile.target_fallback in [0, 1]; NaN when absent or bad */
+    int has_plan;                    /* plan.*: expert_mem > 0, names that fit, shares and thresholds in
+                                      * [0, 1], t1 <= t2, policy a known name, little_k in [0, E],
+                                      * gamma in [0, 1], counts >= 0 */
+    struct moe_tuning_plan plan;
 };
 
 /* moe_tuning_read: fill *out from the tuning KV set kv (NULL = empty) of a
@@ -203,6 +240,12 @@ enum moe_status moe_tuning_set_big_little(struct moe_bundle_kv *kv, double gamma
 /* moe_tuning_remove_big_little: drops the mobile.* keys (a profile without a
  * big-little pass must not leave a stale gamma). */
 void moe_tuning_remove_big_little(struct moe_bundle_kv *kv);
+
+/* moe_tuning_set_plan: the plan.* keys from *p (what moe_tuning_read accepts). */
+enum moe_status moe_tuning_set_plan(struct moe_bundle_kv *kv, const struct moe_tuning_plan *p);
+
+/* moe_tuning_remove_plan: drops the plan.* keys. */
+void moe_tuning_remove_plan(struct moe_bundle_kv *kv);
 
 /* moe_tuning_set_cache: hobbit.cache.w_* (w in the order of
  * moe_cache_config.w), admit, high/low_experts and high/low_precision. */

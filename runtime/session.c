@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "moe-backend.h"
 #include "moe-session.h"
@@ -20,6 +21,7 @@
 
 struct moe_session_params moe_session_default_params(void) {
     struct moe_session_params p = {0};
+    p.bl_prefetch_layers = 2;
     return p;
 }
 
@@ -47,6 +49,15 @@ struct moe_session {
     int64_t tr_tokens, tr_cap;
     int32_t *tr_seq_start;
     int tr_nseq, tr_seqcap;
+    /* big-little decoding (p.little_k > 0) */
+    int k_cur;                  /* experts per token of the pass running now */
+    int k_plain;                /* of plain passes (moe_session_set_experts; n_expert_used) */
+    int bl_phase;               /* 0: a plain pass, 1: little, 2: big (a fallback) */
+    int redo;                   /* the big pass re-runs the token the little pass ran */
+    float *bl_logits;           /* [n_vocab] the little pass's logits when the caller wants none */
+    int32_t *bl_pred;           /* [n_layer x K] top-K of the little pass's router, per MoE layer */
+    float *bl_pred_w;           /* [n_layer x K] their gate weights */
+    struct moe_big_little_stats bl;
 };
 
 /* ---- routing ---------------------------------------------------------- */
@@ -205,9 +216,9 @@ void moe_route(const struct moe_model *m, int layer, int k, const float *logits,
     }
 }
 
-/* route: the router's choices for n tokens of layer l from their logits. */
-static void route(const struct moe_session *s, int l, const float *logits, int n, int32_t *sel, float *w) {
-    const int E = s->m->cfg.n_expert, K = s->p.n_expert_used;
+/* route: the router's top-K choices for n tokens of layer l from their logits. */
+static void route(const struct moe_session *s, int l, int K, const float *logits, int n, int32_t *sel, float *w) {
+    const int E = s->m->cfg.n_expert;
     for (int t = 0; t < n; t++) moe_route(s->m, l, K, logits + (size_t)t * E, sel + (size_t)t * K, w + (size_t)t * K);
 }
 
@@ -297,26 +308,41 @@ static enum moe_status store_step_batched(struct moe_session *s, const struct mo
     return st;
 }
 
+/* bl_hint: big-little's prefetch for the big pass: the top-K experts the
+ * little pass's router chose at MoE layer ml, `ahead` store steps from now. */
+static void bl_hint(struct moe_session *s, int ml, int ahead) {
+    const struct moe_config *c = &s->m->cfg;
+    const int K = s->p.n_expert_used;
+    for (int l = 0; l < c->n_layer; l++)
+        if (s->moe_of[l] == ml) {
+            moe_store_prefetch_hint(s->store, l, s->bl_pred + (size_t)ml * K, s->bl_pred_w + (size_t)ml * K, K, ahead);
+            return;
+        }
+}
+
 /* moe_layer: the routed experts (+ shared expert) of MoE layer l for the
  * n_tok rows at pos0: router, observers, the store's plan, the experts. */
 static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_backend_iface *bi = s->be->iface;
-    const int E = c->n_expert, K = s->p.n_expert_used;
+    const int E = c->n_expert, K = s->k_cur, Kmax = s->p.n_expert_used;
     const int64_t H = c->n_embd;
     enum moe_status st;
     if ((st = bi->router(s->be, l, n_tok, s->router_logits))) return st;
-    route(s, l, s->router_logits, n_tok, s->sel, s->sel_w);
+    route(s, l, K, s->router_logits, n_tok, s->sel, s->sel_w);
+    if (s->bl_phase == 1) /* the big pass's experts, should it run: the same logits' top Kmax */
+        route(s, l, Kmax, s->router_logits, 1, s->bl_pred + (size_t)s->moe_of[l] * Kmax,
+              s->bl_pred_w + (size_t)s->moe_of[l] * Kmax);
     if (s->p.on_route) {
         if ((st = bi->get_xn(s->be, s->xh, n_tok))) return st;
         struct moe_route_event ev = {l, pos0, n_tok, E, K, s->xh, s->router_logits, s->sel, s->sel_w};
         s->p.on_route(&ev, s->p.route_user);
     }
-    if (s->p.record_trace) {
-        const int64_t row = (int64_t)s->n_moe * K, t0 = s->tr_tokens - n_tok, ml = s->moe_of[l];
+    if (s->p.record_trace) { /* rows of Kmax; a little pass fills its K and leaves -1 */
+        const int64_t row = (int64_t)s->n_moe * Kmax, t0 = s->tr_tokens - n_tok, ml = s->moe_of[l];
         for (int t = 0; t < n_tok; t++) {
-            memcpy(s->tr_experts + (t0 + t) * row + ml * K, s->sel + (size_t)t * K, sizeof(int32_t) * (size_t)K);
-            memcpy(s->tr_weights + (t0 + t) * row + ml * K, s->sel_w + (size_t)t * K, sizeof(float) * (size_t)K);
+            memcpy(s->tr_experts + (t0 + t) * row + ml * Kmax, s->sel + (size_t)t * K, sizeof(int32_t) * (size_t)K);
+            memcpy(s->tr_weights + (t0 + t) * row + ml * Kmax, s->sel_w + (size_t)t * K, sizeof(float) * (size_t)K);
         }
     }
     if (s->store) {
@@ -328,12 +354,14 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
                 int32_t psel[64];
                 float pw[64];
                 if ((st = bi->router(s->be, j, 1, s->pred_logits))) return st;
-                route(s, j, s->pred_logits, 1, psel, pw);
+                route(s, j, K, s->pred_logits, 1, psel, pw);
                 if (moe_store_prefetch_hint(s->store, j, psel, pw, K, ahead) > 0) break; /* HOBBIT: go further
                                                                    * only while the predictions are cached */
                 ahead++;
             }
         }
+        if (s->bl_phase == 2 && s->p.bl_prefetch_layers > 0 && s->moe_of[l] + s->p.bl_prefetch_layers < s->n_moe)
+            bl_hint(s, s->moe_of[l] + s->p.bl_prefetch_layers, s->p.bl_prefetch_layers); /* MoBiLE, D layers ahead */
         if (n_tok == 1 && has_batch(s)) {
             if ((st = store_step_batched(s, plan))) return st;
             return bi->dense(s->be, l, n_tok);
@@ -409,6 +437,9 @@ static void session_free_parts(struct moe_session *s) {
     free(s->tr_experts);
     free(s->tr_weights);
     free(s->tr_seq_start);
+    free(s->bl_logits);
+    free(s->bl_pred);
+    free(s->bl_pred_w);
 }
 
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
@@ -432,6 +463,15 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
         free(s);
         return MOE_ERR_INVALID;
     }
+    if (s->p.little_k < 0 || (s->p.little_k > 0 && s->p.little_k >= s->p.n_expert_used) ||
+        !(s->p.gamma >= 0 && s->p.gamma <= 1) || s->p.bl_prefetch_layers < 0) {
+        MOE_LOGE("big-little: the little model's experts per token must be in [1, %d) (got %d), gamma in [0, 1] "
+                 "(got %g), prefetch layers >= 0 (got %d)", s->p.n_expert_used, s->p.little_k, s->p.gamma,
+                 s->p.bl_prefetch_layers);
+        free(s);
+        return MOE_ERR_INVALID;
+    }
+    s->k_cur = s->k_plain = s->p.n_expert_used;
     const int64_t B = s->p.n_batch, H = c->n_embd, K = s->p.n_expert_used;
     struct moe_backend_params bp = {s->p.n_ctx, s->p.n_batch, s->p.n_threads, (int)K};
     enum moe_status st = s->p.backend_new ? s->p.backend_new(model, &bp, s->p.backend_user, &s->be)
@@ -463,6 +503,11 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     ALLOC(s->ord, K);
     ALLOC(s->works, c->n_expert > K ? c->n_expert : K);
     ALLOC(s->moe_of, c->n_layer);
+    if (s->p.little_k > 0) {
+        ALLOC(s->bl_logits, c->n_vocab);
+        ALLOC(s->bl_pred, (int64_t)c->n_layer * K);
+        ALLOC(s->bl_pred_w, (int64_t)c->n_layer * K);
+    }
 #undef ALLOC
     if (!ok) {
         session_free_parts(s);
@@ -494,6 +539,10 @@ int moe_session_n_ctx(const struct moe_session *s) { return s->p.n_ctx; }
 /* begin_chunk: bookkeeping before n tokens at s->pos run: a new sequence for
  * the store and the trace when the cache is empty, trace rows. */
 static enum moe_status begin_chunk(struct moe_session *s, int n) {
+    if (s->redo) { /* big-little's big pass: the same token again, its trace row rewritten */
+        if (s->p.record_trace) s->tr_tokens -= n;
+        goto rows;
+    }
     if (s->pos == 0 && s->store) moe_store_begin_sequence(s->store);
     if (s->store) moe_store_count_tokens(s->store, n, n == 1);
     if (!s->p.record_trace) return MOE_OK;
@@ -509,6 +558,8 @@ static enum moe_status begin_chunk(struct moe_session *s, int n) {
         else if (s->tr_seq_start[s->tr_nseq - 1] == (int32_t)s->tr_tokens) s->tr_nseq--; /* drop an empty one */
         s->tr_nseq++;
     }
+rows:
+    if (!s->p.record_trace) return MOE_OK;
     enum moe_status st = trace_grow(s, n);
     if (st) return st;
     s->tr_tokens += n;
@@ -549,8 +600,56 @@ static enum moe_status layers_chunk(struct moe_session *s, int l0, const int32_t
     return bi->lm_head(s->be, row_from, n_tok - row_from, logits);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* top_prob: the largest probability of softmax(logits), in double. */
+static double top_prob(const float *l, int V) {
+    float mx = l[0];
+    for (int i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+    return 1.0 / sum;
+}
+
+/* big_little: MoBiLE's step for one token at s->pos (embedding not yet
+ * done): the little pass; if its top probability is below gamma, the big
+ * pass at the same position (its keys and values overwrite the little
+ * pass's), prefetching from the little pass's router. The accepted pass's
+ * logits go to dst (NULL: not wanted). */
+static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int seq_len, float *dst) {
+    const struct moe_backend_iface *bi = s->be->iface;
+    float *lg = dst ? dst : s->bl_logits;
+    enum moe_status st;
+    double t0 = now_s();
+    s->k_cur = s->p.little_k, s->bl_phase = 1;
+    st = bi->embed(s->be, tok, 1);
+    if (!st) st = layers_chunk(s, 0, tok, 1, seq_len, lg, 0);
+    s->k_cur = s->k_plain, s->bl_phase = 0;
+    if (st) return st;
+    s->bl.tokens++;
+    const int fall = s->p.gamma >= 1 || top_prob(lg, s->m->cfg.n_vocab) < s->p.gamma;
+    double t1 = now_s();
+    s->bl.little_s += t1 - t0;
+    if (!fall) return MOE_OK;
+    s->bl.fallbacks++;
+    s->pos--;
+    if (s->store) /* the first MoE layers' experts, before the big pass starts */
+        for (int ml = 0; ml < s->n_moe && ml < s->p.bl_prefetch_layers; ml++) bl_hint(s, ml, ml + 1);
+    s->bl_phase = 2, s->redo = 1, s->k_cur = s->p.n_expert_used;
+    st = bi->embed(s->be, tok, 1);
+    if (!st) st = layers_chunk(s, 0, tok, 1, seq_len, lg, 0);
+    s->bl_phase = 0, s->redo = 0, s->k_cur = s->k_plain;
+    s->bl.big_s += now_s() - t1;
+    return st;
+}
+
 /* run_tokens: process n tokens at s->pos in chunks; logits rows [row_from, n)
- * go to `logits` (row row_from first). */
+ * go to `logits` (row row_from first). With big-little on, a chunk of one
+ * token is a big-little step. */
 static enum moe_status run_tokens(struct moe_session *s, const int32_t *tokens, int n, float *logits, int row_from) {
     const size_t V = (size_t)s->m->cfg.n_vocab;
     const int seq_len = s->pos + n;
@@ -559,8 +658,12 @@ static enum moe_status run_tokens(struct moe_session *s, const int32_t *tokens, 
         int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
         int from = row_from > done ? row_from - done : 0; /* first row wanted in this chunk */
         float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
-        if ((st = s->be->iface->embed(s->be, tokens + done, chunk))) return st;
-        if ((st = layers_chunk(s, 0, tokens + done, chunk, seq_len, dst, from))) return st;
+        if (chunk == 1 && s->p.little_k > 0) {
+            if ((st = big_little(s, tokens + done, seq_len, dst))) return st;
+        } else {
+            if ((st = s->be->iface->embed(s->be, tokens + done, chunk))) return st;
+            if ((st = layers_chunk(s, 0, tokens + done, chunk, seq_len, dst, from))) return st;
+        }
         done += chunk;
     }
     return MOE_OK;
@@ -669,6 +772,17 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
 
 const struct moe_store *moe_session_store(const struct moe_session *s) { return s->store; }
 const struct moe_backend *moe_session_backend(const struct moe_session *s) { return s->be; }
+
+enum moe_status moe_session_set_experts(struct moe_session *s, int k) {
+    if (k < 1 || k > s->p.n_expert_used) {
+        MOE_LOGE("%d experts per token: the session was made for 1 .. %d", k, s->p.n_expert_used);
+        return MOE_ERR_INVALID;
+    }
+    s->k_plain = s->k_cur = k;
+    return MOE_OK;
+}
+
+void moe_session_big_little_stats(const struct moe_session *s, struct moe_big_little_stats *out) { *out = s->bl; }
 
 size_t moe_session_kv_bytes(const struct moe_session *s) {
     const struct moe_backend_iface *bi = s->be->iface;

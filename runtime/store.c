@@ -544,9 +544,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         int want_dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) &&
                                            (int64_t)hread * all > mem);
         st->dynamic = want_dyn;
-        double hs = want_dyn ? (1 - p->low_share) : 1.0;
-        H = (int)((double)mem * hs / (double)hread);
-        Lc = want_dyn ? (int)((double)mem * p->low_share / (double)lread) : 0;
+        moe_store_capacities(mem, p->low_share, want_dyn, (int64_t)hread, (int64_t)lread, all, &H, &Lc);
     } else {
         st->dynamic = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && H < all);
     }
@@ -732,12 +730,36 @@ void moe_store_free(struct moe_store *st) {
 }
 
 int64_t moe_store_overhead_bytes(const struct moe_store *st) {
-    const size_t LE = (size_t)st->L * (size_t)st->E;
-    int64_t scratch = 0;
-    for (int i = st->scratch0; i < st->n_slots; i++) scratch += (int64_t)st->slots[i].cap;
-    return scratch + (int64_t)st->n_threads * (int64_t)st->staging_size + (int64_t)(LE * 16) +
-           (int64_t)st->n_slots * (int64_t)sizeof(struct slot) + (int64_t)st->q_cap * (int64_t)sizeof(struct req) +
-           (int64_t)4096 * st->K * 13;
+    int64_t big = 0;
+    for (int i = st->scratch0; i < st->n_slots; i++) big = (int64_t)st->slots[i].cap > big ? (int64_t)st->slots[i].cap : big;
+    return moe_store_overhead_estimate(big, st->n_threads, st->L * st->E, st->n_slots - 2, st->K);
+}
+
+int64_t moe_store_overhead_estimate(int64_t copy_bytes, int n_loaders, int n_experts, int n_slots, int k) {
+    const int64_t scratch = 2 * copy_bytes, staging = 2 * copy_bytes + 4096, slots = (int64_t)n_slots + 2;
+    return scratch + (int64_t)n_loaders * staging + (int64_t)n_experts * 16 + slots * (int64_t)sizeof(struct slot) +
+           (4 * slots + 16) * (int64_t)sizeof(struct req) + (int64_t)4096 * k * 13;
+}
+
+void moe_store_capacities(int64_t mem, double low_share, int dynamic, int64_t high_bytes, int64_t low_bytes,
+                          int n_experts, int *high, int *low) {
+    const double hs = dynamic ? (1 - low_share) : 1.0;
+    int64_t h = (int64_t)((double)mem * hs / (double)high_bytes);
+    int64_t l = dynamic ? (int64_t)((double)mem * low_share / (double)low_bytes) : 0;
+    *high = (int)(h > n_experts ? n_experts : h);
+    *low = (int)(l > n_experts ? n_experts : l);
+}
+
+void moe_store_params_from_plan(struct moe_store_params *p, const struct moe_tuning_plan *plan) {
+    enum moe_cache_policy pol;
+    p->expert_mem = plan->expert_mem, p->expert_mem_share = 0, p->high_cap = p->low_cap = 0;
+    p->high = plan->high[0] ? plan->high : NULL;
+    p->low = plan->low[0] ? plan->low : NULL;
+    p->dynamic = plan->dynamic;
+    p->low_share = plan->low_share;
+    p->t1 = plan->t1, p->t2 = plan->t2;
+    if (moe_cache_policy_parse(plan->policy, &pol) == MOE_OK) p->policy = (int)pol;
+    p->prefetch_paths = plan->prefetch_paths;
 }
 
 /* ---- steps ---------------------------------------------------------- */
@@ -866,9 +888,9 @@ static void place_items(struct moe_store *st, int layer, int ni) {
 
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
                                int k, struct moe_store_plan **plan) {
-    if (k != st->K || n > 4096 || n <= 0) {
-        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for top-%d, <= 4096 tokens)", n, k,
-                 st->K);
+    if (k < 1 || k > st->K || n > 4096 || n <= 0) {
+        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for up to top-%d, <= 4096 tokens)",
+                 n, k, st->K);
         return MOE_ERR_INVALID;
     }
     const int E = st->E;
@@ -925,7 +947,8 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
             ni++;
         }
     }
-    if (decode && st->paths) path_prefetch(st, layer, sel);
+    if (decode && st->paths && k == st->K) path_prefetch(st, layer, sel); /* keyed on top-K sets: not for
+                                                                            * big-little's little passes */
     /* mispredicted prefetches for this layer whose read has not started are cancelled */
     for (int i = 0; i < st->scratch0; i++) {
         struct slot *s = &st->slots[i];

@@ -239,6 +239,111 @@ static void read_big_little(const struct moe_bundle_kv *kv, int E, struct moe_tu
     }
 }
 
+/* plan_ok: the checks of moe_tuning_read on a plan; NULL or what is wrong. */
+static const char *plan_ok(const struct moe_tuning_plan *p, int E) {
+    enum moe_cache_policy pol;
+    if (p->expert_mem <= 0 || p->mem < 0) return "memory sizes";
+    if (!(p->low_share >= 0 && p->low_share < 1) || !(p->t1 >= 0 && p->t1 <= p->t2 && p->t2 <= 1)) return "shares";
+    if (p->dynamic != 0 && p->dynamic != 1) return "dynamic";
+    if (p->dynamic && !p->low[0]) return "low precision";
+    if (moe_cache_policy_parse(p->policy, &pol) != MOE_OK || pol == MOE_CACHE_BELADY) return "policy";
+    if (p->prefetch_paths < 0 || p->prefetch_paths > E) return "prefetch";
+    if (p->little_k < 0 || p->little_k > E || !(p->gamma >= 0 && p->gamma <= 1)) return "big-little";
+    if (p->threads < 0) return "threads";
+    return NULL;
+}
+
+/* read_str: a string key into dst[n]: 1 ok, 0 absent, -1 bad (too long). */
+static int read_str(const struct moe_bundle_kv *kv, const char *key, char *dst, size_t n) {
+    struct moe_bundle_kv_item it;
+    int r = get(kv, key, MOE_KV_STRING, &it);
+    if (r <= 0) return r;
+    const char *v = moe_bundle_kv_str(kv, key);
+    if (!v || strlen(v) >= n) return -1;
+    memcpy(dst, v, strlen(v) + 1);
+    return 1;
+}
+
+/* read_plan: the plan.* group (all or nothing). */
+static void read_plan(const struct moe_bundle_kv *kv, int E, struct moe_tuning *t) {
+    struct moe_tuning_plan p;
+    memset(&p, 0, sizeof p);
+    static const char *const ik[] = {MOE_TUNING_PLAN_MEM, MOE_TUNING_PLAN_EXPERT_MEM, MOE_TUNING_PLAN_DYNAMIC,
+                                     MOE_TUNING_PLAN_PREFETCH_PATHS, MOE_TUNING_PLAN_LITTLE_K, MOE_TUNING_PLAN_THREADS};
+    static const char *const fk[] = {MOE_TUNING_PLAN_LOW_SHARE, MOE_TUNING_PLAN_T1, MOE_TUNING_PLAN_T2,
+                                     MOE_TUNING_PLAN_GAMMA, MOE_TUNING_PLAN_TOK_S, MOE_TUNING_PLAN_BYTES,
+                                     MOE_TUNING_PLAN_QUALITY};
+    int64_t iv[6];
+    double fv[7];
+    int found = 0, missing = 0, bad = 0;
+    struct moe_bundle_kv_item it;
+    for (int i = 0; i < 6; i++) {
+        int r = get(kv, ik[i], MOE_KV_I64, &it);
+        found += r != 0, missing += r == 0, bad |= r < 0;
+        iv[i] = r == 1 ? it.i64 : 0;
+    }
+    for (int i = 0; i < 7; i++) {
+        int r = get(kv, fk[i], MOE_KV_F64, &it);
+        found += r != 0, missing += r == 0, bad |= r < 0;
+        fv[i] = r == 1 ? it.f64 : NAN;
+    }
+    const char *sk[] = {MOE_TUNING_PLAN_HIGH, MOE_TUNING_PLAN_LOW, MOE_TUNING_PLAN_POLICY};
+    char *sd[] = {p.high, p.low, p.policy};
+    const size_t sn[] = {sizeof p.high, sizeof p.low, sizeof p.policy};
+    for (int i = 0; i < 3; i++) {
+        int r = read_str(kv, sk[i], sd[i], sn[i]);
+        found += r != 0, missing += r == 0, bad |= r < 0;
+    }
+    if (!found) return;
+    p.mem = iv[0], p.expert_mem = iv[1], p.dynamic = (int)iv[2], p.prefetch_paths = (int)iv[3];
+    p.little_k = (int)iv[4], p.threads = (int)iv[5];
+    p.low_share = fv[0], p.t1 = fv[1], p.t2 = fv[2], p.gamma = fv[3], p.tok_s = fv[4], p.bytes_per_token = fv[5];
+    p.quality = fv[6];
+    const char *why = missing ? "an incomplete group" : bad ? "a key of the wrong type" : plan_ok(&p, E);
+    if (why) {
+        MOE_LOGW("tuning: the plan.* keys are damaged (%s): ignored", why);
+        return;
+    }
+    t->has_plan = 1, t->plan = p;
+}
+
+enum moe_status moe_tuning_set_plan(struct moe_bundle_kv *kv, const struct moe_tuning_plan *p) {
+    const char *why = plan_ok(p, 1 << 20);
+    if (why) {
+        MOE_LOGE("invalid plan (%s)", why);
+        return MOE_ERR_INVALID;
+    }
+    enum moe_status st;
+    if ((st = moe_bundle_kv_set_i64(kv, MOE_TUNING_PLAN_MEM, p->mem)) ||
+        (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_PLAN_EXPERT_MEM, p->expert_mem)) ||
+        (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_PLAN_DYNAMIC, p->dynamic)) ||
+        (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_PLAN_PREFETCH_PATHS, p->prefetch_paths)) ||
+        (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_PLAN_LITTLE_K, p->little_k)) ||
+        (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_PLAN_THREADS, p->threads)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_LOW_SHARE, p->low_share)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_T1, p->t1)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_T2, p->t2)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_GAMMA, p->gamma)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_TOK_S, p->tok_s)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_BYTES, p->bytes_per_token)) ||
+        (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_PLAN_QUALITY, p->quality)) ||
+        (st = moe_bundle_kv_set_str(kv, MOE_TUNING_PLAN_HIGH, p->high)) ||
+        (st = moe_bundle_kv_set_str(kv, MOE_TUNING_PLAN_LOW, p->low)) ||
+        (st = moe_bundle_kv_set_str(kv, MOE_TUNING_PLAN_POLICY, p->policy)))
+        return st;
+    return MOE_OK;
+}
+
+void moe_tuning_remove_plan(struct moe_bundle_kv *kv) {
+    static const char *const keys[] = {MOE_TUNING_PLAN_MEM, MOE_TUNING_PLAN_EXPERT_MEM, MOE_TUNING_PLAN_HIGH,
+                                       MOE_TUNING_PLAN_LOW, MOE_TUNING_PLAN_DYNAMIC, MOE_TUNING_PLAN_LOW_SHARE,
+                                       MOE_TUNING_PLAN_T1, MOE_TUNING_PLAN_T2, MOE_TUNING_PLAN_POLICY,
+                                       MOE_TUNING_PLAN_PREFETCH_PATHS, MOE_TUNING_PLAN_LITTLE_K, MOE_TUNING_PLAN_GAMMA,
+                                       MOE_TUNING_PLAN_THREADS, MOE_TUNING_PLAN_TOK_S, MOE_TUNING_PLAN_BYTES,
+                                       MOE_TUNING_PLAN_QUALITY};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) moe_bundle_kv_remove(kv, keys[i]);
+}
+
 enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, int n_experts,
                                 struct moe_tuning *out) {
     if (!out || n_layers < 1 || n_experts < 1 || (int64_t)n_layers * n_experts > INT32_MAX / 4) {
@@ -253,6 +358,7 @@ enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, in
     read_popularity(kv, LE, out);
     read_bitwidth(kv, n_layers, n_experts, out);
     read_big_little(kv, n_experts, out);
+    read_plan(kv, n_experts, out);
     return read_order(kv, LE, out);
 }
 

@@ -3,8 +3,9 @@
 # pipeline on the embedded default model: check the checkpoint, quantize it
 # into a multi-precision bundle, inspect and verify the bundle, measure each
 # precision against the original (perplexity, KL), generate text, profile the
-# routing, sweep EdgeMoE sensitivities, search per-expert bit-widths, and run with a quarter of the
-# expert bytes in memory next to all resident. The default model is the small MoE trained for the project
+# routing, sweep EdgeMoE sensitivities, search per-expert bit-widths, run with a quarter of the
+# expert bytes in memory next to all resident, decode big-little (MoBiLE) and plan a run for
+# a memory size. The default model is the small MoE trained for the project
 # (datasets/models/tiny-moe-mixtral: Mixtral architecture, BF16); MOE_DEMO_MODEL
 # picks another checkpoint directory, MOE_DEMO_TEXT another calibration text.
 set -euo pipefail
@@ -97,6 +98,36 @@ offload_quality=$(build/moe-prep eval "$work/model.moeb" --ref "$work/model.moeb
     --max-chunks 4 --batch 1 --expert-mem 25% 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //')
 echo "   quality through the engine (one token per step) against all resident: $offload_quality"
 echo
+echo "== 12. big-little decoding (MoBiLE): top-1 experts per token, top-2 again when the top probability is below gamma"
+gamma=$(sed -n 's/.*suggested gamma \([0-9.]*\).*/\1/p' "$work/profile.txt" | head -n 1)
+for run in "K --little-k 0" "K2 --little-k 1 --gamma 0" "big-little --little-k 1"; do
+  name=${run%% *}
+  # shellcheck disable=SC2086 # options split on purpose
+  build/moe-run -m "$work/model.moeb" -p "The function returns" -n 64 --ignore-eos --expert-mem 25% ${run#* } \
+      --stats-json "$work/bl-$name.json" >/dev/null 2>"$work/bl-$name.txt"
+  printf '%-11s %s %s\n' "$name" "$(grep '^moe-run: prompt' "$work/bl-$name.txt" | sed 's/.*generated/generated/')" \
+      "$(grep '^moe-run: big-little' "$work/bl-$name.txt" | sed 's/^moe-run: big-little: /; /')"
+done
+bl_quality=""
+for g in 0 "$gamma"; do
+  q=$(build/moe-prep eval "$work/model.moeb" --ref "$work/model.moeb" --dataset "$text3" --ctx 256 --max-chunks 4 \
+      --little-k 1 --gamma "$g" 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //')
+  printf 'gamma %-6s %s\n' "$g" "$q"
+  bl_quality+="gamma $g: $(echo "$q" | sed -n 's/.*PPL \([0-9.]*\), mean KLD \([0-9.]*\), same top \([0-9.]*\) %.*fallback \([0-9.]*\) %.*/PPL \1, KL \2, same top \3 %, fallback \4 %/p');  "
+done
+echo
+echo "== 13. plan a run for a small memory size: this machine's numbers, the best plans, then the run it chose"
+build/moe-prep hw "$work/model.moeb" --hw "$work/hw.json" | tail -n 5
+mem=${MOE_DEMO_MEM:-25M}
+build/moe-prep plan "$work/model.moeb" --profile "$work/profile.h5" --mem "$mem" --hw "$work/hw.json" \
+    --eval-text "$text3" --quality-budget 3% --top 4 --apply 2>/dev/null | tee "$work/plan.txt"
+predicted=$(sed -n 's/^\* chosen: plan [0-9]*, \([0-9.]*\) tokens.*/\1/p' "$work/plan.txt")
+build/moe-run -m "$work/model.moeb" -p "The function returns" -n 64 --ignore-eos --stats-json "$work/plan-run.json" \
+    >/dev/null 2>"$work/plan-run.txt"
+measured=$(sed -n 's/.*"tokens_per_s_decode": \([0-9.e+]*\).*/\1/p' "$work/plan-run.json")
+grep '^moe-run: using the bundle' "$work/plan-run.txt" | sed 's/^moe-run: //'
+echo "predicted $predicted tokens/s, measured $measured tokens/s (moe-run with no options: the plan in the tuning)"
+echo
 echo "== summary"
 echo "model      $model: $(stat -c %s "$model"/*.safetensors | awk '{s+=$1} END {printf "%.2f MB", s/1e6}')" \
      "checkpoint -> $(stat -c %s "$work/model.moeb" | awk '{printf "%.2f MB", $1/1e6}') bundle holding experts at $experts"
@@ -113,3 +144,6 @@ echo "           $(grep '^proxy' "$work/sensitivity.txt"); heat map $work/sensit
 echo "bit-widths $(grep -A1 '^chosen' "$work/bitwidth.txt" | tr '\n' ' ' | sed 's/  */ /g')"
 echo "           $(grep '^held-out' "$work/bitwidth.txt")"
 echo "offload    25 % of the expert bytes: $(grep '^moe-run: prompt' "$work/offload-speed.txt" | sed 's/.*generated/generated/') vs all resident $(grep '^moe-run: prompt' "$work/resident-speed.txt" | sed 's/.*generated/generated/')"
+echo "big-little gamma $gamma (the profile's, for a 20 % fallback ratio): $(grep '^moe-run: prompt' "$work/bl-big-little.txt" | sed 's/.*generated/generated/')"
+echo "           vs top-2 $(grep '^moe-run: prompt' "$work/bl-K.txt" | sed 's/.*generated/generated/'); quality on $(basename "$text3"): $bl_quality"
+echo "plan       $mem: predicted $predicted tokens/s, measured $measured tokens/s ($work/plan.txt)"

@@ -23,6 +23,8 @@ static const struct subcommand k_commands[] = {
     {"sensitivity", moe_prep_sensitivity, "per-expert loss when one expert drops to a low precision (EdgeMoE)"},
     {"bitwidth", moe_prep_bitwidth, "per-expert bit-widths within a loss or size budget (EdgeMoE)"},
     {"fit-cache", moe_prep_fit_cache, "replay traces through expert-cache policies; fit HOBBIT's weights"},
+    {"hw", moe_prep_hw, "measure storage, memory and expert compute times for the planner"},
+    {"plan", moe_prep_plan, "what to keep where for a memory size, and how fast it will run"},
 };
 
 static void usage(FILE *f) {

@@ -11,5 +11,7 @@ int moe_prep_profile(int argc, char **argv);
 int moe_prep_sensitivity(int argc, char **argv); /* tools/quantize/sensitivity.c */
 int moe_prep_bitwidth(int argc, char **argv);    /* tools/quantize/bitwidth.c */
 int moe_prep_fit_cache(int argc, char **argv);   /* tools/calibrate/fit-cache.c */
+int moe_prep_hw(int argc, char **argv);          /* tools/plan/hw-cmd.c */
+int moe_prep_plan(int argc, char **argv);        /* tools/plan/plan-cmd.c */
 
 #endif

@@ -14,12 +14,15 @@
 #include <unistd.h>
 
 #include "moe-bundle.h"
+#include "hw-cmd.h"
 #include "moe-file.h"
 #include "moe-gpu.h"
+#include "moe-hw.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-sampler.h"
 #include "moe-store.h"
+#include "moe-tuning.h"
 #include "profile-h5.h"
 #include "moe-session.h"
 #include "moe-tokenizer.h"
@@ -35,6 +38,7 @@ static void usage(FILE *f) {
 "  moe-run -m mixtral-8x7b-q4_k_m.gguf -p \"The meaning of life\" -n 32\n"
 "  moe-run -m mixtral.moeb --expert-mem 512M -p \"Once upon a time\" --stats-json stats.json\n"
 "  moe-run -m mixtral.moeb --expert-mem 25% --policy lru --dynamic off --prefetch off -p \"Hi\"\n"
+"  moe-run -m olmoe.moeb --expert-mem 2G --little-k 4 --gamma 0.7 -p \"Hi\" --stats-json s.json\n"
 "  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
 "  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
 "  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n"
@@ -79,6 +83,18 @@ static void usage(FILE *f) {
 "  -v, --verbose           more log output\n"
 "  -h, --help              this help\n"
 "\n"
+"big-little decoding (MoBiLE):\n"
+"      --little-k K2       decode each token with K2 experts per MoE layer (the little\n"
+"                          model; default K/2 when --gamma is given); when the largest\n"
+"                          next-token probability is below gamma, run the token again\n"
+"                          with all K experts, prefetching them from the little pass's\n"
+"                          router. 0 = off. The prompt always runs with K\n"
+"      --gamma G           the confidence threshold in [0, 1] (default: the bundle's\n"
+"                          mobile.gamma from moe-prep profile, else 0.7); 0 = never fall\n"
+"                          back (the K2 model), 1 = always (the K model's output)\n"
+"      --bl-prefetch D     prefetch the big pass's experts D MoE layers ahead (default 2;\n"
+"                          0 = off; with an expert budget)\n"
+"\n"
 "statistics:\n"
 "      --stats-json FILE   speed, peak memory and (with an expert budget) the expert\n"
 "                          store's counts as JSON: hit ratios per precision, loads and\n"
@@ -86,6 +102,16 @@ static void usage(FILE *f) {
 "                          and recall, skipped experts, peak resident expert bytes\n"
 "      --trace-out FILE    the run's routing as a profile (HDF5) that moe-prep fit-cache\n"
 "                          can replay\n"
+"\n"
+"planning (moe-prep plan):\n"
+"      --measure-hw        measure this machine's numbers for MODEL (storage reads, memory\n"
+"                          bandwidth, expert and step times on -t threads), keep them in the\n"
+"                          hardware table for moe-prep plan, print them and exit\n"
+"      --hw FILE           the table (default $XDG_CACHE_HOME/moe/hw.json)\n"
+"      --no-plan           ignore the plan moe-prep plan --apply wrote into the bundle; by\n"
+"                          default its settings (expert memory, precisions, policy,\n"
+"                          big-little) are the starting point, and the options given here\n"
+"                          override them one by one\n"
 "\n");
     fputs(moe_store_options_help(), f);
     fprintf(f, "\n");
@@ -103,6 +129,16 @@ struct args {
     float temp, top_p;
     unsigned long long seed;
     int ignore_eos, no_special, print_ids, tokenize, verbose;
+    int little_k;       /* -1: not given */
+    double gamma;       /* NaN: not given */
+    int bl_prefetch;    /* -1: not given */
+    int measure_hw, no_plan;
+    const char *hw;
+    /* the engine options as given, applied again on top of a bundle's plan */
+    int n_engine;
+    const char *engine_name[64], *engine_value[64];
+    struct moe_tuning_plan plan; /* the applied plan (strings the store params point to) */
+    int have_plan;
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -138,6 +174,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
     a->n_predict = 64;
     a->top_p = 1.0f;
     a->seed = 42;
+    a->little_k = -1, a->gamma = NAN, a->bl_prefetch = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
 #define IS(s, l) (!strcmp(o, s) || !strcmp(o, l))
@@ -200,10 +237,28 @@ static int parse_args(int argc, char **argv, struct args *a) {
             a->tokenize = 1;
         } else if (IS("-v", "--verbose")) {
             a->verbose = 1;
+        } else if (!strcmp(o, "--little-k")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->little_k)) return 2;
+        } else if (!strcmp(o, "--gamma")) {
+            float g;
+            if (!(v = NEXT()) || !parse_float(o, v, &g)) return 2;
+            if (!(g >= 0 && g <= 1)) {
+                fprintf(stderr, "moe-run: --gamma must be in [0, 1], got %s\n", v);
+                return 2;
+            }
+            a->gamma = atof(v);
+        } else if (!strcmp(o, "--bl-prefetch")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->bl_prefetch)) return 2;
         } else if (!strcmp(o, "--stats-json")) {
             if (!(a->stats_json = NEXT())) return 2;
         } else if (!strcmp(o, "--trace-out")) {
             if (!(a->trace_out = NEXT())) return 2;
+        } else if (!strcmp(o, "--measure-hw")) {
+            a->measure_hw = 1;
+        } else if (!strcmp(o, "--no-plan")) {
+            a->no_plan = 1;
+        } else if (!strcmp(o, "--hw")) {
+            if (!(a->hw = NEXT())) return 2;
         } else if (moe_store_option_takes_value(o) >= 0) {
             const int takes = moe_store_option_takes_value(o);
             char err[256];
@@ -212,6 +267,11 @@ static int parse_args(int argc, char **argv, struct args *a) {
                 fprintf(stderr, "moe-run: %s\n", err);
                 return 2;
             }
+            if (a->n_engine == 64) {
+                fprintf(stderr, "moe-run: too many engine options\n");
+                return 2;
+            }
+            a->engine_name[a->n_engine] = o, a->engine_value[a->n_engine++] = takes ? v : NULL;
         } else if (moe_gpu_option_takes_value(o) >= 0) {
             const int takes = moe_gpu_option_takes_value(o);
             char err[256];
@@ -238,6 +298,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
     }
+    if (a->measure_hw) return 0;
     int n_inputs = !!a->prompt + !!a->prompt_file + !!a->tokens;
     if (n_inputs != 1) {
         fprintf(stderr, "moe-run: give exactly one of -p TEXT, -f FILE or --tokens IDS\n");
@@ -245,6 +306,11 @@ static int parse_args(int argc, char **argv, struct args *a) {
     }
     if (a->tokenize && a->tokens) {
         fprintf(stderr, "moe-run: --tokenize needs text (-p or -f), not --tokens\n");
+        return 2;
+    }
+    if (a->trace_out && (a->little_k > 0 || (!isnan(a->gamma) && a->little_k != 0))) {
+        fprintf(stderr, "moe-run: --trace-out records top-K routing; it cannot be combined with big-little "
+                        "decoding (--little-k / --gamma)\n");
         return 2;
     }
     return 0;
@@ -351,8 +417,8 @@ static int write_trace(const struct moe_session *sess, const struct moe_model *m
 
 /* write_stats: speed, peak memory and the store's counts as JSON, written to
  * an exclusive temporary file beside path and renamed over it. */
-static int write_stats(const char *path, const struct moe_session *sess, size_t n_prompt, double t_prompt, int n_gen,
-                       double t_gen) {
+static int write_stats(const char *path, const struct moe_session *sess, const struct moe_session_params *sp,
+                       size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
     struct moe_tmp_file t;
     FILE *f = NULL;
     if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) {
@@ -373,6 +439,20 @@ static int write_stats(const char *path, const struct moe_session *sess, size_t 
         moe_store_get_stats(st, &ss);
         moe_store_stats_json(&ss, f);
         fprintf(f, ", \"store_overhead_bytes\": %lld", (long long)moe_store_overhead_bytes(st));
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, ", \"big_little\": ");
+    if (sp->little_k > 0) {
+        struct moe_big_little_stats b;
+        moe_session_big_little_stats(sess, &b);
+        fprintf(f, "{\"little_k\": %d, \"k\": %d, \"gamma\": %.9g, \"prefetch_layers\": %d, \"tokens\": %lld, "
+                   "\"fallbacks\": %lld, \"fallback_ratio\": ",
+                sp->little_k, sp->n_expert_used, sp->gamma, sp->bl_prefetch_layers, (long long)b.tokens,
+                (long long)b.fallbacks);
+        if (b.tokens > 0) fprintf(f, "%.9g", (double)b.fallbacks / (double)b.tokens);
+        else fprintf(f, "null");
+        fprintf(f, ", \"little_s\": %.6f, \"big_s\": %.6f}", b.little_s, b.big_s);
     } else {
         fprintf(f, "null");
     }
@@ -429,6 +509,37 @@ static void print_store_stats(const struct moe_session *sess) {
             (long long)s.prefetch_loads, (long long)s.prefetch_used, (double)s.peak_resident_bytes / 1e6);
 }
 
+/* big_little_params: --little-k / --gamma (with the bundle's mobile.gamma as
+ * the default threshold) into the session params; 0 after a message. */
+static int big_little_params(const struct args *a, const struct moe_model *m, struct moe_session_params *sp) {
+    const struct moe_config *c = &m->cfg;
+    if (a->little_k == 0 || (a->little_k < 0 && isnan(a->gamma))) return 1; /* off */
+    const int K = c->n_expert_used;
+    int k2 = a->little_k > 0 ? a->little_k : K / 2;
+    if (k2 < 1 || k2 >= K) {
+        fprintf(stderr, "moe-run: big-little needs a little model with 1 .. %d experts per token (the model routes "
+                        "to %d); got %d\n", K - 1, K, k2);
+        return 0;
+    }
+    double g = a->gamma;
+    if (isnan(g)) {
+        struct moe_tuning t;
+        int L = 0;
+        for (int l = 0; l < c->n_layer; l++) L += c->layer_moe[l] != 0;
+        g = 0.7;
+        if (m->bundle && L > 0 && moe_tuning_read(moe_bundle_tuning(m->bundle), L, c->n_expert, &t) == MOE_OK &&
+            t.has_gamma)
+            g = t.gamma;
+        else
+            fprintf(stderr, "moe-run: no mobile.gamma in the model's tuning (moe-prep profile writes one); gamma 0.7\n");
+    }
+    sp->n_expert_used = K;
+    sp->little_k = k2;
+    sp->gamma = g;
+    if (a->bl_prefetch >= 0) sp->bl_prefetch_layers = a->bl_prefetch;
+    return 1;
+}
+
 static int is_eos(const struct moe_model *m, int32_t id) {
     for (int i = 0; i < m->cfg.n_eos; i++)
         if (m->cfg.eos_ids[i] == id) return 1;
@@ -449,11 +560,58 @@ static void print_text_delta(const struct moe_tokenizer *tok, const int32_t *ids
     free(text);
 }
 
+/* apply_plan: a bundle's applied plan (moe-prep plan --apply) as the
+ * starting point of the engine options, the ones given on the command line
+ * applied again on top. 0 after a message. */
+static int apply_plan(struct args *a) {
+    if (a->no_plan || moe_is_dir(a->model)) return 1;
+    struct moe_bundle *b = NULL;
+    if (moe_bundle_open(a->model, &b) != MOE_OK) return 1; /* the model load reports it */
+    uint32_t nl = 0, ne = 0, np = 0;
+    moe_bundle_expert_layout(b, &nl, &ne, &np);
+    int L = 0;
+    for (uint32_t l = 0; l < nl; l++) L += moe_bundle_layer_has_experts(b, l);
+    struct moe_tuning t;
+    if (L > 0 && ne > 0 && moe_tuning_read(moe_bundle_tuning(b), L, (int)ne, &t) == MOE_OK && t.has_plan) {
+        a->plan = t.plan;
+        a->have_plan = 1;
+    }
+    moe_bundle_free(b);
+    if (!a->have_plan) return 1;
+    struct moe_store_params sp = moe_store_default_params();
+    moe_store_params_from_plan(&sp, &a->plan);
+    for (int i = 0; i < a->n_engine; i++) {
+        char err[256];
+        if (moe_store_parse_option(&sp, a->engine_name[i], a->engine_value[i], err, sizeof err) != MOE_OK) {
+            fprintf(stderr, "moe-run: %s\n", err);
+            return 0;
+        }
+    }
+    a->store = sp;
+    a->use_store = moe_store_params_active(&a->store);
+    if (a->little_k < 0 && isnan(a->gamma)) {
+        if (a->trace_out && a->plan.little_k > 0)
+            fprintf(stderr, "moe-run: --trace-out records top-K routing: the plan's big-little decoding is off\n");
+        else {
+            a->little_k = a->plan.little_k;
+            if (a->plan.little_k > 0) a->gamma = a->plan.gamma;
+        }
+    }
+    fprintf(stderr, "moe-run: using the bundle's plan for %.0f MiB (moe-prep plan --apply; %.2f tok/s predicted on %d "
+                    "threads): expert memory %.1f MiB%s%s, policy %s%s%s (--no-plan ignores it)\n",
+            (double)a->plan.mem / 1048576, a->plan.tok_s, a->plan.threads, (double)a->plan.expert_mem / 1048576,
+            a->plan.high[0] ? ", high " : "", a->plan.high, a->plan.policy,
+            a->plan.dynamic ? ", dynamic precision" : "", a->plan.little_k ? ", big-little" : "");
+    return 1;
+}
+
 int main(int argc, char **argv) {
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
     if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
+    if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.hw, 0, "moe-run");
+    if (!apply_plan(&a)) return 2;
 
     struct moe_model *model = NULL;
     struct moe_session *sess = NULL;
@@ -523,6 +681,7 @@ int main(int argc, char **argv) {
         sp.backend_user = &a.gpu;
     }
 #endif
+    if (!big_little_params(&a, model, &sp)) goto done;
     sp.n_threads = a.n_threads;
     sp.n_ctx = a.n_ctx;
     sp.n_batch = a.n_batch;
@@ -624,7 +783,15 @@ int main(int argc, char **argv) {
             n_gen > 0 ? (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
     print_store_stats(sess);
     /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
-    if (a.stats_json && !write_stats(a.stats_json, sess, n_ids, t1 - t0, n_gen > 1 ? n_gen - 1 : 0, t2 - t1)) goto done;
+    if (sp.little_k > 0) {
+        struct moe_big_little_stats b;
+        moe_session_big_little_stats(sess, &b);
+        fprintf(stderr, "moe-run: big-little: top-%d little model, gamma %.3g: %lld of %lld tokens fell back to top-%d "
+                        "(%.1f %%)\n", sp.little_k, sp.gamma, (long long)b.fallbacks, (long long)b.tokens,
+                sp.n_expert_used, b.tokens ? 100.0 * (double)b.fallbacks / (double)b.tokens : 0.0);
+    }
+    if (a.stats_json && !write_stats(a.stats_json, sess, &sp, n_ids, t1 - t0, n_gen > 1 ? n_gen - 1 : 0, t2 - t1))
+        goto done;
     if (a.trace_out && !write_trace(sess, model, a.model, a.trace_out)) goto done;
     status = 0;
 done:

@@ -23,6 +23,7 @@ struct moe_cache_trace {
     int32_t *step_acc;   /* [n_steps + 1] first access of each step */
     int32_t *step_pf;    /* [n_steps + 1] first prefetch entry of each step */
     uint16_t *step_layer;/* [n_steps] MoE layer */
+    uint8_t *step_pass;  /* [n_steps] 0 plain, 1 little, 2 big (moe_cache_step_event.pass), 3 a prompt batch */
     int32_t *step_T;     /* [n_steps] token index in the sequence + 1 (a batch: prompt_len) */
     int32_t *acc_g;      /* [n_acc] layer * E + expert */
     uint8_t *acc_need;   /* [n_acc] enum moe_cache_need */
@@ -32,7 +33,7 @@ struct moe_cache_trace {
 };
 
 struct moe_cache_trace_params moe_cache_trace_default_params(void) {
-    struct moe_cache_trace_params p = {0, 1.0, 1.0, NULL, 0};
+    struct moe_cache_trace_params p = {0, 1.0, 1.0, NULL, 0, 0, 0.0, 0};
     return p;
 }
 
@@ -42,6 +43,7 @@ void moe_cache_trace_free(struct moe_cache_trace *tr) {
     free(tr->step_acc);
     free(tr->step_pf);
     free(tr->step_layer);
+    free(tr->step_pass);
     free(tr->step_T);
     free(tr->acc_g);
     free(tr->acc_need);
@@ -114,9 +116,11 @@ static enum moe_status check_prep(const struct moe_trace *t, const int32_t *seqs
         MOE_LOGE("invalid trace shape or arguments");
         return MOE_ERR_INVALID;
     }
-    if (!(pp->t1 <= pp->t2) || pp->prefetch < 0 || pp->prefetch > t->n_experts || pp->prompt_len < 0) {
-        MOE_LOGE("invalid parameters: T1 %g, T2 %g (T1 <= T2 wanted), prefetch %d (0..%d), prompt_len %d",
-                 pp->t1, pp->t2, pp->prefetch, t->n_experts, pp->prompt_len);
+    if (!(pp->t1 <= pp->t2) || pp->prefetch < 0 || pp->prefetch > t->n_experts || pp->prompt_len < 0 ||
+        pp->little_k < 0 || pp->little_k >= t->k + (pp->little_k == 0) || !(pp->fallback >= 0 && pp->fallback <= 1)) {
+        MOE_LOGE("invalid parameters: T1 %g, T2 %g (T1 <= T2 wanted), prefetch %d (0..%d), prompt_len %d, little_k %d "
+                 "(0..%d), fallback %g", pp->t1, pp->t2, pp->prefetch, t->n_experts, pp->prompt_len, pp->little_k,
+                 t->k - 1, pp->fallback);
         return MOE_ERR_INVALID;
     }
     for (int i = 0; seqs && i < n_seqs; i++)
@@ -151,14 +155,15 @@ enum moe_status moe_cache_trace_new(const struct moe_trace *t, const int32_t *se
     if ((st = check_prep(t, seqs, n_seqs, pp))) return st;
     if (!seqs) n_seqs = t->n_seq;
     const int L = t->n_layers, E = t->n_experts, K = t->k;
-    const int m = pp->paths ? pp->prefetch : 0;
-    int64_t tokens = 0;
+    const int m = pp->paths ? pp->prefetch : 0, bl = pp->little_k > 0 ? 2 : 1;
+    const int per_step_pf = m > K ? m : K;
+    int64_t tokens = 0, dec = 0; /* decode tokens so far (big-little's even choice) */
     for (int i = 0; i < n_seqs; i++) {
         int s = seqs ? seqs[i] : i;
         tokens += t->seq_start[s + 1] - t->seq_start[s];
     }
-    const int64_t max_acc = tokens * L * K, max_steps = tokens * L;
-    if (max_acc >= INT32_MAX - 1 || max_steps * (m + 1) >= INT32_MAX - 1) {
+    const int64_t max_acc = tokens * L * K * bl, max_steps = tokens * L * bl;
+    if (max_acc >= INT32_MAX - 1 || max_steps * (per_step_pf + 1) >= INT32_MAX - 1) {
         MOE_LOGE("%lld tokens x %d layers x top-%d are more accesses than one replay handles (%d)",
                  (long long)tokens, L, K, INT32_MAX - 2);
         return MOE_ERR_RANGE;
@@ -172,13 +177,14 @@ enum moe_status moe_cache_trace_new(const struct moe_trace *t, const int32_t *se
     tr->step_acc = malloc(sizeof(int32_t) * ((size_t)max_steps + 1));
     tr->step_pf = malloc(sizeof(int32_t) * ((size_t)max_steps + 1));
     tr->step_layer = malloc(sizeof(uint16_t) * ((size_t)max_steps + 1));
+    tr->step_pass = malloc((size_t)max_steps + 1);
     tr->step_T = malloc(sizeof(int32_t) * ((size_t)max_steps + 1));
     tr->acc_g = malloc(sizeof(int32_t) * ((size_t)max_acc + 1));
     tr->acc_need = malloc((size_t)max_acc + 1);
     tr->next_hi = malloc(sizeof(int32_t) * ((size_t)max_acc + 1));
     tr->next_lo = malloc(sizeof(int32_t) * ((size_t)max_acc + 1));
-    tr->pf_g = malloc(sizeof(int32_t) * ((size_t)max_steps * m + 1));
-    if (!tr->seq_step || !tr->step_acc || !tr->step_pf || !tr->step_layer || !tr->step_T || !tr->acc_g ||
+    tr->pf_g = malloc(sizeof(int32_t) * ((size_t)max_steps * (size_t)(pp->little_k ? per_step_pf : m) + 1));
+    if (!tr->seq_step || !tr->step_acc || !tr->step_pf || !tr->step_layer || !tr->step_pass || !tr->step_T || !tr->acc_g ||
         !tr->acc_need || !tr->next_hi || !tr->next_lo || !tr->pf_g)
         goto nomem;
     int64_t ns = 0, na = 0, np = 0;
@@ -199,25 +205,36 @@ enum moe_status moe_cache_trace_new(const struct moe_trace *t, const int32_t *se
                 }
             }
             tr->step_acc[ns] = (int32_t)na, tr->step_pf[ns] = (int32_t)np;
-            tr->step_layer[ns] = (uint16_t)l, tr->step_T[ns] = (int32_t)P;
+            tr->step_layer[ns] = (uint16_t)l, tr->step_T[ns] = (int32_t)P, tr->step_pass[ns] = 3;
             ns++;
             for (int e = 0; e < E; e++)
                 if (need_e[e] != 0xff) tr->acc_g[na] = l * E + e, tr->acc_need[na++] = need_e[e];
         }
-        for (int64_t tok = a + P; tok < a + n; tok++)
-            for (int l = 0; l < L; l++) {
-                const size_t row = ((size_t)tok * L + l) * K;
-                tr->step_acc[ns] = (int32_t)na, tr->step_pf[ns] = (int32_t)np;
-                tr->step_layer[ns] = (uint16_t)l, tr->step_T[ns] = (int32_t)(tok - a + 1);
-                ns++;
-                if (m > 0) np += prefetch_list(pp->paths, t, tok, l, m, prob, tr->pf_g + np);
-                needs(t->weights + row, K, pp->t1, pp->t2, nk);
-                for (int j = 0; j < K; j++) {
-                    int e = t->experts[row + j];
-                    if (e < 0 || e >= E) goto bad_expert;
-                    tr->acc_g[na] = l * E + e, tr->acc_need[na++] = nk[j];
-                }
+        for (int64_t tok = a + P; tok < a + n; tok++) {
+            /* passes of this token: plain; or little, and big when it falls back */
+            int pass0 = 0, pass1 = 0;
+            if (pp->little_k > 0) {
+                double f = fmod((double)(++dec) * 0.6180339887498949, 1.0);
+                pass0 = 1, pass1 = f < pp->fallback ? 2 : 1;
             }
+            for (int pass = pass0; pass <= pass1; pass++)
+                for (int l = 0; l < L; l++) {
+                    const size_t row = ((size_t)tok * L + l) * K;
+                    const int k = pass == 1 ? pp->little_k : K;
+                    tr->step_acc[ns] = (int32_t)na, tr->step_pf[ns] = (int32_t)np;
+                    tr->step_layer[ns] = (uint16_t)l, tr->step_T[ns] = (int32_t)(tok - a + 1);
+                    tr->step_pass[ns] = (uint8_t)pass;
+                    ns++;
+                    if (pass == 0 && m > 0) np += prefetch_list(pp->paths, t, tok, l, m, prob, tr->pf_g + np);
+                    needs(t->weights + row, k, pp->t1, pp->t2, nk);
+                    for (int j = 0; j < k; j++) {
+                        int e = t->experts[row + j];
+                        if (e < 0 || e >= E) goto bad_expert;
+                        tr->acc_g[na] = l * E + e, tr->acc_need[na++] = nk[j];
+                        if (pass == 2 && pp->bl_prefetch) tr->pf_g[np++] = l * E + e;
+                    }
+                }
+        }
     }
     tr->seq_step[n_seqs] = (int32_t)ns;
     tr->step_acc[ns] = (int32_t)na, tr->step_pf[ns] = (int32_t)np;
@@ -248,6 +265,56 @@ double moe_cache_hit_ratio(const struct moe_cache_stats *s) {
     return s->accesses > 0 ? (double)(s->hits_high + s->hits_low) / (double)s->accesses : NAN;
 }
 
+/* replay_steps: replay as below, access by access, reporting each step to fn. */
+static enum moe_status replay_steps(const struct moe_cache_trace *tr, struct moe_cache *c, int use_pf,
+                                    moe_cache_step_fn fn, void *user, struct moe_cache_stats *st) {
+    int64_t n[MOE_CACHE_N_OUTCOMES] = {0, 0, 0, 0, 0};
+    int64_t pf_loads = 0, pf_hits = 0;
+    int max_n = 1, max_pf = 1;
+    for (int64_t s = 0; s < tr->n_steps; s++) {
+        if (tr->step_acc[s + 1] - tr->step_acc[s] > max_n) max_n = tr->step_acc[s + 1] - tr->step_acc[s];
+        if (tr->step_pf[s + 1] - tr->step_pf[s] > max_pf) max_pf = tr->step_pf[s + 1] - tr->step_pf[s];
+    }
+    uint8_t *out = malloc((size_t)max_n);
+    int32_t *pfl = malloc(sizeof *pfl * (size_t)max_pf);
+    if (!out || !pfl) {
+        free(out);
+        free(pfl);
+        MOE_LOGE("out of memory");
+        return MOE_ERR_NOMEM;
+    }
+    struct moe_cache_result r;
+    for (int q = 0; q < tr->n_seq; q++) {
+        moe_cache_begin_sequence(c);
+        for (int32_t step = tr->seq_step[q]; step < tr->seq_step[q + 1]; step++) {
+            const int32_t a = tr->step_acc[step], na = tr->step_acc[step + 1] - a;
+            int npf = 0;
+            moe_cache_begin_step(c, tr->step_layer[step], tr->step_T[step]);
+            for (int32_t i = use_pf ? tr->step_pf[step] : 0; use_pf && i < tr->step_pf[step + 1]; i++)
+                if (moe_cache_prefetch(c, tr->pf_g[i], 0, &r) && r.outcome == MOE_CACHE_MISS_HIGH)
+                    pf_loads++, pfl[npf++] = tr->pf_g[i];
+            for (int32_t i = 0; i < na; i++) {
+                moe_cache_access(c, tr->acc_g[a + i], (enum moe_cache_need)tr->acc_need[a + i], tr->next_hi[a + i],
+                                 tr->next_lo[a + i], &r);
+                n[r.outcome]++;
+                pf_hits += r.prefetch_hit;
+                out[i] = (uint8_t)r.outcome;
+            }
+            const int pass = tr->step_pass[step];
+            struct moe_cache_step_event ev = {q, tr->step_T[step], tr->step_layer[step], pass == 3, pass == 3 ? 0 : pass,
+                                              na, tr->acc_g + a, tr->acc_need + a, out, npf, pfl};
+            fn(&ev, user);
+        }
+    }
+    free(out);
+    free(pfl);
+    st->hits_high = n[MOE_CACHE_HIT_HIGH], st->hits_low = n[MOE_CACHE_HIT_LOW];
+    st->misses_high = n[MOE_CACHE_MISS_HIGH], st->misses_low = n[MOE_CACHE_MISS_LOW];
+    st->skips = n[MOE_CACHE_SKIP];
+    st->prefetch_loads = pf_loads, st->prefetch_hits = pf_hits;
+    return MOE_OK;
+}
+
 /* replay: drive the core c through every step of tr, counting into st. */
 static void replay(const struct moe_cache_trace *tr, struct moe_cache *c, int use_pf, struct moe_cache_stats *st) {
     int64_t n[MOE_CACHE_N_OUTCOMES] = {0, 0, 0, 0, 0};
@@ -268,6 +335,28 @@ static void replay(const struct moe_cache_trace *tr, struct moe_cache *c, int us
     st->misses_high = n[MOE_CACHE_MISS_HIGH], st->misses_low = n[MOE_CACHE_MISS_LOW];
     st->skips = n[MOE_CACHE_SKIP];
     st->prefetch_loads = pf_loads, st->prefetch_hits = pf_hits;
+}
+
+enum moe_status moe_cache_simulate_steps(const struct moe_cache_trace *tr, enum moe_cache_policy p,
+                                         const struct moe_cache_config *c, moe_cache_step_fn fn, void *user,
+                                         struct moe_cache_stats *out) {
+    enum moe_status st;
+    struct moe_cache *mc = NULL;
+    memset(out, 0, sizeof *out);
+    if (!tr || !fn) {
+        MOE_LOGE("no trace or no step callback");
+        return MOE_ERR_INVALID;
+    }
+    if ((st = moe_cache_new(tr->L, tr->E, p, c, &mc))) return st;
+    out->tokens = tr->tokens;
+    out->accesses = tr->n_acc;
+    st = replay_steps(tr, mc, c->prefetch && tr->n_pf > 0 && p != MOE_CACHE_STATIC && p != MOE_CACHE_BELADY, fn, user,
+                      out);
+    moe_cache_free(mc);
+    out->penalty = (double)out->misses_high + c->low_cost * (double)out->misses_low;
+    out->bytes = (double)(out->misses_high + out->prefetch_loads) * c->high_bytes +
+                 (double)out->misses_low * c->low_bytes;
+    return st;
 }
 
 enum moe_status moe_cache_simulate(const struct moe_cache_trace *tr, enum moe_cache_policy p,

@@ -42,6 +42,16 @@ struct moe_cache_trace_params {
     double t1, t2;   /* HOBBIT thresholds, t1 <= t2 */
     const struct moe_path_dict *paths; /* EdgeMoE activation paths for prefetch lists; NULL = none */
     int prefetch;    /* experts prefetched per layer (the m most probable); 0 = none */
+    /* MoBiLE big-little decoding of the decode tokens (little_k 0: off): each
+     * runs a little step per layer with its first little_k experts (needs
+     * from their weights alone, no path prefetch); a `fallback` share of them,
+     * chosen evenly (decode token i of the whole replay when frac((i + 1) φ)
+     * < fallback, φ the golden ratio), then runs a big step per layer with
+     * all k, whose prefetch list (bl_prefetch != 0) is the layer's k experts:
+     * what the little pass's router told the runtime. */
+    int little_k;
+    double fallback;
+    int bl_prefetch;
 };
 
 /* moe_cache_trace_default_params: no batch, T1 = T2 = 1 (every access high
@@ -109,6 +119,30 @@ struct moe_cache_stats {
  * logged. */
 enum moe_status moe_cache_simulate(const struct moe_cache_trace *tr, enum moe_cache_policy p,
                                    const struct moe_cache_config *c, struct moe_cache_stats *out);
+
+/* One replayed step, for drivers that time the replay (moe-prep plan).
+ * Arrays borrowed for the callback only. */
+struct moe_cache_step_event {
+    int seq;                 /* sequence of the prepared trace */
+    int32_t T;               /* token index in the sequence + 1 (a prompt batch: its length) */
+    int layer;               /* MoE layer */
+    int batch;               /* 1: a prompt batch step; 0: one token */
+    int pass;                /* 0 a plain step, 1 big-little's little step, 2 its big step */
+    int n;                   /* accesses, in order */
+    const int32_t *g;        /* [n] layer * E + expert */
+    const uint8_t *need;     /* [n] enum moe_cache_need */
+    const uint8_t *outcome;  /* [n] enum moe_cache_outcome */
+    int n_pf;                /* prefetches that started a load (before the accesses) */
+    const int32_t *pf_g;     /* [n_pf] */
+};
+
+typedef void (*moe_cache_step_fn)(const struct moe_cache_step_event *ev, void *user);
+
+/* moe_cache_simulate_steps: moe_cache_simulate, calling fn after every
+ * step with what it did (same counts in *out). */
+enum moe_status moe_cache_simulate_steps(const struct moe_cache_trace *tr, enum moe_cache_policy p,
+                                         const struct moe_cache_config *c, moe_cache_step_fn fn, void *user,
+                                         struct moe_cache_stats *out);
 
 /* moe_cache_hit_ratio: (hits_high + hits_low) / accesses; NaN without accesses. */
 double moe_cache_hit_ratio(const struct moe_cache_stats *s);

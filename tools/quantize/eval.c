@@ -22,6 +22,7 @@
 #include "moe-prep.h"
 #include "moe-session.h"
 #include "moe-tokenizer.h"
+#include "moe-tuning.h"
 
 /* Logit rows computed per forward call in the scored half of a chunk: bounds
  * memory (rows x n_vocab floats per model) whatever --ctx is. */
@@ -348,6 +349,10 @@ static enum moe_status check_run(const struct moe_model *model, const struct moe
                  p->max_chunks, p->bos);
         return MOE_ERR_INVALID;
     }
+    if (p->little_k > 0 && p->n_batch > 1) {
+        MOE_LOGE("big-little decoding decides one token at a time: a batch of %d is not possible", p->n_batch);
+        return MOE_ERR_INVALID;
+    }
     for (int k = 0; k < 1 + (ref != NULL); k++) {
         const struct moe_model *m = k ? ref : model;
         if (p->n_ctx > m->cfg.max_pos) {
@@ -416,6 +421,7 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
         }
         if (k == 0 && moe_store_params_active(p.store)) spk.store = p.store;
         if (k == 0 && p.n_batch > 0) spk.n_batch = p.n_batch;
+        if (k == 0 && p.little_k > 0) spk.little_k = p.little_k, spk.gamma = p.gamma, spk.n_batch = 1;
         if ((st = moe_session_create(side[k].m, &spk, &side[k].s))) goto done;
         st = MOE_ERR_NOMEM;
         if (!(side[k].logits = malloc(sizeof(float) * V * EVAL_ROWS))) goto done;
@@ -452,6 +458,10 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     if (moe_session_store(side[0].s)) {
         out->has_store = 1;
         moe_store_get_stats(moe_session_store(side[0].s), &out->store);
+    }
+    if (p.little_k > 0) {
+        out->has_big_little = 1;
+        moe_session_big_little_stats(side[0].s, &out->big_little);
     }
     st = ref ? finish_ref(&acc, out) : MOE_OK;
 done:
@@ -504,6 +514,12 @@ static void eval_usage(FILE *f) {
 "  -b, --batch N             MODEL's tokens per forward pass (default 256); 1 runs\n"
 "                            each position as a decode step, so the engine picks\n"
 "                            precisions per token as when generating\n"
+"  --little-k K2, --gamma G  MODEL decodes big-little (MoBiLE, as moe-run): every\n"
+"                            position runs with K2 experts and again with all K when\n"
+"                            its top probability is below G; the distribution scored\n"
+"                            is the one big-little uses (implies --batch 1; defaults\n"
+"                            as moe-run: K2 = K/2, G = the bundle's mobile.gamma).\n"
+"                            --gamma 0 scores the K2 model alone\n"
 "  --json                    one JSON object on stdout instead of the table\n"
 "  -h, --help                this help\n"
 "\n"
@@ -529,13 +545,16 @@ static void eval_usage(FILE *f) {
 "  moe-prep eval model.moeb --dataset jsonl:gsm8k/test.jsonl:question,answer --ctx 256\n"
 "  moe-prep eval model.moeb --dataset wikitext2-test --unigram --routing\n"
 "  moe-prep eval model.moeb --ref model.moeb --dataset wikitext2-test --expert-mem 25%% \\\n"
-"      --dynamic on --high q8_0 --low q2_k --batch 1\n",
+"      --dynamic on --high q8_0 --low q2_k --batch 1\n"
+"  moe-prep eval model.moeb --ref model.moeb --dataset c4.txt --little-k 1 --gamma 0.3\n",
             moe_store_options_help(), moe_dataset_spec_help());
 }
 
 struct eval_args {
     const char *model, *ref, *dataset, *precision;
     int n_ctx, max_chunks, n_threads, json, unigram, routing, skip_bad, n_batch;
+    int little_k;  /* -1: not given */
+    double gamma;  /* NaN: not given */
     struct moe_store_params store; /* engine options for MODEL (moe-run's) */
 };
 
@@ -557,6 +576,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
     memset(a, 0, sizeof *a);
     a->n_ctx = 512;
     a->store = moe_store_default_params();
+    a->little_k = -1, a->gamma = NAN;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "moe-prep eval: %s needs a value\n", o), (char *)NULL))
@@ -578,6 +598,10 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 30, &a->max_chunks)) return 2;
         } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
             if (!(v = NEXT()) || !parse_int(o, v, 1, 256, &a->n_threads)) return 2;
+        } else if (!strcmp(o, "--little-k")) {
+            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->little_k)) return 2;
+        } else if (!strcmp(o, "--gamma")) {
+            if (!(v = NEXT()) || !moe_tool_parse_double("eval", o, v, 0, 1, &a->gamma)) return 2;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
         } else if (!strcmp(o, "--skip-bad")) {
@@ -608,6 +632,11 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
     if (!a->model || !a->dataset) {
         fprintf(stderr, "moe-prep eval: %s (see moe-prep eval --help)\n",
                 !a->model ? "no MODEL given" : "no --dataset FILE given");
+        return 2;
+    }
+    if ((a->little_k > 0 || (!isnan(a->gamma) && a->little_k != 0)) && a->n_batch > 1) {
+        fprintf(stderr, "moe-prep eval: big-little decoding (--little-k / --gamma) runs one token at a time; "
+                        "drop --batch %d\n", a->n_batch);
         return 2;
     }
     if (moe_store_params_active(&a->store) && moe_is_dir(a->model)) {
@@ -702,6 +731,15 @@ static void print_json(const struct eval_args *a, int n_threads, const struct mo
         printf(", \"engine\": ");
         moe_store_stats_json(&r->store, stdout);
     }
+    if (r->has_big_little) {
+        const struct moe_big_little_stats *b = &r->big_little;
+        printf(", \"big_little\": {\"little_k\": %d, \"gamma\": ", a->little_k);
+        json_num(a->gamma);
+        printf(", \"tokens\": %lld, \"fallbacks\": %lld, \"fallback_ratio\": ", (long long)b->tokens,
+               (long long)b->fallbacks);
+        json_num(b->tokens > 0 ? (double)b->fallbacks / (double)b->tokens : NAN);
+        putchar('}');
+    }
     if (r->expert_load) {
         printf(", \"routing\": [");
         int first = 1;
@@ -733,7 +771,7 @@ static void print_pct_rows(const char *what, const double pct[MOE_EVAL_N_PCT], d
 
 /* print_extras: the engine's counts, the unigram baseline and the routing
  * table, when asked for. */
-static void print_extras(const struct moe_eval_result *r) {
+static void print_extras(const struct eval_args *a, const struct moe_eval_result *r) {
     if (r->has_store) {
         const struct moe_store_stats *s = &r->store;
         const double acc = s->accesses > 0 ? (double)s->accesses : 1;
@@ -746,6 +784,10 @@ static void print_extras(const struct moe_eval_result *r) {
                100.0 * (double)(s->hits_low + s->misses_low) / acc, (long long)s->hits_low,
                100.0 * (double)s->skips / acc, s->tokens > 0 ? (double)s->loads / (double)s->tokens : 0.0);
     }
+    if (r->has_big_little)
+        printf("\nbig-little  top-%d little model, gamma %.4g: %lld of %lld positions fell back (%.2f %%)\n",
+               a->little_k, a->gamma, (long long)r->big_little.fallbacks, (long long)r->big_little.tokens,
+               r->big_little.tokens ? 100.0 * (double)r->big_little.fallbacks / (double)r->big_little.tokens : 0.0);
     if (r->has_unigram)
         printf("unigram PPL (add-one, counted on this text) = %.4f; PPL / unigram PPL = %.4f\n", r->unigram_ppl,
                r->ppl.val / r->unigram_ppl);
@@ -773,7 +815,7 @@ static void print_table(const struct eval_args *a, const struct moe_eval_result 
     if (!r->has_ref) {
         printf("PPL = %.4f ± %.5f   (mean NLL %.6f ± %.6f nats/token)\n", r->ppl.val, r->ppl.err,
                r->nll.val, r->nll.err);
-        print_extras(r);
+        print_extras(a, r);
         return;
     }
     printf("====== Perplexity statistics ======\n");
@@ -794,7 +836,7 @@ static void print_table(const struct eval_args *a, const struct moe_eval_result 
     print_pct_rows("Δp", r->dp_pct, 100.0, " %");
     printf("RMS Δp    : %6.3f ± %5.3f %%\n", 100.0 * r->dp_rms.val, 100.0 * r->dp_rms.err);
     printf("Same top p: %6.3f ± %5.3f %%\n", 100.0 * r->same_top.val, 100.0 * r->same_top.err);
-    print_extras(r);
+    print_extras(a, r);
 }
 
 /* load: one model; reports a failure naming the role. */
@@ -810,6 +852,36 @@ static int load(const char *path, const char *precision, const char *role, int l
     }
     fprintf(stderr, "moe-prep eval: cannot load the %s from %s (see the message above)\n", role, path);
     return 0;
+}
+
+/* big_little_defaults: as moe-run: with --gamma or --little-k, K2 = K/2 and
+ * gamma = the bundle's mobile.gamma (else 0.7) unless given; a->little_k
+ * ends 0 when off. 0 after a message. */
+static int big_little_defaults(struct eval_args *a, const struct moe_model *m) {
+    const struct moe_config *c = &m->cfg;
+    if (a->little_k == 0 || (a->little_k < 0 && isnan(a->gamma))) {
+        a->little_k = 0;
+        return 1;
+    }
+    const int K = c->n_expert_used;
+    if (a->little_k < 0) a->little_k = K / 2;
+    if (a->little_k < 1 || a->little_k >= K) {
+        fprintf(stderr, "moe-prep eval: big-little needs a little model with 1 .. %d experts per token (the model "
+                        "routes to %d); got %d\n", K - 1, K, a->little_k);
+        return 0;
+    }
+    if (isnan(a->gamma)) {
+        struct moe_tuning t;
+        int L = 0;
+        for (int l = 0; l < c->n_layer; l++) L += c->layer_moe[l] != 0;
+        a->gamma = 0.7;
+        if (m->bundle && L > 0 && moe_tuning_read(moe_bundle_tuning(m->bundle), L, c->n_expert, &t) == MOE_OK &&
+            t.has_gamma)
+            a->gamma = t.gamma;
+        else
+            fprintf(stderr, "moe-prep eval: no mobile.gamma in the model's tuning; gamma 0.7\n");
+    }
+    return 1;
 }
 
 /* check_ctx: --ctx against a model's positions, with the flag's name in the message. */
@@ -861,6 +933,9 @@ int moe_prep_eval(int argc, char **argv) {
     ep.routing = a.routing;
     ep.store = engine ? &a.store : NULL;
     ep.n_batch = a.n_batch;
+    if (!big_little_defaults(&a, model)) goto done;
+    ep.little_k = a.little_k > 0 ? a.little_k : 0;
+    ep.gamma = a.gamma;
     if (isatty(STDERR_FILENO)) {
         ep.on_chunk = progress;
         ep.user = &a;
@@ -886,6 +961,9 @@ int moe_prep_eval(int argc, char **argv) {
             r.ppl.val);
     if (ref) fprintf(stderr, ", mean KLD %.6f, same top %.2f %%", r.kld.val, 100.0 * r.same_top.val);
     if (r.has_unigram) fprintf(stderr, ", unigram PPL %.4f (ratio %.3f)", r.unigram_ppl, r.ppl.val / r.unigram_ppl);
+    if (r.has_big_little)
+        fprintf(stderr, ", big-little fallback %.1f %%",
+                r.big_little.tokens ? 100.0 * (double)r.big_little.fallbacks / (double)r.big_little.tokens : 0.0);
     if (r.has_store && r.store.accesses > 0)
         fprintf(stderr, ", engine: %.1f %% low, %.1f %% skipped, hit ratio %.3f",
                 100.0 * (double)(r.store.hits_low + r.store.misses_low) / (double)r.store.accesses,

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "moe-model.h"
+#include "moe-session.h"
 #include "moe-status.h"
 #include "moe-store.h"
 
@@ -60,6 +61,13 @@ struct moe_eval_params {
      * 256). 1 runs every position as a decode step, so the engine decides
      * precision per token, as it does when generating. */
     int n_batch;
+    /* MoBiLE big-little decoding on the model side (moe-session.h): every
+     * position runs as a one-token step with little_k experts and falls back
+     * to all K when its top probability is below gamma; the distribution
+     * scored is the one big-little decoding uses. 0 = off (default); needs
+     * n_batch 0 or 1 (it is then 1). */
+    int little_k;
+    double gamma;
 };
 
 struct moe_eval_params moe_eval_default_params(void);
@@ -113,6 +121,11 @@ struct moe_eval_result {
      * active): hit ratios, loads, low-precision and skipped experts. */
     int has_store;
     struct moe_store_stats store;
+
+    /* Big-little decoding of the model (params.little_k > 0): positions
+     * decided (context and scored halves) and how many fell back to K. */
+    int has_big_little;
+    struct moe_big_little_stats big_little;
 };
 
 /* moe_eval_result_clear: free what a result owns (expert_load). */
