@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "moe-base.h" /* moe_path_join, once declared here */
 #include "moe-status.h"
 
 #ifdef __cplusplus
@@ -31,9 +32,6 @@ void moe_mmap_close(struct moe_mmap *m);
  * Files above max_bytes are rejected, and so is anything but a regular file
  * (without blocking). Caller frees *out. */
 enum moe_status moe_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len);
-
-/* moe_path_join: malloc'd "dir/name". */
-char *moe_path_join(const char *dir, const char *name);
 
 /* moe_is_dir: 1 if path is a directory. */
 int moe_is_dir(const char *path);
