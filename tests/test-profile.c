@@ -39,7 +39,7 @@
 #include "moe-test-h5.h"
 #include "profile-h5.h"
 #include "profile-results.h"
-#include "quantize/eval.h"
+#include "token-stream.h"
 #include "routing-stats.h"
 
 #define CTX 32
@@ -97,9 +97,9 @@ static void check_trace(const char *name, const char *dir, const struct moe_prof
     int32_t *ids = NULL;
     struct moe_dataset_params dp = moe_dataset_default_params();
     CHECK(moe_model_load(dir, NULL, &m) == MOE_OK, "%s: load", name);
-    CHECK(moe_eval_text_load(text_path, &dp, &text, &len) == MOE_OK, "%s: text", name);
+    CHECK(moe_text_load(text_path, &dp, &text, &len) == MOE_OK, "%s: text", name);
     if (!m || !text) goto done;
-    CHECK(moe_eval_tokenize(m, NULL, text, len, &ids, &n_ids) == MOE_OK && n_ids >= 6 * CTX,
+    CHECK(moe_text_tokenize(m, NULL, text, len, &ids, &n_ids) == MOE_OK && n_ids >= 6 * CTX,
           "%s: tokenize (%zu tokens; the text must hold 6 sequences)", name, n_ids);
     if (n_ids < 6 * CTX) goto done;
     int moe_index[64], L = 0;
@@ -112,7 +112,7 @@ static void check_trace(const char *name, const char *dir, const struct moe_prof
     sp.n_threads = 2;
     sp.on_route = on_route;
     sp.route_user = &r;
-    const int32_t bos = moe_eval_bos(m->tok);
+    const int32_t bos = moe_text_bos(m->tok);
     for (int64_t pos = 0; pos < MAX_TOKENS; pos += CTX) {
         int32_t seq[CTX];
         int n = MAX_TOKENS - pos < CTX ? (int)(MAX_TOKENS - pos) : CTX;

@@ -30,7 +30,7 @@
 #include "moe-model.h"
 #include "moe-test.h"
 #include "profile-h5.h"
-#include "quantize/eval.h"
+#include "token-stream.h"
 #include "sensitivity.h"
 
 #define CTX 32
@@ -74,13 +74,13 @@ static int32_t *sequences(const struct moe_model *m) {
     size_t len = 0, n = 0;
     int32_t *ids = NULL;
     struct moe_dataset_params dp = moe_dataset_default_params();
-    if (moe_eval_text_load(text_path, &dp, &text, &len) || moe_eval_tokenize(m, NULL, text, len, &ids, &n) ||
+    if (moe_text_load(text_path, &dp, &text, &len) || moe_text_tokenize(m, NULL, text, len, &ids, &n) ||
         n < (size_t)N_SEQ * CTX) {
         free(text);
         free(ids);
         return NULL;
     }
-    int32_t bos = moe_eval_bos(m->tok);
+    int32_t bos = moe_text_bos(m->tok);
     for (int q = 0; bos >= 0 && q < N_SEQ; q++) ids[q * CTX] = bos;
     free(text);
     return ids;

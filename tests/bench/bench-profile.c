@@ -22,7 +22,7 @@
 #include "moe-dataset.h"
 #include "moe-model.h"
 #include "moe-session.h"
-#include "quantize/eval.h"
+#include "token-stream.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -48,7 +48,7 @@ static double plain(const struct moe_model *m, const int32_t *ids, size_t n_ids,
     sp.n_threads = threads;
     float *logits = lm ? malloc((size_t)ctx * m->cfg.n_vocab * sizeof *logits) : NULL;
     int32_t *seq = malloc((size_t)ctx * sizeof *seq);
-    const int32_t bos = moe_eval_bos(m->tok);
+    const int32_t bos = moe_text_bos(m->tok);
     double t0 = now_s();
     for (size_t s = 0; s + (size_t)ctx <= n_ids; s += (size_t)ctx) {
         memcpy(seq, ids + s, (size_t)ctx * sizeof *seq);
@@ -107,8 +107,8 @@ int main(int argc, char **argv) {
     struct moe_dataset_params dp = moe_dataset_default_params();
     double t_load = now_s();
     struct moe_model_params mp = moe_model_default_params();
-    if (moe_eval_text_load(text, &dp, &buf, &len) || moe_model_load(model, &mp, &m) ||
-        moe_eval_tokenize(m, NULL, buf, len, &ids, &n_ids)) {
+    if (moe_text_load(text, &dp, &buf, &len) || moe_model_load(model, &mp, &m) ||
+        moe_text_tokenize(m, NULL, buf, len, &ids, &n_ids)) {
         fprintf(stderr, "bench-profile: cannot load %s / %s\n", model, text);
         return 1;
     }

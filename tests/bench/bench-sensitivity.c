@@ -14,7 +14,7 @@
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-model.h"
-#include "quantize/eval.h"
+#include "token-stream.h"
 #include "sensitivity.h"
 
 static double now_s(void) {
@@ -47,13 +47,13 @@ int main(int argc, char **argv) {
     struct moe_dataset_params dp = moe_dataset_default_params();
     uint32_t lo = 0, bs = 0;
     if (moe_model_load(argv[1], &mp, &m) || moe_bundle_find_precision(m->bundle, low, &lo) ||
-        moe_bundle_find_precision(m->bundle, base, &bs) || moe_eval_text_load(argv[2], &dp, &text, &len) ||
-        moe_eval_tokenize(m, NULL, text, len, &ids, &n) || n < (size_t)ctx * (size_t)n_seq) {
+        moe_bundle_find_precision(m->bundle, base, &bs) || moe_text_load(argv[2], &dp, &text, &len) ||
+        moe_text_tokenize(m, NULL, text, len, &ids, &n) || n < (size_t)ctx * (size_t)n_seq) {
         fprintf(stderr, "bench-sensitivity: cannot load the model, its precisions %s/%s or %d x %d tokens of text\n",
                 low, base, n_seq, ctx);
         return 1;
     }
-    int32_t bos = moe_eval_bos(m->tok);
+    int32_t bos = moe_text_bos(m->tok);
     for (int q = 0; bos >= 0 && q < n_seq; q++) ids[(size_t)q * ctx] = bos;
     double t[2][64], eq = 0;
     for (int r = 0; r < rounds; r++)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "eval.h"
+#include "token-stream.h"
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-hw.h"
@@ -504,14 +505,14 @@ int moe_prep_plan(int argc, char **argv) {
         size_t len = 0;
         struct moe_model_params rp = moe_model_default_params();
         rp.expert_precision = pm.prec_name[pm.ref_prec];
-        if (moe_eval_text_load(a.eval_text, NULL, &text, &len) || moe_model_load(a.bundle, &rp, &x.ref) ||
-            moe_eval_tokenize(x.model, x.ref, text, len, &x.ids, &x.n_ids)) {
+        if (moe_text_load(a.eval_text, NULL, &text, &len) || moe_model_load(a.bundle, &rp, &x.ref) ||
+            moe_text_tokenize(x.model, x.ref, text, len, &x.ids, &x.n_ids)) {
             fprintf(stderr, "moe-prep " CMD ": cannot prepare the eval on %s (see above)\n", a.eval_text);
             goto done;
         }
         x.ep = moe_eval_default_params();
         x.ep.n_ctx = a.eval_ctx, x.ep.max_chunks = a.eval_chunks, x.ep.n_threads = a.threads;
-        x.ep.bos = moe_eval_bos(x.model->tok);
+        x.ep.bos = moe_text_bos(x.model->tok);
         if (x.n_ids < 2 * (size_t)a.eval_ctx) {
             fprintf(stderr, "moe-prep " CMD ": %s has %zu tokens; --eval-ctx %d needs %d\n", a.eval_text, x.n_ids,
                     a.eval_ctx, 2 * a.eval_ctx);

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "quantize/eval.h"
+#include "token-stream.h"
 #include "moe-dataset.h"
 #include "moe-mmap.h"
 #include "moe-prep.h"
@@ -441,12 +441,12 @@ int moe_prep_profile(int argc, char **argv) {
         goto done;
     }
     /* with --max-tokens, read only the text those tokens (and one sequence more) need */
-    if (moe_tool_load_tokens(model, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens + (size_t)a.n_ctx : 0,
+    if (moe_text_load_tokens(model, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens + (size_t)a.n_ctx : 0,
                              &ids, &n_ids)) {
         fprintf(stderr, "moe-prep profile: cannot read or tokenize %s (see the message above)\n", a.dataset);
         goto done;
     }
-    const int32_t bos = moe_eval_bos(model->tok);
+    const int32_t bos = moe_text_bos(model->tok);
     int64_t n_total = (int64_t)(n_ids / (size_t)a.n_ctx) * a.n_ctx;
     if (a.max_tokens && a.max_tokens < n_total) n_total = a.max_tokens;
     if (n_total < 1) {

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "eval.h"
+#include "token-stream.h"
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-model.h"
@@ -356,7 +357,7 @@ static enum moe_status loss_cb(const int16_t *assign, double *loss, void *user) 
  * tokens require (0 = all). */
 static int load_ids(const struct moe_model *m, const char *spec, size_t need, int32_t **ids, size_t *n) {
     struct moe_dataset_params dp = moe_dataset_default_params();
-    int ok = !moe_tool_load_tokens(m, NULL, spec, &dp, need, ids, n);
+    int ok = !moe_text_load_tokens(m, NULL, spec, &dp, need, ids, n);
     if (!ok) fprintf(stderr, "moe-prep bitwidth: cannot read or tokenize %s (see the message above)\n", spec);
     return ok;
 }
@@ -602,7 +603,7 @@ int moe_prep_bitwidth(int argc, char **argv) {
     be.ep.n_ctx = a.n_ctx;
     be.ep.max_chunks = a.max_chunks;
     be.ep.n_threads = a.n_threads;
-    be.ep.bos = moe_eval_bos(m->tok);
+    be.ep.bos = moe_text_bos(m->tok);
     for (int q = 1; q < P; q++) /* the reference: the largest precision */
         if (bytes[q] > bytes[be.ref]) be.ref = q;
     struct moe_bw_problem p = {n, P, bytes, order, a.max_loss, a.max_bytes, loss_cb, &be};

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "eval.h"
+#include "token-stream.h"
 #include "moe-dataset.h"
 #include "tool-util.h"
 #include "moe-mmap.h"
@@ -29,7 +30,6 @@
 #define EVAL_ROWS 128
 
 /* Largest dataset file read (the text is held in memory with its ids). */
-#define EVAL_MAX_TEXT ((size_t)1 << 31)
 
 const double moe_eval_pct[MOE_EVAL_N_PCT] = {0, .001, .01, .05, .10, .5, .90, .95, .99, .999, 1};
 
@@ -38,98 +38,6 @@ struct moe_eval_params moe_eval_default_params(void) {
     p.n_ctx = 512;
     p.bos = -1;
     return p;
-}
-
-/* moe_eval_text_load: see eval.h. */
-enum moe_status moe_eval_text_load(const char *spec, const struct moe_dataset_params *params, char **text,
-                                   size_t *len) {
-    struct moe_dataset_params p = params ? *params : moe_dataset_default_params();
-    if (p.max_bytes <= 0 || p.max_bytes > (int64_t)EVAL_MAX_TEXT) p.max_bytes = (int64_t)EVAL_MAX_TEXT;
-    enum moe_status st = moe_dataset_read_text(spec, &p, text, len);
-    if (st) return st;
-    if (*len == 0) {
-        MOE_LOGE("%s: the dataset is empty", spec);
-        free(*text);
-        *text = NULL;
-        return MOE_ERR_INVALID;
-    }
-    return MOE_OK;
-}
-
-/* moe_eval_bos: see eval.h. Asks the post-processor itself (encode "a" with
- * and without special tokens) rather than trusting bos_token alone: OLMoE
- * names a bos_token that its template never adds. */
-int32_t moe_eval_bos(const struct moe_tokenizer *tok) {
-    int32_t bos = tok ? moe_tokenizer_bos(tok) : -1, *plain = NULL, *special = NULL;
-    size_t n_plain = 0, n_special = 0;
-    if (bos < 0) return -1;
-    int adds = moe_tokenizer_encode(tok, "a", 1, 0, &plain, &n_plain) == MOE_OK &&
-               moe_tokenizer_encode(tok, "a", 1, 1, &special, &n_special) == MOE_OK &&
-               n_special > n_plain && special[0] == bos;
-    free(plain);
-    free(special);
-    return adds ? bos : -1;
-}
-
-/* encode_stream: [BOS] + ids of text without special tokens. */
-static enum moe_status encode_stream(const struct moe_tokenizer *tok, const char *text, size_t len,
-                                     int32_t **ids, size_t *n_ids) {
-    int32_t bos = moe_eval_bos(tok), *t = NULL;
-    size_t n = 0;
-    enum moe_status st = moe_tokenizer_encode(tok, text, len, 0, &t, &n);
-    if (st) return st;
-    if (bos >= 0) {
-        int32_t *b = realloc(t, sizeof(int32_t) * (n + 1));
-        if (!b) {
-            free(t);
-            return MOE_ERR_NOMEM;
-        }
-        memmove(b + 1, b, sizeof(int32_t) * n);
-        b[0] = bos;
-        t = b;
-        n++;
-    }
-    *ids = t;
-    *n_ids = n;
-    return MOE_OK;
-}
-
-/* moe_eval_tokenize: see eval.h. */
-enum moe_status moe_eval_tokenize(const struct moe_model *model, const struct moe_model *ref,
-                                  const char *text, size_t len, int32_t **ids, size_t *n_ids) {
-    *ids = NULL;
-    *n_ids = 0;
-    if (!model->tok) {
-        MOE_LOGE("%s has no tokenizer; eval needs one to tokenize the dataset", model->path);
-        return MOE_ERR_INVALID;
-    }
-    if (ref && ref->cfg.n_vocab != model->cfg.n_vocab) {
-        MOE_LOGE("vocabulary sizes differ: %s has %d tokens, the reference %s has %d; "
-                 "KL divergence needs the same vocabulary", model->path, model->cfg.n_vocab,
-                 ref->path, ref->cfg.n_vocab);
-        return MOE_ERR_INVALID;
-    }
-    int32_t *rids = NULL;
-    size_t n_rids = 0;
-    enum moe_status st = encode_stream(model->tok, text, len, ids, n_ids);
-    if (st || !ref || !ref->tok) return st;
-    if ((st = encode_stream(ref->tok, text, len, &rids, &n_rids))) goto fail;
-    size_t i = 0;
-    while (i < n_rids && i < *n_ids && rids[i] == (*ids)[i]) i++;
-    if (i < n_rids || i < *n_ids) {
-        MOE_LOGE("the tokenizers of %s and the reference %s differ (%zu vs %zu tokens, first "
-                 "difference at token %zu)", model->path, ref->path, *n_ids, n_rids, i);
-        st = MOE_ERR_INVALID;
-        goto fail;
-    }
-    free(rids);
-    return MOE_OK;
-fail:
-    free(rids);
-    free(*ids);
-    *ids = NULL;
-    *n_ids = 0;
-    return st;
 }
 
 /* ---- scoring ---- */
@@ -913,7 +821,7 @@ int moe_prep_eval(int argc, char **argv) {
     /* with --max-chunks, read only the text those chunks need (memory bounded by the request);
      * --unigram counts over the whole text, so it reads it all */
     size_t need = a.max_chunks > 0 && !a.unigram ? (size_t)a.max_chunks * (size_t)a.n_ctx : 0;
-    if (moe_tool_load_tokens(model, ref, a.dataset, &dp, need, &ids, &n_ids)) {
+    if (moe_text_load_tokens(model, ref, a.dataset, &dp, need, &ids, &n_ids)) {
         fprintf(stderr, "moe-prep eval: cannot read the dataset %s or tokenize it for this evaluation (see the "
                         "message above)\n", a.dataset);
         goto done;
@@ -921,14 +829,14 @@ int moe_prep_eval(int argc, char **argv) {
     if (n_ids < 2 * (size_t)a.n_ctx) {
         fprintf(stderr, "moe-prep eval: %s tokenizes to %zu tokens%s, but --ctx %d needs at least %zu "
                         "(2 x ctx); use a longer text or a smaller --ctx\n", a.dataset, n_ids,
-                moe_eval_bos(model->tok) >= 0 ? " (with BOS)" : "", a.n_ctx, 2 * (size_t)a.n_ctx);
+                moe_text_bos(model->tok) >= 0 ? " (with BOS)" : "", a.n_ctx, 2 * (size_t)a.n_ctx);
         goto done;
     }
     struct moe_eval_params ep = moe_eval_default_params();
     ep.n_ctx = a.n_ctx;
     ep.max_chunks = a.max_chunks;
     ep.n_threads = a.n_threads;
-    ep.bos = moe_eval_bos(model->tok);
+    ep.bos = moe_text_bos(model->tok);
     ep.unigram = a.unigram;
     ep.routing = a.routing;
     ep.store = engine ? &a.store : NULL;

@@ -138,26 +138,6 @@ double moe_eval_load_entropy(const struct moe_eval_result *r, int layer, int *to
 
 struct moe_dataset_params;
 
-/* moe_eval_text_load: the dataset named by a dataset spec (a card, or a file
- * with a format and fields; see docs/cli.md, "Datasets") as one UTF-8 text, records
- * joined by a blank line. *text is malloc'd and NUL-terminated; caller frees.
- * An empty dataset is an error (MOE_ERR_INVALID); errors are logged. */
-enum moe_status moe_eval_text_load(const char *spec, const struct moe_dataset_params *params, char **text,
-                                   size_t *len);
-
-/* moe_eval_bos: the id the tokenizer's post-processor puts first (its BOS), or
- * -1 if it adds none (e.g. Qwen, OLMoE) or tok is NULL. */
-int32_t moe_eval_bos(const struct moe_tokenizer *tok);
-
-/* moe_eval_tokenize: the token stream of `text` (see the top of this file)
- * with model's tokenizer. With ref != NULL, first checks that the vocabulary
- * sizes agree and, if ref has a tokenizer, that its stream is identical; both
- * failures are logged (sizes, or where the streams part) and return
- * MOE_ERR_INVALID. A model without a tokenizer is MOE_ERR_INVALID too.
- * *ids is malloc'd; caller frees. */
-enum moe_status moe_eval_tokenize(const struct moe_model *model, const struct moe_model *ref,
-                                  const char *text, size_t len, int32_t **ids, size_t *n_ids);
-
 /* moe_eval_run: score the stream `ids` with `model` and, if ref != NULL,
  * against `ref`. Fails (logged) with MOE_ERR_INVALID if the stream holds fewer
  * than 2 * n_ctx tokens (llama-perplexity's rule) or the vocabulary sizes

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "eval.h"
+#include "token-stream.h"
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-prep.h"
@@ -946,7 +946,7 @@ int moe_prep_sensitivity(int argc, char **argv) {
         goto done;
     }
     struct moe_dataset_params dp = moe_dataset_default_params(); /* --max-tokens: read only what it needs */
-    if (moe_tool_load_tokens(m, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens : 0, &ids, &n_ids)) {
+    if (moe_text_load_tokens(m, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens : 0, &ids, &n_ids)) {
         fprintf(stderr, "moe-prep sensitivity: cannot read or tokenize the dataset %s (see the message above)\n",
                 a.dataset);
         goto done;
@@ -966,7 +966,7 @@ int moe_prep_sensitivity(int argc, char **argv) {
     }
     if (!(seqs = malloc(sizeof(int32_t) * (size_t)n_seq * (size_t)a.n_ctx))) goto done;
     memcpy(seqs, ids, sizeof(int32_t) * (size_t)n_seq * (size_t)a.n_ctx);
-    const int32_t bos = moe_eval_bos(m->tok);
+    const int32_t bos = moe_text_bos(m->tok);
     for (int q = 0; bos >= 0 && q < n_seq; q++) seqs[(size_t)q * (size_t)a.n_ctx] = bos;
     if (moe_sens_state_init(&s, m, n_seq, a.n_ctx)) goto done;
     const double cfg[CFG_N] = {a.n_ctx, low, base, a.metric, a.method, n_seq, (double)n_ids};

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
-#include "eval.h"
+#include "token-stream.h"
 #include "moe-dataset.h"
 #include "moe-file.h"
 #include "moe-model.h"
@@ -88,26 +88,3 @@ int moe_tool_output_ok(const char *cmd, const char *output, const struct moe_mod
     return st == MOE_OK;
 }
 
-enum moe_status moe_tool_load_tokens(const struct moe_model *model, const struct moe_model *ref, const char *spec,
-                                     const struct moe_dataset_params *dp, size_t need, int32_t **ids, size_t *n) {
-    *ids = NULL;
-    *n = 0;
-    struct moe_dataset_params p = dp ? *dp : moe_dataset_default_params();
-    const int64_t cap = p.max_bytes; /* a limit the caller set itself, if any */
-    int64_t bound = need ? (int64_t)(64 << 10) + 16 * (int64_t)need : 0;
-    for (;;) {
-        char *text = NULL;
-        size_t len = 0;
-        p.max_bytes = bound && (!cap || bound < cap) ? bound : cap;
-        enum moe_status st = moe_eval_text_load(spec, &p, &text, &len);
-        if (!st) st = moe_eval_tokenize(model, ref, text, len, ids, n);
-        free(text);
-        /* done: the whole text (no bound, or it ended before the bound), or enough tokens */
-        int whole = !p.max_bytes || (int64_t)len < p.max_bytes || p.max_bytes == cap;
-        if (st || whole || *n >= need + MOE_TOOL_TOKEN_MARGIN) return st;
-        free(*ids);
-        *ids = NULL;
-        *n = 0;
-        bound = bound > INT64_MAX / 4 ? INT64_MAX : bound * 4;
-    }
-}

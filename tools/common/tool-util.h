@@ -35,21 +35,4 @@ struct moe_model;
 int moe_tool_output_ok(const char *cmd, const char *output, const struct moe_model *m,
                        const char *const *datasets, size_t n_datasets, const char *const *files, size_t n_files);
 
-struct moe_dataset_params;
-
-/* moe_tool_load_tokens: the token stream of dataset `spec` for `model`, as
- * moe_eval_tokenize gives it ([BOS] + ids; ref may be NULL, see there), read
- * only as far as `need` tokens require (0 = the whole dataset). The text is
- * read in growing prefixes (64 KiB + 16 bytes per needed token, then x4, each
- * cut by the dataset reader's max_bytes) until it tokenizes to at least
- * need + MOE_TOOL_TOKEN_MARGIN tokens or the dataset ends, so memory follows
- * what was asked for (--max-chunks, --max-tokens), not the file's size. The
- * prefix's seam lies at least the margin after the last needed token, so the
- * first `need` ids are those of the whole text for any tokenizer whose
- * pre-tokenizer splits within that distance (all supported ones, on text).
- * *n may exceed need; *ids is malloc'd (caller frees). Errors are logged. */
-#define MOE_TOOL_TOKEN_MARGIN 4096
-enum moe_status moe_tool_load_tokens(const struct moe_model *model, const struct moe_model *ref, const char *spec,
-                                     const struct moe_dataset_params *dp, size_t need, int32_t **ids, size_t *n);
-
 #endif
