@@ -174,15 +174,23 @@ int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *expe
 /* moe_store_count_tokens: n tokens were run (decode != 0: one-token steps). */
 void moe_store_count_tokens(struct moe_store *st, int n, int decode);
 
-/* moe_store_options_help: the help text of the engine options below. */
+/* moe_store_option_table: the engine options as an option table (moe-opt.h;
+ * names without "--"), for moe_opt_parse in the CLIs that take them (moe-run,
+ * eval, plan). Static: valid for the life of the program. */
+struct moe_opt;
+const struct moe_opt *moe_store_option_table(void);
+
+/* moe_store_options_help: the help text of the engine options below (a heading
+ * and the table's help; static, thread-safe). */
 const char *moe_store_options_help(void);
 
-/* moe_store_option_takes_value: 1 if `name` (e.g. "--expert-mem") is an
- * engine option with a value, 0 a flag, -1 not an engine option. */
+/* moe_store_option_takes_value: 1 if `name` (e.g. "--expert-mem" or
+ * "expert-mem") is an engine option with a value, 0 a flag, -1 not an
+ * engine option. */
 int moe_store_option_takes_value(const char *name);
 
-/* moe_store_parse_option: apply option `name` with value v (NULL for a
- * flag) to *p; "--expert-mem" takes bytes ("512M") or a share ("25%").
+/* moe_store_parse_option: apply option `name` ("--expert-mem" or
+ * "expert-mem") with value v (NULL for a flag) to *p; "--expert-mem" takes bytes ("512M") or a share ("25%").
  * MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a bad value;
  * both with a message for the user in err. Nothing is logged. */
 enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,

@@ -36,6 +36,9 @@
 
 #include "moe-bundle.h"
 #include "moe-store.h"
+
+#include "moe-base.h"
+#include "moe-opt.h"
 #include "moe-tuning.h"
 
 enum slot_state { S_EMPTY, S_QUEUED, S_LOADING, S_READY, S_FAILED };
@@ -1079,31 +1082,51 @@ void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out
 
 /* ---- command-line options (shared by moe-run and moe-prep eval) ------ */
 
+/* The engine options: one table for the parser (moe_opt_parse) and --help. */
+static const struct moe_opt k_store_opts[] = {
+    {"expert-mem", 0, MOE_OPT_REQUIRED, "SIZE",
+     "keep at most SIZE bytes of expert copies in memory (e.g. 512M,\n2G), or a share of every expert's high copy (e.g. 25%);\nmissed experts are read from the bundle"},
+    {"cache-experts", 0, MOE_OPT_REQUIRED, "H,L", "keep H high- and L low-precision copies (as fit-cache)"},
+    {"io", 0, MOE_OPT_REQUIRED, "MODE", "direct (O_DIRECT, default) | buffered | mmap"},
+    {"policy", 0, MOE_OPT_REQUIRED, "NAME",
+     "lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler |\nhobbit (default: hobbit with the bundle's fitted weights,\nelse lru)"},
+    {"high", 0, MOE_OPT_REQUIRED, "P", "precision of high copies (default: each expert's bit-width-\nmap precision)"},
+    {"low", 0, MOE_OPT_REQUIRED, "P", "precision of low copies (default: the smallest stored)"},
+    {"dynamic", 0, MOE_OPT_REQUIRED, "on|off|auto",
+     "HOBBIT dynamic precision: experts ranked below T1 of the gate\nmass load low copies on a miss (auto: on when the budget\ncannot hold every high copy)"},
+    {"skip", 0, MOE_OPT_NONE, NULL, "skip experts past T2 that are not cached (HOBBIT; off by\ndefault)"},
+    {"t1", 0, MOE_OPT_REQUIRED, "X", "threshold T1 (default: the bundle's hobbit.t1)"},
+    {"t2", 0, MOE_OPT_REQUIRED, "Y", "threshold T2 (default: the bundle's hobbit.t2)"},
+    {"low-share", 0, MOE_OPT_REQUIRED, "X", "share of --expert-mem for low copies (default 0.25)"},
+    {"prefetch", 0, MOE_OPT_REQUIRED, "on|off",
+     "stacked gating 1 layer ahead + path dictionary, 2 experts\n(default off: on small caches it evicts more than it saves)"},
+    {"prefetch-layers", 0, MOE_OPT_REQUIRED, "P", "stacked gating up to P layers ahead (default 0)"},
+    {"prefetch-paths", 0, MOE_OPT_REQUIRED, "M",
+     "EdgeMoE: preload the M most probable experts of the next\nlayer from the path dictionary in the tuning (default 0)"},
+    {"path-order", 0, MOE_OPT_REQUIRED, "N", "path dictionary keyed on 1 or 2 previous layers (default 1)"},
+    {"warm", 0, MOE_OPT_REQUIRED, "on|off", "start with the most popular experts loaded (default on)"},
+    {"loaders", 0, MOE_OPT_REQUIRED, "N", "I/O threads (default 2)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+const struct moe_opt *moe_store_option_table(void) { return k_store_opts; }
+
+static char *g_store_help;
+static pthread_once_t g_store_help_once = PTHREAD_ONCE_INIT;
+
+static void make_store_help(void) {
+    struct moe_buf b = {0};
+    char *t = moe_opt_help_text(k_store_opts);
+    if (moe_buf_printf(&b, "expert memory (bundles; default: every expert resident, as mapped):\n%s", t ? t : "") ==
+        MOE_OK)
+        g_store_help = moe_buf_take(&b);
+    moe_buf_free(&b);
+    free(t);
+}
+
 const char *moe_store_options_help(void) {
-    return "expert memory (bundles; default: every expert resident, as mapped):\n"
-           "      --expert-mem SIZE   keep at most SIZE bytes of expert copies in memory (e.g. 512M, 2G),\n"
-           "                          or a share of every expert's high copy (e.g. 25%); missed\n"
-           "                          experts are read from the bundle\n"
-           "      --cache-experts H,L keep H high- and L low-precision copies (as fit-cache)\n"
-           "      --io MODE           direct (O_DIRECT, default) | buffered | mmap\n"
-           "      --policy NAME       lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler | hobbit\n"
-           "                          (default: hobbit with the bundle's fitted weights, else lru)\n"
-           "      --high P, --low P   precisions of high and low copies (default: each expert's\n"
-           "                          bit-width-map precision; the smallest stored)\n"
-           "      --dynamic on|off|auto  HOBBIT dynamic precision: experts ranked below T1 of the\n"
-           "                          gate mass load low copies on a miss (auto: on when the budget\n"
-           "                          cannot hold every high copy)\n"
-           "      --skip              skip experts past T2 that are not cached (HOBBIT; off by default)\n"
-           "      --t1 X, --t2 Y      thresholds (default: the bundle's hobbit.t1 / hobbit.t2)\n"
-           "      --low-share X       share of --expert-mem for low copies (default 0.25)\n"
-           "      --prefetch on|off   stacked gating 1 layer ahead + path dictionary, 2 experts\n"
-           "                          (default off: on small caches it evicts more than it saves)\n"
-           "      --prefetch-layers P stacked gating up to P layers ahead (default 0)\n"
-           "      --prefetch-paths M  EdgeMoE: preload the M most probable experts of the next\n"
-           "                          layer from the path dictionary in the tuning (default 0)\n"
-           "      --path-order N      path dictionary keyed on 1 or 2 previous layers (default 1)\n"
-           "      --warm on|off       start with the most popular experts loaded (default on)\n"
-           "      --loaders N         I/O threads (default 2)\n";
+    pthread_once(&g_store_help_once, make_store_help);
+    return g_store_help ? g_store_help : "";
 }
 
 /* opt_int: a strict integer in [lo, hi]. */
@@ -1133,26 +1156,24 @@ static int opt_onoff(const char *s, int allow_auto, int *out) {
     return 0;
 }
 
+/* bare: an option's name without its leading "--" (both spellings are accepted). */
+static const char *bare(const char *name) { return strncmp(name, "--", 2) ? name : name + 2; }
+
 int moe_store_option_takes_value(const char *name) {
-    static const char *const flags[] = {"--skip"};
-    static const char *const vals[] = {"--expert-mem", "--cache-experts", "--io", "--policy", "--high", "--low",
-                                       "--dynamic", "--t1", "--t2", "--low-share", "--prefetch",
-                                       "--prefetch-layers", "--prefetch-paths", "--path-order", "--warm", "--loaders"};
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        if (!strcmp(name, flags[i])) return 0;
-    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
-        if (!strcmp(name, vals[i])) return 1;
+    for (const struct moe_opt *o = k_store_opts; o->name; o++)
+        if (!strcmp(bare(name), o->name)) return o->arg != MOE_OPT_NONE;
     return -1;
 }
 
 enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
                                        size_t err_size) {
+    const char *o = bare(name);
     int ok = 1, x;
-    if (!strcmp(name, "--skip")) {
+    if (!strcmp(o, "skip")) {
         p->skip = 1;
     } else if (!v) {
         ok = 0;
-    } else if (!strcmp(name, "--expert-mem")) {
+    } else if (!strcmp(o, "expert-mem")) {
         int64_t b;
         char *end;
         errno = 0;
@@ -1164,51 +1185,51 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
             ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
             if (ok) p->expert_mem = b, p->expert_mem_share = 0;
         }
-    } else if (!strcmp(name, "--cache-experts")) {
+    } else if (!strcmp(o, "cache-experts")) {
         int h, l, n = 0;
         ok = sscanf(v, "%d,%d%n", &h, &l, &n) == 2 && v[n] == 0 && h >= 0 && l >= 0 && h + l > 0;
         if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0, p->expert_mem_share = 0;
-    } else if (!strcmp(name, "--io")) {
+    } else if (!strcmp(o, "io")) {
         if (!strcmp(v, "direct")) p->io = MOE_IO_DIRECT;
         else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
         else if (!strcmp(v, "mmap")) p->io = MOE_IO_MMAP;
         else ok = 0;
-    } else if (!strcmp(name, "--policy")) {
+    } else if (!strcmp(o, "policy")) {
         enum moe_cache_policy pol;
         ok = moe_cache_policy_parse(v, &pol) == MOE_OK && pol != MOE_CACHE_BELADY;
         if (ok) p->policy = (int)pol;
-    } else if (!strcmp(name, "--high")) {
+    } else if (!strcmp(o, "high")) {
         p->high = v;
-    } else if (!strcmp(name, "--low")) {
+    } else if (!strcmp(o, "low")) {
         p->low = v;
-    } else if (!strcmp(name, "--dynamic")) {
+    } else if (!strcmp(o, "dynamic")) {
         ok = opt_onoff(v, 1, &p->dynamic);
-    } else if (!strcmp(name, "--t1")) {
+    } else if (!strcmp(o, "t1")) {
         ok = opt_double(v, 0, 1, &p->t1);
-    } else if (!strcmp(name, "--t2")) {
+    } else if (!strcmp(o, "t2")) {
         ok = opt_double(v, 0, 1, &p->t2);
-    } else if (!strcmp(name, "--low-share")) {
+    } else if (!strcmp(o, "low-share")) {
         ok = opt_double(v, 0, 0.95, &p->low_share);
-    } else if (!strcmp(name, "--prefetch")) {
+    } else if (!strcmp(o, "prefetch")) {
         ok = opt_onoff(v, 0, &x);
         if (ok && !x) p->prefetch_layers = p->prefetch_paths = 0;
         if (ok && x && !p->prefetch_layers && !p->prefetch_paths) p->prefetch_layers = 1, p->prefetch_paths = 2;
-    } else if (!strcmp(name, "--prefetch-layers")) {
+    } else if (!strcmp(o, "prefetch-layers")) {
         ok = opt_int(v, 0, 8, &p->prefetch_layers);
-    } else if (!strcmp(name, "--prefetch-paths")) {
+    } else if (!strcmp(o, "prefetch-paths")) {
         ok = opt_int(v, 0, 64, &p->prefetch_paths);
-    } else if (!strcmp(name, "--path-order")) {
+    } else if (!strcmp(o, "path-order")) {
         ok = opt_int(v, 1, 2, &p->path_order);
-    } else if (!strcmp(name, "--warm")) {
+    } else if (!strcmp(o, "warm")) {
         ok = opt_onoff(v, 0, &p->warm);
-    } else if (!strcmp(name, "--loaders")) {
+    } else if (!strcmp(o, "loaders")) {
         ok = opt_int(v, 1, 64, &p->n_loaders);
     } else {
-        snprintf(err, err_size, "unknown option %s", name);
+        snprintf(err, err_size, "unknown option --%s", o);
         return MOE_ERR_NOT_FOUND;
     }
     if (!ok) {
-        snprintf(err, err_size, "bad value for %s: \"%s\" (see --help)", name, v ? v : "");
+        snprintf(err, err_size, "bad value for --%s: \"%s\" (see --help)", o, v ? v : "");
         return MOE_ERR_INVALID;
     }
     return MOE_OK;
