@@ -196,8 +196,14 @@ int moe_store_option_takes_value(const char *name);
 enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
                                        size_t err_size);
 
-/* moe_store_stats_json: s as one JSON object (counts, ratios, bytes and
- * stall time per token, prefetch precision and recall, peak resident bytes). */
+/* moe_store_stats_to_json: s as one cJSON object (counts, ratios, bytes and
+ * stall time per token, prefetch precision and recall, peak resident bytes;
+ * ratios with nothing to divide by are null). The caller owns it
+ * (cJSON_Delete); NULL when out of memory. */
+struct cJSON;
+struct cJSON *moe_store_stats_to_json(const struct moe_store_stats *s);
+
+/* moe_store_stats_json: moe_store_stats_to_json printed to f on one line. */
 void moe_store_stats_json(const struct moe_store_stats *s, FILE *f);
 
 /* moe_store_get_stats: the counters so far. */

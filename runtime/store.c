@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <xxhash.h>
 
 #include "moe-bundle.h"
@@ -1239,42 +1240,61 @@ int moe_store_params_active(const struct moe_store_params *p) {
     return p && (p->expert_mem > 0 || p->expert_mem_share > 0 || p->high_cap > 0 || p->low_cap > 0);
 }
 
-/* json_num: a number, or null when not finite. */
-static void json_num(FILE *f, const char *key, double v, int last) {
-    if (isfinite(v)) fprintf(f, "\"%s\": %.9g%s", key, v, last ? "" : ", ");
-    else fprintf(f, "\"%s\": null%s", key, last ? "" : ", ");
+/* add_num: a number, or null when not finite (JSON has no NaN). */
+static void add_num(cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
+    const double tok = s->tokens > 0 ? (double)s->tokens : NAN, served = (double)(s->accesses - s->skips);
+    const double dec = s->decode_tokens > 0 ? (double)s->decode_tokens : NAN;
+    static const char *const io[] = {"direct", "buffered", "mmap"};
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "policy", moe_cache_policy_name((enum moe_cache_policy)s->policy));
+    cJSON_AddStringToObject(o, "io", io[s->io]);
+    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
+    const struct {
+        const char *key;
+        double v;
+    } counts[] = {
+        {"high_cap", s->high_cap}, {"low_cap", s->low_cap},
+        {"high_copy_bytes", (double)s->high_copy_bytes}, {"low_copy_bytes", (double)s->low_copy_bytes},
+        {"t1", s->t1}, {"t2", s->t2},
+        {"tokens", (double)s->tokens}, {"decode_tokens", (double)s->decode_tokens},
+        {"accesses", (double)s->accesses}, {"hits_high", (double)s->hits_high}, {"hits_low", (double)s->hits_low},
+        {"misses_high", (double)s->misses_high}, {"misses_low", (double)s->misses_low}, {"skips", (double)s->skips},
+        {"loads", (double)s->loads}, {"load_bytes", (double)s->load_bytes},
+        {"prefetch_loads", (double)s->prefetch_loads}, {"prefetch_used", (double)s->prefetch_used},
+        {"prefetch_cancelled", (double)s->prefetch_cancelled}, {"scratch_loads", (double)s->scratch_loads},
+        {"hit_ratio", served > 0 ? (double)(s->hits_high + s->hits_low) / served : NAN},
+        {"hit_ratio_high", s->hits_high + s->misses_high > 0
+                               ? (double)s->hits_high / (double)(s->hits_high + s->misses_high) : NAN},
+        {"hit_ratio_low", s->hits_low + s->misses_low > 0
+                              ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN},
+        {"loads_per_token", (double)s->loads / tok},
+        {"bytes_read_per_token", (double)s->load_bytes / tok},
+        {"loads_per_decode_token", (double)s->loads_decode / dec},
+        {"bytes_read_per_decode_token", (double)s->load_bytes_decode / dec},
+        {"stall_s", s->stall_s},
+        {"stall_s_per_token", s->stall_s / tok},
+        {"stall_s_per_decode_token", s->stall_s_decode / dec},
+        {"prefetch_precision", s->prefetch_loads > 0 ? (double)s->prefetch_used / (double)s->prefetch_loads : NAN},
+        {"prefetch_recall", s->prefetch_used + s->misses_high + s->misses_low > 0
+                                ? (double)s->prefetch_used / (double)(s->prefetch_used + s->misses_high + s->misses_low)
+                                : NAN},
+        {"peak_resident_bytes", (double)s->peak_resident_bytes}, {"slot_bytes", (double)s->slot_bytes},
+        {"host_runs", (double)s->host_runs},
+    };
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
+    return o;
 }
 
 void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
-    const double tok = s->tokens > 0 ? (double)s->tokens : NAN, served = (double)(s->accesses - s->skips);
-    static const char *const io[] = {"direct", "buffered", "mmap"};
-    fprintf(f, "{\"policy\": \"%s\", \"io\": \"%s\", \"dynamic\": %s, ", moe_cache_policy_name((enum moe_cache_policy)s->policy),
-            io[s->io], s->dynamic ? "true" : "false");
-    fprintf(f, "\"high_cap\": %d, \"low_cap\": %d, \"high_copy_bytes\": %lld, \"low_copy_bytes\": %lld, ", s->high_cap,
-            s->low_cap, (long long)s->high_copy_bytes, (long long)s->low_copy_bytes);
-    json_num(f, "t1", s->t1, 0);
-    json_num(f, "t2", s->t2, 0);
-    fprintf(f, "\"tokens\": %lld, \"decode_tokens\": %lld, \"accesses\": %lld, \"hits_high\": %lld, \"hits_low\": %lld, "
-               "\"misses_high\": %lld, \"misses_low\": %lld, \"skips\": %lld, \"loads\": %lld, \"load_bytes\": %lld, "
-               "\"prefetch_loads\": %lld, \"prefetch_used\": %lld, \"prefetch_cancelled\": %lld, \"scratch_loads\": %lld, ",
-            (long long)s->tokens, (long long)s->decode_tokens, (long long)s->accesses, (long long)s->hits_high,
-            (long long)s->hits_low, (long long)s->misses_high, (long long)s->misses_low, (long long)s->skips,
-            (long long)s->loads, (long long)s->load_bytes, (long long)s->prefetch_loads, (long long)s->prefetch_used,
-            (long long)s->prefetch_cancelled, (long long)s->scratch_loads);
-    json_num(f, "hit_ratio", served > 0 ? (double)(s->hits_high + s->hits_low) / served : NAN, 0);
-    json_num(f, "hit_ratio_high", s->hits_high + s->misses_high > 0 ? (double)s->hits_high / (double)(s->hits_high + s->misses_high) : NAN, 0);
-    json_num(f, "hit_ratio_low", s->hits_low + s->misses_low > 0 ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN, 0);
-    json_num(f, "loads_per_token", (double)s->loads / tok, 0);
-    json_num(f, "bytes_read_per_token", (double)s->load_bytes / tok, 0);
-    json_num(f, "loads_per_decode_token", s->decode_tokens > 0 ? (double)s->loads_decode / (double)s->decode_tokens : NAN, 0);
-    json_num(f, "bytes_read_per_decode_token", s->decode_tokens > 0 ? (double)s->load_bytes_decode / (double)s->decode_tokens : NAN, 0);
-    json_num(f, "stall_s", s->stall_s, 0);
-    json_num(f, "stall_s_per_token", s->stall_s / tok, 0);
-    json_num(f, "stall_s_per_decode_token", s->decode_tokens > 0 ? s->stall_s_decode / (double)s->decode_tokens : NAN, 0);
-    json_num(f, "prefetch_precision", s->prefetch_loads > 0 ? (double)s->prefetch_used / (double)s->prefetch_loads : NAN, 0);
-    json_num(f, "prefetch_recall", s->prefetch_used + s->misses_high + s->misses_low > 0
-                                       ? (double)s->prefetch_used / (double)(s->prefetch_used + s->misses_high + s->misses_low)
-                                       : NAN, 0);
-    fprintf(f, "\"peak_resident_bytes\": %lld, \"slot_bytes\": %lld, \"host_runs\": %lld}", (long long)s->peak_resident_bytes,
-            (long long)s->slot_bytes, (long long)s->host_runs);
+    cJSON *o = moe_store_stats_to_json(s);
+    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
+    fputs(t ? t : "null", f);
+    cJSON_free(t);
+    cJSON_Delete(o);
 }
