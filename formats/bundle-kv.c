@@ -45,36 +45,7 @@ char *bundle_dupn(const void *s, size_t n) {
 
 /* True if s[0..n) is strict UTF-8 (Unicode Table 3-7: no overlongs, no
  * surrogates, nothing above U+10FFFF). */
-static bool utf8_ok(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) {
-            len = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return false;
-        }
-        if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return false;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return false;
-        i += len;
-    }
-    return true;
-}
+static bool utf8_ok(const uint8_t *s, size_t n) { return moe_utf8_bad_offset(s, n) == n; }
 
 /* True if s[0..n) is a valid name: 1..max bytes of UTF-8 with no control
  * characters (keys and tensor names). */

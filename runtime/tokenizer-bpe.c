@@ -225,7 +225,7 @@ enum moe_status moe_tokenizer_encode(const struct moe_tokenizer *tok, const char
     enum moe_status st = tok_ctx_init(&c, tok);
     if (st != MOE_OK) goto done;
     if (!text) text = "";
-    if (!tok_utf8_valid(text, len)) {
+    if (moe_utf8_bad_offset(text, len) != len) {
         if (lossy_utf8(text, len, &clean) < 0) {
             st = MOE_ERR_NOMEM;
             goto done;

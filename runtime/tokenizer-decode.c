@@ -10,7 +10,7 @@
 
 /* dec_replace_token: Replace on one token (a literal, or a regex on valid UTF-8 only). */
 static int dec_replace_token(struct enc_ctx *c, const struct decoder *d, const char *s, size_t n, struct buf *out) {
-    if (d->re.code && !tok_utf8_valid(s, n)) {
+    if (d->re.code && moe_utf8_bad_offset(s, n) != n) {
         buf_put(out, s, n);
         return 0;
     }

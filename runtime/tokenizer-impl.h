@@ -51,6 +51,7 @@
 #include <utf8proc.h>
 
 #include "moe-tokenizer.h"
+#include "moe-base.h"
 
 
 #define TOK_MAX_JSON_BYTES ((size_t)1 << 30) /* 1 GiB: far above any real tokenizer.json */
@@ -338,8 +339,6 @@ const struct merge_slot *tok_merges_get(const struct mmap_pairs *m, int32_t a, i
 int tok_merges_init(struct mmap_pairs *m, size_t n);
 /* tok_merges_put: insert or overwrite (a later duplicate wins, as a Rust HashMap collect does). */
 void tok_merges_put(struct mmap_pairs *m, int32_t a, int32_t b, uint32_t rank, int32_t new_id);
-/* tok_utf8_valid: 1 if s[0..n) is valid UTF-8. */
-int tok_utf8_valid(const char *s, size_t n);
 /* tok_cp_is_ws: Rust char::is_whitespace (Unicode White_Space). */
 int tok_cp_is_ws(int32_t c);
 /* tok_cp_is_word: Rust regex / Oniguruma \w: Alphabetic, marks, Nd, Pc, joiners. */

@@ -522,7 +522,7 @@ static enum moe_status tokenizer_build(const char *json, size_t len, const char 
     tok->unk_id = -1;
     tok_bytelevel_map_init(&tok->bl);
 
-    if (!tok_utf8_valid(json, len)) {
+    if (moe_utf8_bad_offset(json, len) != len) {
         MOE_LOGE("%s: not valid UTF-8", tok->label);
         st = MOE_ERR_FORMAT;
         goto fail;

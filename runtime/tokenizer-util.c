@@ -190,21 +190,6 @@ void tok_merges_put(struct mmap_pairs *m, int32_t a, int32_t b, uint32_t rank, i
 /* ------------------------------------------------------------------------- */
 /* UTF-8 and character classes. */
 
-/* tok_utf8_valid: 1 if s[0..n) is valid UTF-8. */
-int tok_utf8_valid(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
-        int32_t cp;
-        i += utf8_decode(u + i, n - i, &cp);
-        if (cp < 0) return 0;
-    }
-    return 1;
-}
-
 /* tok_cp_is_ws: Rust char::is_whitespace (Unicode White_Space). */
 int tok_cp_is_ws(int32_t c) {
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "moe-bundle.h"
+#include "moe-base.h"
 #include "hw-cmd.h"
 #include "moe-file.h"
 #include "moe-gpu.h"
@@ -347,12 +348,6 @@ static int parse_token_list(const char *s, int32_t **ids, size_t *n) {
     *ids = v;
     *n = len;
     return 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* memory_budget: bytes this process can hope to use: physical memory, or
@@ -708,7 +703,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", a.logits_out);
         goto done;
     }
-    double t0 = now_s();
+    double t0 = moe_now_s();
     if (moe_session_forward(sess, ids, (int)n_ids, logits, all) != MOE_OK) goto done;
     int64_t bad = moe_logits_first_bad(logits, V * (all ? n_ids : 1));
     if (bad >= 0) { /* damaged weights or constants: fail loudly, never sample from NaN */
@@ -717,7 +712,7 @@ int main(int argc, char **argv) {
                 (long long)(all ? bad / (int64_t)V : (int64_t)n_ids - 1), (long long)(bad % (int64_t)V));
         goto done;
     }
-    double t1 = now_s();
+    double t1 = moe_now_s();
     const float *last = logits + (all ? (n_ids - 1) * V : 0);
     if (lf && fwrite(logits, sizeof(float), V * n_ids, lf) != V * n_ids) {
         fprintf(stderr, "moe-run: write error on %s\n", lt.path);
@@ -767,7 +762,7 @@ int main(int argc, char **argv) {
             goto done;
         }
     }
-    double t2 = now_s();
+    double t2 = moe_now_s();
     free(seq);
     printf("\n");
     fflush(stdout);
