@@ -5,6 +5,7 @@
  * splitter lives in json.c, CSV/TSV in csv.c, specs and cards in spec.c.
  */
 #include "dataset-impl.h"
+#include "moe-base.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -310,31 +311,9 @@ int ds_record_from_json(struct moe_dataset *d, const void *item, char *why, size
 /* Offset of the first byte that breaks UTF-8 (overlongs, surrogates, > U+10FFFF,
  * truncated sequences and NUL all count), or n if the text is valid. */
 static size_t utf8_bad(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c >= 0x01 && c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) k = 1;
-        else if (c == 0xe0) k = 2, lo = 0xa0;
-        else if (c >= 0xe1 && c <= 0xec) k = 2;
-        else if (c == 0xed) k = 2, hi = 0x9f;
-        else if (c >= 0xee && c <= 0xef) k = 2;
-        else if (c == 0xf0) k = 3, lo = 0x90;
-        else if (c >= 0xf1 && c <= 0xf3) k = 3;
-        else if (c == 0xf4) k = 3, hi = 0x8f;
-        else return i;
-        if (i + k >= n) return i; /* the sequence runs past the end */
-        if (s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t j = 2; j <= k; j++)
-            if ((s[i + j] & 0xc0) != 0x80) return i;
-        i += k + 1;
-    }
-    return n;
+    size_t bad = moe_utf8_bad_offset(s, n);
+    const unsigned char *nul = memchr(s, 0, bad);
+    return nul ? (size_t)(nul - s) : bad;
 }
 
 /* Rewrite d->rec with U+FFFD for each byte that does not start a valid sequence. */

@@ -43,6 +43,7 @@
  * Ownership: see moe-gguf.h.
  */
 #include "moe-gguf.h"
+#include "moe-base.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -140,36 +141,13 @@ static uint32_t le32(const uint8_t *p) {
 /* Little-endian u64 from possibly unaligned bytes. */
 static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
 
-/* True if the n bytes are strict UTF-8 with no control characters (C0, DEL). */
+/* True if the n bytes are strict UTF-8 with no control characters (C0, DEL).
+ * Control characters are single bytes, and no byte of a multi-byte sequence
+ * is below 0x80, so a byte scan finds them. */
 static int clean_utf8(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            if (c < 0x20 || c == 0x7f) return 0;
-            i++;
-            continue;
-        }
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) {
-            len = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return 0;
-        }
-        if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return 0;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-        i += len;
-    }
+    if (moe_utf8_bad_offset(s, n) != n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] == 0x7f) return 0;
     return 1;
 }
 

@@ -78,6 +78,7 @@
  */
 #define _XOPEN_SOURCE 700 /* realpath() */
 #include "moe-safetensors.h"
+#include "moe-base.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -146,39 +147,6 @@ static uint64_t read_le64(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
-}
-
-/* Returns the offset of the first byte that breaks strict UTF-8 (Unicode Table
- * 3-7: no overlongs, no surrogates, nothing above U+10FFFF), or n if all valid. */
-static size_t utf8_bad_offset(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-        if (c >= 0xC2 && c <= 0xDF) {
-            len = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            if (c == 0xE0) lo = 0xA0; /* overlong */
-            if (c == 0xED) hi = 0x9F; /* UTF-16 surrogates */
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            if (c == 0xF0) lo = 0x90; /* overlong */
-            if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
-        } else {
-            return i; /* continuation byte, C0/C1 overlong lead, or F5..FF */
-        }
-        if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-        i += len;
-    }
-    return n;
 }
 
 /* Checks the escape starting at h[i] == '\\': one of \" \\ \/ \b \f \n \r \t, or
@@ -660,7 +628,7 @@ static enum moe_status parse_file(struct moe_safetensors *st, const uint8_t *buf
         return MOE_ERR_FORMAT;
     }
     const uint8_t *h = buf + 8;
-    size_t bad = utf8_bad_offset(h, (size_t)hlen);
+    size_t bad = moe_utf8_bad_offset(h, (size_t)hlen);
     if (bad != hlen) {
         MOE_LOGE("%s: header is not valid UTF-8 (byte 0x%02x at header offset %zu)", label, h[bad],
                  bad);
@@ -856,7 +824,7 @@ static enum moe_status read_index(const char *index_path, cJSON **root_out, cons
     enum moe_status rc = moe_read_file(index_path, MOE_ST_MAX_HEADER, &text, &len);
     if (rc != MOE_OK) return rc;
     rc = MOE_ERR_FORMAT;
-    size_t bad = utf8_bad_offset((const uint8_t *)text, len);
+    size_t bad = moe_utf8_bad_offset(text, len);
     if (bad != len) {
         MOE_LOGE("%s: index is not valid UTF-8 (byte offset %zu)", index_path, bad);
         goto fail;

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "moe-gguf-model.h"
+#include "moe-base.h"
 
 enum { TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
@@ -153,23 +154,7 @@ static void vocab_free(struct vocab *v) {
 
 /* utf8_ok: strict UTF-8 without NUL (a token must survive as a JSON string). */
 static int utf8_ok(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
-        if (!k || c == 0 || n - i < k) return 0;
-        if (k > 1) {
-            unsigned lo = 0x80, hi = 0xBF;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-            if (s[i + 1] < lo || s[i + 1] > hi) return 0;
-            for (size_t j = 2; j < k; j++)
-                if ((s[i + j] & 0xC0) != 0x80) return 0;
-        }
-        i += k;
-    }
-    return 1;
+    return !memchr(s, 0, n) && moe_utf8_bad_offset(s, n) == n;
 }
 
 /* num_array: a numeric array item of at least n elements of one of the two

@@ -19,17 +19,12 @@
 #include <cjson/cJSON.h>
 
 #include "moe-bundle.h"
+#include "moe-base.h"
 #include "moe-hw.h"
 #include "moe-mmap.h"
 #include "moe-session.h"
 
 #define ALIGN 4096
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* fit_line: least squares s = a + b x over n points (b >= 0 kept; a >= 0). */
 static void fit_line(const struct moe_hw_point *p, int n, double *a, double *b) {
@@ -349,7 +344,7 @@ static void *read_blocks(void *arg) {
 static double time_reads(int fd, int64_t block, const int64_t *offs, int n, int n_thr, char **bufs, int *errors) {
     pthread_t th[16];
     struct reader r[16];
-    double t0 = now_s();
+    double t0 = moe_now_s();
     for (int i = 0; i < n_thr; i++) {
         r[i] = (struct reader){fd, bufs[i], block, offs, n, n_thr, i, 0};
         if (n_thr > 1) pthread_create(&th[i], NULL, read_blocks, &r[i]);
@@ -357,7 +352,7 @@ static double time_reads(int fd, int64_t block, const int64_t *offs, int n, int 
     if (n_thr == 1) read_blocks(&r[0]);
     else
         for (int i = 0; i < n_thr; i++) pthread_join(th[i], NULL);
-    double t = now_s() - t0;
+    double t = moe_now_s() - t0;
     for (int i = 0; i < n_thr; i++) *errors += r[i].errors;
     return t;
 }
@@ -460,9 +455,9 @@ enum moe_status moe_hw_measure_memory(double *bw) {
     memset(b, 2, n);
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
+        double t0 = moe_now_s();
         memcpy(r & 1 ? a : b, r & 1 ? b : a, n);
-        double t = now_s() - t0;
+        double t = moe_now_s() - t0;
         if (t < best) best = t;
     }
     *bw = (double)n / (best > 0 ? best : 1e-9);
@@ -506,9 +501,9 @@ static enum moe_status time_expert(struct moe_session *s, const struct moe_model
         const int j = (r + 2) % 16, l = layers[j % n_moe], e = j % c->n_expert; /* 16 experts in turn */
         enum moe_status st = moe_model_expert(m, l, e, prec, &f);
         if (st) return st;
-        double t0 = now_s();
+        double t0 = moe_now_s();
         if ((st = moe_session_ffn(s, &f, x, y, n))) return st;
-        if (r >= 0) t[r] = now_s() - t0;
+        if (r >= 0) t[r] = moe_now_s() - t0;
     }
     double best = t[0]; /* the fastest: the ratios between precisions are what is used, and a busy
                          * machine only adds time */
@@ -556,9 +551,9 @@ static enum moe_status time_steps(const struct moe_model *m, const struct moe_se
             if (st) break;
             struct moe_store_stats s0, s1;
             if (w == 2) moe_store_get_stats(moe_session_store(b), &s0);
-            double t0 = now_s();
+            double t0 = moe_now_s();
             st = w < 2 ? moe_session_forward(a, ids + pa_pos++, 1, lg, 0) : moe_session_forward(b, ids + pb_pos++, 1, lg, 0);
-            const double dt = now_s() - t0;
+            const double dt = moe_now_s() - t0;
             if (w < 2) t[w * N + i] = dt;
             if (w == 2) moe_store_get_stats(moe_session_store(b), &s1);
             if (w == 2 && s1.loads == s0.loads) t[2 * N + n_b++] = dt;

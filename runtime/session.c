@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "moe-backend.h"
+#include "moe-base.h"
 #include "moe-session.h"
 #include "moe-store.h"
 
@@ -600,12 +601,6 @@ static enum moe_status layers_chunk(struct moe_session *s, int l0, const int32_t
     return bi->lm_head(s->be, row_from, n_tok - row_from, logits);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* top_prob: the largest probability of softmax(logits), in double. */
 static double top_prob(const float *l, int V) {
     float mx = l[0];
@@ -624,7 +619,7 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     const struct moe_backend_iface *bi = s->be->iface;
     float *lg = dst ? dst : s->bl_logits;
     enum moe_status st;
-    double t0 = now_s();
+    double t0 = moe_now_s();
     s->k_cur = s->p.little_k, s->bl_phase = 1;
     st = bi->embed(s->be, tok, 1);
     if (!st) st = layers_chunk(s, 0, tok, 1, seq_len, lg, 0);
@@ -632,7 +627,7 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     if (st) return st;
     s->bl.tokens++;
     const int fall = s->p.gamma >= 1 || top_prob(lg, s->m->cfg.n_vocab) < s->p.gamma;
-    double t1 = now_s();
+    double t1 = moe_now_s();
     s->bl.little_s += t1 - t0;
     if (!fall) return MOE_OK;
     s->bl.fallbacks++;
@@ -643,7 +638,7 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     st = bi->embed(s->be, tok, 1);
     if (!st) st = layers_chunk(s, 0, tok, 1, seq_len, lg, 0);
     s->bl_phase = 0, s->redo = 0, s->k_cur = s->k_plain;
-    s->bl.big_s += now_s() - t1;
+    s->bl.big_s += moe_now_s() - t1;
     return st;
 }
 

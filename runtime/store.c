@@ -162,12 +162,6 @@ enum moe_status moe_store_parse_size(const char *s, int64_t *out) {
     return MOE_OK;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static size_t round4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
 
 /* blob: where expert g's copy at precision prec is (never fails for a
@@ -1006,12 +1000,12 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
     int waited = 0;
     while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY)) {
         if (s->state == S_EMPTY) enqueue(st, si);
-        if (!waited) t0 = now_s(), waited = 1;
+        if (!waited) t0 = moe_now_s(), waited = 1;
         pthread_cond_wait(&st->cv, &st->mu);
     }
     enum moe_status rc = s->gen == st->item_gen[i] && s->state == S_READY ? MOE_OK : MOE_ERR_IO;
     if (waited) {
-        double d = now_s() - t0;
+        double d = moe_now_s() - t0;
         st->stats.stall_s += d;
         if (st->step_n == 1) st->stats.stall_s_decode += d;
     }

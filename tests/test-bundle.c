@@ -1,5 +1,5 @@
 /*
- * test-bundle.c - tests of formats/bundle.c (the .moeb container).
+ * test-bundle.c - tests of formats/bundle-*.c (the .moeb container).
  *
  *  1. Round trip: a bundle with metadata of every type, tensors (2-D, 1-D,
  *     scalar, empty), 3 layers (layer 1 dense) x 4 experts x 2 precisions of

@@ -4,6 +4,7 @@
  * The CLI only parses arguments and prints; the work is in the runtime library.
  * stdout: generated text (or ids / token lists); stderr: progress and speed.
  */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,12 +15,14 @@
 #include <unistd.h>
 
 #include "moe-bundle.h"
+#include "moe-base.h"
 #include "hw-cmd.h"
 #include "moe-file.h"
 #include "moe-gpu.h"
 #include "moe-hw.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
+#include "moe-opt.h"
 #include "moe-sampler.h"
 #include "moe-store.h"
 #include "moe-tuning.h"
@@ -29,6 +32,79 @@
 #ifdef MOE_HAVE_CUDA
 #include "moe-cuda.h"
 #endif
+
+/* Option keys: a letter for options with a short form, these for the rest. */
+enum {
+    O_TOKENS = 256, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_IGNORE_EOS, O_NO_SPECIAL, O_IDS, O_TOKENIZE, O_LOGITS_OUT,
+    O_EXPERT_PRECISION, O_LITTLE_K, O_GAMMA, O_BL_PREFETCH, O_STATS_JSON, O_TRACE_OUT, O_MEASURE_HW, O_HW, O_NO_PLAN,
+};
+
+/* moe-run's options by help section; the store's and the GPU's tables follow. */
+static const struct moe_opt k_input[] = {
+    {"prompt", 'p', MOE_OPT_REQUIRED, "TEXT", "prompt text"},
+    {"file", 'f', MOE_OPT_REQUIRED, "PATH", "read the prompt from a file"},
+    {"tokens", O_TOKENS, MOE_OPT_REQUIRED, "IDS", "comma-separated token ids instead of text (e.g. 1,415,2)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_generation[] = {
+    {"n-predict", 'n', MOE_OPT_REQUIRED, "N", "tokens to generate (default 64; 0 = only run the prompt)"},
+    {"temp", O_TEMP, MOE_OPT_REQUIRED, "T", "temperature (default 0 = greedy)"},
+    {"top-k", O_TOP_K, MOE_OPT_REQUIRED, "K", "keep the K most likely tokens (default 0 = off)"},
+    {"top-p", O_TOP_P, MOE_OPT_REQUIRED, "P", "nucleus sampling threshold (default 1.0 = off)"},
+    {"seed", O_SEED, MOE_OPT_REQUIRED, "S", "sampling seed (default 42)"},
+    {"ignore-eos", O_IGNORE_EOS, MOE_OPT_NONE, NULL, "do not stop at end-of-sequence tokens"},
+    {"no-special", O_NO_SPECIAL, MOE_OPT_NONE, NULL, "do not add the tokenizer's special tokens (e.g. BOS)"},
+    {"ids", O_IDS, MOE_OPT_NONE, NULL, "print generated token ids (comma-separated) instead of text"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_checking[] = {
+    {"tokenize", O_TOKENIZE, MOE_OPT_NONE, NULL, "print the token ids of the prompt text and exit"},
+    {"logits-out", O_LOGITS_OUT, MOE_OPT_REQUIRED, "FILE",
+     "write raw little-endian float32 logits, one row of n_vocab\nper processed position: the prompt's positions, then each\n"
+     "generated token fed back ([n_prompt + n-1] x vocab)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_runtime[] = {
+    {"model", 'm', MOE_OPT_REQUIRED, "MODEL", "checkpoint directory, GGUF file or .moeb bundle (required)"},
+    {"expert-precision", O_EXPERT_PRECISION, MOE_OPT_REQUIRED, "P",
+     "bundles: the stored precision every expert uses (e.g. q4_k;\ndefault: the first stored)"},
+    {"threads", 't', MOE_OPT_REQUIRED, "N", "CPU threads (default: all)"},
+    {"ctx", 'c', MOE_OPT_REQUIRED, "N", "context length / KV cache size (default: min(model max, 4096))"},
+    {"batch", 'b', MOE_OPT_REQUIRED, "N", "prompt tokens per forward chunk (default 256)"},
+    {"verbose", 'v', MOE_OPT_NONE, NULL, "more log output"},
+    {"help", 'h', MOE_OPT_NONE, NULL, "this help"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_big_little[] = {
+    {"little-k", O_LITTLE_K, MOE_OPT_REQUIRED, "K2",
+     "decode each token with K2 experts per MoE layer (the little\nmodel; default K/2 when --gamma is given); when the largest\n"
+     "next-token probability is below gamma, run the token again\nwith all K experts, prefetching them from the little pass's\n"
+     "router. 0 = off. The prompt always runs with K"},
+    {"gamma", O_GAMMA, MOE_OPT_REQUIRED, "G",
+     "the confidence threshold in [0, 1] (default: the bundle's\nmobile.gamma from moe-prep profile, else 0.7); 0 = never fall\n"
+     "back (the K2 model), 1 = always (the K model's output)"},
+    {"bl-prefetch", O_BL_PREFETCH, MOE_OPT_REQUIRED, "D",
+     "prefetch the big pass's experts D MoE layers ahead (default 2;\n0 = off; with an expert budget)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_statistics[] = {
+    {"stats-json", O_STATS_JSON, MOE_OPT_REQUIRED, "FILE",
+     "speed, peak memory and (with an expert budget) the expert\nstore's counts as JSON: hit ratios per precision, loads and\n"
+     "bytes read per token, I/O stall per token, prefetch precision\nand recall, skipped experts, peak resident expert bytes"},
+    {"trace-out", O_TRACE_OUT, MOE_OPT_REQUIRED, "FILE",
+     "the run's routing as a profile (HDF5) that moe-prep fit-cache\ncan replay"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_planning[] = {
+    {"measure-hw", O_MEASURE_HW, MOE_OPT_NONE, NULL,
+     "measure this machine's numbers for MODEL (storage reads,\nmemory bandwidth, expert and step times on -t threads), keep\n"
+     "them in the hardware table for moe-prep plan, print them and\nexit"},
+    {"hw", O_HW, MOE_OPT_REQUIRED, "FILE", "the table (default $XDG_CACHE_HOME/moe/hw.json)"},
+    {"no-plan", O_NO_PLAN, MOE_OPT_NONE, NULL,
+     "ignore the plan moe-prep plan --apply wrote into the bundle; by\ndefault its settings (expert memory, precisions, policy,\n"
+     "big-little) are the starting point, and the options given here\noverride them one by one"},
+    {NULL, 0, 0, NULL, NULL},
+};
 
 static void usage(FILE *f) {
     static const char *const examples =
@@ -43,6 +119,12 @@ static void usage(FILE *f) {
 "  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
 "  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n"
 "  moe-run -m mixtral.moeb --device cuda --expert-mem 6G --host-mem 24G -p \"Hi\" (GPU builds)\n";
+    static const struct {
+        const char *title;
+        const struct moe_opt *table;
+    } sections[] = {{"input (one of)", k_input}, {"generation", k_generation}, {"checking against references", k_checking},
+                    {"runtime", k_runtime}, {"big-little decoding (MoBiLE)", k_big_little},
+                    {"statistics", k_statistics}, {"planning (moe-prep plan)", k_planning}};
     fprintf(f,
 "usage: moe-run -m MODEL [options]\n"
 "\n"
@@ -51,72 +133,12 @@ static void usage(FILE *f) {
 "MODEL is a Hugging Face checkpoint directory (config.json, *.safetensors,\n"
 "tokenizer.json) of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Phi-MoE, DeepSeek-V2/V3\n"
 "or gpt-oss, a llama.cpp GGUF file of one of them, or a .moeb bundle written by\n"
-"`moe-prep quantize`.\n"
-"\n"
-"input (one of):\n"
-"  -p, --prompt TEXT       prompt text\n"
-"  -f, --file PATH         read the prompt from a file\n"
-"      --tokens IDS        comma-separated token ids instead of text (e.g. 1,415,2)\n"
-"\n"
-"generation:\n"
-"  -n, --n-predict N       tokens to generate (default 64; 0 = only run the prompt)\n"
-"      --temp T            temperature (default 0 = greedy)\n"
-"      --top-k K           keep the K most likely tokens (default 0 = off)\n"
-"      --top-p P           nucleus sampling threshold (default 1.0 = off)\n"
-"      --seed S            sampling seed (default 42)\n"
-"      --ignore-eos        do not stop at end-of-sequence tokens\n"
-"      --no-special        do not add the tokenizer's special tokens (e.g. BOS)\n"
-"      --ids               print generated token ids (comma-separated) instead of text\n"
-"\n"
-"checking against references:\n"
-"      --tokenize          print the token ids of the prompt text and exit\n"
-"      --logits-out FILE   write raw little-endian float32 logits, one row of\n"
-"                          n_vocab per processed position: the prompt's positions,\n"
-"                          then each generated token fed back ([n_prompt + n-1] x vocab)\n"
-"\n"
-"runtime:\n"
-"      --expert-precision P  bundles: the stored precision every expert uses\n"
-"                          (e.g. q4_k; default: the first stored)\n"
-"  -t, --threads N         CPU threads (default: all)\n"
-"  -c, --ctx N             context length / KV cache size (default: min(model max, 4096))\n"
-"  -b, --batch N           prompt tokens per forward chunk (default 256)\n"
-"  -v, --verbose           more log output\n"
-"  -h, --help              this help\n"
-"\n"
-"big-little decoding (MoBiLE):\n"
-"      --little-k K2       decode each token with K2 experts per MoE layer (the little\n"
-"                          model; default K/2 when --gamma is given); when the largest\n"
-"                          next-token probability is below gamma, run the token again\n"
-"                          with all K experts, prefetching them from the little pass's\n"
-"                          router. 0 = off. The prompt always runs with K\n"
-"      --gamma G           the confidence threshold in [0, 1] (default: the bundle's\n"
-"                          mobile.gamma from moe-prep profile, else 0.7); 0 = never fall\n"
-"                          back (the K2 model), 1 = always (the K model's output)\n"
-"      --bl-prefetch D     prefetch the big pass's experts D MoE layers ahead (default 2;\n"
-"                          0 = off; with an expert budget)\n"
-"\n"
-"statistics:\n"
-"      --stats-json FILE   speed, peak memory and (with an expert budget) the expert\n"
-"                          store's counts as JSON: hit ratios per precision, loads and\n"
-"                          bytes read per token, I/O stall per token, prefetch precision\n"
-"                          and recall, skipped experts, peak resident expert bytes\n"
-"      --trace-out FILE    the run's routing as a profile (HDF5) that moe-prep fit-cache\n"
-"                          can replay\n"
-"\n"
-"planning (moe-prep plan):\n"
-"      --measure-hw        measure this machine's numbers for MODEL (storage reads, memory\n"
-"                          bandwidth, expert and step times on -t threads), keep them in the\n"
-"                          hardware table for moe-prep plan, print them and exit\n"
-"      --hw FILE           the table (default $XDG_CACHE_HOME/moe/hw.json)\n"
-"      --no-plan           ignore the plan moe-prep plan --apply wrote into the bundle; by\n"
-"                          default its settings (expert memory, precisions, policy,\n"
-"                          big-little) are the starting point, and the options given here\n"
-"                          override them one by one\n"
-"\n");
-    fputs(moe_store_options_help(), f);
-    fprintf(f, "\n");
-    fputs(moe_gpu_options_help(), f);
-    fprintf(f, "\n%s", examples);
+"`moe-prep quantize`.\n");
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+        fprintf(f, "\n%s:\n", sections[i].title);
+        moe_opt_help(f, sections[i].table);
+    }
+    fprintf(f, "\n%s\n%s\n%s", moe_store_options_help(), moe_gpu_options_help(), examples);
 }
 
 struct args {
@@ -166,6 +188,100 @@ static int parse_float(const char *opt, const char *s, float *out) {
     return 1;
 }
 
+/* engine_option: an expert-store or GPU option; store options are also
+ * kept in order, to be applied again over a bundle's plan. */
+static int engine_option(struct args *a, const struct moe_opt *o, const char *v) {
+    char err[256];
+    if (moe_store_option_takes_value(o->name) >= 0) {
+        if (moe_store_parse_option(&a->store, o->name, v, err, sizeof err) != MOE_OK) {
+            fprintf(stderr, "moe-run: %s\n", err);
+            return 2;
+        }
+        if (a->n_engine == 64) {
+            fprintf(stderr, "moe-run: too many engine options\n");
+            return 2;
+        }
+        a->engine_name[a->n_engine] = o->name, a->engine_value[a->n_engine++] = v;
+        return 0;
+    }
+    if (moe_gpu_parse_option(&a->gpu, o->name, v, err, sizeof err) != MOE_OK) {
+        fprintf(stderr, "moe-run: %s\n", err);
+        return 2;
+    }
+    return 0;
+}
+
+/* sampling_option: --temp, --top-p, --seed (checked values). */
+static int sampling_option(struct args *a, int key, const char *v) {
+    char opt[16];
+    snprintf(opt, sizeof opt, "--%s", key == O_TEMP ? "temp" : key == O_TOP_P ? "top-p" : "seed");
+    if (key == O_SEED) {
+        char *end;
+        a->seed = strtoull(v, &end, 10);
+        if (*end || end == v || v[0] == '-') {
+            fprintf(stderr, "moe-run: --seed expects a non-negative integer\n");
+            return 2;
+        }
+        return 0;
+    }
+    float *out = key == O_TEMP ? &a->temp : &a->top_p;
+    if (!parse_float(opt, v, out)) return 2;
+    if (key == O_TEMP && (!(a->temp >= 0) || isinf(a->temp))) { /* -1 is a mistake, not "greedy" */
+        fprintf(stderr, "moe-run: --temp must be a finite number >= 0 (0 = greedy), got \"%s\"\n", v);
+        return 2;
+    }
+    if (key == O_TOP_P && (a->top_p <= 0 || a->top_p > 1)) {
+        fprintf(stderr, "moe-run: --top-p must be in (0, 1]\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* on_option: one option (moe_opt_parse's handler). */
+static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
+    struct args *a = ctx;
+    char opt[64];
+    snprintf(opt, sizeof opt, "--%s", o->name);
+    switch (o->key) {
+    case 'h': usage(stdout); return 1;
+    case 'm': a->model = v; return 0;
+    case 'p': a->prompt = v; return 0;
+    case 'f': a->prompt_file = v; return 0;
+    case O_TOKENS: a->tokens = v; return 0;
+    case O_EXPERT_PRECISION: a->expert_precision = v; return 0;
+    case O_LOGITS_OUT: a->logits_out = v; return 0;
+    case 'n': return parse_int(opt, v, 0, 1 << 24, &a->n_predict) ? 0 : 2;
+    case O_TOP_K: return parse_int(opt, v, 0, 1 << 30, &a->top_k) ? 0 : 2;
+    case 't': return parse_int(opt, v, 1, 1024, &a->n_threads) ? 0 : 2;
+    case 'c': return parse_int(opt, v, 1, 1 << 24, &a->n_ctx) ? 0 : 2;
+    case 'b': return parse_int(opt, v, 1, 1 << 16, &a->n_batch) ? 0 : 2;
+    case O_TEMP: case O_TOP_P: case O_SEED: return sampling_option(a, o->key, v);
+    case O_IGNORE_EOS: a->ignore_eos = 1; return 0;
+    case O_NO_SPECIAL: a->no_special = 1; return 0;
+    case O_IDS: a->print_ids = 1; return 0;
+    case O_TOKENIZE: a->tokenize = 1; return 0;
+    case 'v': a->verbose = 1; return 0;
+    case O_LITTLE_K: return parse_int(opt, v, 0, 64, &a->little_k) ? 0 : 2;
+    case O_GAMMA: {
+        float g;
+        if (!parse_float(opt, v, &g)) return 2;
+        if (!(g >= 0 && g <= 1)) {
+            fprintf(stderr, "moe-run: --gamma must be in [0, 1], got %s\n", v);
+            return 2;
+        }
+        a->gamma = atof(v);
+        return 0;
+    }
+    case O_BL_PREFETCH: return parse_int(opt, v, 0, 64, &a->bl_prefetch) ? 0 : 2;
+    case O_STATS_JSON: a->stats_json = v; return 0;
+    case O_TRACE_OUT: a->trace_out = v; return 0;
+    case O_MEASURE_HW: a->measure_hw = 1; return 0;
+    case O_NO_PLAN: a->no_plan = 1; return 0;
+    case O_HW: a->hw = v; return 0;
+    default: return engine_option(a, o, v);
+    }
+}
+
 /* parse_args: returns 0 ok, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, struct args *a) {
     memset(a, 0, sizeof *a);
@@ -175,117 +291,16 @@ static int parse_args(int argc, char **argv, struct args *a) {
     a->top_p = 1.0f;
     a->seed = 42;
     a->little_k = -1, a->gamma = NAN, a->bl_prefetch = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-#define IS(s, l) (!strcmp(o, s) || !strcmp(o, l))
-#define NEXT()                                                                  \
-    (i + 1 < argc ? argv[++i]                                                   \
-                  : (fprintf(stderr, "moe-run: %s needs a value\n", o), (char *)NULL))
-        const char *v;
-        if (IS("-h", "--help")) {
-            usage(stdout);
-            return 1;
-        } else if (IS("-m", "--model")) {
-            if (!(a->model = NEXT())) return 2;
-        } else if (IS("-p", "--prompt")) {
-            if (!(a->prompt = NEXT())) return 2;
-        } else if (IS("-f", "--file")) {
-            if (!(a->prompt_file = NEXT())) return 2;
-        } else if (!strcmp(o, "--tokens")) {
-            if (!(a->tokens = NEXT())) return 2;
-        } else if (!strcmp(o, "--expert-precision")) {
-            if (!(a->expert_precision = NEXT())) return 2;
-        } else if (!strcmp(o, "--logits-out")) {
-            if (!(a->logits_out = NEXT())) return 2;
-        } else if (IS("-n", "--n-predict")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 0, 1 << 24, &a->n_predict)) return 2;
-        } else if (!strcmp(o, "--top-k")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 0, 1 << 30, &a->top_k)) return 2;
-        } else if (IS("-t", "--threads")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 1, 1024, &a->n_threads)) return 2;
-        } else if (IS("-c", "--ctx")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 24, &a->n_ctx)) return 2;
-        } else if (IS("-b", "--batch")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 1, 1 << 16, &a->n_batch)) return 2;
-        } else if (!strcmp(o, "--temp")) {
-            if (!(v = NEXT()) || !parse_float(o, v, &a->temp)) return 2;
-            if (!(a->temp >= 0) || isinf(a->temp)) { /* -1 is a mistake, not "greedy" */
-                fprintf(stderr, "moe-run: --temp must be a finite number >= 0 (0 = greedy), got \"%s\"\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--top-p")) {
-            if (!(v = NEXT()) || !parse_float(o, v, &a->top_p)) return 2;
-            if (a->top_p <= 0 || a->top_p > 1) {
-                fprintf(stderr, "moe-run: --top-p must be in (0, 1]\n");
-                return 2;
-            }
-        } else if (!strcmp(o, "--seed")) {
-            char *end;
-            if (!(v = NEXT())) return 2;
-            a->seed = strtoull(v, &end, 10);
-            if (*end || end == v) {
-                fprintf(stderr, "moe-run: --seed expects a non-negative integer\n");
-                return 2;
-            }
-        } else if (!strcmp(o, "--ignore-eos")) {
-            a->ignore_eos = 1;
-        } else if (!strcmp(o, "--no-special")) {
-            a->no_special = 1;
-        } else if (!strcmp(o, "--ids")) {
-            a->print_ids = 1;
-        } else if (!strcmp(o, "--tokenize")) {
-            a->tokenize = 1;
-        } else if (IS("-v", "--verbose")) {
-            a->verbose = 1;
-        } else if (!strcmp(o, "--little-k")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->little_k)) return 2;
-        } else if (!strcmp(o, "--gamma")) {
-            float g;
-            if (!(v = NEXT()) || !parse_float(o, v, &g)) return 2;
-            if (!(g >= 0 && g <= 1)) {
-                fprintf(stderr, "moe-run: --gamma must be in [0, 1], got %s\n", v);
-                return 2;
-            }
-            a->gamma = atof(v);
-        } else if (!strcmp(o, "--bl-prefetch")) {
-            if (!(v = NEXT()) || !parse_int(o, v, 0, 64, &a->bl_prefetch)) return 2;
-        } else if (!strcmp(o, "--stats-json")) {
-            if (!(a->stats_json = NEXT())) return 2;
-        } else if (!strcmp(o, "--trace-out")) {
-            if (!(a->trace_out = NEXT())) return 2;
-        } else if (!strcmp(o, "--measure-hw")) {
-            a->measure_hw = 1;
-        } else if (!strcmp(o, "--no-plan")) {
-            a->no_plan = 1;
-        } else if (!strcmp(o, "--hw")) {
-            if (!(a->hw = NEXT())) return 2;
-        } else if (moe_store_option_takes_value(o) >= 0) {
-            const int takes = moe_store_option_takes_value(o);
-            char err[256];
-            if (takes && !(v = NEXT())) return 2;
-            if (moe_store_parse_option(&a->store, o, takes ? v : NULL, err, sizeof err) != MOE_OK) {
-                fprintf(stderr, "moe-run: %s\n", err);
-                return 2;
-            }
-            if (a->n_engine == 64) {
-                fprintf(stderr, "moe-run: too many engine options\n");
-                return 2;
-            }
-            a->engine_name[a->n_engine] = o, a->engine_value[a->n_engine++] = takes ? v : NULL;
-        } else if (moe_gpu_option_takes_value(o) >= 0) {
-            const int takes = moe_gpu_option_takes_value(o);
-            char err[256];
-            if (takes && !(v = NEXT())) return 2;
-            if (moe_gpu_parse_option(&a->gpu, o, takes ? v : NULL, err, sizeof err) != MOE_OK) {
-                fprintf(stderr, "moe-run: %s\n", err);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "moe-run: unknown option \"%s\" (see moe-run --help)\n", o);
-            return 2;
-        }
-#undef IS
-#undef NEXT
+    const struct moe_opt *tables[] = {k_input,      k_generation, k_checking,         k_runtime,           k_big_little,
+                                      k_statistics, k_planning,   moe_store_option_table(), moe_gpu_option_table()};
+    int first_pos = argc;
+    const int rc = moe_opt_parse("moe-run", argc, argv, 1, tables, (int)(sizeof tables / sizeof tables[0]), on_option, a,
+                                 &first_pos);
+    if (rc) return rc;
+    if (first_pos < argc) {
+        fprintf(stderr, "moe-run: unexpected argument \"%s\" (options start with - or --; see moe-run --help)\n",
+                argv[first_pos]);
+        return 2;
     }
     a->use_store = moe_store_params_active(&a->store);
 #ifndef MOE_HAVE_CUDA
@@ -347,12 +362,6 @@ static int parse_token_list(const char *s, int32_t **ids, size_t *n) {
     *ids = v;
     *n = len;
     return 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* memory_budget: bytes this process can hope to use: physical memory, or
@@ -417,53 +426,90 @@ static int write_trace(const struct moe_session *sess, const struct moe_model *m
 
 /* write_stats: speed, peak memory and the store's counts as JSON, written to
  * an exclusive temporary file beside path and renamed over it. */
-static int write_stats(const char *path, const struct moe_session *sess, const struct moe_session_params *sp,
-                       size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
-    struct moe_tmp_file t;
-    FILE *f = NULL;
-    if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) {
-        moe_tmp_discard(&t);
-        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", path);
-        return 0;
-    }
+/* big_little_json: big-little's counts, or null when it was off. */
+static cJSON *big_little_json(const struct moe_session *sess, const struct moe_session_params *sp) {
+    if (sp->little_k <= 0) return cJSON_CreateNull();
+    struct moe_big_little_stats b;
+    moe_session_big_little_stats(sess, &b);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "little_k", sp->little_k);
+    cJSON_AddNumberToObject(o, "k", sp->n_expert_used);
+    cJSON_AddNumberToObject(o, "gamma", sp->gamma);
+    cJSON_AddNumberToObject(o, "prefetch_layers", sp->bl_prefetch_layers);
+    cJSON_AddNumberToObject(o, "tokens", (double)b.tokens);
+    cJSON_AddNumberToObject(o, "fallbacks", (double)b.fallbacks);
+    if (b.tokens > 0) cJSON_AddNumberToObject(o, "fallback_ratio", (double)b.fallbacks / (double)b.tokens);
+    else cJSON_AddNullToObject(o, "fallback_ratio");
+    cJSON_AddNumberToObject(o, "little_s", b.little_s);
+    cJSON_AddNumberToObject(o, "big_s", b.big_s);
+    return o;
+}
+
+#ifdef MOE_HAVE_CUDA
+/* gpu_json: the CUDA backend's counts (its printer's text, parsed), or NULL
+ * on a CPU run. */
+static cJSON *gpu_json(const struct moe_session *sess) {
+    struct moe_cuda_stats cs;
+    if (!moe_session_backend(sess) || moe_backend_cuda_stats(moe_session_backend(sess), &cs) != MOE_OK) return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (!m) return NULL;
+    moe_cuda_stats_json(&cs, m);
+    fclose(m);
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    return o;
+}
+#endif
+
+/* stats_json: speed, peak memory, the store's and big-little's counts. */
+static cJSON *stats_json(const struct moe_session *sess, const struct moe_session_params *sp, size_t n_prompt,
+                         double t_prompt, int n_gen, double t_gen) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    fprintf(f, "{\"prompt_tokens\": %zu, \"prompt_s\": %.6f, \"tokens_per_s_prompt\": %.6g, "
-               "\"decode_tokens\": %d, \"decode_s\": %.6f, \"tokens_per_s_decode\": %.6g, \"peak_rss_bytes\": %lld, "
-               "\"store\": ",
-            n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, t_gen,
-            n_gen > 0 && t_gen > 0 ? (double)n_gen / t_gen : 0.0, (long long)ru.ru_maxrss * 1024);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)n_prompt);
+    cJSON_AddNumberToObject(o, "prompt_s", t_prompt);
+    cJSON_AddNumberToObject(o, "tokens_per_s_prompt", t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0);
+    cJSON_AddNumberToObject(o, "decode_tokens", n_gen);
+    cJSON_AddNumberToObject(o, "decode_s", t_gen);
+    cJSON_AddNumberToObject(o, "tokens_per_s_decode", n_gen > 0 && t_gen > 0 ? (double)n_gen / t_gen : 0.0);
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)ru.ru_maxrss * 1024);
     const struct moe_store *st = moe_session_store(sess);
     if (st) {
         struct moe_store_stats ss;
         moe_store_get_stats(st, &ss);
-        moe_store_stats_json(&ss, f);
-        fprintf(f, ", \"store_overhead_bytes\": %lld", (long long)moe_store_overhead_bytes(st));
+        cJSON_AddItemToObject(o, "store", moe_store_stats_to_json(&ss));
+        cJSON_AddNumberToObject(o, "store_overhead_bytes", (double)moe_store_overhead_bytes(st));
     } else {
-        fprintf(f, "null");
+        cJSON_AddNullToObject(o, "store");
     }
-    fprintf(f, ", \"big_little\": ");
-    if (sp->little_k > 0) {
-        struct moe_big_little_stats b;
-        moe_session_big_little_stats(sess, &b);
-        fprintf(f, "{\"little_k\": %d, \"k\": %d, \"gamma\": %.9g, \"prefetch_layers\": %d, \"tokens\": %lld, "
-                   "\"fallbacks\": %lld, \"fallback_ratio\": ",
-                sp->little_k, sp->n_expert_used, sp->gamma, sp->bl_prefetch_layers, (long long)b.tokens,
-                (long long)b.fallbacks);
-        if (b.tokens > 0) fprintf(f, "%.9g", (double)b.fallbacks / (double)b.tokens);
-        else fprintf(f, "null");
-        fprintf(f, ", \"little_s\": %.6f, \"big_s\": %.6f}", b.little_s, b.big_s);
-    } else {
-        fprintf(f, "null");
-    }
+    cJSON_AddItemToObject(o, "big_little", big_little_json(sess, sp));
 #ifdef MOE_HAVE_CUDA
-    struct moe_cuda_stats cs;
-    if (moe_session_backend(sess) && moe_backend_cuda_stats(moe_session_backend(sess), &cs) == MOE_OK) {
-        fprintf(f, ", \"gpu\": ");
-        moe_cuda_stats_json(&cs, f);
-    }
+    cJSON *g = gpu_json(sess);
+    if (g) cJSON_AddItemToObject(o, "gpu", g);
 #endif
-    fprintf(f, "}\n");
+    return o;
+}
+
+/* write_stats: stats_json written to an exclusive temporary file beside path
+ * and renamed over it. */
+static int write_stats(const char *path, const struct moe_session *sess, const struct moe_session_params *sp,
+                       size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
+    cJSON *o = stats_json(sess, sp, n_prompt, t_prompt, n_gen, t_gen);
+    char *text = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    struct moe_tmp_file t;
+    FILE *f = NULL;
+    if (!text || moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) {
+        if (text) moe_tmp_discard(&t);
+        cJSON_free(text);
+        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", path);
+        return 0;
+    }
+    fprintf(f, "%s\n", text);
+    cJSON_free(text);
     if (moe_tmp_commit(&t)) { /* flush, fsync, rename; removes the temporary file on failure */
         fprintf(stderr, "moe-run: cannot write %s\n", path);
         return 0;
@@ -605,6 +651,204 @@ static int apply_plan(struct args *a) {
     return 1;
 }
 
+/* One run's state, freed by run_free. */
+struct run {
+    struct moe_model *model;
+    struct moe_session *sess;
+    struct moe_sampler *sampler;
+    struct moe_session_params sp;
+    int32_t *ids;
+    size_t n_ids;
+    char *file_text;
+    float *logits;         /* [n_ids x V] with --logits-out, else [V] */
+    FILE *lf;              /* --logits-out's temporary file */
+    struct moe_tmp_file lt;
+    double t_prompt, t_gen;
+    int n_gen;
+};
+
+static void run_free(struct run *r) {
+    moe_tmp_discard(&r->lt);
+    free(r->logits);
+    free(r->ids);
+    free(r->file_text);
+    moe_sampler_free(r->sampler);
+    moe_session_free(r->sess);
+    moe_model_free(r->model);
+}
+
+/* load_model: the model, its outputs checked against its inputs. 0 ok, else
+ * the exit status. */
+static int load_model(const struct args *a, struct run *r) {
+    struct moe_model_params mp = moe_model_default_params();
+    mp.expert_precision = a->expert_precision;
+    mp.lazy_experts = a->use_store;
+    if (moe_model_load(a->model, &mp, &r->model) != MOE_OK) {
+        fprintf(stderr, "moe-run: cannot load model from %s\n", a->model);
+        return 1;
+    }
+    char what[256];
+    moe_model_precision_summary(r->model, what, sizeof what);
+    if (r->model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
+    return check_outputs(r->model, a) ? 0 : 2; /* never overwrite the model or the prompt file */
+}
+
+/* prompt_ids: the prompt as token ids (--tokens, or -p / -f tokenized). 0 ok,
+ * else the exit status. */
+static int prompt_ids(const struct args *a, struct run *r) {
+    if (a->tokens) return parse_token_list(a->tokens, &r->ids, &r->n_ids) ? 0 : 2;
+    const char *text = a->prompt;
+    size_t text_len = text ? strlen(text) : 0;
+    if (a->prompt_file) {
+        if (moe_read_file(a->prompt_file, 1u << 30, &r->file_text, &text_len) != MOE_OK) return 1;
+        text = r->file_text;
+    }
+    if (!r->model->tok) {
+        fprintf(stderr, "moe-run: %s has no tokenizer.json; pass token ids with --tokens\n", a->model);
+        return 1;
+    }
+    return moe_tokenizer_encode(r->model->tok, text, text_len, !a->no_special, &r->ids, &r->n_ids) == MOE_OK ? 0 : 1;
+}
+
+/* make_session: the session (store, backend, big-little, context) and the
+ * sampler. 1 ok. */
+static int make_session(struct args *a, struct run *r) {
+    const struct moe_config *c = &r->model->cfg;
+    struct moe_session_params *sp = &r->sp;
+    *sp = moe_session_default_params();
+    if (a->use_store) sp->store = &a->store;
+    sp->record_trace = a->trace_out != NULL;
+#ifdef MOE_HAVE_CUDA
+    if (a->gpu.device >= 0) {
+        sp->backend_new = moe_backend_cuda_new_fn;
+        sp->backend_user = &a->gpu;
+    }
+#endif
+    if (!big_little_params(a, r->model, sp)) return 0;
+    sp->n_threads = a->n_threads;
+    sp->n_ctx = a->n_ctx;
+    sp->n_batch = a->n_batch;
+    if (sp->n_ctx == 0) {
+        const int need = (int)r->n_ids + a->n_predict, def = c->max_pos < 4096 ? c->max_pos : 4096;
+        sp->n_ctx = need > def ? need : def;
+    }
+    if (!context_fits(c, sp->n_ctx) || moe_session_create(r->model, sp, &r->sess) != MOE_OK) return 0;
+    if ((int)r->n_ids + a->n_predict > moe_session_n_ctx(r->sess)) {
+        fprintf(stderr, "moe-run: prompt (%zu tokens) + %d to generate exceed the context of %d; raise --ctx\n",
+                r->n_ids, a->n_predict, moe_session_n_ctx(r->sess));
+        return 0;
+    }
+    struct moe_sampler_params smp = {a->temp, a->top_k, a->top_p, a->seed};
+    return moe_sampler_create(&smp, c->n_vocab, &r->sampler) == MOE_OK;
+}
+
+/* run_prompt: the prompt in one forward call (all rows with --logits-out,
+ * written to its temporary file). 1 ok. */
+static int run_prompt(const struct args *a, struct run *r) {
+    const size_t V = (size_t)r->model->cfg.n_vocab, n = r->n_ids;
+    const int all = a->logits_out != NULL;
+    if (!(r->logits = malloc(sizeof(float) * V * (all ? n : 1)))) return 0;
+    if (a->logits_out && (moe_tmp_create(a->logits_out, &r->lt) || !(r->lf = moe_tmp_stream(&r->lt)))) {
+        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", a->logits_out);
+        return 0;
+    }
+    const double t0 = moe_now_s();
+    if (moe_session_forward(r->sess, r->ids, (int)n, r->logits, all) != MOE_OK) return 0;
+    const int64_t bad = moe_logits_first_bad(r->logits, V * (all ? n : 1));
+    if (bad >= 0) { /* damaged weights or constants: fail loudly, never sample from NaN */
+        fprintf(stderr, "moe-run: the model produced a non-finite logit (NaN or infinity) at prompt position %lld, "
+                        "token %lld: its weights or config are damaged\n",
+                (long long)(all ? bad / (int64_t)V : (int64_t)n - 1), (long long)(bad % (int64_t)V));
+        return 0;
+    }
+    r->t_prompt = moe_now_s() - t0;
+    if (r->lf && fwrite(r->logits, sizeof(float), V * n, r->lf) != V * n) {
+        fprintf(stderr, "moe-run: write error on %s\n", r->lt.path);
+        return 0;
+    }
+    return 1;
+}
+
+/* decode_step: feed token `next` back and check (and log) its logits. 1 ok. */
+static int decode_step(struct run *r, int32_t next, int n_gen) {
+    const size_t V = (size_t)r->model->cfg.n_vocab;
+    float *step = r->logits; /* decode steps reuse the first row */
+    if (moe_session_forward(r->sess, &next, 1, step, 0) != MOE_OK) return 0;
+    if (moe_logits_first_bad(step, V) >= 0) {
+        fprintf(stderr, "\nmoe-run: the model produced a non-finite logit (NaN or infinity) at generated token "
+                        "%d: its weights or config are damaged\n", n_gen + 1);
+        return 0;
+    }
+    if (r->lf && fwrite(step, sizeof(float), V, r->lf) != V) {
+        fprintf(stderr, "moe-run: write error on %s\n", r->lt.path);
+        return 0;
+    }
+    return 1;
+}
+
+/* generate: sample up to n_predict tokens, streaming text (or ids). 1 ok. */
+static int generate(const struct args *a, struct run *r) {
+    const size_t V = (size_t)r->model->cfg.n_vocab;
+    const float *last = r->logits + (a->logits_out ? (r->n_ids - 1) * V : 0);
+    int32_t *seq = malloc(sizeof(int32_t) * (r->n_ids + (size_t)a->n_predict + 1));
+    if (!seq) return 0;
+    memcpy(seq, r->ids, sizeof(int32_t) * r->n_ids);
+    size_t n_seq = r->n_ids, printed = 0;
+    const struct moe_tokenizer *tok = r->model->tok;
+    if (tok && !a->print_ids) print_text_delta(tok, seq, n_seq, &printed); /* echo the prompt, then stream */
+    const double t0 = moe_now_s();
+    int ok = 1, n_gen = 0;
+    for (; n_gen < a->n_predict; n_gen++) {
+        const int32_t next = moe_sampler_sample(r->sampler, n_gen == 0 ? last : r->logits);
+        seq[n_seq++] = next;
+        if (a->print_ids) {
+            printf("%s%d", n_gen ? "," : "", next);
+            fflush(stdout);
+        } else if (tok) {
+            print_text_delta(tok, seq, n_seq, &printed);
+        }
+        if ((!a->ignore_eos && is_eos(r->model, next)) || n_gen + 1 == a->n_predict) {
+            n_gen++; /* the last token is not fed back */
+            break;
+        }
+        if (!(ok = decode_step(r, next, n_gen))) break;
+    }
+    r->t_gen = moe_now_s() - t0;
+    r->n_gen = n_gen;
+    free(seq);
+    return ok;
+}
+
+/* finish: commit --logits-out, print speed and counts, write --stats-json
+ * and --trace-out. 1 ok. */
+static int finish(const struct args *a, struct run *r) {
+    printf("\n");
+    fflush(stdout);
+    if (r->lf) {
+        r->lf = NULL;
+        if (moe_tmp_commit(&r->lt)) { /* fsync, rename; removes the temporary file on failure */
+            fprintf(stderr, "moe-run: cannot write %s\n", a->logits_out);
+            return 0;
+        }
+    }
+    const double tp = r->t_prompt, tg = r->t_gen;
+    fprintf(stderr, "moe-run: prompt %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
+            r->n_ids, tp, (double)r->n_ids / (tp > 0 ? tp : 1e-9), r->n_gen, tg,
+            r->n_gen > 0 ? (double)r->n_gen / (tg > 0 ? tg : 1e-9) : 0.0);
+    print_store_stats(r->sess);
+    if (r->sp.little_k > 0) {
+        struct moe_big_little_stats b;
+        moe_session_big_little_stats(r->sess, &b);
+        fprintf(stderr, "moe-run: big-little: top-%d little model, gamma %.3g: %lld of %lld tokens fell back to top-%d "
+                        "(%.1f %%)\n", r->sp.little_k, r->sp.gamma, (long long)b.fallbacks, (long long)b.tokens,
+                r->sp.n_expert_used, b.tokens ? 100.0 * (double)b.fallbacks / (double)b.tokens : 0.0);
+    }
+    /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
+    if (a->stats_json && !write_stats(a->stats_json, r->sess, &r->sp, r->n_ids, tp, r->n_gen > 1 ? r->n_gen - 1 : 0, tg))
+        return 0;
+    return !a->trace_out || write_trace(r->sess, r->model, a->model, a->trace_out);
+}
+
 int main(int argc, char **argv) {
     struct args a;
     int rc = parse_args(argc, argv, &a);
@@ -612,195 +856,19 @@ int main(int argc, char **argv) {
     if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
     if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.hw, 0, "moe-run");
     if (!apply_plan(&a)) return 2;
-
-    struct moe_model *model = NULL;
-    struct moe_session *sess = NULL;
-    struct moe_sampler *sampler = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    char *file_text = NULL;
-    float *logits = NULL;
-    FILE *lf = NULL;
-    struct moe_tmp_file lt = {NULL, NULL, -1, NULL}; /* --logits-out, written beside it and renamed */
-    int status = 1;
-
-    struct moe_model_params mp = moe_model_default_params();
-    mp.expert_precision = a.expert_precision;
-    mp.lazy_experts = a.use_store;
-    if (moe_model_load(a.model, &mp, &model) != MOE_OK) {
-        fprintf(stderr, "moe-run: cannot load model from %s\n", a.model);
-        goto done;
-    }
-    {
-        char what[256];
-        moe_model_precision_summary(model, what, sizeof what);
-        if (model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
-    }
-    const struct moe_config *c = &model->cfg;
-    if (!check_outputs(model, &a)) { /* never overwrite the model or the prompt file */
-        status = 2;
-        goto done;
-    }
-    if (a.tokens) {
-        if (!parse_token_list(a.tokens, &ids, &n_ids)) {
-            status = 2;
-            goto done;
-        }
-    } else {
-        const char *text = a.prompt;
-        size_t text_len = text ? strlen(text) : 0;
-        if (a.prompt_file) {
-            if (moe_read_file(a.prompt_file, 1u << 30, &file_text, &text_len) != MOE_OK) goto done;
-            text = file_text;
-        }
-        if (!model->tok) {
-            fprintf(stderr, "moe-run: %s has no tokenizer.json; pass token ids with --tokens\n", a.model);
-            goto done;
-        }
-        if (moe_tokenizer_encode(model->tok, text, text_len, !a.no_special, &ids, &n_ids) != MOE_OK)
-            goto done;
-    }
-    if (a.tokenize) {
-        for (size_t i = 0; i < n_ids; i++) printf("%s%d", i ? "," : "", ids[i]);
+    struct run r = {0};
+    r.lt = (struct moe_tmp_file){NULL, NULL, -1, NULL}; /* --logits-out, written beside it and renamed */
+    int status = load_model(&a, &r);
+    if (!status) status = prompt_ids(&a, &r);
+    if (!status && a.tokenize) {
+        for (size_t i = 0; i < r.n_ids; i++) printf("%s%d", i ? "," : "", r.ids[i]);
         printf("\n");
-        status = 0;
-        goto done;
-    }
-    if (n_ids == 0) {
+    } else if (!status && r.n_ids == 0) {
         fprintf(stderr, "moe-run: the prompt is empty after tokenization\n");
-        goto done;
+        status = 1;
+    } else if (!status) {
+        status = make_session(&a, &r) && run_prompt(&a, &r) && generate(&a, &r) && finish(&a, &r) ? 0 : 1;
     }
-    struct moe_session_params sp = moe_session_default_params();
-    if (a.use_store) {
-        sp.store = &a.store;
-    }
-    sp.record_trace = a.trace_out != NULL;
-#ifdef MOE_HAVE_CUDA
-    if (a.gpu.device >= 0) {
-        sp.backend_new = moe_backend_cuda_new_fn;
-        sp.backend_user = &a.gpu;
-    }
-#endif
-    if (!big_little_params(&a, model, &sp)) goto done;
-    sp.n_threads = a.n_threads;
-    sp.n_ctx = a.n_ctx;
-    sp.n_batch = a.n_batch;
-    if (sp.n_ctx == 0) {
-        int need = (int)n_ids + a.n_predict;
-        int def = c->max_pos < 4096 ? c->max_pos : 4096;
-        sp.n_ctx = need > def ? need : def;
-    }
-    if (!context_fits(c, sp.n_ctx)) goto done;
-    if (moe_session_create(model, &sp, &sess) != MOE_OK) goto done;
-    if ((int)n_ids + a.n_predict > moe_session_n_ctx(sess)) {
-        fprintf(stderr, "moe-run: prompt (%zu tokens) + %d to generate exceed the context of %d; "
-                        "raise --ctx\n", n_ids, a.n_predict, moe_session_n_ctx(sess));
-        goto done;
-    }
-    struct moe_sampler_params smp = {a.temp, a.top_k, a.top_p, a.seed};
-    if (moe_sampler_create(&smp, c->n_vocab, &sampler) != MOE_OK) goto done;
-
-    const size_t V = (size_t)c->n_vocab;
-    int all = a.logits_out != NULL;
-    logits = malloc(sizeof(float) * V * (all ? n_ids : 1));
-    if (!logits) goto done;
-    if (a.logits_out && (moe_tmp_create(a.logits_out, &lt) || !(lf = moe_tmp_stream(&lt)))) {
-        fprintf(stderr, "moe-run: cannot write %s (see the message above)\n", a.logits_out);
-        goto done;
-    }
-    double t0 = now_s();
-    if (moe_session_forward(sess, ids, (int)n_ids, logits, all) != MOE_OK) goto done;
-    int64_t bad = moe_logits_first_bad(logits, V * (all ? n_ids : 1));
-    if (bad >= 0) { /* damaged weights or constants: fail loudly, never sample from NaN */
-        fprintf(stderr, "moe-run: the model produced a non-finite logit (NaN or infinity) at prompt position %lld, "
-                        "token %lld: its weights or config are damaged\n",
-                (long long)(all ? bad / (int64_t)V : (int64_t)n_ids - 1), (long long)(bad % (int64_t)V));
-        goto done;
-    }
-    double t1 = now_s();
-    const float *last = logits + (all ? (n_ids - 1) * V : 0);
-    if (lf && fwrite(logits, sizeof(float), V * n_ids, lf) != V * n_ids) {
-        fprintf(stderr, "moe-run: write error on %s\n", lt.path);
-        goto done;
-    }
-
-    /* generation */
-    int32_t *seq = malloc(sizeof(int32_t) * (n_ids + (size_t)a.n_predict + 1));
-    if (!seq) goto done;
-    memcpy(seq, ids, sizeof(int32_t) * n_ids);
-    size_t n_seq = n_ids, printed = 0;
-    if (model->tok && !a.print_ids) { /* echo the prompt, then stream the continuation */
-        print_text_delta(model->tok, seq, n_seq, &printed);
-    }
-    int n_gen = 0;
-    float *step_logits = logits; /* decode steps reuse the first row */
-    for (; n_gen < a.n_predict; n_gen++) {
-        int32_t next = moe_sampler_sample(sampler, n_gen == 0 ? last : step_logits);
-        seq[n_seq++] = next;
-        if (a.print_ids) {
-            printf("%s%d", n_gen ? "," : "", next);
-            fflush(stdout);
-        } else if (model->tok) {
-            print_text_delta(model->tok, seq, n_seq, &printed);
-        }
-        if (!a.ignore_eos && is_eos(model, next)) {
-            n_gen++;
-            break;
-        }
-        if (n_gen + 1 == a.n_predict) {
-            n_gen++;
-            break; /* the last token is not fed back */
-        }
-        if (moe_session_forward(sess, &next, 1, step_logits, 0) != MOE_OK) {
-            free(seq);
-            goto done;
-        }
-        if (moe_logits_first_bad(step_logits, V) >= 0) {
-            fprintf(stderr, "\nmoe-run: the model produced a non-finite logit (NaN or infinity) at generated token "
-                            "%d: its weights or config are damaged\n", n_gen + 1);
-            free(seq);
-            goto done;
-        }
-        if (lf && fwrite(step_logits, sizeof(float), V, lf) != V) {
-            fprintf(stderr, "moe-run: write error on %s\n", lt.path);
-            free(seq);
-            goto done;
-        }
-    }
-    double t2 = now_s();
-    free(seq);
-    printf("\n");
-    fflush(stdout);
-    if (lf) {
-        lf = NULL;
-        if (moe_tmp_commit(&lt)) { /* fsync, rename; removes the temporary file on failure */
-            fprintf(stderr, "moe-run: cannot write %s\n", a.logits_out);
-            goto done;
-        }
-    }
-    fprintf(stderr, "moe-run: prompt %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
-            n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen, t2 - t1,
-            n_gen > 0 ? (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
-    print_store_stats(sess);
-    /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
-    if (sp.little_k > 0) {
-        struct moe_big_little_stats b;
-        moe_session_big_little_stats(sess, &b);
-        fprintf(stderr, "moe-run: big-little: top-%d little model, gamma %.3g: %lld of %lld tokens fell back to top-%d "
-                        "(%.1f %%)\n", sp.little_k, sp.gamma, (long long)b.fallbacks, (long long)b.tokens,
-                sp.n_expert_used, b.tokens ? 100.0 * (double)b.fallbacks / (double)b.tokens : 0.0);
-    }
-    if (a.stats_json && !write_stats(a.stats_json, sess, &sp, n_ids, t1 - t0, n_gen > 1 ? n_gen - 1 : 0, t2 - t1))
-        goto done;
-    if (a.trace_out && !write_trace(sess, model, a.model, a.trace_out)) goto done;
-    status = 0;
-done:
-    moe_tmp_discard(&lt);
-    free(logits);
-    free(ids);
-    free(file_text);
-    moe_sampler_free(sampler);
-    moe_session_free(sess);
-    moe_model_free(model);
+    run_free(&r);
     return status;
 }

@@ -12,7 +12,7 @@
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformats -Iruntime \
  *       tests/fuzz/fuzz-gguf.c formats/gguf.c formats/status.c formats/mmap.c formats/dtype.c \
- *       formats/quant*.c runtime/gguf-model.c runtime/gguf-vocab.c runtime/config.c runtime/tokenizer.c \
+ *       formats/quant*.c runtime/gguf-model.c runtime/gguf-vocab.c runtime/config.c runtime/tokenizer-*.c \
  *       $(pkg-config --cflags --libs libcjson libpcre2-8 libutf8proc) -lm -lpthread -o /tmp/fuzz-gguf
  *   mkdir -p /tmp/gguf-corpus
  *   /tmp/fuzz-gguf -max_total_time=300 -max_len=16384 /tmp/gguf-corpus tests/fuzz/corpus/gguf
