@@ -15,7 +15,12 @@
  *   - bitwidth: the map lands in the bundle tuning (unless --no-tuning) and a
  *     default load binds each expert at it; --max-size picks what fits;
  *     unreachable budgets and shape mismatches exit 1;
- *   - `profile report` renders a sensitivity file with its heat maps.
+ *   - `profile report` renders a sensitivity file with its heat maps;
+ *   - the stage as a library call (moe_sensitivity_run): 3 expert shards,
+ *     one of them stopped and resumed, merged by moe_sensitivity_merge, equal
+ *     a whole run bit for bit (sums, routing, positions, baseline NLL,
+ *     Spearman) on qwen2_moe-f32 (a dense layer); the merge refuses a
+ *     missing shard and shards of another context.
  * argv[1] is the moe-prep binary.
  */
 #include <math.h>
@@ -183,6 +188,66 @@ done:
     moe_model_free(m);
 }
 
+/* check_stage: moe_sensitivity_run whole and as 3 shards + moe_sensitivity_merge. */
+static void check_stage(const char *name) {
+    char bundle[600], out[4][700], merged[700];
+    quantize(name, bundle, sizeof bundle);
+    struct moe_model_params mp = moe_model_default_params();
+    mp.expert_precision = "q8_0";
+    struct moe_model *m = NULL;
+    CHECK(moe_model_load(bundle, &mp, &m) == MOE_OK, "%s: load", name);
+    int32_t *seq = m ? sequences(m) : NULL;
+    if (!seq) goto done;
+    struct moe_sensitivity_params p = moe_sensitivity_default_params();
+    uint32_t q8 = 0, q4 = 0;
+    moe_bundle_find_precision(m->bundle, "q8_0", &q8);
+    moe_bundle_find_precision(m->bundle, "q4_0", &q4);
+    p.sweep.base = (int)q8, p.sweep.low = (int)q4, p.sweep.n_threads = 2;
+    p.model_name = bundle, p.dataset_name = text_path, p.stream_tokens = N_SEQ * CTX;
+    struct moe_sensitivity_result whole, r;
+    snprintf(out[3], sizeof out[3], "%s/stage-whole.h5", tmpdir);
+    p.out = out[3];
+    CHECK(moe_sensitivity_run(m, seq, N_SEQ, CTX, &p, &whole) == MOE_OK && whole.complete, "%s: whole", name);
+    const char *paths[3] = {out[0], out[1], out[2]};
+    for (int i = 0; i < 3; i++) {
+        snprintf(out[i], sizeof out[i], "%s/stage-%d.h5", tmpdir, i);
+        p.out = out[i], p.sweep.shard_index = i, p.sweep.shard_count = 3;
+        p.stop_after = i == 1 ? 1 : 0; /* shard 1 stops after a sequence, then resumes */
+        CHECK(moe_sensitivity_run(m, seq, N_SEQ, CTX, &p, &r) == MOE_OK && r.complete == (i != 1), "%s: shard %d",
+              name, i);
+        moe_sensitivity_result_clear(&r);
+        if (i != 1) continue;
+        p.resume = 1, p.stop_after = 0;
+        CHECK(moe_sensitivity_run(m, seq, N_SEQ, CTX, &p, &r) == MOE_OK && r.complete && r.resumed_at == 1,
+              "%s: shard 1 resumed at %d", name, r.resumed_at);
+        moe_sensitivity_result_clear(&r);
+        p.resume = 0;
+    }
+    snprintf(merged, sizeof merged, "%s/stage-merged.h5", tmpdir);
+    CHECK(moe_sensitivity_merge(paths, 2, merged, &r) == MOE_ERR_INVALID, "%s: a missing shard merged", name);
+    moe_sensitivity_result_clear(&r);
+    CHECK(moe_sensitivity_merge(paths, 3, merged, &r) == MOE_OK && r.complete && r.n_shards_merged == 3,
+          "%s: merge", name);
+    const struct moe_sens_state *a = &whole.state, *b = &r.state;
+    const size_t n = (size_t)a->n_moe * (size_t)a->n_expert;
+    CHECK(b->kl && a->n_moe == b->n_moe && !memcmp(a->kl, b->kl, 8 * n) && !memcmp(a->dnll, b->dnll, 8 * n) &&
+              !memcmp(a->proxy, b->proxy, 8 * n) && !memcmp(a->routed, b->routed, 8 * n) && a->n_kl == b->n_kl &&
+              a->n_nll == b->n_nll && a->base_nll == b->base_nll && whole.spearman == r.spearman &&
+              !strcmp(whole.low, r.low) && r.moe_layer[0] == whole.moe_layer[0],
+          "%s: merged shards differ from the whole run", name);
+    moe_sensitivity_result_clear(&r);
+    /* a shard of another context does not join */
+    p.out = out[2], p.sweep.shard_index = 2;
+    CHECK(moe_sensitivity_run(m, seq, N_SEQ * 2, CTX / 2, &p, &r) == MOE_OK, "%s: shard at ctx/2", name);
+    moe_sensitivity_result_clear(&r);
+    CHECK(moe_sensitivity_merge(paths, 3, merged, &r) == MOE_ERR_INVALID, "%s: shards of two contexts merged", name);
+    moe_sensitivity_result_clear(&r);
+    moe_sensitivity_result_clear(&whole);
+done:
+    free(seq);
+    moe_model_free(m);
+}
+
 /* same_array: derived f64/i32 array `name` identical in both files. */
 static int same_array(const struct moe_profile *a, const struct moe_profile *b, const char *name) {
     int na, nb;
@@ -334,6 +399,7 @@ int main(int argc, char **argv) {
     check_library("qwen2_moe-f32");
     check_library("deepseek_v3-f32"); /* MLA cache under forward_from, sigmoid routing */
     check_library("gpt_oss-f32"); /* expert biases and the clamped SwiGLU in the sweep */
+    check_stage("qwen2_moe-f32");
     check_cli();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -5,12 +5,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "hw-cmd.h"
 #include "moe-hw.h"
+#include "moe-opt.h"
 #include "moe-prep.h"
 #include "tool-util.h"
+
+static const struct moe_opt k_hw_opts[] = {
+    {"threads", 't', MOE_OPT_REQUIRED, "N", "CPU threads, as moe-run will use (default: all)"},
+    {"hw", 0, MOE_OPT_REQUIRED, "FILE", "the table to update (default above)"},
+    {"show", 0, MOE_OPT_NONE, NULL, "print the table's entries for MODEL without measuring"},
+    {"help", 'h', MOE_OPT_NONE, NULL, "this text"},
+    {NULL, 0, 0, NULL, NULL},
+};
 
 static void hw_usage(FILE *f) {
     fprintf(f,
@@ -30,50 +38,48 @@ static void hw_usage(FILE *f) {
             "machine gives slower, noisier numbers). `moe-run -m MODEL --measure-hw` does\n"
             "the same.\n"
             "\n"
-            "options:\n"
-            "  -t, --threads N   CPU threads, as moe-run will use (default: all)\n"
-            "  --hw FILE         the table to update (default above)\n"
-            "  --show            print the table's entries for MODEL without measuring\n"
-            "  -h, --help        this text\n"
-            "\n"
-            "examples:\n"
-            "  moe-prep hw mixtral.moeb -t 8\n"
-            "  moe-prep hw tiny.moeb --hw /tmp/hw.json --show\n");
+            "options:\n");
+    moe_opt_help(f, k_hw_opts);
+    fprintf(f, "\n"
+               "examples:\n"
+               "  moe-prep hw mixtral.moeb -t 8\n"
+               "  moe-prep hw tiny.moeb --hw /tmp/hw.json --show\n");
+}
+
+struct hw_args {
+    const char *table;
+    int threads, show;
+};
+
+/* on_hw_opt: one option (moe_opt handler); 1 after --help. */
+static int on_hw_opt(void *ctx, const struct moe_opt *o, const char *v) {
+    struct hw_args *a = ctx;
+    long long n;
+    if (o->key == 'h') return hw_usage(stdout), 1;
+    if (o->key == 't') {
+        if (!moe_tool_parse_ll("hw", "--threads", v, 1, 4096, &n)) return 2;
+        a->threads = (int)n;
+    } else if (!strcmp(o->name, "hw")) {
+        a->table = v;
+    } else {
+        a->show = 1;
+    }
+    return 0;
 }
 
 int moe_prep_hw(int argc, char **argv) {
-    const char *model = NULL, *table = NULL;
-    int threads = 0, show = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        long long n;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            hw_usage(stdout);
-            return 0;
-        } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
-            if (i + 1 >= argc || !moe_tool_parse_ll("hw", o, argv[++i], 1, 4096, &n)) return 2;
-            threads = (int)n;
-        } else if (!strcmp(o, "--hw")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "moe-prep hw: --hw needs a file\n");
-                return 2;
-            }
-            table = argv[++i];
-        } else if (!strcmp(o, "--show")) {
-            show = 1;
-        } else if (o[0] == '-') {
-            fprintf(stderr, "moe-prep hw: unknown option \"%s\" (see moe-prep hw --help)\n", o);
-            return 2;
-        } else if (!model) {
-            model = o;
-        } else {
-            fprintf(stderr, "moe-prep hw: one MODEL.moeb only\n");
-            return 2;
-        }
+    struct hw_args a = {NULL, 0, 0};
+    const struct moe_opt *tables[] = {k_hw_opts};
+    int pos = argc;
+    int rc = moe_opt_parse("moe-prep hw", argc, argv, 1, tables, 1, on_hw_opt, &a, &pos);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (argc - pos > 1) {
+        fprintf(stderr, "moe-prep hw: one MODEL.moeb only\n");
+        return 2;
     }
-    if (!model) {
+    if (pos >= argc) {
         fprintf(stderr, "moe-prep hw: no MODEL.moeb given (see moe-prep hw --help)\n");
         return 2;
     }
-    return moe_hw_command(model, threads, table, show, "moe-prep hw");
+    return moe_hw_command(argv[pos], a.threads, a.table, a.show, "moe-prep hw");
 }

@@ -22,6 +22,7 @@
 #include "moe-session.h"
 #include "profile-cli.h"
 #include "profile-h5.h"
+#include "shard.h"
 #include "profile-results.h"
 #include "report.h"
 #include "routing-stats.h"
@@ -87,7 +88,9 @@ static void profile_usage(FILE *f) {
             "                        path-dictionary accuracy (default 0.2; 0 = none)\n"
             "  --router-logits TYPE  also keep every router logit in the trace: f16 or f32\n"
             "  --shard I/N           profile only the I-th of N slices of the sequences (I from\n"
-            "                        1); combine the shards with `moe-prep profile merge`\n"
+            "                        1); combine the shards with `moe-prep profile merge`;\n"
+            "                        auto (or auto/N) takes I and N from a Slurm or Kubernetes\n"
+            "                        job array (docs/distributed.md)\n"
             "  --csv-dir DIR         also write the summaries as CSV files into DIR\n"
             "  --no-tuning           do not write the results into the bundle's tuning section\n"
             "  -t, --threads N       CPU threads (default: all online CPUs)\n"
@@ -111,19 +114,16 @@ static int parse_ll(const char *o, const char *v, long long lo, long long hi, lo
     return moe_tool_parse_ll("profile", o, v, lo, hi, out);
 }
 
-/* parse_shard: "I/N" with 1 <= I <= N. */
+/* parse_shard: "I/N" with 1 <= I <= N, or auto / auto/N from a Slurm or
+ * Kubernetes job array (tools/common/shard.h). */
 static int parse_shard(const char *v, int *i, int *n) {
-    char *end;
-    long a = strtol(v, &end, 10), b;
-    if (end == v || *end != '/') goto bad;
-    const char *q = end + 1;
-    b = strtol(q, &end, 10);
-    if (end == q || *end || b < 1 || b > 1000000 || a < 1 || a > b) goto bad;
-    *i = (int)a, *n = (int)b;
+    char why[256];
+    if (!moe_shard_parse(v, 0, i, n, why, sizeof why)) {
+        fprintf(stderr, "moe-prep profile: --shard: %s\n", why);
+        return 0;
+    }
+    *i += 1; /* this file counts shards from 1 */
     return 1;
-bad:
-    fprintf(stderr, "moe-prep profile: --shard wants I/N with 1 <= I <= N (e.g. 2/4), not \"%s\"\n", v);
-    return 0;
 }
 
 /* parse_args: 0 ok, 1 help printed, 2 usage error (reported). */

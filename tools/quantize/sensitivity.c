@@ -1,39 +1,28 @@
 /*
- * sensitivity.c - EdgeMoE's per-expert sensitivity sweep (see sensitivity.h)
- * and the `moe-prep sensitivity` command.
+ * sensitivity.c - EdgeMoE's per-expert sensitivity sweep and the stage
+ * around it: checkpoints, resume, shards and the results file (see
+ * sensitivity.h). The command is sensitivity-cmd.c; the merge of shard files
+ * sensitivity-merge.c.
  */
 #include "sensitivity.h"
 
-#include "moe-file.h"
-
-#include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "token-stream.h"
+#include "moe-base.h"
 #include "moe-bundle.h"
-#include "moe-dataset.h"
-#include "moe-prep.h"
 #include "moe-session.h"
 #include "profile-h5.h"
-#include "tool-util.h"
+#include "sensitivity-impl.h"
 
 struct moe_sens_params moe_sens_default_params(void) {
     struct moe_sens_params p = {0};
     p.low = -1;
     p.base = -1;
     return p;
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* ---- state ------------------------------------------------------------ */
@@ -45,9 +34,13 @@ static int n_moe_layers(const struct moe_config *c) {
 }
 
 enum moe_status moe_sens_state_init(struct moe_sens_state *s, const struct moe_model *m, int n_seq, int n_ctx) {
+    return sens_state_alloc(s, n_moe_layers(&m->cfg), m->cfg.n_expert, n_seq, n_ctx);
+}
+
+enum moe_status sens_state_alloc(struct moe_sens_state *s, int n_moe, int n_expert, int n_seq, int n_ctx) {
     memset(s, 0, sizeof *s);
-    s->n_moe = n_moe_layers(&m->cfg);
-    s->n_expert = m->cfg.n_expert;
+    s->n_moe = n_moe;
+    s->n_expert = n_expert;
     s->n_seq = n_seq;
     s->n_ctx = n_ctx;
     const size_t n = (size_t)s->n_moe * (size_t)s->n_expert + 1;
@@ -252,7 +245,7 @@ static enum moe_status expert_naive(struct sweep *w, const int32_t *seq, int l, 
 
 /* sweep_seq: baseline pass of one sequence, then every expert. */
 static enum moe_status sweep_seq(struct sweep *w, const int32_t *seq) {
-    double t0 = now_s();
+    double t0 = moe_now_s();
     const int proxy_only = w->p->metric == MOE_SENS_PROXY;
     moe_session_reset(w->sess);
     w->cap.on = 1;
@@ -265,9 +258,11 @@ static enum moe_status sweep_seq(struct sweep *w, const int32_t *seq) {
     }
     w->st->n_kl += w->n;
     w->st->n_nll += w->n - 1;
-    w->st->base_seconds += now_s() - t0;
+    w->st->base_seconds += moe_now_s() - t0;
+    const int every = w->p->shard_count > 1 ? w->p->shard_count : 1;
     for (int li = 0; li < w->n_moe; li++)
         for (int e = 0; e < w->E; e++) {
+            if ((li * w->E + e) % every != (every > 1 ? w->p->shard_index : 0)) continue; /* another shard's */
             st = w->p->method == MOE_SENS_NAIVE ? expert_naive(w, seq, w->layer_of[li], li, e)
                                                 : expert_cached(w, seq, w->layer_of[li], li, e);
             if (st) return st;
@@ -375,21 +370,22 @@ enum moe_status moe_sens_run(struct moe_model *m, const int32_t *tokens, const s
                              struct moe_sens_state *s, int seq_end, const volatile int *stop) {
     if (!m->bundle || p->low < 0 || p->base < 0 || p->low >= m->n_expert_prec || p->base >= m->n_expert_prec ||
         s->n_expert != m->cfg.n_expert || s->n_moe != n_moe_layers(&m->cfg) || s->n_moe == 0 || s->n_ctx < 2 ||
-        seq_end > s->n_seq) {
+        seq_end > s->n_seq || p->shard_count < 0 || p->shard_index < 0 ||
+        p->shard_index >= (p->shard_count > 1 ? p->shard_count : 1)) {
         MOE_LOGE("sensitivity: needs a bundle with MoE layers, low and base precisions among its %d, sequences of at "
-                 "least 2 tokens and a sweep state of this model", m->n_expert_prec);
+                 "least 2 tokens, a shard index below the count and a sweep state of this model", m->n_expert_prec);
         return MOE_ERR_INVALID;
     }
     struct sweep w;
-    double t0 = now_s();
+    double t0 = moe_now_s();
     enum moe_status st = sweep_init(&w, m, p, s);
     for (int q = s->next_seq; !st && q < seq_end && !(stop && *stop); q++) {
-        double tq = now_s();
+        double tq = moe_now_s();
         st = sweep_seq(&w, tokens + (size_t)q * (size_t)s->n_ctx);
         if (st) break;
         s->next_seq = q + 1;
-        s->seconds += now_s() - tq;
-        if (p->on_seq) p->on_seq(s->next_seq, s->n_seq, now_s() - t0, p->user);
+        s->seconds += moe_now_s() - tq;
+        if (p->on_seq) p->on_seq(s->next_seq, s->n_seq, moe_now_s() - t0, p->user);
     }
     if (w.layer_of) {
         enum moe_status st2 = bind_all(m, w.layer_of, w.n_moe, p->base);
@@ -464,161 +460,41 @@ double moe_spearman(const double *a, const double *b, int n) {
     return out;
 }
 
-/* ---- the command ------------------------------------------------------ */
+void moe_sens_default_pair(const struct moe_model *m, int *low, int *base) {
+    int np = m->n_expert_prec, l0 = 0;
+    while (l0 < m->cfg.n_layer && !m->cfg.layer_moe[l0]) l0++;
+    uint64_t sz[64];
+    for (int p = 0; p < np && p < 64; p++) {
+        struct moe_bundle_blob b;
+        sz[p] = moe_bundle_expert(m->bundle, (uint32_t)l0, 0, (uint32_t)p, &b) ? 0 : b.raw_size;
+    }
+    int lo = 0;
+    for (int p = 1; p < np && p < 64; p++)
+        if (sz[p] < sz[lo]) lo = p;
+    int bs = -1;
+    for (int p = 0; p < np && p < 64; p++)
+        if (p != lo && sz[p] >= sz[lo] && (bs < 0 || sz[p] < sz[bs])) bs = p;
+    *low = lo;
+    *base = bs;
+}
 
 static const char *const k_metric_names[] = {"kl", "ppl", "proxy"};
 
-struct sens_args {
-    const char *model, *dataset, *out, *csv, *low, *base;
-    int n_ctx, n_threads, resume, json, stop_after;
-    long long max_tokens;
-    double checkpoint_every;
-    enum moe_sens_metric metric;
-    enum moe_sens_method method;
-};
-
-static void sens_usage(FILE *f) {
-    fprintf(f,
-            "usage: moe-prep sensitivity MODEL.moeb --dataset SPEC -o SENS.h5 [options]\n"
-            "\n"
-            "EdgeMoE's sweep: for every routed expert, the loss increase when that expert\n"
-            "alone uses the --low precision and every other expert the --base precision,\n"
-            "against the all-base model. Only what a change touches is recomputed (the\n"
-            "expert's tokens in its layer, then the layers above it); the cost is printed in\n"
-            "baseline-pass equivalents next to a naive sweep's. The result (L x E matrix and\n"
-            "ranking) is a profile-format HDF5 file: `moe-prep profile report` draws its heat\n"
-            "maps and `moe-prep bitwidth` searches with its ranking.\n"
-            "\n"
-            "options:\n"
-            "  --dataset SPEC          calibration text (a file or dataset card; see docs/cli.md)\n"
-            "  -o, --out FILE          output (.h5); progress is kept in FILE.partial\n"
-            "  --low NAME              the low precision (default: the smallest stored)\n"
-            "  --base NAME             the base precision (default: the next larger stored)\n"
-            "  --metric kl|ppl|proxy   what ranks the experts (default kl): mean KL divergence of\n"
-            "                          the next-token distributions, mean NLL increase (perplexity),\n"
-            "                          or the gate-weighted output error of the expert on its own\n"
-            "                          tokens (no recomputation; cheapest). kl and ppl also give\n"
-            "                          the proxy and its Spearman rank agreement with them.\n"
-            "  --ctx N                 tokens per sequence (default 256)\n"
-            "  --max-tokens N          use at most N tokens of the text (whole sequences)\n"
-            "  --csv FILE              also write one row per expert\n"
-            "  --json                  machine-readable summary on stdout\n"
-            "  --resume                continue from FILE.partial (same settings) after an interruption\n"
-            "  --checkpoint-every S    save progress at most every S seconds (default 30)\n"
-            "  --stop-after N          save and stop after N sequences in this run (exit 3; --resume goes on)\n"
-            "  --method cached|naive   naive = one full forward pass per expert (for comparison)\n"
-            "  -t, --threads N         CPU threads (default: all)\n"
-            "\n"
-            "Interrupting (Ctrl-C) saves progress after the current sequence; --resume then\n"
-            "gives the same result as an uninterrupted run.\n"
-            "\n"
-            "example:\n"
-            "  moe-prep sensitivity tiny.moeb --dataset wiki.txt --low q2_k --base q4_k -o sens.h5 --csv sens.csv\n");
+const char *moe_sens_metric_name(enum moe_sens_metric metric) {
+    return metric >= MOE_SENS_KL && metric <= MOE_SENS_PROXY ? k_metric_names[metric] : "?";
 }
 
-static int sens_parse(int argc, char **argv, struct sens_args *a) {
-    memset(a, 0, sizeof *a);
-    a->n_ctx = 256;
-    a->checkpoint_every = 30;
-    const char *cmd = "sensitivity";
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long n;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            sens_usage(stdout);
-            return 1;
-        }
-        int takes = strcmp(o, "--resume") && strcmp(o, "--json");
-        if (o[0] == '-' && takes && !v) {
-            fprintf(stderr, "moe-prep sensitivity: %s needs a value\n", o);
-            return 2;
-        }
-        if (!strcmp(o, "--dataset")) a->dataset = v;
-        else if (!strcmp(o, "-o") || !strcmp(o, "--out")) a->out = v;
-        else if (!strcmp(o, "--csv")) a->csv = v;
-        else if (!strcmp(o, "--low")) a->low = v;
-        else if (!strcmp(o, "--base")) a->base = v;
-        else if (!strcmp(o, "--resume")) a->resume = 1;
-        else if (!strcmp(o, "--json")) a->json = 1;
-        else if (!strcmp(o, "--metric")) {
-            int k = -1;
-            for (int j = 0; j < 3; j++)
-                if (!strcmp(v, k_metric_names[j])) k = j;
-            if (k < 0) {
-                fprintf(stderr, "moe-prep sensitivity: --metric wants kl, ppl or proxy, not \"%s\"\n", v);
-                return 2;
-            }
-            a->metric = (enum moe_sens_metric)k;
-        } else if (!strcmp(o, "--method")) {
-            if (!strcmp(v, "cached")) a->method = MOE_SENS_CACHED;
-            else if (!strcmp(v, "naive")) a->method = MOE_SENS_NAIVE;
-            else {
-                fprintf(stderr, "moe-prep sensitivity: --method wants cached or naive, not \"%s\"\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--ctx")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 4, 1 << 20, &n)) return 2;
-            a->n_ctx = (int)n;
-        } else if (!strcmp(o, "--max-tokens")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 1, (long long)1 << 40, &a->max_tokens)) return 2;
-        } else if (!strcmp(o, "--stop-after")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 1, 1 << 30, &n)) return 2;
-            a->stop_after = (int)n;
-        } else if (!strcmp(o, "--checkpoint-every")) {
-            if (!moe_tool_parse_double(cmd, o, v, 0, 1e9, &a->checkpoint_every)) return 2;
-        } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 0, 4096, &n)) return 2;
-            a->n_threads = (int)n;
-        } else if (o[0] == '-') {
-            fprintf(stderr, "moe-prep sensitivity: unknown option %s (see --help)\n", o);
-            return 2;
-        } else if (!a->model) {
-            a->model = o;
-            continue;
-        } else {
-            fprintf(stderr, "moe-prep sensitivity: unexpected argument %s\n", o);
-            return 2;
-        }
-        if (takes) i++;
-    }
-    if (!a->model || !a->dataset || !a->out) {
-        fprintf(stderr, "moe-prep sensitivity: needs MODEL.moeb, --dataset and -o (see --help)\n");
-        return 2;
-    }
-    return 0;
+const char *moe_sens_method_name(enum moe_sens_method method) {
+    return method == MOE_SENS_NAIVE ? "naive" : "cached";
 }
 
-/* The sweep's settings, stored as config.sensitivity; a partial file resumes
- * only under equal settings. */
-enum { CFG_CTX, CFG_LOW, CFG_BASE, CFG_METRIC, CFG_METHOD, CFG_NSEQ, CFG_STREAM, CFG_N };
-
-static volatile sig_atomic_t g_signal;
-static volatile int g_halt;
-static void on_signal(int sig) {
-    g_signal = sig;
-    g_halt = 1;
-}
-
-struct progress {
-    double last_save, every, t0;
-    int seq0; /* sequences already done when this run began */
-};
-
-static void on_seq(int done, int total, double seconds, void *user) {
-    struct progress *pr = user;
-    (void)seconds;
-    double t = now_s() - pr->t0;
-    fprintf(stderr, "\rsensitivity: %d/%d sequences, %.0f s", done, total, t);
-    if (done < total && done > pr->seq0) fprintf(stderr, ", about %.0f s left  ", t / (done - pr->seq0) * (total - done));
-    fflush(stderr);
-    if (now_s() - pr->last_save >= pr->every) g_halt = 1;
-}
+/* ---- the sensitivity file (sensitivity-impl.h) ------------------------ */
 
 /* state_put: the sums and progress of s as derived arrays of profile p. */
-static enum moe_status state_put(struct moe_profile *p, const struct moe_sens_state *s, const double *cfg) {
-    const int64_t le[2] = {s->n_moe, s->n_expert}, one = CFG_N, four = 4, three = 3;
-    const int64_t prog[4] = {s->next_seq, s->n_seq, s->n_kl, s->n_nll};
+static enum moe_status state_put(struct moe_profile *p, const struct moe_sens_state *s, const double *cfg,
+                                 int shard_index, int shard_count) {
+    const int64_t le[2] = {s->n_moe, s->n_expert}, one = SENS_CFG_N, four = 4, three = 3, two = 2;
+    const int64_t prog[4] = {s->next_seq, s->n_seq, s->n_kl, s->n_nll}, shard[2] = {shard_index, shard_count};
     const double times[3] = {s->seconds, s->base_seconds, s->base_nll};
     enum moe_status st;
     if ((st = moe_profile_put_f64(p, "config.sensitivity", 1, &one, cfg)) ||
@@ -627,12 +503,13 @@ static enum moe_status state_put(struct moe_profile *p, const struct moe_sens_st
         (st = moe_profile_put_f64(p, "sensitivity.sum_kl", 2, le, s->kl)) ||
         (st = moe_profile_put_f64(p, "sensitivity.sum_dnll", 2, le, s->dnll)) ||
         (st = moe_profile_put_f64(p, "sensitivity.sum_proxy", 2, le, s->proxy)) ||
-        (st = moe_profile_put_i64(p, "sensitivity.routed", 2, le, s->routed)))
+        (st = moe_profile_put_i64(p, "sensitivity.routed", 2, le, s->routed)) ||
+        (shard_count > 1 && (st = moe_profile_put_i64(p, "sensitivity.shard", 1, &two, shard))))
         return st;
     return MOE_OK;
 }
 
-/* get_shaped: a derived f64 array of exactly n elements, or NULL (logged). */
+/* get_f64n: a derived f64 array of exactly n elements, or NULL (logged). */
 static const double *get_f64n(const struct moe_profile *p, const char *path, const char *name, int64_t n) {
     int nd;
     int64_t d[MOE_PROFILE_MAX_DIMS];
@@ -647,19 +524,27 @@ bad:
     return NULL;
 }
 
-/* state_get: restore s (already initialised to this model and run) from a
- * partial file; settings must equal cfg. */
-static enum moe_status state_get(const struct moe_profile *p, const char *path, struct moe_sens_state *s,
-                                 const double *cfg) {
+/* get_shard: sensitivity.shard of p, {0, 1} when absent; 0 when malformed (logged). */
+static int get_shard(const struct moe_profile *p, const char *path, int *shard) {
+    int nd;
+    int64_t d[MOE_PROFILE_MAX_DIMS];
+    const int64_t *v;
+    shard[0] = 0, shard[1] = 1;
+    if (moe_profile_get_i64(p, "sensitivity.shard", &nd, d, &v)) return 1;
+    if (nd != 1 || d[0] != 2 || v[1] < 2 || v[1] > 1000000 || v[0] < 0 || v[0] >= v[1]) {
+        MOE_LOGE("%s: sensitivity.shard is not {index, count} with 0 <= index < count", path);
+        return 0;
+    }
+    shard[0] = (int)v[0], shard[1] = (int)v[1];
+    return 1;
+}
+
+enum moe_status sens_state_get(const struct moe_profile *p, const char *path, struct moe_sens_state *s,
+                               double *cfg_out, int *shard) {
     const int64_t le = (int64_t)s->n_moe * s->n_expert;
-    const double *c = get_f64n(p, path, "config.sensitivity", CFG_N);
-    if (!c) return MOE_ERR_FORMAT;
-    for (int i = 0; i < CFG_N; i++)
-        if (c[i] != cfg[i]) {
-            MOE_LOGE("%s was saved with other settings (context, precisions, metric, method or dataset); run without "
-                     "--resume to start over", path);
-            return MOE_ERR_INVALID;
-        }
+    const double *c = get_f64n(p, path, "config.sensitivity", SENS_CFG_N);
+    if (!c || !get_shard(p, path, shard)) return MOE_ERR_FORMAT;
+    memcpy(cfg_out, c, sizeof(double) * SENS_CFG_N);
     int nd;
     int64_t d[MOE_PROFILE_MAX_DIMS];
     const int64_t *prog, *routed;
@@ -687,17 +572,14 @@ static enum moe_status state_get(const struct moe_profile *p, const char *path, 
     return MOE_OK;
 }
 
-/* new_profile: an empty profile (no trace) with the model's shape and names. */
-static enum moe_status new_profile(const struct moe_model *m, const struct sens_args *a, struct moe_profile **out) {
-    const struct moe_config *c = &m->cfg;
+/* new_profile: an empty profile (no trace) with the file's shape and names. */
+static enum moe_status new_profile(const struct sens_meta *meta, struct moe_profile **out) {
     struct moe_profile *p = NULL;
-    enum moe_status st = moe_profile_new(n_moe_layers(c), c->n_expert, c->n_expert_used, 0, MOE_PROFILE_LOGITS_NONE, &p);
+    enum moe_status st = moe_profile_new(meta->n_moe, meta->n_expert, meta->top_k, 0, MOE_PROFILE_LOGITS_NONE, &p);
     if (st) return st;
-    for (int l = 0, li = 0; l < c->n_layer; l++)
-        if (c->layer_moe[l]) p->moe_layer_index[li++] = l;
-    char ver[96];
-    snprintf(ver, sizeof ver, "moe-prep sensitivity (%s low %s base %s)", k_metric_names[a->metric], a->low, a->base);
-    if ((st = moe_profile_set_meta(p, moe_arch_name(c->arch), a->model, a->dataset, ver))) {
+    memcpy(p->moe_layer_index, meta->moe_layer, sizeof(int32_t) * (size_t)meta->n_moe);
+    if ((st = moe_profile_set_meta(p, meta->arch, meta->model ? meta->model : "",
+                                   meta->dataset ? meta->dataset : "", meta->version))) {
         moe_profile_free(p);
         return st;
     }
@@ -705,340 +587,214 @@ static enum moe_status new_profile(const struct moe_model *m, const struct sens_
     return MOE_OK;
 }
 
-/* save: write the state (and, when final, the results) to path atomically. */
-static enum moe_status save(const struct moe_model *m, const struct sens_args *a, const struct moe_sens_state *s,
-                            const double *cfg, const char *path, int final, double *spearman_out) {
-    struct moe_profile *p = NULL;
-    enum moe_status st = new_profile(m, a, &p);
-    if (st || (st = state_put(p, s, cfg))) goto done;
-    if (final) {
-        const int n = s->n_moe * s->n_expert;
-        const int64_t le[2] = {s->n_moe, s->n_expert}, nn = n, one = 1, four = 4;
-        double *kl = malloc(sizeof(double) * (size_t)n * 4);
-        int32_t *order = malloc(sizeof(int32_t) * (size_t)n);
-        if (!kl || !order) {
-            free(kl);
-            free(order);
-            st = MOE_ERR_NOMEM;
+/* put_results: the finished sweep's scores, ranking, agreement and cost. */
+static enum moe_status put_results(struct moe_profile *p, const struct sens_meta *meta,
+                                   const struct moe_sens_state *s, const char *path, double *rho_out) {
+    const int n = s->n_moe * s->n_expert;
+    const int64_t le[2] = {s->n_moe, s->n_expert}, nn = n, one = 1, four = 4;
+    double *kl = malloc(sizeof(double) * (size_t)n * 4);
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)n);
+    enum moe_status st = MOE_OK;
+    if (!kl || !order) {
+        st = MOE_ERR_NOMEM;
+        goto done;
+    }
+    double *dn = kl + n, *px = kl + 2 * n, *score = kl + 3 * n;
+    moe_sens_scores(s, MOE_SENS_KL, kl);
+    moe_sens_scores(s, MOE_SENS_PPL, dn);
+    moe_sens_scores(s, MOE_SENS_PROXY, px);
+    moe_sens_scores(s, meta->metric, score);
+    for (int i = 0; i < 4 * n; i++)
+        if (!isfinite(kl[i])) { /* NaN logits (damaged weights) must not become a ranking */
+            MOE_LOGE("%s: expert %d of MoE layer %d has a non-finite %s; the model produces NaN or infinite "
+                     "outputs (damaged weights?)", path, i % n % s->n_expert, i % n / s->n_expert,
+                     i < n ? "KL" : i < 2 * n ? "NLL increase" : i < 3 * n ? "proxy" : "score");
+            st = MOE_ERR_RANGE;
             goto done;
         }
-        double *dn = kl + n, *px = kl + 2 * n, *score = kl + 3 * n;
-        moe_sens_scores(s, MOE_SENS_KL, kl);
-        moe_sens_scores(s, MOE_SENS_PPL, dn);
-        moe_sens_scores(s, MOE_SENS_PROXY, px);
-        moe_sens_scores(s, a->metric, score);
-        for (int i = 0; i < 4 * n; i++)
-            if (!isfinite(kl[i])) { /* NaN logits (damaged weights) must not become a ranking */
-                MOE_LOGE("%s: expert %d of MoE layer %d has a non-finite %s; the model produces NaN or infinite "
-                         "outputs (damaged weights?)", path, i % n % s->n_expert, i % n / s->n_expert,
-                         i < n ? "KL" : i < 2 * n ? "NLL increase" : i < 3 * n ? "proxy" : "score");
-                free(kl);
-                free(order);
-                st = MOE_ERR_RANGE;
-                goto done;
-            }
-        moe_sens_order(score, n, order);
-        double rho = a->metric == MOE_SENS_PROXY ? NAN : moe_spearman(px, score, n);
-        if (spearman_out) *spearman_out = rho;
-        const double naive_eq = (double)n + 1;
-        const double cost[4] = {s->seconds, s->base_seconds, s->base_seconds > 0 ? s->seconds / s->base_seconds : NAN,
-                                naive_eq};
-        (void)((st = moe_profile_put_f64(p, "sensitivity.kl", 2, le, kl)) ||
-               (st = moe_profile_put_f64(p, "sensitivity.dnll", 2, le, dn)) ||
-               (st = moe_profile_put_f64(p, "sensitivity.proxy", 2, le, px)) ||
-               (st = moe_profile_put_f64(p, "sensitivity.score", 2, le, score)) ||
-               (st = moe_profile_put_i32(p, "sensitivity.order", 1, &nn, order)) ||
-               (st = moe_profile_put_f64(p, "sensitivity.spearman_proxy", 1, &one, &rho)) ||
-               (st = moe_profile_put_f64(p, "sensitivity.cost", 1, &four, cost)));
-        free(kl);
-        free(order);
-        if (st) goto done;
-    }
-    st = moe_profile_write(p, path);
+    moe_sens_order(score, n, order);
+    double rho = meta->metric == MOE_SENS_PROXY ? NAN : moe_spearman(px, score, n);
+    if (rho_out) *rho_out = rho;
+    const double cost[4] = {s->seconds, s->base_seconds, s->base_seconds > 0 ? s->seconds / s->base_seconds : NAN,
+                            (double)n + 1};
+    (void)((st = moe_profile_put_f64(p, "sensitivity.kl", 2, le, kl)) ||
+           (st = moe_profile_put_f64(p, "sensitivity.dnll", 2, le, dn)) ||
+           (st = moe_profile_put_f64(p, "sensitivity.proxy", 2, le, px)) ||
+           (st = moe_profile_put_f64(p, "sensitivity.score", 2, le, score)) ||
+           (st = moe_profile_put_i32(p, "sensitivity.order", 1, &nn, order)) ||
+           (st = moe_profile_put_f64(p, "sensitivity.spearman_proxy", 1, &one, &rho)) ||
+           (st = moe_profile_put_f64(p, "sensitivity.cost", 1, &four, cost)));
 done:
+    free(kl);
+    free(order);
+    return st;
+}
+
+enum moe_status sens_save(const struct sens_meta *meta, const struct moe_sens_state *s, const double *cfg,
+                          int shard_index, int shard_count, const char *path, int final, double *rho) {
+    struct moe_profile *p = NULL;
+    enum moe_status st = new_profile(meta, &p);
+    if (!st && !(st = state_put(p, s, cfg, shard_index, shard_count)) && final)
+        st = put_results(p, meta, s, path, rho);
+    if (!st) st = moe_profile_write(p, path);
     moe_profile_free(p);
     return st;
 }
 
-static int write_csv(const struct moe_model *m, const struct moe_sens_state *s, enum moe_sens_metric metric,
-                     const char *path) {
-    const int n = s->n_moe * s->n_expert;
-    double *v = malloc(sizeof(double) * (size_t)n * 4);
-    int32_t *order = malloc(sizeof(int32_t) * (size_t)n), *rank = malloc(sizeof(int32_t) * (size_t)n);
-    struct moe_tmp_file t = {NULL, NULL, -1, NULL}; /* exclusive, beside path: never through a planted link */
-    FILE *f = v && order && rank && !moe_tmp_create(path, &t) ? moe_tmp_stream(&t) : NULL;
-    int ok = 0;
-    if (f) {
-        moe_sens_scores(s, MOE_SENS_KL, v);
-        moe_sens_scores(s, MOE_SENS_PPL, v + n);
-        moe_sens_scores(s, MOE_SENS_PROXY, v + 2 * n);
-        moe_sens_scores(s, metric, v + 3 * n);
-        moe_sens_order(v + 3 * n, n, order);
-        for (int i = 0; i < n; i++) rank[order[i]] = n - i; /* 1 = most sensitive */
-        fprintf(f, "layer,moe_layer,expert,routed,kl,dnll,proxy,score,rank\n");
-        for (int li = 0, l = 0; l < m->cfg.n_layer; l++) {
-            if (!m->cfg.layer_moe[l]) continue;
-            for (int e = 0; e < s->n_expert; e++) {
-                int i = li * s->n_expert + e;
-                fprintf(f, "%d,%d,%d,%lld,%.9g,%.9g,%.9g,%.9g,%d\n", l, li, e, (long long)s->routed[i], v[i],
-                        v[n + i], v[2 * n + i], v[3 * n + i], rank[i]);
+int sens_result_names(struct moe_sensitivity_result *r, const char *version, const double *cfg) {
+    char metric[16];
+    if (!version || sscanf(version, "moe-prep sensitivity (%15s low %31s base %31[^)])", metric, r->low, r->base) != 3)
+        return 0;
+    r->metric = (enum moe_sens_metric)(int)cfg[SENS_CFG_METRIC];
+    r->method = (enum moe_sens_method)(int)cfg[SENS_CFG_METHOD];
+    return strcmp(metric, moe_sens_metric_name(r->metric)) == 0 && (r->method == MOE_SENS_CACHED ||
+                                                                    r->method == MOE_SENS_NAIVE);
+}
+
+/* ---- the stage (moe_sensitivity_run) ---------------------------------- */
+
+struct moe_sensitivity_params moe_sensitivity_default_params(void) {
+    struct moe_sensitivity_params p = {0};
+    p.sweep = moe_sens_default_params();
+    p.checkpoint_every = 30;
+    return p;
+}
+
+void moe_sensitivity_result_clear(struct moe_sensitivity_result *r) {
+    moe_sens_state_clear(&r->state);
+    free(r->moe_layer);
+    free(r->model);
+    free(r->dataset);
+    memset(r, 0, sizeof *r);
+}
+
+/* What one moe_sensitivity_run holds. */
+struct stage {
+    const struct moe_sensitivity_params *p;
+    struct moe_sens_params sp;  /* p->sweep with the progress hook */
+    struct sens_meta meta;
+    double cfg[SENS_CFG_N];
+    char version[128];
+    char *checkpoint;
+    volatile int halt;          /* stop moe_sens_run: a save is due or cancel is set */
+    double last_save, t0;
+};
+
+/* stage_on_seq: forwards progress and asks for a save when one is due. */
+static void stage_on_seq(int done, int total, double seconds, void *user) {
+    struct stage *g = user;
+    (void)seconds;
+    if (g->p->progress) g->p->progress(done, total, moe_now_s() - g->t0, g->p->user);
+    if (moe_now_s() - g->last_save >= g->p->checkpoint_every || (g->p->cancel && *g->p->cancel)) g->halt = 1;
+}
+
+/* stage_init: names, settings, the checkpoint path and the result's fields. */
+static enum moe_status stage_init(struct stage *g, struct moe_model *m, int n_seq, int n_ctx,
+                                  const struct moe_sensitivity_params *p, struct moe_sensitivity_result *r) {
+    const struct moe_sens_params *w = &p->sweep;
+    if (!m->bundle || !p->out || w->low < 0 || w->base < 0 || w->low >= m->n_expert_prec ||
+        w->base >= m->n_expert_prec || n_seq < 1) {
+        MOE_LOGE("sensitivity: needs a bundle, stored low and base precisions, an output path and a sequence");
+        return MOE_ERR_INVALID;
+    }
+    enum moe_status st = moe_sens_state_init(&r->state, m, n_seq, n_ctx);
+    if (st) return st;
+    const struct moe_config *c = &m->cfg;
+    if (!(r->moe_layer = malloc(sizeof(int32_t) * (size_t)(r->state.n_moe + 1)))) return MOE_ERR_NOMEM;
+    for (int l = 0, li = 0; l < c->n_layer; l++)
+        if (c->layer_moe[l]) r->moe_layer[li++] = l;
+    snprintf(r->low, sizeof r->low, "%s", moe_bundle_precision_at(m->bundle, (uint32_t)w->low)->name);
+    snprintf(r->base, sizeof r->base, "%s", moe_bundle_precision_at(m->bundle, (uint32_t)w->base)->name);
+    r->metric = w->metric;
+    r->method = w->method;
+    r->shard_index = w->shard_count > 1 ? w->shard_index : 0;
+    r->shard_count = w->shard_count > 1 ? w->shard_count : 1;
+    r->model = strdup(p->model_name ? p->model_name : "");
+    r->dataset = strdup(p->dataset_name ? p->dataset_name : "");
+    struct moe_buf b = {0};
+    if (p->checkpoint) moe_buf_printf(&b, "%s", p->checkpoint);
+    else moe_buf_printf(&b, "%s.partial", p->out);
+    if (!r->model || !r->dataset || !(g->checkpoint = moe_buf_take(&b))) return MOE_ERR_NOMEM;
+    snprintf(g->version, sizeof g->version, "moe-prep sensitivity (%s low %s base %s)", k_metric_names[w->metric],
+             r->low, r->base);
+    g->meta = (struct sens_meta){r->state.n_moe, r->state.n_expert, c->n_expert_used, r->moe_layer,
+                                 moe_arch_name(c->arch), r->model, r->dataset, g->version, w->metric};
+    const double cfg[SENS_CFG_N] = {n_ctx, w->low, w->base, w->metric, w->method, n_seq, (double)p->stream_tokens};
+    memcpy(g->cfg, cfg, sizeof cfg);
+    g->p = p;
+    g->sp = *w;
+    g->sp.on_seq = stage_on_seq;
+    g->sp.user = g;
+    return MOE_OK;
+}
+
+/* stage_resume: the checkpoint's sums into r->state (settings and shard must match). */
+static enum moe_status stage_resume(struct stage *g, struct moe_sensitivity_result *r) {
+    struct moe_profile *pp = NULL;
+    double cfg[SENS_CFG_N];
+    int shard[2];
+    enum moe_status st = moe_profile_read(g->checkpoint, &pp);
+    if (!st) st = sens_state_get(pp, g->checkpoint, &r->state, cfg, shard);
+    moe_profile_free(pp);
+    if (st) {
+        MOE_LOGE("sensitivity: cannot resume from %s", g->checkpoint);
+        return st;
+    }
+    if (memcmp(cfg, g->cfg, sizeof cfg) || shard[0] != r->shard_index || shard[1] != r->shard_count) {
+        MOE_LOGE("%s was saved with other settings (context, precisions, metric, method, dataset or shard); run "
+                 "without --resume to start over", g->checkpoint);
+        return MOE_ERR_INVALID;
+    }
+    r->resumed_at = r->state.next_seq;
+    return MOE_OK;
+}
+
+/* stage_loop: sweep until done, stop_after or cancel, saving progress. */
+static enum moe_status stage_loop(struct stage *g, struct moe_model *m, const int32_t *tokens,
+                                  struct moe_sensitivity_result *r) {
+    struct moe_sens_state *s = &r->state;
+    const int n_seq = s->n_seq, stop_after = g->p->stop_after;
+    const int limit = stop_after > 0 && s->next_seq + stop_after < n_seq ? s->next_seq + stop_after : n_seq;
+    enum moe_status st;
+    g->last_save = g->t0 = moe_now_s();
+    if (g->p->progress) g->p->progress(s->next_seq, n_seq, 0, g->p->user);
+    while (s->next_seq < limit) {
+        g->halt = g->p->cancel && *g->p->cancel;
+        if ((st = moe_sens_run(m, tokens, &g->sp, s, limit, &g->halt))) {
+            MOE_LOGE("sensitivity: the sweep failed at sequence %d", s->next_seq);
+            return st;
+        }
+        if (s->next_seq < n_seq) {
+            if ((st = sens_save(&g->meta, s, g->cfg, r->shard_index, r->shard_count, g->checkpoint, 0, NULL))) {
+                MOE_LOGE("sensitivity: cannot save progress to %s", g->checkpoint);
+                return st;
             }
-            li++;
+            g->last_save = moe_now_s();
         }
-        ok = moe_tmp_commit(&t) == MOE_OK; /* flush, fsync, rename; removed on failure */
+        if (g->p->cancel && *g->p->cancel) break;
     }
-    moe_tmp_discard(&t);
-    if (!ok) fprintf(stderr, "moe-prep sensitivity: cannot write %s (see the message above)\n", path);
-    free(v);
-    free(order);
-    free(rank);
-    return ok;
+    return MOE_OK;
 }
 
-/* print_summary: the matrix (MoE layers x experts) and the ranking ends. */
-static void print_summary(const struct moe_model *m, const struct sens_args *a, const struct moe_sens_state *s,
-                          double rho, double seconds) {
-    const int n = s->n_moe * s->n_expert;
-    double *score = malloc(sizeof(double) * (size_t)n);
-    int32_t *order = malloc(sizeof(int32_t) * (size_t)n);
-    if (!score || !order) goto done;
-    moe_sens_scores(s, a->metric, score);
-    moe_sens_order(score, n, order);
-    const double eq = s->base_seconds > 0 ? s->seconds / s->base_seconds : NAN;
-    if (a->json) {
-        double *kl = malloc(sizeof(double) * (size_t)n * 3);
-        if (!kl) goto done;
-        moe_sens_scores(s, MOE_SENS_KL, kl);
-        moe_sens_scores(s, MOE_SENS_PPL, kl + n);
-        moe_sens_scores(s, MOE_SENS_PROXY, kl + 2 * n);
-        printf("{\"model\": ");
-        moe_tool_json_string(stdout, a->model);
-        printf(", \"dataset\": ");
-        moe_tool_json_string(stdout, a->dataset);
-        printf(", \"out\": ");
-        moe_tool_json_string(stdout, a->out);
-        printf(", \"low\": \"%s\", \"base\": \"%s\", \"metric\": \"%s\", \"method\": \"%s\", \"ctx\": %d, "
-               "\"sequences\": %d, \"positions\": %lld, \"seconds\": %.3f, \"baseline_seconds\": %.3f, "
-               "\"forward_equivalents\": %.3f, \"naive_forward_equivalents\": %d, \"base_nll\": %.6f, "
-               "\"spearman_proxy\": ",
-               a->low, a->base, k_metric_names[a->metric], a->method == MOE_SENS_NAIVE ? "naive" : "cached", s->n_ctx,
-               s->n_seq, (long long)s->n_kl, s->seconds, s->base_seconds, isfinite(eq) ? eq : -1, n + 1,
-               s->n_nll ? s->base_nll / (double)s->n_nll : 0.0);
-        if (isfinite(rho)) printf("%.6f", rho); else printf("null");
-        printf(", \"experts\": [");
-        for (int i = 0; i < n; i++) {
-            int li = i / s->n_expert, rank = 0;
-            for (int j = 0; j < n; j++)
-                if (order[j] == i) rank = n - j;
-            int l = 0;
-            for (int q = 0, c = 0; q < m->cfg.n_layer; q++)
-                if (m->cfg.layer_moe[q] && c++ == li) l = q;
-            printf("%s{\"layer\": %d, \"moe_layer\": %d, \"expert\": %d, \"routed\": %lld, \"kl\": %.9g, "
-                   "\"dnll\": %.9g, \"proxy\": %.9g, \"score\": %.9g, \"rank\": %d}",
-                   i ? ", " : "", l, li, i % s->n_expert, (long long)s->routed[i], kl[i], kl[n + i], kl[2 * n + i],
-                   score[i], rank);
-        }
-        printf("]}\n");
-        free(kl);
+enum moe_status moe_sensitivity_run(struct moe_model *m, const int32_t *tokens, int n_seq, int n_ctx,
+                                    const struct moe_sensitivity_params *p, struct moe_sensitivity_result *r) {
+    memset(r, 0, sizeof *r);
+    r->resumed_at = -1;
+    r->spearman = NAN;
+    struct stage g;
+    memset(&g, 0, sizeof g);
+    enum moe_status st = stage_init(&g, m, n_seq, n_ctx, p, r);
+    if (!st && p->resume && access(g.checkpoint, F_OK) == 0) st = stage_resume(&g, r);
+    if (!st) st = stage_loop(&g, m, tokens, r);
+    if (st || r->state.next_seq < n_seq) goto done;
+    const int final = r->shard_count <= 1; /* a shard's file holds sums only: merge makes the results */
+    if ((st = sens_save(&g.meta, &r->state, g.cfg, r->shard_index, r->shard_count, p->out, final, &r->spearman))) {
+        MOE_LOGE("sensitivity: cannot write %s", p->out);
         goto done;
     }
-    const char *unit = a->metric == MOE_SENS_KL ? "mean KL, 1e-3 nats" : a->metric == MOE_SENS_PPL
-                                                                          ? "mean NLL increase, 1e-3 nats"
-                                                                          : "proxy per token, 1e-3";
-    printf("sensitivity of %d experts: %s in place of %s, ranked by %s, %d sequences x %d tokens\n", n, a->low,
-           a->base, k_metric_names[a->metric], s->n_seq, s->n_ctx);
-    printf("cost: %.1f s in this sweep = %.2f baseline passes over the data (a naive sweep: %d), this run %.1f s\n",
-           s->seconds, eq, n + 1, seconds);
-    if (isfinite(rho)) printf("proxy vs %s rank agreement (Spearman): %.3f\n", k_metric_names[a->metric], rho);
-    printf("\n%s per MoE layer (rows) and expert (columns):\n      ", unit);
-    for (int e = 0; e < s->n_expert && e < 64; e++) printf(" %7d", e);
-    printf("\n");
-    for (int li = 0; li < s->n_moe; li++) {
-        printf("  %3d ", li);
-        for (int e = 0; e < s->n_expert && e < 64; e++) printf(" %7.3f", 1e3 * score[li * s->n_expert + e]);
-        printf("\n");
-    }
-    int show = n < 8 ? n : 8;
-    printf("\nmost sensitive:");
-    for (int i = 0; i < show; i++) printf(" L%dE%d", order[n - 1 - i] / s->n_expert, order[n - 1 - i] % s->n_expert);
-    printf("\nleast sensitive:");
-    for (int i = 0; i < show; i++) printf(" L%dE%d", order[i] / s->n_expert, order[i] % s->n_expert);
-    printf("\nwrote %s\n", a->out);
+    remove(g.checkpoint);
+    r->complete = 1;
 done:
-    free(score);
-    free(order);
-}
-
-/* default_pair: the smallest stored precision and the next larger, by bytes per expert. */
-static void default_pair(const struct moe_model *m, int *low, int *base) {
-    int np = m->n_expert_prec, l0 = 0;
-    while (l0 < m->cfg.n_layer && !m->cfg.layer_moe[l0]) l0++;
-    uint64_t sz[64];
-    for (int p = 0; p < np && p < 64; p++) {
-        struct moe_bundle_blob b;
-        sz[p] = moe_bundle_expert(m->bundle, (uint32_t)l0, 0, (uint32_t)p, &b) ? 0 : b.raw_size;
-    }
-    int lo = 0;
-    for (int p = 1; p < np && p < 64; p++)
-        if (sz[p] < sz[lo]) lo = p;
-    int bs = -1;
-    for (int p = 0; p < np && p < 64; p++)
-        if (p != lo && sz[p] >= sz[lo] && (bs < 0 || sz[p] < sz[bs])) bs = p;
-    *low = lo;
-    *base = bs;
-}
-
-int moe_prep_sensitivity(int argc, char **argv) {
-    struct sens_args a;
-    int rc = sens_parse(argc, argv, &a);
-    if (rc) return rc == 1 ? 0 : rc;
-    moe_log_set_level(MOE_LOG_WARN);
-    struct moe_model *m = NULL;
-    char *partial = NULL;
-    int32_t *ids = NULL, *seqs = NULL;
-    size_t n_ids = 0;
-    struct moe_sens_state s = {0};
-    int exit_code = 1;
-    double t_start = now_s();
-
-    struct moe_model_params mp = moe_model_default_params();
-    mp.expert_precision = a.base;
-    if (moe_model_load(a.model, &mp, &m)) {
-        fprintf(stderr, "moe-prep sensitivity: cannot load %s (see the message above)\n", a.model);
-        goto done;
-    }
-    if (!m->bundle || m->n_expert_prec < 2) {
-        fprintf(stderr, "moe-prep sensitivity: %s must be a bundle with at least two expert precisions; make one with "
-                        "moe-prep quantize --experts q8_0,q4_k,q2_k\n", a.model);
-        goto done;
-    }
-    int low = -1, base = -1;
-    default_pair(m, &low, &base);
-    uint32_t pi;
-    if (a.low) {
-        if (moe_bundle_find_precision(m->bundle, a.low, &pi)) {
-            fprintf(stderr, "moe-prep sensitivity: --low %s is not stored in %s (see moe-prep inspect)\n", a.low, a.model);
-            goto done;
-        }
-        low = (int)pi;
-    }
-    if (a.base) {
-        if (moe_bundle_find_precision(m->bundle, a.base, &pi)) {
-            fprintf(stderr, "moe-prep sensitivity: --base %s is not stored in %s (see moe-prep inspect)\n", a.base,
-                    a.model);
-            goto done;
-        }
-        base = (int)pi;
-    }
-    if (low < 0 || base < 0 || low == base) {
-        fprintf(stderr, "moe-prep sensitivity: --low and --base must name two different stored precisions\n");
-        exit_code = 2;
-        goto done;
-    }
-    a.low = moe_bundle_precision_at(m->bundle, (uint32_t)low)->name;
-    a.base = moe_bundle_precision_at(m->bundle, (uint32_t)base)->name;
-    for (int l = 0; l < m->cfg.n_layer; l++)
-        for (int e = 0; m->cfg.layer_moe[l] && e < m->cfg.n_expert; e++)
-            if (moe_model_set_expert_precision(m, l, e, base)) goto done;
-    if (a.n_ctx > m->cfg.max_pos) {
-        fprintf(stderr, "moe-prep sensitivity: --ctx %d exceeds the model's context (%d)\n", a.n_ctx, m->cfg.max_pos);
-        exit_code = 2;
-        goto done;
-    }
-    struct moe_dataset_params dp = moe_dataset_default_params(); /* --max-tokens: read only what it needs */
-    if (moe_text_load_tokens(m, NULL, a.dataset, &dp, a.max_tokens ? (size_t)a.max_tokens : 0, &ids, &n_ids)) {
-        fprintf(stderr, "moe-prep sensitivity: cannot read or tokenize the dataset %s (see the message above)\n",
-                a.dataset);
-        goto done;
-    }
-    if (!moe_tool_output_ok("sensitivity", a.out, m, &a.dataset, 1, NULL, 0) ||
-        !moe_tool_output_ok("sensitivity", a.csv, m, &a.dataset, 1, &a.out, 1)) {
-        exit_code = 2; /* -o or --csv naming the bundle, the text, or each other */
-        goto done;
-    }
-    size_t usable = n_ids;
-    if (a.max_tokens && (size_t)a.max_tokens < usable) usable = (size_t)a.max_tokens;
-    const int n_seq = (int)(usable / (size_t)a.n_ctx);
-    if (n_seq < 1) {
-        fprintf(stderr, "moe-prep sensitivity: %s gives %zu tokens, fewer than one sequence of --ctx %d; use a longer "
-                        "text or a smaller --ctx\n", a.dataset, usable, a.n_ctx);
-        goto done;
-    }
-    if (!(seqs = malloc(sizeof(int32_t) * (size_t)n_seq * (size_t)a.n_ctx))) goto done;
-    memcpy(seqs, ids, sizeof(int32_t) * (size_t)n_seq * (size_t)a.n_ctx);
-    const int32_t bos = moe_text_bos(m->tok);
-    for (int q = 0; bos >= 0 && q < n_seq; q++) seqs[(size_t)q * (size_t)a.n_ctx] = bos;
-    if (moe_sens_state_init(&s, m, n_seq, a.n_ctx)) goto done;
-    const double cfg[CFG_N] = {a.n_ctx, low, base, a.metric, a.method, n_seq, (double)n_ids};
-    size_t plen = strlen(a.out) + 16;
-    if (!(partial = malloc(plen))) goto done;
-    snprintf(partial, plen, "%s.partial", a.out);
-    if (a.resume) {
-        struct moe_profile *pp = NULL;
-        if (access(partial, F_OK) != 0) {
-            fprintf(stderr, "moe-prep sensitivity: --resume: no %s; starting from the beginning\n", partial);
-        } else if (moe_profile_read(partial, &pp) || state_get(pp, partial, &s, cfg)) {
-            moe_profile_free(pp);
-            fprintf(stderr, "moe-prep sensitivity: cannot resume from %s (see the message above)\n", partial);
-            goto done;
-        } else {
-            fprintf(stderr, "sensitivity: resuming at sequence %d of %d\n", s.next_seq, n_seq);
-            moe_profile_free(pp);
-        }
-    } else if (access(partial, F_OK) == 0) {
-        fprintf(stderr, "moe-prep sensitivity: note: %s exists from an interrupted run; starting over (use --resume "
-                        "to continue it)\n", partial);
-    }
-    struct moe_sens_params sp = moe_sens_default_params();
-    sp.low = low;
-    sp.base = base;
-    sp.metric = a.metric;
-    sp.method = a.method;
-    sp.n_threads = a.n_threads;
-    struct progress pr = {now_s(), a.checkpoint_every, now_s(), s.next_seq};
-    sp.on_seq = on_seq;
-    sp.user = &pr;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    const int limit = a.stop_after ? (s.next_seq + a.stop_after < n_seq ? s.next_seq + a.stop_after : n_seq) : n_seq;
-    while (s.next_seq < limit) {
-        g_halt = g_signal != 0;
-        if (moe_sens_run(m, seqs, &sp, &s, limit, &g_halt)) {
-            fprintf(stderr, "\nmoe-prep sensitivity: the sweep failed (see the message above)\n");
-            goto done;
-        }
-        if (s.next_seq < n_seq) {
-            if (save(m, &a, &s, cfg, partial, 0, NULL)) {
-                fprintf(stderr, "\nmoe-prep sensitivity: cannot save progress to %s\n", partial);
-                goto done;
-            }
-            pr.last_save = now_s();
-        }
-        if (g_signal) break;
-    }
-    fprintf(stderr, "\n");
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    if (s.next_seq < n_seq) {
-        fprintf(stderr, "moe-prep sensitivity: stopped after %d of %d sequences; progress is in %s, continue with "
-                        "--resume\n", s.next_seq, n_seq, partial);
-        exit_code = g_signal ? 130 : 3;
-        goto done;
-    }
-    double rho = NAN;
-    if (save(m, &a, &s, cfg, a.out, 1, &rho)) {
-        fprintf(stderr, "moe-prep sensitivity: cannot write %s\n", a.out);
-        goto done;
-    }
-    remove(partial);
-    if (a.csv && !write_csv(m, &s, a.metric, a.csv)) goto done;
-    print_summary(m, &a, &s, rho, now_s() - t_start);
-    exit_code = 0;
-done:
-    moe_sens_state_clear(&s);
-    moe_model_free(m);
-    free(ids);
-    free(seqs);
-    free(partial);
-    return exit_code;
+    free(g.checkpoint);
+    return st;
 }

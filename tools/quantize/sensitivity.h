@@ -28,6 +28,24 @@
  * sweep split across runs (moe_sens_state saved and restored) gives bit for
  * bit the result of one run. Not thread-safe per model: the sweep rebinds the
  * model's experts while it runs (and restores them to base on return).
+ *
+ * Sharding (a cluster's job array): a shard i of N sweeps the experts whose
+ * flat index (MoE layer * n_expert + expert) is i mod N, over all sequences.
+ * Experts, not sequences, are split because an expert's sums depend only on
+ * its own recomputation over the sequences and on the baseline pass, which
+ * every shard runs identically: each expert's sums are then bit for bit those
+ * of a whole run, and a merge only picks each expert's sums from the shard
+ * that owns it. Splitting sequences would instead add per-shard partial sums,
+ * a different order of floating-point additions than one run's. The price is
+ * the baseline pass, repeated by every shard: one pass over the data of the
+ * (n_moe * n_expert + 1) a naive sweep costs. Interleaving (i mod N) rather
+ * than contiguous ranges balances the work: an expert of a low layer costs
+ * more (every layer above it is recomputed) than one of the last layer.
+ *
+ * Two levels: moe_sens_run adds sequences to in-memory sums (the core, which
+ * tests compare against a naive sweep); moe_sensitivity_run is the whole
+ * stage - checkpoints, --resume, stop-after, cancellation, the results file -
+ * and moe_sensitivity_merge joins shard files into that file.
  */
 #ifndef MOE_SENSITIVITY_H
 #define MOE_SENSITIVITY_H
@@ -45,6 +63,8 @@ struct moe_sens_params {
     enum moe_sens_metric metric;  /* PROXY skips the LM head and every recomputation */
     enum moe_sens_method method;
     int n_threads;                /* 0 = all online CPUs */
+    int shard_index, shard_count; /* sweep only experts with flat index % shard_count == shard_index;
+                                   * shard_count 0 or 1 = every expert */
     /* optional progress, after each sequence: sequences done (of the whole
      * sweep), in all, seconds spent in this call */
     void (*on_seq)(int done, int total, double seconds, void *user);
@@ -81,6 +101,11 @@ void moe_sens_state_clear(struct moe_sens_state *s);
 enum moe_status moe_sens_run(struct moe_model *m, const int32_t *tokens, const struct moe_sens_params *p,
                              struct moe_sens_state *s, int seq_end, const volatile int *stop);
 
+/* moe_sens_default_pair: the smallest stored expert precision (by bytes of
+ * the first MoE layer's expert 0) as *low and the next larger as *base (-1
+ * when the bundle stores only one). */
+void moe_sens_default_pair(const struct moe_model *m, int *low, int *base);
+
 /* moe_sens_scores: the per-expert score the metric ranks by, [n_moe x
  * n_expert]: mean KL per position, mean NLL increase per scored position, or
  * the proxy per position. */
@@ -93,5 +118,90 @@ void moe_sens_order(const double *score, int n, int32_t *order);
 /* moe_spearman: Spearman rank correlation of a and b (average ranks for
  * ties); NAN when n < 2 or either is constant. */
 double moe_spearman(const double *a, const double *b, int n);
+
+/* ---- the stage: checkpoints, resume, shards, results file -------------- */
+
+/* What moe_sensitivity_run does besides the sweep. Start from
+ * moe_sensitivity_default_params(). Strings are borrowed for the call. */
+struct moe_sensitivity_params {
+    struct moe_sens_params sweep; /* precisions, metric, method, threads, shard; its on_seq and user are
+                                   * not used (see progress) */
+    const char *out;              /* the results file (.h5): written when every sequence is done; for a
+                                   * shard (shard_count > 1) a shard file for moe_sensitivity_merge */
+    const char *checkpoint;       /* progress file; NULL = OUT.partial */
+    int resume;                   /* continue from the checkpoint if it exists; its settings (context,
+                                   * precisions, metric, method, sequences, token count, shard) must equal
+                                   * these, else MOE_ERR_INVALID */
+    double checkpoint_every;      /* save progress at most every this many seconds (default 30) */
+    int stop_after;               /* sequences in this call at most (0 = to the end) */
+    const char *model_name;       /* recorded in the file (the path given); NULL = "" */
+    const char *dataset_name;     /* recorded in the file (the dataset spec); NULL = "" */
+    int64_t stream_tokens;        /* the token stream's length before cutting into sequences: part of
+                                   * the settings a resume and a merge must agree on */
+    /* optional: called once before the first sequence (done = sequences already in the sums: > 0
+     * after a resume; seconds 0) and after each sequence (seconds spent in this call) */
+    void (*progress)(int done, int total, double seconds, void *user);
+    void *user;
+    const volatile int *cancel;   /* optional: when non-zero (a signal handler may set it), stop after
+                                   * the current sequence and save progress */
+};
+
+struct moe_sensitivity_params moe_sensitivity_default_params(void);
+
+/* What a run (or a merge) leaves. Free with moe_sensitivity_result_clear. */
+struct moe_sensitivity_result {
+    struct moe_sens_state state;  /* the sums (owned); state.next_seq < state.n_seq when stopped early */
+    int32_t *moe_layer;           /* [state.n_moe] model layer of each MoE layer (owned) */
+    char low[32], base[32];       /* precision names */
+    enum moe_sens_metric metric;
+    enum moe_sens_method method;
+    char *model, *dataset;        /* as recorded in the file (owned) */
+    int shard_index, shard_count; /* of a shard run; 0 and 1 for a whole run or a merge */
+    int complete;                 /* every sequence is in; OUT is written and the checkpoint removed */
+    int resumed_at;               /* the sequence a resume continued from; -1 when it started fresh */
+    double spearman;              /* proxy vs the metric (complete kl/ppl runs and merges); NAN otherwise */
+    int n_shards_merged;          /* moe_sensitivity_merge: files joined; 0 for a run */
+};
+
+/* moe_sensitivity_run: the sweep of n_seq sequences of n_ctx tokens
+ * (`tokens`, row-major, BOS placed by the caller) over bundle m, expert
+ * precisions bound at p->sweep.base on entry and on return. Saves progress
+ * to the checkpoint every p->checkpoint_every seconds, when p->cancel is set
+ * and when stop_after is reached; on completion writes p->out (atomically)
+ * and removes the checkpoint. Returns MOE_OK with r->complete = 0 when it
+ * stopped early (cancel or stop_after; continue with resume = 1), MOE_OK with
+ * r->complete = 1 when done, or an error (logged with MOE_LOGE: the sweep,
+ * an unreadable or mismatched checkpoint, a failed write; for a complete
+ * kl/ppl sweep also a non-finite result, MOE_ERR_RANGE). r is filled in every
+ * case (cleared on entry). Blocks; not thread-safe per model (see above). */
+enum moe_status moe_sensitivity_run(struct moe_model *m, const int32_t *tokens, int n_seq, int n_ctx,
+                                    const struct moe_sensitivity_params *p, struct moe_sensitivity_result *r);
+
+/* moe_sensitivity_merge: join the n shard files paths[0..n) (each written by
+ * a complete moe_sensitivity_run with shard_count = N) into `out`, which then
+ * holds exactly what one run over all experts writes: the same sums, scores,
+ * ranking and Spearman agreement, bit for bit when the shards ran the same
+ * build with the same thread count on the same kind of CPU (each expert's sums come from the one shard
+ * that swept it; the positions and baseline NLL, equal in every shard, are
+ * taken from the first). Cost: sensitivity.cost's seconds are the shards'
+ * total, its baseline seconds the shards' mean (one baseline pass over the
+ * data), so the forward equivalents count every shard's repeated baseline.
+ * Refused (MOE_ERR_INVALID, logged naming the files): files of another
+ * model, dataset, precisions, metric, method, context or sequence count; an
+ * unfinished shard; a file that is no shard file; shards of different N; a
+ * shard given twice; a missing shard (every index 0..N-1 exactly once); a
+ * baseline NLL that differs by more than 1e-9 relative. Unreadable files:
+ * that file's error. r is filled as by moe_sensitivity_run (model and dataset
+ * from the files). Not thread-safe (HDF5). */
+enum moe_status moe_sensitivity_merge(const char *const *paths, int n, const char *out,
+                                      struct moe_sensitivity_result *r);
+
+/* moe_sensitivity_result_clear: free what r owns and zero it. */
+void moe_sensitivity_result_clear(struct moe_sensitivity_result *r);
+
+/* moe_sens_metric_name / moe_sens_method_name: "kl", "ppl", "proxy" /
+ * "cached", "naive". */
+const char *moe_sens_metric_name(enum moe_sens_metric metric);
+const char *moe_sens_method_name(enum moe_sens_method method);
 
 #endif
