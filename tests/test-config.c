@@ -325,6 +325,63 @@ static void test_deepseek(void) {
 /* test_gpt_oss: gpt-oss defaults (biases, sinks, clamped SwiGLU, the
  * alternating window) and pre-quantized checkpoints: mxfp4 for gpt-oss,
  * everything else refused by name. */
+/* test_fp8_config: block-scaled FP8 (DeepSeek-V3's release) is accepted with
+ * e4m3 weights, dynamic activations and a valid weight_block_size; what the
+ * loader cannot honour is refused by name; other methods stay refused. */
+static void test_fp8_config(void) {
+    struct moe_config c;
+    char buf[2048];
+#define FP8_CFG(q) "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\"" q "}}"
+    CHECK(parse(FP8_CFG(",\"fmt\":\"e4m3\",\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,64]"), &c) ==
+                  MOE_OK &&
+              c.fp8_block[0] == 128 && c.fp8_block[1] == 64,
+          "DeepSeek-V3's FP8 config accepted: %s", last_log);
+    moe_config_clear(&c);
+    CHECK(parse(FP8_CFG(",\"weight_block_size\":[1,3]"), &c) == MOE_OK && c.fp8_block[0] == 1 && c.fp8_block[1] == 3,
+          "fmt and activation_scheme default to e4m3 / dynamic: %s", last_log);
+    moe_config_clear(&c);
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null}", &c) == MOE_OK && c.fp8_block[0] == 0 && c.fp8_block[1] == 0,
+          "no quantization_config: no FP8 blocks");
+    moe_config_clear(&c);
+    static const struct {
+        const char *q, *want;
+        enum moe_status st;
+    } k_bad[] = {
+        {",\"fmt\":\"e5m2\",\"weight_block_size\":[128,128]", "e5m2", MOE_ERR_UNSUPPORTED},
+        {",\"fmt\":7,\"weight_block_size\":[128,128]", "fmt", MOE_ERR_UNSUPPORTED},
+        {",\"activation_scheme\":\"static\",\"weight_block_size\":[128,128]", "static", MOE_ERR_UNSUPPORTED},
+        {",\"scale_fmt\":\"ue8m0\",\"weight_block_size\":[128,128]", "ue8m0", MOE_ERR_UNSUPPORTED},
+        {",\"expert_dtype\":\"fp4\",\"weight_block_size\":[128,128]", "fp4", MOE_ERR_UNSUPPORTED},
+        {"", "weight_block_size", MOE_ERR_UNSUPPORTED},
+        {",\"weight_block_size\":null", "weight_block_size", MOE_ERR_UNSUPPORTED},
+        {",\"weight_block_size\":[128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128,128,1]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[0,128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128,-1]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128.5,128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128,1e12]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[\"128\",128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":128", "weight_block_size", MOE_ERR_INVALID},
+    };
+    for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
+        snprintf(buf, sizeof buf,
+                 "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\"%s}}",
+                 k_bad[i].q);
+        enum moe_status st = parse(buf, &c);
+        CHECK(st == k_bad[i].st && strstr(last_log, k_bad[i].want) && strstr(last_log, "fp8"),
+              "fp8 config %s: status %d, log: %s", k_bad[i].q, (int)st, last_log);
+        if (st == MOE_OK) moe_config_clear(&c);
+    }
+    static const char *const k_other[] = {"gptq", "awq", "bitsandbytes", "compressed-tensors"};
+    for (size_t i = 0; i < sizeof k_other / sizeof k_other[0]; i++) {
+        snprintf(buf, sizeof buf, "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"%s\"}}",
+                 k_other[i]);
+        CHECK(parse(buf, &c) == MOE_ERR_UNSUPPORTED && strstr(last_log, k_other[i]), "%s refused by name: %s",
+              k_other[i], last_log);
+    }
+#undef FP8_CFG
+}
+
 static void test_gpt_oss(void) {
     struct moe_config c;
     const char *base = "\"architectures\":[\"GptOssForCausalLM\"],\"vocab_size\":32,\"hidden_size\":16,"
@@ -352,10 +409,7 @@ static void test_gpt_oss(void) {
     moe_config_clear(&c);
     snprintf(buf, sizeof buf, "{%s,\"swiglu_limit\":0}", base);
     CHECK(parse(buf, &c) == MOE_ERR_INVALID && strstr(last_log, "swiglu_limit"), "limit 0: %s", last_log);
-    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\","
-                "\"weight_block_size\":[128,128]}}", &c) == MOE_ERR_UNSUPPORTED &&
-              strstr(last_log, "fp8") && strstr(last_log, "BF16"),
-          "FP8 DeepSeek refused by name: %s", last_log);
+    test_fp8_config();
     CHECK(parse("{" MIXTRAL_BASE ",\"quantization_config\":{\"quant_method\":\"mxfp4\"}}", &c) ==
               MOE_ERR_UNSUPPORTED && strstr(last_log, "mxfp4"),
           "mxfp4 only for gpt-oss: %s", last_log);
