@@ -375,8 +375,8 @@ static void test_fp8_config(void) {
     }
     static const char *const k_other[] = {"gptq", "awq", "bitsandbytes", "compressed-tensors"};
     for (size_t i = 0; i < sizeof k_other / sizeof k_other[0]; i++) {
-        snprintf(buf, sizeof buf, "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"%s\"}}",
-                 k_other[i]);
+        snprintf(buf, sizeof buf,
+                 "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"%s\"}}", k_other[i]);
         CHECK(parse(buf, &c) == MOE_ERR_UNSUPPORTED && strstr(last_log, k_other[i]), "%s refused by name: %s",
               k_other[i], last_log);
     }
@@ -545,7 +545,8 @@ static int write_entries(const char *path, const struct st_entry *t, int n) {
     for (int i = 0; i < n; i++) {
         len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "",
                                 t[i].name, t[i].dtype);
-        for (int k = 0; k < t[i].n_dims; k++) len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", k ? "," : "", t[i].d[k]);
+        for (int k = 0; k < t[i].n_dims; k++)
+            len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", k ? "," : "", t[i].d[k]);
         len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off, off + t[i].nbytes);
         off += t[i].nbytes;
     }
@@ -681,7 +682,8 @@ static void test_fp8_binding(void) {
     struct moe_model *m = NULL;
     CHECK(moe_model_load_hf(dir, &m) == MOE_OK, "FP8 checkpoint loads: %s", last_log);
     if (m) {
-        const char *q = "model.layers.0.self_attn.q_proj.weight", *qs = "model.layers.0.self_attn.q_proj.weight_scale_inv";
+        const char *q = "model.layers.0.self_attn.q_proj.weight",
+                   *qs = "model.layers.0.self_attn.q_proj.weight_scale_inv";
         CHECK(weight_matches(&m->layers[0].wq, find_entry(t, n, q), find_entry(t, n, qs)),
               "q_proj [8 x 8] dequantized block by block (partial last column block)");
         struct moe_ffn f;
