@@ -19,6 +19,10 @@ For every architecture in ``ARCHS`` and every dtype variant (f32, bf16), and for
      greedy margins and router decision gaps must be comfortably non-zero
      (otherwise the model is re-seeded).
 
+Extra variants may also rewrite the saved file as a pre-quantized release does (gpt_oss-mxfp4: MXFP4 experts;
+deepseek_v3-fp8: block-scaled FP8 weights, which needs the `accelerate` package for transformers' FP8 loader);
+their oracle is transformers dequantizing the file on load.
+
 Outputs go to tests/fixtures/models/<arch>-<f32|bf16>/ and tests/fixtures/models/<extra name>/.
 See tests/oracle/README.md for the file formats and per-architecture notes.
 
