@@ -9,6 +9,7 @@ size_t moe_dtype_size(enum moe_dtype t) {
     case MOE_DTYPE_F16: return 2;
     case MOE_DTYPE_BF16: return 2;
     case MOE_DTYPE_U8: return 1;
+    case MOE_DTYPE_F8_E4M3: return 1;
     default: break;
     }
     MOE_ASSERT(!"bad dtype");
@@ -21,6 +22,7 @@ const char *moe_dtype_name(enum moe_dtype t) {
     case MOE_DTYPE_F16: return "F16";
     case MOE_DTYPE_BF16: return "BF16";
     case MOE_DTYPE_U8: return "U8";
+    case MOE_DTYPE_F8_E4M3: return "F8_E4M3";
     default: return "?";
     }
 }
@@ -45,6 +47,25 @@ float moe_f16_to_f32(uint16_t h) {
         u = sign | 0x7f800000u | (man << 13);
     } else {
         u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float moe_f8_e4m3_to_f32(uint8_t c) {
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
+    uint32_t exp = (c >> 3) & 0xfu;
+    uint32_t man = c & 0x7u;
+    uint32_t u;
+    if (exp == 15 && man == 7) {
+        u = sign | 0x7fc00000u; /* the only NaN codes (0x7f, 0xff); e4m3fn has no infinities */
+    } else if (exp == 0) {
+        /* zero or subnormal: man * 2^-9, exact in float (man < 8) */
+        float f = (float)man * 0x1p-9f;
+        return sign ? -f : f;
+    } else {
+        u = sign | ((exp + 127 - 7) << 23) | (man << 20);
     }
     float f;
     memcpy(&f, &u, 4);
@@ -82,6 +103,9 @@ void moe_convert_row_f32(enum moe_dtype t, const void *src, float *dst, size_t n
     case MOE_DTYPE_F32: memcpy(dst, src, n * 4); return;
     case MOE_DTYPE_U8:
         for (size_t i = 0; i < n; i++) dst[i] = (float)((const unsigned char *)src)[i];
+        return;
+    case MOE_DTYPE_F8_E4M3:
+        for (size_t i = 0; i < n; i++) dst[i] = moe_f8_e4m3_to_f32(((const unsigned char *)src)[i]);
         return;
     /* elements are read through memcpy: tensors in a mapped file may be unaligned */
     case MOE_DTYPE_F16: {

@@ -7,7 +7,7 @@
  * valid until moe_safetensors_free(). Every header is validated before use
  * (formats/safetensors.c lists the checks); malformed input is logged with the
  * file name and the problem, and MOE_ERR_FORMAT (malformed), MOE_ERR_UNSUPPORTED
- * (a valid dtype other than F32/F16/BF16), MOE_ERR_NOT_FOUND (missing file or
+ * (a valid dtype other than F32/F16/BF16/U8/F8_E4M3), MOE_ERR_NOT_FOUND (missing file or
  * shard) or MOE_ERR_IO is returned — never a crash.
  *
  * Thread-safety: a handle is immutable after open; concurrent lookups are safe.

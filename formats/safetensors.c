@@ -26,8 +26,8 @@
  *   - each tensor entry is an object with exactly one "dtype" (string), "shape"
  *     (array of at most MOE_ST_MAX_DIMS integers) and "data_offsets" (array of two
  *     integers); other keys are ignored, as the reference reader does;
- *   - dtype is F32, F16, BF16 or U8; other safetensors dtypes (I64, F64, BOOL,
- *     F8_*, ...) are rejected as "unsupported dtype X for tensor Y", anything
+ *   - dtype is F32, F16, BF16, U8 or F8_E4M3; other safetensors dtypes (I64, F64,
+ *     BOOL, F8_E5M2, ...) are rejected as "unsupported dtype X for tensor Y", anything
  *     else as "unknown dtype" (both MOE_ERR_FORMAT);
  *   - the element count times the dtype size fits in 64 bits and in the data region;
  *   - begin <= end <= data region size, and end - begin equals the byte size;
@@ -287,7 +287,7 @@ static enum moe_status parse_dtype(const char *label, const char *tname, const c
                                    enum moe_dtype *out) {
     static const char *const unsupported[] = {
         "BOOL", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F64", "C64",
-        "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2", "F4",
+        "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2", "F4",
     };
     char nb[SHOW_CAP], db[SHOW_CAP];
     for (int t = 0; t < MOE_DTYPE_COUNT; t++) {
@@ -298,7 +298,7 @@ static enum moe_status parse_dtype(const char *label, const char *tname, const c
     }
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
         if (strcmp(s, unsupported[i]) == 0) {
-            MOE_LOGE("%s: unsupported dtype %s for tensor %s (supported: F32, F16, BF16, U8)", label, s,
+            MOE_LOGE("%s: unsupported dtype %s for tensor %s (supported: F32, F16, BF16, U8, F8_E4M3)", label, s,
                      show(tname, nb, sizeof nb));
             return MOE_ERR_UNSUPPORTED;
         }

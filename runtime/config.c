@@ -536,18 +536,67 @@ static enum moe_status parse_gpt_oss(const struct cfg_ctx *c, struct moe_config 
     return MOE_OK;
 }
 
+/* q_string: a string member of quantization_config, or `def` when absent or
+ * null; NULL when present but not a string. */
+static const char *q_string(const cJSON *q, const char *name, const char *def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(q, name);
+    if (!v || cJSON_IsNull(v)) return def;
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* parse_fp8: block-scaled FP8 (DeepSeek-V3's release format, transformers'
+ * FineGrainedFP8Config): e4m3 weights, each with a float weight_scale_inv per
+ * weight_block_size block, which the model binder dequantizes at load. What it
+ * cannot honour (other formats, static activation scales, per-tensor or
+ * power-of-two scales, FP4 experts) is refused by name. */
+static enum moe_status parse_fp8(const struct cfg_ctx *c, const cJSON *q, struct moe_config *cfg) {
+    static const struct {
+        const char *key, *want, *why;
+    } k_only[] = {
+        {"fmt", "e4m3", "only e4m3 (float8_e4m3fn) weights are read"},
+        {"activation_scheme", "dynamic", "static activation scales are not applied; only \"dynamic\" is read"},
+        {"scale_fmt", "float", "only float weight_scale_inv tensors are read (not ue8m0 exponents)"},
+        {"expert_dtype", "fp8", "FP4-packed experts are not read"},
+    };
+    for (size_t i = 0; i < sizeof k_only / sizeof k_only[0]; i++) {
+        const char *v = q_string(q, k_only[i].key, k_only[i].want);
+        if (!v || strcmp(v, k_only[i].want) != 0) {
+            MOE_LOGE("%s: quantization_config (fp8): %s \"%s\" is not supported (%s)", c->label, k_only[i].key,
+                     v ? v : "(not a string)", k_only[i].why);
+            return MOE_ERR_UNSUPPORTED;
+        }
+    }
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    int ok = cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2;
+    for (int i = 0; ok && i < 2; i++) {
+        const cJSON *x = cJSON_GetArrayItem(b, i);
+        ok = cJSON_IsNumber(x) && x->valuedouble == floor(x->valuedouble) && x->valuedouble >= 1 &&
+             x->valuedouble <= 1 << 20;
+        if (ok) cfg->fp8_block[i] = (int)x->valuedouble;
+    }
+    if (!ok) {
+        cfg->fp8_block[0] = cfg->fp8_block[1] = 0;
+        MOE_LOGE("%s: quantization_config (fp8): weight_block_size must be two integers in [1, %d] (rows, "
+                 "columns of one scale block; per-tensor FP8 scales are not supported)",
+                 c->label, 1 << 20);
+        return b && !cJSON_IsNull(b) ? MOE_ERR_INVALID : MOE_ERR_UNSUPPORTED; /* absent or null: per-tensor */
+    }
+    return MOE_OK;
+}
+
 /* parse_quantization: a pre-quantized checkpoint's quantization_config. gpt-oss's
- * MXFP4 experts are read as they are; other methods (DeepSeek-V3's block-scaled
- * FP8, GPTQ, AWQ, ...) are refused by name rather than misread. */
-static enum moe_status parse_quantization(const struct cfg_ctx *c, const struct moe_config *cfg) {
+ * MXFP4 experts are read as they are, block-scaled FP8 weights are dequantized at
+ * load (parse_fp8); other methods (GPTQ, AWQ, ...) are refused by name rather
+ * than misread. */
+static enum moe_status parse_quantization(const struct cfg_ctx *c, struct moe_config *cfg) {
     const cJSON *q = field(c, "quantization_config");
     if (!q) return MOE_OK;
     const cJSON *m = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "quant_method") : NULL;
     const char *method = cJSON_IsString(m) ? m->valuestring : "?";
     if (cfg->arch == MOE_ARCH_GPT_OSS && !strcmp(method, "mxfp4")) return MOE_OK;
-    MOE_LOGE("%s: quantization_config with quant_method \"%s\" is not supported%s", c->label, method,
-             !strcmp(method, "fp8") ? " (block-scaled FP8 is not read yet: convert the checkpoint to BF16 first)"
-                                    : " (only gpt-oss's mxfp4 experts are read as stored)");
+    if (!strcmp(method, "fp8")) return parse_fp8(c, q, cfg);
+    MOE_LOGE("%s: quantization_config with quant_method \"%s\" is not supported (only gpt-oss's mxfp4 experts "
+             "and block-scaled fp8 weights are read)", c->label, method);
     return MOE_ERR_UNSUPPORTED;
 }
 

@@ -3,7 +3,11 @@
  * model description, checking presence, dtype and shape of each.
  *
  * Matrices stay in the mapped files (zero-copy views in their stored dtype);
- * only small vectors (norm weights, biases) are converted to float32 copies.
+ * only small vectors (norm weights, biases) are converted to float32 copies,
+ * and block-scaled FP8 weights (F8_E4M3 with a `_scale_inv` per
+ * weight_block_size block, DeepSeek-V3's release format) are dequantized into
+ * float32 copies the model owns (4 bytes per weight), so every later stage sees
+ * an ordinary f32 checkpoint.
  */
 #include <math.h>
 #include <pthread.h>
@@ -57,6 +61,8 @@ struct bind {
     /* bundles bind routed experts from blobs; NULL = by tensor name */
     enum moe_status (*bind_expert)(const struct bind *b, int layer, int expert, struct moe_ffn *out);
     unsigned char *used;   /* [source tensor count]: set when a tensor is bound */
+    float *const *deq;     /* safetensors: [source tensor count] float32 copies of block-scaled FP8
+                            * weights (NULL entries for other tensors); NULL = none */
 };
 
 static int has_tensor(const struct bind *b, const char *name) {
@@ -569,15 +575,139 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
 static int st_find(const struct bind *b, const char *name, struct src_tensor *t) {
     const struct moe_st_tensor *x = moe_safetensors_find(b->src, name);
     if (!x) return 0;
-    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16, MOE_QTYPE_F32};
+    static const enum moe_qtype map[MOE_DTYPE_COUNT] = {MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_BF16, MOE_QTYPE_F32,
+                                                        MOE_QTYPE_F32};
     t->data = x->data;
     t->size = x->nbytes;
     t->index = (size_t)(x - moe_safetensors_at(b->src, 0));
     t->type = map[x->dtype];
     t->raw_u8 = x->dtype == MOE_DTYPE_U8;
+    if (x->dtype == MOE_DTYPE_F8_E4M3) { /* its float32 copy (fp8_dequantize_all made one for every FP8 tensor) */
+        t->data = b->deq ? b->deq[t->index] : NULL;
+        t->size = t->data ? (uint64_t)x->n_elements * sizeof(float) : 0; /* find_shape rejects a size of 0 */
+    }
     t->n_dims = x->n_dims;
     for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
     return 1;
+}
+
+/* fp8_scale_name: "<weight name>_scale_inv" into buf; 0 if it does not fit. */
+static int fp8_scale_name(const char *name, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s_scale_inv", name);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* fp8_dequantize_one: weight x (F8_E4M3, [R x C]) times its block scales s
+ * ([ceil(R/b0) x ceil(C/b1)], the last blocks of a row or column may be
+ * partial) into a new float32 [R x C]: w[r][c] = e4m3(q[r][c]) * s[r/b0][c/b1],
+ * one float rounding, as transformers' dequantizer computes it. */
+static enum moe_status fp8_dequantize_one(const char *path, const struct moe_st_tensor *x,
+                                          const struct moe_st_tensor *s, const int *blk, float **out) {
+    const int64_t R = x->shape[0], C = x->shape[1], gr = (R + blk[0] - 1) / blk[0], gc = (C + blk[1] - 1) / blk[1];
+    *out = NULL;
+    if (s->n_dims != 2 || s->shape[0] != gr || s->shape[1] != gc) {
+        char got[96] = "";
+        for (int i = 0; i < s->n_dims; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)s->shape[i]);
+        MOE_LOGE("%s: tensor \"%s_scale_inv\" has shape [%s]; weight \"%s\" [%lld, %lld] in %d x %d blocks needs "
+                 "[%lld, %lld]", path, x->name, got, x->name, (long long)R, (long long)C, blk[0], blk[1],
+                 (long long)gr, (long long)gc);
+        return MOE_ERR_SHAPE;
+    }
+    if (s->dtype != MOE_DTYPE_F32 && s->dtype != MOE_DTYPE_BF16 && s->dtype != MOE_DTYPE_F16) {
+        MOE_LOGE("%s: tensor \"%s_scale_inv\" is %s; block scales must be F32, BF16 or F16", path, x->name,
+                 moe_dtype_name(s->dtype));
+        return MOE_ERR_FORMAT;
+    }
+    const size_t n_sc = (size_t)(gr * gc > 0 ? gr * gc : 1), n_w = (size_t)(R * C > 0 ? R * C : 1);
+    float *sc = malloc(sizeof(float) * n_sc), *w = malloc(sizeof(float) * n_w);
+    enum moe_status st = sc && w ? MOE_OK : MOE_ERR_NOMEM;
+    if (!st) moe_convert_row_f32(s->dtype, s->data, sc, (size_t)(gr * gc));
+    for (int64_t i = 0; !st && i < gr * gc; i++)
+        if (!(isfinite(sc[i]) && sc[i] > 0)) { /* a zero, negative or NaN scale is a damaged file */
+            MOE_LOGE("%s: tensor \"%s_scale_inv\" holds %g at block [%lld, %lld]; scales must be finite and positive",
+                     path, x->name, (double)sc[i], (long long)(i / gc), (long long)(i % gc));
+            st = MOE_ERR_RANGE;
+        }
+    float lut[256];
+    for (int k = 0; k < 256; k++) lut[k] = moe_f8_e4m3_to_f32((uint8_t)k);
+    const uint8_t *q = x->data;
+    for (int64_t r = 0; !st && r < R; r++) {
+        const float *srow = sc + (size_t)(r / blk[0]) * (size_t)gc;
+        for (int64_t c = 0; c < C; c++) {
+            const uint8_t code = q[(size_t)(r * C + c)];
+            if ((code & 0x7f) == 0x7f) { /* e4m3fn's NaN */
+                MOE_LOGE("%s: tensor \"%s\" holds a NaN code (0x%02x) at [%lld, %lld]", path, x->name, code,
+                         (long long)r, (long long)c);
+                st = MOE_ERR_RANGE;
+                break;
+            }
+            w[(size_t)(r * C + c)] = lut[code] * srow[c / blk[1]];
+        }
+    }
+    free(sc);
+    if (st) {
+        free(w);
+        return st;
+    }
+    *out = w;
+    return MOE_OK;
+}
+
+/* fp8_dequantize_all: float32 copies (owned by the model) of every F8_E4M3
+ * weight of a block-scaled FP8 checkpoint, with their `_scale_inv` tensors
+ * marked used; deq[i] is tensor i's copy. FP8 tensors without the config's
+ * weight_block_size, without a scale or not 2-D, and scales without an FP8
+ * weight, are refused. */
+static enum moe_status fp8_dequantize_all(const char *path, const struct moe_safetensors *src,
+                                          const struct moe_config *c, struct moe_model_impl *mi, unsigned char *used,
+                                          float **deq) {
+    const size_t n = moe_safetensors_count(src);
+    static const char k_suffix[] = "_scale_inv";
+    for (size_t i = 0; i < n; i++) {
+        const struct moe_st_tensor *x = moe_safetensors_at(src, i);
+        size_t len = strlen(x->name), ks = sizeof k_suffix - 1;
+        if (len > ks && !strcmp(x->name + len - ks, k_suffix)) {
+            char base[256];
+            const struct moe_st_tensor *w = NULL;
+            if (len - ks < sizeof base) {
+                memcpy(base, x->name, len - ks);
+                base[len - ks] = 0;
+                w = moe_safetensors_find(src, base);
+            }
+            if (!w || w->dtype != MOE_DTYPE_F8_E4M3) {
+                MOE_LOGE("%s: tensor \"%s\" is a block scale, but its weight is %s", path, x->name,
+                         w ? "not F8_E4M3" : "missing");
+                return MOE_ERR_FORMAT;
+            }
+        }
+        if (x->dtype != MOE_DTYPE_F8_E4M3) continue;
+        if (!c->fp8_block[0]) {
+            MOE_LOGE("%s: tensor \"%s\" is F8_E4M3, but config.json has no quantization_config with quant_method "
+                     "\"fp8\" and a weight_block_size", path, x->name);
+            return MOE_ERR_FORMAT;
+        }
+        if (x->n_dims != 2) {
+            MOE_LOGE("%s: F8_E4M3 tensor \"%s\" has %d dims; only 2-D block-scaled weights are read", path, x->name,
+                     x->n_dims);
+            return MOE_ERR_UNSUPPORTED;
+        }
+        char sname[288];
+        const struct moe_st_tensor *s = fp8_scale_name(x->name, sname, sizeof sname) ? moe_safetensors_find(src, sname)
+                                                                                      : NULL;
+        if (!s) {
+            MOE_LOGE("%s: F8_E4M3 weight \"%s\" has no block scales \"%s_scale_inv\"", path, x->name, x->name);
+            return MOE_ERR_NOT_FOUND;
+        }
+        enum moe_status st = fp8_dequantize_one(path, x, s, c->fp8_block, &deq[i]);
+        if (!st) st = own(mi, deq[i]);
+        if (st) {
+            deq[i] = NULL;
+            return st;
+        }
+        used[(size_t)(s - moe_safetensors_at(src, 0))] = 1;
+    }
+    return MOE_OK;
 }
 
 /* ignorable: tensors a checkpoint may hold that the model deliberately does
@@ -645,8 +775,16 @@ enum moe_status moe_model_load_hf(const char *dir, struct moe_model **out) {
         st = MOE_ERR_NOMEM;
         goto fail;
     }
-    struct bind b = {st_find, m->st, dir, m, NULL, used};
-    if (!(st = bind_all(&b, m))) st = check_all_bound(dir, used, n_src, st_name_at, m->st);
+    float **deq = calloc(n_src + 1, sizeof *deq); /* FP8 weights' float32 copies, owned by the model */
+    if (!deq) {
+        free(used);
+        st = MOE_ERR_NOMEM;
+        goto fail;
+    }
+    struct bind b = {st_find, m->st, dir, m, NULL, used, deq};
+    if (!(st = fp8_dequantize_all(dir, m->st, &m->cfg, m->impl, used, deq)) && !(st = bind_all(&b, m)))
+        st = check_all_bound(dir, used, n_src, st_name_at, m->st);
+    free(deq);
     free(used);
     if (st) goto fail;
     char *tj = moe_path_join(dir, "tokenizer.json");
@@ -700,7 +838,7 @@ enum moe_status moe_model_load_gguf(const char *path, struct moe_model **out) {
     /* no check that every tensor is bound: llama.cpp writes tensors the
      * model does not read (rope_freqs, token_types), and merged expert
      * tensors are bound through gguf_expert, not by name */
-    struct bind b = {gguf_find, m->gguf_view, path, m, gguf_expert, NULL};
+    struct bind b = {gguf_find, m->gguf_view, path, m, gguf_expert, NULL, NULL};
     if ((st = bind_all(&b, m))) goto fail;
     const char *tj = moe_gguf_model_tokenizer_json(m->gguf_view), *tc = moe_gguf_model_tokenizer_config_json(m->gguf_view);
     if (tj) {
@@ -1074,7 +1212,7 @@ static enum moe_status load_from_bundle(struct moe_model *m, const char *path, c
         st = MOE_ERR_NOMEM;
         goto fail;
     }
-    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert, used};
+    struct bind b = {bundle_find, m->bundle, path, m, bundle_expert, used, NULL};
     if (!(st = bind_all(&b, m))) st = check_all_bound(path, used, n_src, bundle_name_at, m->bundle);
     free(used);
     if (st) goto fail;

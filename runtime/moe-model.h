@@ -139,6 +139,8 @@ struct moe_config {
     int sliding_window;        /* 0 = none */
     uint8_t *layer_moe;        /* [n_layer] 1 = MoE block, 0 = dense MLP; owned */
     uint8_t *layer_sliding;    /* [n_layer] 1 = sliding-window attention; owned */
+    int fp8_block[2];          /* block-scaled FP8 checkpoint (quantization_config quant_method fp8):
+                                * weight_block_size rows x cols of one weight_scale_inv; 0, 0 = none */
     int bos_id;                /* -1 if unknown */
     int eos_ids[MOE_MAX_EOS];
     int n_eos;

@@ -1,7 +1,8 @@
 /*
  * test-config.c - config.json parsing for each architecture and the errors for
  * unknown architectures, missing fields, bad values; tensor binding errors
- * (missing tensor, wrong shape) name the tensor.
+ * (missing tensor, wrong shape) name the tensor; block-scaled FP8 configs and
+ * weights (dequantized at load, partial edge blocks, must-reject rows).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -325,6 +326,63 @@ static void test_deepseek(void) {
 /* test_gpt_oss: gpt-oss defaults (biases, sinks, clamped SwiGLU, the
  * alternating window) and pre-quantized checkpoints: mxfp4 for gpt-oss,
  * everything else refused by name. */
+/* test_fp8_config: block-scaled FP8 (DeepSeek-V3's release) is accepted with
+ * e4m3 weights, dynamic activations and a valid weight_block_size; what the
+ * loader cannot honour is refused by name; other methods stay refused. */
+static void test_fp8_config(void) {
+    struct moe_config c;
+    char buf[2048];
+#define FP8_CFG(q) "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\"" q "}}"
+    CHECK(parse(FP8_CFG(",\"fmt\":\"e4m3\",\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,64]"), &c) ==
+                  MOE_OK &&
+              c.fp8_block[0] == 128 && c.fp8_block[1] == 64,
+          "DeepSeek-V3's FP8 config accepted: %s", last_log);
+    moe_config_clear(&c);
+    CHECK(parse(FP8_CFG(",\"weight_block_size\":[1,3]"), &c) == MOE_OK && c.fp8_block[0] == 1 && c.fp8_block[1] == 3,
+          "fmt and activation_scheme default to e4m3 / dynamic: %s", last_log);
+    moe_config_clear(&c);
+    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null}", &c) == MOE_OK && c.fp8_block[0] == 0 && c.fp8_block[1] == 0,
+          "no quantization_config: no FP8 blocks");
+    moe_config_clear(&c);
+    static const struct {
+        const char *q, *want;
+        enum moe_status st;
+    } k_bad[] = {
+        {",\"fmt\":\"e5m2\",\"weight_block_size\":[128,128]", "e5m2", MOE_ERR_UNSUPPORTED},
+        {",\"fmt\":7,\"weight_block_size\":[128,128]", "fmt", MOE_ERR_UNSUPPORTED},
+        {",\"activation_scheme\":\"static\",\"weight_block_size\":[128,128]", "static", MOE_ERR_UNSUPPORTED},
+        {",\"scale_fmt\":\"ue8m0\",\"weight_block_size\":[128,128]", "ue8m0", MOE_ERR_UNSUPPORTED},
+        {",\"expert_dtype\":\"fp4\",\"weight_block_size\":[128,128]", "fp4", MOE_ERR_UNSUPPORTED},
+        {"", "weight_block_size", MOE_ERR_UNSUPPORTED},
+        {",\"weight_block_size\":null", "weight_block_size", MOE_ERR_UNSUPPORTED},
+        {",\"weight_block_size\":[128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128,128,1]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[0,128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128,-1]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128.5,128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[128,1e12]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":[\"128\",128]", "weight_block_size", MOE_ERR_INVALID},
+        {",\"weight_block_size\":128", "weight_block_size", MOE_ERR_INVALID},
+    };
+    for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
+        snprintf(buf, sizeof buf,
+                 "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\"%s}}",
+                 k_bad[i].q);
+        enum moe_status st = parse(buf, &c);
+        CHECK(st == k_bad[i].st && strstr(last_log, k_bad[i].want) && strstr(last_log, "fp8"),
+              "fp8 config %s: status %d, log: %s", k_bad[i].q, (int)st, last_log);
+        if (st == MOE_OK) moe_config_clear(&c);
+    }
+    static const char *const k_other[] = {"gptq", "awq", "bitsandbytes", "compressed-tensors"};
+    for (size_t i = 0; i < sizeof k_other / sizeof k_other[0]; i++) {
+        snprintf(buf, sizeof buf,
+                 "{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"%s\"}}", k_other[i]);
+        CHECK(parse(buf, &c) == MOE_ERR_UNSUPPORTED && strstr(last_log, k_other[i]), "%s refused by name: %s",
+              k_other[i], last_log);
+    }
+#undef FP8_CFG
+}
+
 static void test_gpt_oss(void) {
     struct moe_config c;
     const char *base = "\"architectures\":[\"GptOssForCausalLM\"],\"vocab_size\":32,\"hidden_size\":16,"
@@ -352,10 +410,7 @@ static void test_gpt_oss(void) {
     moe_config_clear(&c);
     snprintf(buf, sizeof buf, "{%s,\"swiglu_limit\":0}", base);
     CHECK(parse(buf, &c) == MOE_ERR_INVALID && strstr(last_log, "swiglu_limit"), "limit 0: %s", last_log);
-    CHECK(parse("{" DSV3_BASE ",\"q_lora_rank\":null,\"quantization_config\":{\"quant_method\":\"fp8\","
-                "\"weight_block_size\":[128,128]}}", &c) == MOE_ERR_UNSUPPORTED &&
-              strstr(last_log, "fp8") && strstr(last_log, "BF16"),
-          "FP8 DeepSeek refused by name: %s", last_log);
+    test_fp8_config();
     CHECK(parse("{" MIXTRAL_BASE ",\"quantization_config\":{\"quant_method\":\"mxfp4\"}}", &c) ==
               MOE_ERR_UNSUPPORTED && strstr(last_log, "mxfp4"),
           "mxfp4 only for gpt-oss: %s", last_log);
@@ -465,6 +520,257 @@ static void test_binding(void) {
     rmdir(dir);
 }
 
+/* --- block-scaled FP8 weights bound on a synthetic checkpoint ------------- */
+
+/* One tensor of a hand-made safetensors file: dtype, shape and its bytes. */
+struct st_entry {
+    char name[128];
+    const char *dtype; /* "F32", "F8_E4M3", ... */
+    int n_dims;
+    long long d[2];
+    unsigned char *data; /* owned; NULL = zeros */
+    size_t nbytes;
+};
+
+/* write_entries: a safetensors file of the entries, in order. 0 on success. */
+static int write_entries(const char *path, const struct st_entry *t, int n) {
+    size_t cap = 256 + (size_t)n * 200, len = 0, off = 0;
+    char *hdr = malloc(cap);
+    FILE *f = hdr ? fopen(path, "wb") : NULL;
+    if (!f) {
+        free(hdr);
+        return -1;
+    }
+    len += (size_t)snprintf(hdr, cap, "{");
+    for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "",
+                                t[i].name, t[i].dtype);
+        for (int k = 0; k < t[i].n_dims; k++)
+            len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", k ? "," : "", t[i].d[k]);
+        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off, off + t[i].nbytes);
+        off += t[i].nbytes;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((unsigned long long)len >> (8 * i));
+    fwrite(n8, 1, 8, f);
+    fwrite(hdr, 1, len, f);
+    for (int i = 0; i < n; i++) {
+        if (t[i].data) {
+            fwrite(t[i].data, 1, t[i].nbytes, f);
+        } else {
+            for (size_t k = 0; k < t[i].nbytes; k++) fputc(0, f);
+        }
+    }
+    int bad = ferror(f);
+    bad |= fclose(f);
+    free(hdr);
+    return bad ? -1 : 0;
+}
+
+/* e4m3_value: an e4m3fn code's value from the format's definition (ldexp). */
+static float e4m3_value(unsigned c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, e - 7);
+    return (float)(c & 0x80 ? -v : v);
+}
+
+#define FP8_B0 4 /* the block: 4 rows x 3 columns, so 6 x 8 and 8 x 6 weights end in partial blocks */
+#define FP8_B1 3
+#define FP8_MIXTRAL_CFG(q)                                                                  \
+    "{" MIXTRAL_BASE ",\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\","    \
+    "\"activation_scheme\":\"dynamic\",\"weight_block_size\":" q "}}"
+
+/* fp8_entries: the tensors of a two-layer Mixtral whose projections and
+ * experts are F8_E4M3 (seeded codes, never NaN) with an F32 _scale_inv each
+ * (block k of a weight gets 0.25 + 0.125 k); embeddings, norms, router and
+ * lm_head F32 zeros. Returns the count; free the data with free_entries. */
+static int fp8_entries(struct st_entry *t) {
+    struct tensor_spec ts[64];
+    const int n_spec = moe_test_mixtral_specs(ts, 2, 3, 8, 6, 32, 2, 1);
+    int n = 0;
+    uint32_t s = 12345;
+    for (int i = 0; i < n_spec; i++) {
+        const int fp8 = ts[i].n_dims == 2 && (strstr(ts[i].name, "self_attn") || strstr(ts[i].name, "experts"));
+        struct st_entry *e = &t[n++];
+        snprintf(e->name, sizeof e->name, "%.95s", ts[i].name);
+        e->n_dims = ts[i].n_dims;
+        e->d[0] = ts[i].d[0], e->d[1] = ts[i].n_dims == 2 ? ts[i].d[1] : 1;
+        const size_t elems = (size_t)(e->d[0] * e->d[1]);
+        e->dtype = fp8 ? "F8_E4M3" : "F32";
+        e->nbytes = elems * (fp8 ? 1 : 4);
+        e->data = NULL;
+        if (!fp8) continue;
+        e->data = malloc(elems);
+        for (size_t k = 0; k < elems; k++) {
+            s = s * 1103515245u + 12345u;
+            unsigned c = (s >> 16) & 0xff;
+            e->data[k] = (unsigned char)((c & 0x7f) == 0x7f ? c - 1 : c);
+        }
+        struct st_entry *sc = &t[n++];
+        snprintf(sc->name, sizeof sc->name, "%.95s_scale_inv", ts[i].name);
+        sc->dtype = "F32", sc->n_dims = 2;
+        sc->d[0] = (e->d[0] + FP8_B0 - 1) / FP8_B0, sc->d[1] = (e->d[1] + FP8_B1 - 1) / FP8_B1;
+        sc->nbytes = (size_t)(sc->d[0] * sc->d[1]) * 4;
+        sc->data = malloc(sc->nbytes);
+        for (long long k = 0; k < sc->d[0] * sc->d[1]; k++) {
+            float v = 0.25f + 0.125f * (float)k;
+            memcpy(sc->data + 4 * k, &v, 4);
+        }
+    }
+    return n;
+}
+
+static void free_entries(struct st_entry *t, int n) {
+    for (int i = 0; i < n; i++) free(t[i].data);
+}
+
+/* find_entry: the entry named `name`. */
+static struct st_entry *find_entry(struct st_entry *t, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(t[i].name, name)) return &t[i];
+    return NULL;
+}
+
+/* weight_matches: a bound weight equals e4m3(code) x its block's scale at
+ * every element (computed here from the definition). */
+static int weight_matches(const struct moe_weight *w, const struct st_entry *q, const struct st_entry *sc) {
+    if (!w->data || w->type != MOE_QTYPE_F32 || w->n_out != q->d[0] || w->n_in != q->d[1]) return 0;
+    const float *f = w->data;
+    for (long long r = 0; r < q->d[0]; r++)
+        for (long long c = 0; c < q->d[1]; c++) {
+            float s;
+            memcpy(&s, sc->data + 4 * ((r / FP8_B0) * sc->d[1] + c / FP8_B1), 4);
+            if (f[r * q->d[1] + c] != e4m3_value(q->data[r * q->d[1] + c]) * s) return 0;
+        }
+    return 1;
+}
+
+/* write_fp8: config.json (text) and model.safetensors (entries) in dir. */
+static void write_fp8(const char *dir, const char *config, const struct st_entry *t, int n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(config, f);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(write_entries(path, t, n) == 0, "write %s", path);
+}
+
+/* expect_fp8_refused: loading dir fails with st and a message holding want. */
+static void expect_fp8_refused(const char *dir, const char *what, enum moe_status want_st, const char *want) {
+    struct moe_model *m = NULL;
+    last_log[0] = 0;
+    enum moe_status st = moe_model_load_hf(dir, &m);
+    CHECK(st == want_st && m == NULL && strstr(last_log, want), "%s: status %d, log: %s", what, (int)st, last_log);
+    moe_model_free(m);
+}
+
+static void test_fp8_binding(void) {
+    char dir[] = "/tmp/moe-test-fp8-XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    struct st_entry t[128];
+    int n = fp8_entries(t);
+    const char *cfg = FP8_MIXTRAL_CFG("[4,3]");
+    write_fp8(dir, cfg, t, n);
+    struct moe_model *m = NULL;
+    CHECK(moe_model_load_hf(dir, &m) == MOE_OK, "FP8 checkpoint loads: %s", last_log);
+    if (m) {
+        const char *q = "model.layers.0.self_attn.q_proj.weight",
+                   *qs = "model.layers.0.self_attn.q_proj.weight_scale_inv";
+        CHECK(weight_matches(&m->layers[0].wq, find_entry(t, n, q), find_entry(t, n, qs)),
+              "q_proj [8 x 8] dequantized block by block (partial last column block)");
+        struct moe_ffn f;
+        CHECK(moe_model_expert(m, 0, 2, -1, &f) == MOE_OK, "expert view");
+        CHECK(weight_matches(&f.gate, find_entry(t, n, "model.layers.0.block_sparse_moe.experts.2.w1.weight"),
+                             find_entry(t, n, "model.layers.0.block_sparse_moe.experts.2.w1.weight_scale_inv")) &&
+                  weight_matches(&f.down, find_entry(t, n, "model.layers.0.block_sparse_moe.experts.2.w2.weight"),
+                                 find_entry(t, n, "model.layers.0.block_sparse_moe.experts.2.w2.weight_scale_inv")),
+              "expert 2's w1 [6 x 8] and w2 [8 x 6] dequantized (partial row and column blocks)");
+        CHECK(m->layers[0].router.type == MOE_QTYPE_F32, "the router stays as stored");
+    }
+    moe_model_free(m);
+
+    /* must-reject rows: each damages one thing of the valid checkpoint */
+    struct st_entry *w1 = find_entry(t, n, "model.layers.0.block_sparse_moe.experts.1.w1.weight");
+    struct st_entry *s1 = find_entry(t, n, "model.layers.0.block_sparse_moe.experts.1.w1.weight_scale_inv");
+    write_fp8(dir, FP8_MIXTRAL_CFG("[4,4]"), t, n); /* [6 x 8] in 4 x 4 blocks needs [2, 2] scales, not [2, 3] */
+    expect_fp8_refused(dir, "scales of another block size", MOE_ERR_SHAPE, "needs [2, 2]");
+    write_fp8(dir, FP8_MIXTRAL_CFG("[0,3]"), t, n);
+    expect_fp8_refused(dir, "block size 0", MOE_ERR_INVALID, "weight_block_size");
+    write_fp8(dir, "{" MIXTRAL_BASE "}", t, n);
+    expect_fp8_refused(dir, "F8 tensors without an fp8 quantization_config", MOE_ERR_FORMAT, "quant_method");
+
+    long long d1 = s1->d[1];
+    s1->d[1] = 2, s1->nbytes = (size_t)(s1->d[0] * 2) * 4;
+    write_fp8(dir, cfg, t, n);
+    expect_fp8_refused(dir, "scale shape [2, 2] for [6 x 8] in 4 x 3", MOE_ERR_SHAPE, "experts.1.w1.weight_scale_inv");
+    s1->d[1] = d1, s1->nbytes = (size_t)(s1->d[0] * d1) * 4;
+
+    s1->dtype = "U8", s1->nbytes /= 4;
+    write_fp8(dir, cfg, t, n);
+    expect_fp8_refused(dir, "U8 scales", MOE_ERR_FORMAT, "must be F32, BF16 or F16");
+    s1->dtype = "F32", s1->nbytes *= 4;
+
+    static const float k_bad_scale[] = {0.0f, -0.5f, NAN, INFINITY};
+    float keep;
+    memcpy(&keep, s1->data + 4 * 3, 4);
+    for (size_t i = 0; i < sizeof k_bad_scale / sizeof k_bad_scale[0]; i++) {
+        memcpy(s1->data + 4 * 3, &k_bad_scale[i], 4);
+        write_fp8(dir, cfg, t, n);
+        expect_fp8_refused(dir, "a scale that is not finite and positive", MOE_ERR_RANGE, "finite and positive");
+    }
+    memcpy(s1->data + 4 * 3, &keep, 4);
+
+    unsigned char code = w1->data[5];
+    for (unsigned nan = 0x7f; nan <= 0xff; nan += 0x80) {
+        w1->data[5] = (unsigned char)nan;
+        write_fp8(dir, cfg, t, n);
+        expect_fp8_refused(dir, "a NaN code", MOE_ERR_RANGE, "NaN code");
+    }
+    w1->data[5] = code;
+
+    /* the weight without its scale: drop the scale entry */
+    struct st_entry u[128];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (&t[i] != s1) u[k++] = t[i];
+    write_fp8(dir, cfg, u, k);
+    expect_fp8_refused(dir, "FP8 weight without its scale", MOE_ERR_NOT_FOUND, "has no block scales");
+
+    /* a scale beside a weight that is not F8_E4M3 */
+    k = 0;
+    for (int i = 0; i < n; i++) u[k++] = t[i];
+    struct st_entry *router = find_entry(u, k, "model.layers.0.block_sparse_moe.gate.weight");
+    u[k] = *s1;
+    snprintf(u[k].name, sizeof u[k].name, "%.95s_scale_inv", router->name);
+    k++;
+    write_fp8(dir, cfg, u, k);
+    expect_fp8_refused(dir, "a scale for an F32 weight", MOE_ERR_FORMAT, "not F8_E4M3");
+
+    /* a 1-D F8 tensor (a norm) is not a block-scaled weight */
+    k = 0;
+    for (int i = 0; i < n; i++) u[k++] = t[i];
+    struct st_entry *norm = find_entry(u, k, "model.norm.weight");
+    norm->dtype = "F8_E4M3", norm->nbytes /= 4;
+    write_fp8(dir, cfg, u, k);
+    expect_fp8_refused(dir, "a 1-D F8 tensor", MOE_ERR_UNSUPPORTED, "only 2-D");
+
+    free_entries(t, n);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     moe_log_set(capture, NULL);
     test_arches();
@@ -472,6 +778,7 @@ int main(void) {
     test_deepseek();
     test_gpt_oss();
     test_binding();
+    test_fp8_binding();
     printf("test-config: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;
 }

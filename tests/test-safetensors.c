@@ -16,6 +16,7 @@
  */
 #define _XOPEN_SOURCE 700 /* mkdtemp, nftw, symlink */
 #include <ftw.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,8 +213,10 @@ static const struct bad_row bad_rows[] = {
     {"dtype-I8", HDR_STRLEN, "{" TE("a", "I8", "[1]", "0", "1") "}", 0, 0, 1, "unsupported dtype I8"},
     {"dtype-BOOL", HDR_STRLEN, "{" TE("a", "BOOL", "[1]", "0", "1") "}", 0, 0, 1,
      "unsupported dtype BOOL"},
-    {"dtype-F8", HDR_STRLEN, "{" TE("a", "F8_E4M3", "[1]", "0", "1") "}", 0, 0, 1,
-     "unsupported dtype F8_E4M3"},
+    {"dtype-F8-E5M2", HDR_STRLEN, "{" TE("a", "F8_E5M2", "[1]", "0", "1") "}", 0, 0, 1,
+     "unsupported dtype F8_E5M2"},
+    {"dtype-F8-E4M3-size", HDR_STRLEN, "{" TE("a", "F8_E4M3", "[2]", "0", "1") "}", 0, 0, 1,
+     "shape needs 2 bytes"},
     /* shape */
     {"too-many-dims", HDR_STRLEN, "{" TE("a", "F32", "[1,1,1,1,1,1,1,1,1]", "0", "4") "}", 0, 0, 4,
      "9 dims"},
@@ -388,6 +391,23 @@ static void test_good_memory(void) {
         float f[6];
         if (t) moe_convert_row_f32(MOE_DTYPE_U8, t->data, f, 6);
         CHECK(t && f[0] == (float)((const uint8_t *)t->data)[0], "U8 converts to its value");
+    }
+    moe_safetensors_free(st);
+    free(p);
+
+    /* F8_E4M3: float8 e4m3fn weights (DeepSeek-V3's FP8 release), one byte per element, any offset */
+    st = open_good("f8", "{" TE("w", "F8_E4M3", "[2,2]", "1", "5") "," TE("pad", "U8", "[1]", "0", "1") "}", 5, &p);
+    if (st) {
+        const struct moe_st_tensor *t = moe_safetensors_find(st, "w");
+        CHECK(t && t->dtype == MOE_DTYPE_F8_E4M3 && t->n_dims == 2 && t->n_elements == 4 && t->nbytes == 4,
+              "F8_E4M3 tensor shape and size");
+        const uint8_t codes[4] = {0x38, 0xc0, 0x7e, 0x01}; /* 1, -2, 448, 2^-9 */
+        float f[4] = {0};
+        if (t) { /* the image is ours: put the codes where the reader says the tensor lies */
+            memcpy((void *)(uintptr_t)t->data, codes, 4);
+            moe_convert_row_f32(t->dtype, t->data, f, 4);
+        }
+        CHECK(f[0] == 1.0f && f[1] == -2.0f && f[2] == 448.0f && f[3] == ldexpf(1.0f, -9), "F8_E4M3 converts");
     }
     moe_safetensors_free(st);
     free(p);

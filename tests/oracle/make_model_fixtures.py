@@ -19,6 +19,10 @@ For every architecture in ``ARCHS`` and every dtype variant (f32, bf16), and for
      greedy margins and router decision gaps must be comfortably non-zero
      (otherwise the model is re-seeded).
 
+Extra variants may also rewrite the saved file as a pre-quantized release does (gpt_oss-mxfp4: MXFP4 experts;
+deepseek_v3-fp8: block-scaled FP8 weights, which needs the `accelerate` package for transformers' FP8 loader);
+their oracle is transformers dequantizing the file on load.
+
 Outputs go to tests/fixtures/models/<arch>-<f32|bf16>/ and tests/fixtures/models/<extra name>/.
 See tests/oracle/README.md for the file formats and per-architecture notes.
 
@@ -570,6 +574,27 @@ EXTRA_VARIANTS: dict[str, dict] = {
             "(exactly the MXFP4 values in float32)."
         ),
     ),
+    "deepseek_v3-fp8": dict(
+        arch="deepseek_v3",
+        dtype="bf16",
+        seed=7771,
+        overrides={},
+        fp8_block=[8, 4],
+        notes=(
+            "DeepSeek-V3 as deepseek_v3-f32 (q LoRA, YaRN, interleaved RoPE, 4 groups / best 2, renormalised "
+            "x 2.5) stored as DeepSeek-V3's release stores it: every 2-D projection weight (q_a/q_b, "
+            "kv_a_proj_with_mqa, kv_b, o_proj, the dense MLP, routed and shared experts) is float8_e4m3fn "
+            "(safetensors F8_E4M3) with a float32 `<name>_scale_inv` [ceil(rows/8), ceil(cols/4)] beside it, "
+            "value = e4m3(code) x scale_inv of its 8 x 4 block (weight_block_size [8, 4]: 128 x 128 in the "
+            "release, smaller here so every tensor has several blocks of each dimension; transformers 5.23's "
+            "dequantizer needs the blocks to tile the weight). Scales are the block's max |w| / 448. "
+            "Embeddings, norms, router gate (weight and e_score_correction_bias) and lm_head stay bfloat16. "
+            "config.json has quantization_config {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic, "
+            "weight_block_size: [8, 4]}; the oracle is transformers loading it with "
+            "FineGrainedFP8Config(dequantize=True) on a CPU (weights = e4m3 x scale in float32). "
+            "oracle/f8_e4m3_values.f32 holds torch's float32 value of each of the 256 e4m3fn codes."
+        ),
+    ),
     "phimoe-norope-f32": dict(
         arch="phimoe",
         dtype="f32",
@@ -626,6 +651,7 @@ def all_jobs() -> list[dict]:
                 init_scale=ex.get("init_scale"),
                 extra=True,
                 mxfp4_experts=ex.get("mxfp4_experts", False),
+                fp8_block=ex.get("fp8_block"),
             )
         )
     return jobs
@@ -896,9 +922,20 @@ def load(dirpath: Path, dtype):
     if json.loads((dirpath / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "mxfp4":
         # MXFP4 experts: transformers dequantizes them on a CPU (exactly: FP4 values times powers of two)
         extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    if json.loads((dirpath / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "fp8":
+        # block-scaled FP8 (DeepSeek-V3's release format): transformers dequantizes it on a CPU
+        qc = json.loads((dirpath / "config.json").read_text())["quantization_config"]
+        extra["quantization_config"] = transformers.FineGrainedFP8Config(
+            dequantize=True, weight_block_size=tuple(qc["weight_block_size"])
+        )
     m = transformers.AutoModelForCausalLM.from_pretrained(
         str(dirpath), dtype=dtype, attn_implementation="eager", experts_implementation="eager", **extra
     )
+    if "quantization_config" in extra and is_fp8_config(dirpath):
+        # with an FP8 quantizer transformers 5.23 leaves the unquantized tensors (embeddings, norms, router,
+        # lm_head) at their stored bfloat16 and mixes dtypes in the forward; upcast them (exactly) to `dtype`.
+        # The dequantized weights are already `dtype` (e4m3 x scale computed in float32).
+        m = m.to(dtype)
     m.eval()
     return m
 
@@ -1044,12 +1081,26 @@ def phimoe_short_prompt(model, prompt_ids: list[int], n_short: int = 12):
 
 
 def np_load_checkpoint(d: Path) -> dict:
+    """Every tensor as float64; block-scaled FP8 weights dequantized here, independently of transformers, by
+    DeepSeek-V3's definition: w[i, j] = e4m3(q[i, j]) * scale_inv[i // b0, j // b1] (edge blocks may be partial)."""
     from safetensors.torch import load_file
 
     files = sorted(d.glob("*.safetensors"))
-    W = {}
+    W, raw = {}, {}
     for f in files:
-        for k, v in load_file(str(f)).items():
+        raw.update(load_file(str(f)))
+    qc = json.loads((d / "config.json").read_text()).get("quantization_config", {})
+    for k, v in raw.items():
+        if k.endswith("_scale_inv"):
+            continue
+        if v.dtype == torch.float8_e4m3fn:
+            b0, b1 = qc["weight_block_size"]
+            s = raw[k + "_scale_inv"].to(torch.float64).numpy()
+            r, c = v.shape
+            assert s.shape == (-(-r // b0), -(-c // b1)), (k, s.shape)
+            full = np.repeat(np.repeat(s, b0, 0), b1, 1)[:r, :c]
+            W[k] = v.to(torch.float64).numpy() * full
+        else:
             W[k] = v.to(torch.float64).numpy()  # bf16 -> f64 is exact
     return W
 
@@ -1509,6 +1560,71 @@ def write_mxfp4_experts(outdir: Path) -> None:
     cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
 
 
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def fp8_quantize_blocks(w: torch.Tensor, b0: int, b1: int):
+    """float32 [R, C] -> (float8_e4m3fn [R, C], float32 scale_inv [ceil(R/b0), ceil(C/b1)]) as DeepSeek-V3's
+    release quantizes: per b0 x b1 block, scale_inv = max|w| / 448 and q = round-to-nearest-even(w / scale_inv)."""
+    R, C = w.shape
+    gr, gc = -(-R // b0), -(-C // b1)
+    s = torch.empty(gr, gc, dtype=torch.float32)
+    q = torch.empty(R, C, dtype=torch.float8_e4m3fn)
+    for i in range(gr):
+        for j in range(gc):
+            blk = w[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1]
+            amax = float(blk.abs().max())
+            sc = torch.tensor(max(amax, 1e-12) / FP8_MAX, dtype=torch.float32)
+            s[i, j] = sc
+            q[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1] = (blk / sc).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, s
+
+
+def fp8_convertible(name: str, t: torch.Tensor) -> bool:
+    """The tensors DeepSeek-V3's release stores as FP8: 2-D projection weights, not the embeddings, lm_head or
+    the router gate."""
+    if t.dim() != 2 or not name.endswith(".weight"):
+        return False
+    return not (name.startswith("model.embed_tokens") or name.startswith("lm_head") or name.endswith("mlp.gate.weight"))
+
+
+def is_fp8_config(dirpath: Path) -> bool:
+    return json.loads((dirpath / "config.json").read_text()).get("quantization_config", {}).get("quant_method") == "fp8"
+
+
+def write_fp8_weights(outdir: Path, block: list[int]) -> None:
+    """Replace the saved projection weights by float8_e4m3fn codes and float32 block scales (`<name>_scale_inv`),
+    and record the quantization_config DeepSeek-V3's release has."""
+    from safetensors.torch import load_file, save_file
+
+    path = outdir / "model.safetensors"
+    W = load_file(str(path))
+    out = {}
+    for k, v in W.items():
+        if fp8_convertible(k, v):
+            q, s = fp8_quantize_blocks(v.float(), block[0], block[1])
+            out[k] = q
+            out[k + "_scale_inv"] = s
+        else:
+            out[k] = v
+    save_file(out, str(path), metadata={"format": "pt"})
+    cj = outdir / "config.json"
+    c = json.loads(cj.read_text())
+    c["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": list(block),
+    }
+    cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+
+
+def write_e4m3_table(path: Path) -> None:
+    """torch's float32 value of each of the 256 float8_e4m3fn codes (NaN for 0x7f and 0xff), little-endian."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    write_f32(path, codes.to(torch.float32))
+
+
 def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
     spec = ARCHS[job["arch"]]
     cfg_kwargs = copy.deepcopy(spec["config"])
@@ -1545,6 +1661,8 @@ def build_and_save(job: dict, seed: int, outdir: Path, tok, tokdir) -> None:
         cj.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
     if job.get("mxfp4_experts"):
         write_mxfp4_experts(outdir)
+    if job.get("fp8_block"):
+        write_fp8_weights(outdir, job["fp8_block"])
     if tokdir is not None:
         for fn in ("tokenizer.json", "tokenizer_config.json"):
             src = tokdir / fn
@@ -1621,6 +1739,8 @@ def process(job: dict, prompt_source: str) -> dict:
     odir.mkdir(exist_ok=True)
     write_f32(odir / "prefill_logits.f32", res["prefill"])
     write_f32(odir / "decode_logits.f32", res["decode"])
+    if job.get("fp8_block"):
+        write_e4m3_table(odir / "f8_e4m3_values.f32")
 
     info: dict = {
         "arch": arch,
@@ -1672,6 +1792,14 @@ def process(job: dict, prompt_source: str) -> dict:
         tied = bool(model.config.tie_word_embeddings)
         info["tie_word_embeddings"] = tied
         info["lm_head_weight_in_checkpoint"] = "lm_head.weight" in np_checkpoint_keys(outdir)
+    if job.get("fp8_block"):
+        info["fp8"] = {
+            "weight_block_size": job["fp8_block"],
+            "quantized_tensors": sorted(k[: -len("_scale_inv")] for k in np_checkpoint_keys(outdir) if k.endswith("_scale_inv")),
+            "oracle": "transformers FineGrainedFP8Config(dequantize=True), float32 weights = e4m3 x scale_inv",
+            "e4m3_values": "f8_e4m3_values.f32",
+            "e4m3_values_format": "raw little-endian float32 [256]: torch's float8_e4m3fn -> float32 of code i",
+        }
     if res["clip"] is not None:
         info["clip_qkv_stats"] = res["clip"]
     if arch == "gpt_oss":
@@ -1716,7 +1844,7 @@ def process(job: dict, prompt_source: str) -> dict:
         }
 
     # bf16/f16: also the native low-precision compute (prefill only), for information
-    if variant != "f32":
+    if variant != "f32" and not job.get("fp8_block"):
         mb = load(outdir, TORCH_DTYPES[variant])
         with torch.no_grad():
             lb = mb(input_ids=torch.tensor([prompt_ids]), use_cache=False).logits[0].float()
