@@ -1,0 +1,53 @@
+#!/bin/sh
+# check-include-graph.sh SRC_DIR - the folders' include graph follows the
+# layering of docs/architecture.md and has no cycle:
+#
+#   formats <- datasets <- runtime (+ cpu/, cuda/) <- tools/common
+#           <- the stage folders (tools/quantize, profile, calibrate, plan)
+#           <- the CLIs (tools/moe-prep.c, runtime/cli, and every *-cmd.c:
+#              a subcommand's CLI half lives beside its stage's library)
+#
+# Every #include "x.h" of every .c/.h/.cu file is resolved to the folder that
+# holds x.h; an edge from a lower layer to a higher one, an include between
+# two stage folders, or a cycle (found with tsort) fails with the offending
+# file and include. Exit 0 when the graph is clean.
+set -u
+cd "$1" || exit 2
+folders="formats datasets runtime runtime/cpu runtime/cuda runtime/cli tools tools/common tools/quantize tools/profile tools/calibrate tools/plan"
+rank() {
+    case "$1" in
+    formats) echo 0 ;; datasets) echo 1 ;; runtime|runtime/cpu|runtime/cuda) echo 2 ;;
+    tools/common) echo 3 ;; tools/quantize|tools/profile|tools/calibrate|tools/plan) echo 4 ;;
+    tools|runtime/cli) echo 5 ;; *) echo 9 ;;
+    esac
+}
+map=$(mktemp) edges=$(mktemp)
+trap 'rm -f "$map" "$edges"' EXIT
+for d in $folders; do
+    for h in "$d"/*.h; do [ -e "$h" ] && echo "$(basename "$h") $d"; done
+done >"$map"
+dups=$(awk '{print $1}' "$map" | sort | uniq -d)
+if [ -n "$dups" ]; then echo "header names in more than one folder: $dups"; exit 1; fi
+bad=0
+for d in $folders; do
+    for f in "$d"/*.c "$d"/*.h "$d"/*.cu; do
+        [ -e "$f" ] || continue
+        for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
+            to=$(awk -v h="$(basename "$inc")" '$1 == h {print $2}' "$map")
+            if [ -z "$to" ] || [ "$to" = "$d" ]; then continue; fi
+            echo "$to $d" >>"$edges"
+            rf=$(rank "$d") rt=$(rank "$to")
+            case "$f" in *-cmd.c) rf=5 ;; esac # a subcommand's CLI half: the CLI layer
+            if [ "$rt" -gt "$rf" ]; then
+                echo "layering: $f (layer $rf) includes $inc from $to (layer $rt)"; bad=1
+            elif [ "$rt" -eq 4 ] && [ "$rf" -eq 4 ]; then
+                echo "stage includes another stage: $f includes $inc from $to"; bad=1
+            fi
+        done
+    done
+done
+if ! sort -u "$edges" | tsort >/dev/null 2>&1; then
+    echo "the folder graph has a cycle:"; sort -u "$edges" | tsort 2>&1 >/dev/null | sed 's/^/  /'; bad=1
+fi
+[ "$bad" -eq 0 ] && echo "include graph: $(sort -u "$edges" | wc -l) folder edges, layered, no cycle"
+exit "$bad"
