@@ -397,7 +397,7 @@ int main(int argc, char **argv) {
     check_fails(mix, 2, "--dataset");
     snprintf(args, sizeof args, "%s --dataset %s --ctx 2", mix, text_path);
     check_fails(args, 2, "--ctx");
-    check_fails("--frobnicate", 2, "unknown option");
+    check_fails("--frobnicate", 2, "unknown or ambiguous option");
     check_fails("--help", 0, "example");
 
     remove(text_path);

@@ -460,8 +460,8 @@ static void check_cli(void) {
              run, MOE_FIXTURES) == 0, "moe-run -p on the checkpoint");
     CHECK(out[0] && !strcmp(out, out2), "moe-run: GGUF ids \"%s\" vs checkpoint \"%s\"", out, out2);
     CHECK(sh(out, sizeof out, "%s check %s/gguf/deepseek_v3-f32.gguf --json", prep, MOE_FIXTURES) == 0 &&
-              strstr(out, "\"arch\": \"deepseek_v3\"") && strstr(out, "\"format\": \"gguf\"") &&
-              strstr(out, "\"tokenizer\": true"),
+              strstr(out, "\"arch\":\"deepseek_v3\"") && strstr(out, "\"format\":\"gguf\"") &&
+              strstr(out, "\"tokenizer\":true"),
           "moe-prep check --json on a GGUF: %s", out);
     CHECK(sh(NULL, 0, "%s check %s/gguf/tokenizers/llama-spbpe.gguf 2>/dev/null", prep, MOE_FIXTURES) == 1,
           "moe-prep check of a vocabulary-only GGUF must fail");

@@ -1,6 +1,7 @@
 /*
- * bitwidth.c - EdgeMoE's bit-width search (see bitwidth.h) and the
- * `moe-prep bitwidth` command.
+ * bitwidth.c - EdgeMoE's bit-width search and its evaluation on a bundle
+ * (see bitwidth.h): the library half of `moe-prep bitwidth` (the command is
+ * bitwidth-cmd.c).
  */
 #include "bitwidth.h"
 
@@ -8,17 +9,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "eval.h"
-#include "token-stream.h"
+#include "moe-base.h"
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-model.h"
-#include "moe-prep.h"
 #include "moe-tuning.h"
 #include "profile-h5.h"
-#include "tool-util.h"
+#include "token-stream.h"
 
 /* ---- the search -------------------------------------------------------- */
 
@@ -187,111 +186,21 @@ enum moe_status moe_bw_search(const struct moe_bw_problem *p, struct moe_bw_resu
     return p->max_loss >= 0 ? search_loss(p, out, sorted) : search_size(p, out, sorted);
 }
 
-/* ---- the command ------------------------------------------------------- */
+/* ---- the search on a bundle -------------------------------------------- */
 
-struct bw_args {
-    const char *model, *sens, *dataset, *heldout;
-    double max_loss;      /* fraction; < 0 unset */
-    long long max_bytes;  /* <= 0 unset */
-    int n_ctx, max_chunks, n_threads, json, no_tuning;
-};
-
-static void bw_usage(FILE *f) {
-    fprintf(f,
-            "usage: moe-prep bitwidth MODEL.moeb --sensitivity SENS.h5 --dataset SPEC\n"
-            "                         (--max-loss 2%% | --max-size SIZE) [options]\n"
-            "\n"
-            "EdgeMoE's bit-width search: each routed expert gets its own stored precision so\n"
-            "the experts are as small as possible within the budget. Loss = relative\n"
-            "perplexity increase on --dataset against all experts at the largest stored\n"
-            "precision. Uniform assignments give the bounds; then the K least sensitive\n"
-            "experts (ranking from `moe-prep sensitivity`) drop to the lower precision, K\n"
-            "bisected until the loss is just within the budget. The map is written into the\n"
-            "bundle's tuning section; moe-run and eval then load each expert at its own\n"
-            "precision by default (--expert-precision still forces one for all).\n"
-            "\n"
-            "options:\n"
-            "  --sensitivity FILE   output of moe-prep sensitivity for this bundle\n"
-            "  --dataset SPEC       text the search evaluates on (file or dataset card)\n"
-            "  --max-loss P         loss budget: 2%% or 0.02 (relative perplexity increase)\n"
-            "  --max-size SIZE      instead: expert bytes budget (e.g. 12MiB, 3.5GB, 1048576);\n"
-            "                       the smallest loss that fits\n"
-            "  --heldout SPEC       also measure the chosen and the uniform assignments on a\n"
-            "                       text the search did not see\n"
-            "  --ctx N              tokens per evaluation chunk (default 256)\n"
-            "  --max-chunks N       evaluate at most N chunks per text (default all)\n"
-            "  --no-tuning          do not write the map into the bundle\n"
-            "  --json               machine-readable result on stdout\n"
-            "  -t, --threads N      CPU threads (default: all)\n"
-            "\n"
-            "example:\n"
-            "  moe-prep bitwidth tiny.moeb --sensitivity sens.h5 --dataset wiki.txt --max-loss 2%% "
-            "--heldout c4.txt\n");
+struct moe_bw_run_params moe_bw_run_default_params(void) {
+    struct moe_bw_run_params p;
+    memset(&p, 0, sizeof p);
+    p.max_loss = -1;
+    p.n_ctx = 256;
+    p.write_tuning = 1;
+    return p;
 }
 
-static int bw_parse(int argc, char **argv, struct bw_args *a) {
-    memset(a, 0, sizeof *a);
-    a->max_loss = -1;
-    a->n_ctx = 256;
-    const char *cmd = "bitwidth";
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long n;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            bw_usage(stdout);
-            return 1;
-        }
-        int takes = strcmp(o, "--json") && strcmp(o, "--no-tuning");
-        if (o[0] == '-' && takes && !v) {
-            fprintf(stderr, "moe-prep bitwidth: %s needs a value\n", o);
-            return 2;
-        }
-        if (!strcmp(o, "--sensitivity")) a->sens = v;
-        else if (!strcmp(o, "--dataset")) a->dataset = v;
-        else if (!strcmp(o, "--heldout")) a->heldout = v;
-        else if (!strcmp(o, "--json")) a->json = 1;
-        else if (!strcmp(o, "--no-tuning")) a->no_tuning = 1;
-        else if (!strcmp(o, "--max-loss")) {
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", v);
-            size_t l = strlen(buf);
-            int pct = l > 0 && buf[l - 1] == '%';
-            if (pct) buf[l - 1] = 0;
-            if (!moe_tool_parse_double(cmd, o, buf, 0, pct ? 1e4 : 100, &a->max_loss)) return 2;
-            if (pct) a->max_loss /= 100;
-        } else if (!strcmp(o, "--max-size")) {
-            if (!moe_tool_parse_size(cmd, o, v, &a->max_bytes)) return 2;
-        } else if (!strcmp(o, "--ctx")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 4, 1 << 20, &n)) return 2;
-            a->n_ctx = (int)n;
-        } else if (!strcmp(o, "--max-chunks")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 1, 1 << 30, &n)) return 2;
-            a->max_chunks = (int)n;
-        } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
-            if (!moe_tool_parse_ll(cmd, o, v, 0, 4096, &n)) return 2;
-            a->n_threads = (int)n;
-        } else if (o[0] == '-') {
-            fprintf(stderr, "moe-prep bitwidth: unknown option %s (see --help)\n", o);
-            return 2;
-        } else if (!a->model) {
-            a->model = o;
-            continue;
-        } else {
-            fprintf(stderr, "moe-prep bitwidth: unexpected argument %s\n", o);
-            return 2;
-        }
-        if (takes) i++;
-    }
-    if (!a->model || !a->sens || !a->dataset) {
-        fprintf(stderr, "moe-prep bitwidth: needs MODEL.moeb, --sensitivity and --dataset (see --help)\n");
-        return 2;
-    }
-    if ((a->max_loss >= 0) == (a->max_bytes > 0)) {
-        fprintf(stderr, "moe-prep bitwidth: give exactly one of --max-loss and --max-size\n");
-        return 2;
-    }
-    return 0;
+void moe_bw_run_clear(struct moe_bw_run *r) {
+    moe_bw_result_clear(&r->result);
+    free(r->prec_names);
+    memset(r, 0, sizeof *r);
 }
 
 /* What the loss callback needs: the model rebinds per assignment. */
@@ -305,6 +214,7 @@ struct bw_eval {
     double ref_ppl;      /* perplexity with every expert at ref (0 = not yet) */
     int n_evals;
     double t0;
+    const struct moe_bw_run_params *p;
 };
 
 static enum moe_status bind_assign(struct bw_eval *b, const int16_t *assign) {
@@ -326,6 +236,8 @@ static enum moe_status ppl_of(struct bw_eval *b, const int16_t *assign, double *
     return MOE_OK;
 }
 
+/* loss_cb: the search's loss (moe_bw_eval_fn): relative perplexity increase
+ * against every expert at the largest precision. */
 static enum moe_status loss_cb(const int16_t *assign, double *loss, void *user) {
     struct bw_eval *b = user;
     const int n = b->n_moe * b->E;
@@ -348,285 +260,222 @@ static enum moe_status loss_cb(const int16_t *assign, double *loss, void *user) 
     }
     *loss = ppl / b->ref_ppl - 1;
     b->n_evals++;
-    fprintf(stderr, "bitwidth: evaluation %d: PPL %.4f, loss %+.3f %% (%.0f s)\n", b->n_evals, ppl, 100 * *loss,
-            (double)time(NULL) - b->t0);
+    if (b->p->on_eval) b->p->on_eval(b->n_evals, ppl, *loss, moe_now_s() - b->t0, b->p->user);
     return MOE_OK;
 }
 
 /* load_ids: the token stream of a dataset spec, read only as far as `need`
  * tokens require (0 = all). */
-static int load_ids(const struct moe_model *m, const char *spec, size_t need, int32_t **ids, size_t *n) {
+static enum moe_status load_ids(const struct moe_model *m, const char *spec, size_t need, int32_t **ids, size_t *n) {
     struct moe_dataset_params dp = moe_dataset_default_params();
-    int ok = !moe_text_load_tokens(m, NULL, spec, &dp, need, ids, n);
-    if (!ok) fprintf(stderr, "moe-prep bitwidth: cannot read or tokenize %s (see the message above)\n", spec);
-    return ok;
+    enum moe_status st = moe_text_load_tokens(m, NULL, spec, &dp, need, ids, n);
+    if (st) MOE_LOGE("bitwidth: cannot read or tokenize %s (see the message above)", spec);
+    return st;
 }
 
 /* read_ranking: the order (least sensitive first) from a sensitivity file,
  * checked against the bundle's shape. */
-static int read_ranking(const char *path, const struct moe_model *m, int n_moe, int32_t **order) {
+static enum moe_status read_ranking(const char *path, const struct moe_model *m, int n_moe, int32_t **order) {
     struct moe_profile *p = NULL;
-    int ok = 0;
-    if (moe_profile_read(path, &p)) {
-        fprintf(stderr, "moe-prep bitwidth: cannot read %s (see the message above)\n", path);
-        return 0;
+    enum moe_status st = moe_profile_read(path, &p);
+    if (st) {
+        MOE_LOGE("bitwidth: cannot read %s (see the message above)", path);
+        return st;
     }
     const int n = n_moe * m->cfg.n_expert;
     int nd;
     int64_t d[MOE_PROFILE_MAX_DIMS];
     const int32_t *o;
+    st = MOE_ERR_INVALID;
     if (p->n_layers != n_moe || p->n_experts != m->cfg.n_expert) {
-        fprintf(stderr, "moe-prep bitwidth: %s is for %d MoE layers x %d experts; %s has %d x %d\n", path,
-                p->n_layers, p->n_experts, m->path, n_moe, m->cfg.n_expert);
+        MOE_LOGE("bitwidth: %s is for %d MoE layers x %d experts; %s has %d x %d", path, p->n_layers, p->n_experts,
+                 m->path, n_moe, m->cfg.n_expert);
     } else if (moe_profile_get_i32(p, "sensitivity.order", &nd, d, &o) || nd != 1 || d[0] != n) {
-        fprintf(stderr, "moe-prep bitwidth: %s holds no finished sensitivity ranking (sensitivity.order); run "
-                        "moe-prep sensitivity to the end first\n", path);
-    } else if ((*order = malloc(sizeof **order * (size_t)n))) {
+        MOE_LOGE("bitwidth: %s holds no finished sensitivity ranking (sensitivity.order); run moe-prep "
+                 "sensitivity to the end first", path);
+    } else if (!(*order = malloc(sizeof **order * (size_t)n))) {
+        st = MOE_ERR_NOMEM;
+    } else {
         memcpy(*order, o, sizeof **order * (size_t)n);
-        ok = 1;
+        st = MOE_OK;
     }
     moe_profile_free(p);
-    return ok;
+    return st;
 }
 
 /* write_tuning: the map (over model layers, -1 for dense ones) and the
  * search's figures into the bundle's tuning, keeping the other keys. */
-static int write_tuning(const struct bw_args *a, const struct moe_model *m, const struct moe_bw_result *r,
-                        const int *moe_of, double heldout_loss) {
+static enum moe_status write_tuning(const char *path, const struct moe_bw_run_params *a, const struct moe_model *m,
+                                    const struct moe_bw_result *r, const int *moe_of, double heldout_loss) {
     const struct moe_config *c = &m->cfg;
     struct moe_bundle *b = NULL;
     struct moe_bundle_kv *kv = NULL;
     const size_t le = (size_t)c->n_layer * (size_t)c->n_expert;
     int64_t *map = malloc(sizeof *map * le);
-    int ok = 0;
-    if (!map || moe_bundle_open(a->model, &b) || moe_bundle_kv_new(&kv)) goto done;
-    if (moe_bundle_kv_copy(kv, moe_bundle_tuning(b))) goto done;
+    enum moe_status st = map ? MOE_OK : MOE_ERR_NOMEM;
+    if (st || (st = moe_bundle_open(path, &b)) || (st = moe_bundle_kv_new(&kv)) ||
+        (st = moe_bundle_kv_copy(kv, moe_bundle_tuning(b))))
+        goto done;
     moe_bundle_free(b);
     b = NULL;
     for (int l = 0; l < c->n_layer; l++)
         for (int e = 0; e < c->n_expert; e++)
             map[(size_t)l * c->n_expert + e] = moe_of[l] < 0 ? -1 : r->assign[moe_of[l] * c->n_expert + e];
-    if (moe_tuning_set_bitwidth(kv, map, le, r->loss, heldout_loss, a->max_loss, a->max_bytes, r->bytes,
-                                a->dataset) ||
-        moe_bundle_replace_tuning(a->model, kv))
-        goto done;
-    ok = 1;
+    if (!(st = moe_tuning_set_bitwidth(kv, map, le, r->loss, heldout_loss, a->max_loss, a->max_bytes, r->bytes,
+                                       a->dataset)))
+        st = moe_bundle_replace_tuning(path, kv);
 done:
-    if (!ok) fprintf(stderr, "moe-prep bitwidth: cannot write the bit-width map into %s's tuning\n", a->model);
+    if (st) MOE_LOGE("bitwidth: cannot write the bit-width map into %s's tuning", path);
     moe_bundle_free(b);
     moe_bundle_kv_free(kv);
     free(map);
-    return ok;
+    return st;
 }
 
-/* The check on held-out text: loss of the chosen and of the two uniform
- * assignments around it. */
-struct heldout {
-    int done;
-    double ref_ppl, chosen, upper, lower; /* losses */
-};
-
-static int run_heldout(struct bw_eval *b, const struct moe_bw_problem *p, const struct moe_bw_result *r,
-                       const char *spec, struct heldout *h) {
+/* run_heldout: the loss of the chosen and of the two uniform assignments
+ * around it on a text the search did not see. */
+static enum moe_status run_heldout(struct bw_eval *b, const struct moe_bw_problem *p, const struct moe_bw_result *r,
+                                   const char *spec, struct moe_bw_heldout *h) {
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!load_ids(b->m, spec, b->ep.max_chunks > 0 ? (size_t)b->ep.max_chunks * (size_t)b->ep.n_ctx : 0, &ids, &n))
-        return 0;
+    enum moe_status st =
+        load_ids(b->m, spec, b->ep.max_chunks > 0 ? (size_t)b->ep.max_chunks * (size_t)b->ep.n_ctx : 0, &ids, &n);
+    if (st) return st;
     const int32_t *keep_ids = b->ids;
     size_t keep_n = b->n_ids;
     b->ids = ids;
     b->n_ids = n;
     int16_t *as = malloc(sizeof *as * (size_t)p->n);
     double ppl;
-    int ok = as != NULL;
-    if (ok) {
+    st = as ? MOE_OK : MOE_ERR_NOMEM;
+    if (!st) {
         moe_bw_assign(p, b->ref, b->ref, p->n, as);
-        ok = !ppl_of(b, as, &h->ref_ppl);
+        st = ppl_of(b, as, &h->ref_ppl);
     }
-    if (ok) ok = !ppl_of(b, r->assign, &ppl);
-    if (ok) h->chosen = ppl / h->ref_ppl - 1;
-    if (ok) {
+    if (!st && !(st = ppl_of(b, r->assign, &ppl))) h->chosen = ppl / h->ref_ppl - 1;
+    if (!st) {
         moe_bw_assign(p, r->upper, r->upper, p->n, as);
-        ok = !ppl_of(b, as, &ppl);
-        h->upper = ppl / h->ref_ppl - 1;
+        if (!(st = ppl_of(b, as, &ppl))) h->upper = ppl / h->ref_ppl - 1;
     }
-    if (ok) {
+    if (!st) {
         moe_bw_assign(p, r->lower, r->lower, p->n, as);
-        ok = !ppl_of(b, as, &ppl);
-        h->lower = ppl / h->ref_ppl - 1;
+        if (!(st = ppl_of(b, as, &ppl))) h->lower = ppl / h->ref_ppl - 1;
     }
     b->ids = keep_ids;
     b->n_ids = keep_n;
     free(as);
     free(ids);
-    h->done = ok;
-    if (!ok) fprintf(stderr, "moe-prep bitwidth: the held-out evaluation of %s failed (see above)\n", spec);
-    return ok;
+    h->done = !st;
+    if (st) MOE_LOGE("bitwidth: the held-out evaluation of %s failed (see above)", spec);
+    return st;
 }
 
-static const char *pname(const struct moe_model *m, int p) { return moe_bundle_precision_at(m->bundle, (uint32_t)p)->name; }
+/* The bundle's side of a run: the model, its MoE layers, expert sizes, ranking, text. */
+struct bw_inputs {
+    struct moe_model *m;
+    int *moe_of, *layer_of; /* [n_layer] model layer -> MoE layer (-1: dense); [n_moe] the reverse */
+    int n_moe;
+    int64_t *bytes;         /* [n x P] */
+    int32_t *order, *ids;
+    size_t n_ids;
+};
 
-static void print_result(const struct bw_args *a, const struct moe_model *m, const struct moe_bw_problem *p,
-                         const struct moe_bw_result *r, int64_t dense, const struct heldout *h) {
-    const double MiB = 1048576.0;
-    int64_t up_bytes = r->uniform_bytes[r->upper], lo_bytes = r->uniform_bytes[r->lower];
-    int count[64] = {0};
-    for (int i = 0; i < p->n; i++) count[r->assign[i]]++;
-    if (a->json) {
-        printf("{\"model\": ");
-        moe_tool_json_string(stdout, a->model);
-        printf(", \"dataset\": ");
-        moe_tool_json_string(stdout, a->dataset);
-        printf(", \"budget\": {\"max_loss\": ");
-        if (a->max_loss >= 0) printf("%.6g", a->max_loss); else printf("null");
-        printf(", \"max_expert_bytes\": ");
-        if (a->max_bytes > 0) printf("%lld", a->max_bytes); else printf("null");
-        printf("}, \"dense_bytes\": %lld, \"uniform\": [", (long long)dense);
-        for (int q = 0; q < r->n_prec; q++) {
-            printf("%s{\"precision\": \"%s\", \"expert_bytes\": %lld, \"loss\": ", q ? ", " : "", pname(m, q),
-                   (long long)r->uniform_bytes[q]);
-            if (isfinite(r->uniform_loss[q])) printf("%.6g}", r->uniform_loss[q]); else printf("null}");
-        }
-        printf("], \"candidates\": [");
-        for (int i = 0; i < r->n_cand; i++)
-            printf("%s{\"lower\": \"%s\", \"upper\": \"%s\", \"k\": %d, \"expert_bytes\": %lld, \"loss\": %.6g}",
-                   i ? ", " : "", pname(m, r->cand[i].lower), pname(m, r->cand[i].upper), r->cand[i].k,
-                   (long long)r->cand[i].bytes, r->cand[i].loss);
-        printf("], \"chosen\": {\"lower\": \"%s\", \"upper\": \"%s\", \"k\": %d, \"expert_bytes\": %lld, "
-               "\"model_bytes\": %lld, \"loss\": ",
-               pname(m, r->lower), pname(m, r->upper), r->k, (long long)r->bytes, (long long)(r->bytes + dense));
-        if (isfinite(r->loss)) printf("%.6g", r->loss); else printf("null");
-        printf(", \"heldout_loss\": ");
-        if (h->done) printf("%.6g", h->chosen); else printf("null");
-        printf(", \"map\": [");
-        for (int i = 0; i < p->n; i++) printf("%s\"%s\"", i ? ", " : "", pname(m, r->assign[i]));
-        printf("]}");
-        if (h->done)
-            printf(", \"heldout\": {\"dataset\": \"%s\", \"ref_ppl\": %.6f, \"chosen\": %.6g, \"uniform_upper\": %.6g, "
-                   "\"uniform_lower\": %.6g}",
-                   a->heldout, h->ref_ppl, h->chosen, h->upper, h->lower);
-        printf("}\n");
-        return;
-    }
-    printf("candidates tried (loss = relative perplexity increase on %s against all experts at %s):\n", a->dataset,
-           pname(m, r->cand[0].upper));
-    printf("  %-22s %5s %12s %12s %9s\n", "assignment", "K", "expert MiB", "model MiB", "loss");
-    for (int i = 0; i < r->n_cand; i++) {
-        const struct moe_bw_candidate *c = &r->cand[i];
-        char what[64];
-        if (c->lower == c->upper) snprintf(what, sizeof what, "uniform %s", pname(m, c->lower));
-        else snprintf(what, sizeof what, "%s / %s", pname(m, c->lower), pname(m, c->upper));
-        printf("  %-22s %5d %12.3f %12.3f %8.3f%%\n", what, c->k, c->bytes / MiB, (c->bytes + dense) / MiB,
-               100 * c->loss);
-    }
-    printf("\nchosen: %d of %d experts at %s, the rest at %s:", r->k, p->n, pname(m, r->lower), pname(m, r->upper));
-    for (int q = 0; q < r->n_prec; q++)
-        if (count[q]) printf(" %d x %s", count[q], pname(m, q));
-    printf("\n  experts %.3f MiB (model %.3f MiB), loss %.3f %%", r->bytes / MiB, (r->bytes + dense) / MiB,
-           100 * r->loss);
-    if (a->max_loss >= 0) printf(" (budget %.3f %%)", 100 * a->max_loss);
-    else printf(" (budget %.3f MiB of experts)", a->max_bytes / MiB);
-    printf("\n");
-    if (r->lower != r->upper) {
-        printf("  uniform %s: %.3f MiB, loss %.3f %%; uniform %s: %.3f MiB, loss %.3f %%\n", pname(m, r->upper),
-               up_bytes / MiB, 100 * r->uniform_loss[r->upper], pname(m, r->lower), lo_bytes / MiB,
-               100 * r->uniform_loss[r->lower]);
-        if (a->max_loss >= 0) {
-            if (r->k > 0)
-                printf("  the mixed map is %.1f %% smaller than uniform %s, the smallest uniform within the budget\n",
-                       100.0 * (double)(up_bytes - r->bytes) / (double)up_bytes, pname(m, r->upper));
-            else
-                printf("  no expert could drop to %s within the budget: the map is uniform %s (the loss of the first "
-                       "candidate already exceeded it)\n", pname(m, r->lower), pname(m, r->upper));
-        }
-    }
-    if (h->done) {
-        printf("held-out (%s): loss %.3f %%", a->heldout, 100 * h->chosen);
-        if (a->max_loss >= 0) printf(" (budget %.3f %%)", 100 * a->max_loss);
-        printf("; uniform %s %.3f %%, uniform %s %.3f %%\n", pname(m, r->upper), 100 * h->upper, pname(m, r->lower),
-               100 * h->lower);
-    }
+static void inputs_free(struct bw_inputs *in) {
+    moe_model_free(in->m);
+    free(in->moe_of);
+    free(in->layer_of);
+    free(in->bytes);
+    free(in->order);
+    free(in->ids);
 }
 
-int moe_prep_bitwidth(int argc, char **argv) {
-    struct bw_args a;
-    int rc = bw_parse(argc, argv, &a);
-    if (rc) return rc == 1 ? 0 : rc;
-    moe_log_set_level(MOE_LOG_WARN);
-    struct moe_model *m = NULL;
-    int32_t *order = NULL, *ids = NULL;
-    int *moe_of = NULL, *layer_of = NULL;
-    int64_t *bytes = NULL;
-    size_t n_ids = 0;
-    struct moe_bw_result r = {0};
-    struct heldout h = {0};
-    int exit_code = 1;
-
-    struct moe_model_params mp = moe_model_default_params();
-    if (moe_model_load(a.model, &mp, &m)) {
-        fprintf(stderr, "moe-prep bitwidth: cannot load %s (see the message above)\n", a.model);
-        goto done;
-    }
-    const struct moe_config *c = &m->cfg;
-    if (!m->bundle) {
-        fprintf(stderr, "moe-prep bitwidth: %s is not a bundle; make one with moe-prep quantize\n", a.model);
-        goto done;
-    }
-    int n_moe = 0;
-    if (!(moe_of = malloc(sizeof *moe_of * (size_t)c->n_layer)) ||
-        !(layer_of = malloc(sizeof *layer_of * (size_t)c->n_layer)))
-        goto done;
-    for (int l = 0; l < c->n_layer; l++) {
-        moe_of[l] = c->layer_moe[l] ? n_moe : -1;
-        if (c->layer_moe[l]) layer_of[n_moe++] = l;
-    }
-    const int n = n_moe * c->n_expert, P = m->n_expert_prec;
-    if (n == 0 || P > 64) {
-        fprintf(stderr, "moe-prep bitwidth: %s has no routed experts or more than 64 precisions\n", a.model);
-        goto done;
-    }
-    if (!read_ranking(a.sens, m, n_moe, &order)) goto done;
-    if (!(bytes = malloc(sizeof *bytes * (size_t)n * (size_t)P))) goto done;
+/* expert_sizes: each routed expert's stored bytes at each precision, and the
+ * bundle's precision names and non-expert bytes into out. */
+static enum moe_status expert_sizes(struct bw_inputs *in, int n, int P, struct moe_bw_run *out) {
+    const struct moe_model *m = in->m;
+    if (!(in->bytes = malloc(sizeof *in->bytes * (size_t)n * (size_t)P)) ||
+        !(out->prec_names = calloc((size_t)P, sizeof *out->prec_names)))
+        return MOE_ERR_NOMEM;
+    for (int q = 0; q < P; q++)
+        snprintf(out->prec_names[q], sizeof out->prec_names[q], "%s", moe_bundle_precision_at(m->bundle, (uint32_t)q)->name);
     for (int i = 0; i < n; i++)
         for (int q = 0; q < P; q++) {
             struct moe_bundle_blob blob;
-            if (moe_bundle_expert(m->bundle, (uint32_t)layer_of[i / c->n_expert], (uint32_t)(i % c->n_expert),
-                                  (uint32_t)q, &blob))
-                goto done;
-            bytes[(size_t)i * P + q] = (int64_t)blob.raw_size;
+            enum moe_status st = moe_bundle_expert(m->bundle, (uint32_t)in->layer_of[i / m->cfg.n_expert],
+                                                   (uint32_t)(i % m->cfg.n_expert), (uint32_t)q, &blob);
+            if (st) return st;
+            in->bytes[(size_t)i * P + q] = (int64_t)blob.raw_size;
         }
-    int64_t dense = 0;
-    for (size_t i = 0; i < moe_bundle_tensor_count(m->bundle); i++) dense += (int64_t)moe_bundle_tensor_at(m->bundle, i)->size;
-    if (!load_ids(m, a.dataset, a.max_chunks > 0 ? (size_t)a.max_chunks * (size_t)a.n_ctx : 0, &ids, &n_ids)) goto done;
-    struct bw_eval be = {m, layer_of, n_moe, c->n_expert, 0, ids, n_ids, moe_eval_default_params(), 0, 0,
-                         (double)time(NULL)};
-    be.ep.n_ctx = a.n_ctx;
-    be.ep.max_chunks = a.max_chunks;
-    be.ep.n_threads = a.n_threads;
-    be.ep.bos = moe_text_bos(m->tok);
-    for (int q = 1; q < P; q++) /* the reference: the largest precision */
-        if (bytes[q] > bytes[be.ref]) be.ref = q;
-    struct moe_bw_problem p = {n, P, bytes, order, a.max_loss, a.max_bytes, loss_cb, &be};
-    enum moe_status st = moe_bw_search(&p, &r);
+    for (size_t i = 0; i < moe_bundle_tensor_count(m->bundle); i++)
+        out->dense_bytes += (int64_t)moe_bundle_tensor_at(m->bundle, i)->size;
+    return MOE_OK;
+}
+
+/* load_inputs: the bundle, its layer maps, sizes, the ranking and the text. */
+static enum moe_status load_inputs(const char *path, const struct moe_bw_run_params *p, struct bw_inputs *in,
+                                   struct moe_bw_run *out) {
+    struct moe_model_params mp = moe_model_default_params();
+    enum moe_status st = moe_model_load(path, &mp, &in->m);
     if (st) {
-        fprintf(stderr, "moe-prep bitwidth: the search failed (see the message above)%s\n",
-                st == MOE_ERR_RANGE ? "; raise the budget" : "");
+        MOE_LOGE("bitwidth: cannot load %s (see the message above)", path);
+        return st;
+    }
+    const struct moe_config *c = &in->m->cfg;
+    if (!in->m->bundle) {
+        MOE_LOGE("bitwidth: %s is not a bundle; make one with moe-prep quantize", path);
+        return MOE_ERR_INVALID;
+    }
+    if (!(in->moe_of = malloc(sizeof *in->moe_of * (size_t)c->n_layer)) ||
+        !(in->layer_of = malloc(sizeof *in->layer_of * (size_t)c->n_layer)))
+        return MOE_ERR_NOMEM;
+    for (int l = 0; l < c->n_layer; l++) {
+        in->moe_of[l] = c->layer_moe[l] ? in->n_moe : -1;
+        if (c->layer_moe[l]) in->layer_of[in->n_moe++] = l;
+    }
+    out->n = in->n_moe * c->n_expert;
+    out->n_prec = in->m->n_expert_prec;
+    if (out->n == 0 || out->n_prec > 64) {
+        MOE_LOGE("bitwidth: %s has no routed experts or more than 64 precisions", path);
+        return MOE_ERR_INVALID;
+    }
+    if ((st = read_ranking(p->sensitivity, in->m, in->n_moe, &in->order)) ||
+        (st = expert_sizes(in, out->n, out->n_prec, out)))
+        return st;
+    size_t need = p->max_chunks > 0 ? (size_t)p->max_chunks * (size_t)p->n_ctx : 0;
+    return load_ids(in->m, p->dataset, need, &in->ids, &in->n_ids);
+}
+
+enum moe_status moe_bw_run_bundle(const char *bundle, const struct moe_bw_run_params *p, struct moe_bw_run *out) {
+    memset(out, 0, sizeof *out);
+    if (!bundle || !p->sensitivity || !p->dataset || p->n_ctx < 4 || (p->max_loss >= 0) == (p->max_bytes > 0)) {
+        MOE_LOGE("bitwidth: needs a bundle, a sensitivity file, a dataset, a context of at least 4 and exactly one "
+                 "budget (loss or size)");
+        return MOE_ERR_INVALID;
+    }
+    struct bw_inputs in;
+    memset(&in, 0, sizeof in);
+    enum moe_status st = load_inputs(bundle, p, &in, out);
+    if (st) goto done;
+    struct bw_eval be = {in.m, in.layer_of, in.n_moe, in.m->cfg.n_expert, 0, in.ids, in.n_ids,
+                         moe_eval_default_params(), 0, 0, moe_now_s(), p};
+    be.ep.n_ctx = p->n_ctx;
+    be.ep.max_chunks = p->max_chunks;
+    be.ep.n_threads = p->n_threads;
+    be.ep.bos = moe_text_bos(in.m->tok);
+    for (int q = 1; q < out->n_prec; q++) /* the reference: the largest precision */
+        if (in.bytes[q] > in.bytes[be.ref]) be.ref = q;
+    struct moe_bw_problem prob = {out->n, out->n_prec, in.bytes, in.order, p->max_loss, p->max_bytes, loss_cb, &be};
+    if ((st = moe_bw_search(&prob, &out->result))) {
+        MOE_LOGE("bitwidth: the search failed (see the message above)%s", st == MOE_ERR_RANGE ? "; raise the budget" : "");
         goto done;
     }
-    if (a.heldout && !run_heldout(&be, &p, &r, a.heldout, &h)) goto done;
-    print_result(&a, m, &p, &r, dense, &h);
-    if (!a.no_tuning) {
-        if (!write_tuning(&a, m, &r, moe_of, h.done ? h.chosen : NAN)) goto done;
-        fprintf(stderr, "bitwidth: wrote the map (%s) into %s's tuning\n", MOE_TUNING_BITWIDTH_MAP, a.model);
+    if (p->heldout && (st = run_heldout(&be, &prob, &out->result, p->heldout, &out->heldout))) goto done;
+    out->search_done = 1;
+    if (p->write_tuning) {
+        st = write_tuning(bundle, p, in.m, &out->result, in.moe_of, out->heldout.done ? out->heldout.chosen : NAN);
+        out->wrote_tuning = !st;
     }
-    exit_code = 0;
 done:
-    moe_bw_result_clear(&r);
-    moe_model_free(m);
-    free(order);
-    free(ids);
-    free(moe_of);
-    free(layer_of);
-    free(bytes);
-    return exit_code;
+    inputs_free(&in);
+    return st;
 }

@@ -4,8 +4,8 @@
  * as possible within a loss budget (or has the smallest loss within a size).
  *
  * The search is independent of how a loss is measured: the caller supplies
- * an evaluation callback (the CLI runs moe_eval on a text; tests use a
- * hand-made loss), each expert's size at each precision and the sensitivity
+ * an evaluation callback (moe_bw_run_bundle below runs moe_eval on a text;
+ * tests use a hand-made loss), each expert's size at each precision and the sensitivity
  * ranking (least sensitive first). Precisions are ordered by their total
  * size, so "lower" always means fewer bytes.
  *
@@ -75,5 +75,73 @@ void moe_bw_assign(const struct moe_bw_problem *p, int lower, int upper, int k, 
 
 /* moe_bw_bytes: total expert bytes of an assignment. */
 int64_t moe_bw_bytes(const struct moe_bw_problem *p, const int16_t *assign);
+
+/* ---- the search on a bundle (`moe-prep bitwidth`'s library half) ---------
+ *
+ * moe_bw_run_bundle does what the command does: loads the bundle, reads the
+ * sensitivity ranking (`moe-prep sensitivity`'s output; its shape must match
+ * the bundle's MoE layers x experts), tokenizes the dataset, and runs
+ * moe_bw_search with loss = relative perplexity increase (moe_eval_run on the
+ * text) against every expert at the largest stored precision; optionally
+ * measures the chosen and the two uniform assignments around it on a held-out
+ * text, and writes the map (over model layers, -1 for dense ones) and the
+ * search's figures into the bundle's tuning (moe-tuning.h,
+ * MOE_TUNING_BITWIDTH_MAP), keeping the other tuning keys.
+ *
+ * Not thread-safe with another call on the same bundle file (the tuning is
+ * replaced in place; concurrent replacers are serialised by a lock, but the
+ * later one wins). The callback runs on the calling thread. */
+
+struct moe_bw_run_params {
+    const char *sensitivity; /* the ranking file (required) */
+    const char *dataset;     /* dataset spec the search evaluates on (required) */
+    const char *heldout;     /* a dataset spec the search does not see, or NULL */
+    double max_loss;         /* loss budget (fraction); < 0 = none */
+    int64_t max_bytes;       /* expert-bytes budget; <= 0 = none (exactly one of the two) */
+    int n_ctx;               /* tokens per evaluation chunk (>= 4) */
+    int max_chunks;          /* chunks per text; 0 = all */
+    int n_threads;           /* 0 = all online CPUs */
+    int write_tuning;        /* write the map into the bundle's tuning */
+    /* Optional: called after each evaluation of the search with its number
+     * (from 1), the perplexity, the loss and the seconds since the start. */
+    void (*on_eval)(int n, double ppl, double loss, double seconds, void *user);
+    void *user;
+};
+
+/* moe_bw_run_default_params: no budget yet (max_loss -1, max_bytes 0),
+ * n_ctx 256, all chunks, all CPUs, the map written. */
+struct moe_bw_run_params moe_bw_run_default_params(void);
+
+/* The losses on the held-out text (relative to all experts at the largest
+ * precision there). */
+struct moe_bw_heldout {
+    int done;              /* measured */
+    double ref_ppl;        /* perplexity with every expert at the largest precision */
+    double chosen, upper, lower; /* losses of the chosen map and the uniform upper / lower */
+};
+
+struct moe_bw_run {
+    struct moe_bw_result result; /* the search (assign over MoE layer * E + expert) */
+    int n;                       /* routed experts searched */
+    int n_prec;                  /* stored precisions */
+    char (*prec_names)[16];      /* [n_prec] the bundle's precision names (owned) */
+    int64_t dense_bytes;         /* the bundle's non-expert bytes */
+    struct moe_bw_heldout heldout;
+    int search_done;             /* the search (and the held-out check) succeeded: result is the choice */
+    int wrote_tuning;            /* the map is in the bundle's tuning */
+};
+
+/* moe_bw_run_bundle: the search on the bundle at `bundle` (see above).
+ * Returns MOE_OK, or (logged) MOE_ERR_INVALID for missing or contradictory
+ * parameters, a model that is not a bundle or has no routed experts, or a
+ * ranking of another shape; the reading errors of the bundle, ranking and
+ * texts; moe_bw_search's errors (MOE_ERR_RANGE: the budget cannot be met,
+ * out->result then holds the evaluations made); an evaluation's error; the
+ * tuning replacement's error (out->search_done then says the choice in
+ * out->result is complete). Free out with moe_bw_run_clear (also after an
+ * error). */
+enum moe_status moe_bw_run_bundle(const char *bundle, const struct moe_bw_run_params *p, struct moe_bw_run *out);
+
+void moe_bw_run_clear(struct moe_bw_run *r);
 
 #endif

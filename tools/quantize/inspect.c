@@ -1,46 +1,42 @@
 /*
- * inspect.c - `moe-prep inspect`: what a bundle holds, at a glance (or as JSON),
- * and with --verify every checksum checked, each damaged item named.
+ * inspect.c - what a bundle holds, and with verification every checksum
+ * checked and each damaged item named: the library half of `moe-prep
+ * inspect` (inspect.h; the command is inspect-cmd.c).
  */
+#include "inspect.h"
+
 #include <cjson/cJSON.h>
-#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "moe-bundle.h"
-#include "moe-model.h"
-#include "moe-prep.h"
 #include "moe-quant.h"
 
-static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: moe-prep inspect BUNDLE.moeb [--json] [--verify]\n\n"
-               "Show a bundle's architecture, layers, experts, stored precisions with\n"
-               "their sizes and bits per weight, the non-expert weights, whether a tuning\n"
-               "section is present, and where it came from.\n\n"
-               "  --json     machine-readable output\n"
-               "  --verify   check every checksum (header, directory, tensors, every expert\n"
-               "             blob, tuning slots), then that the bundle binds as a model\n"
-               "             (shapes, stored sizes, constants); each damaged item is named;\n"
-               "             exit 1 if any\n\n"
-               "examples:\n  moe-prep inspect mixtral.moeb\n  moe-prep inspect mixtral.moeb --verify --json\n");
+/* add_damage: one damaged item into r (copies both strings); 0 when out of memory. */
+static int add_damage(struct moe_inspect *r, const char *item, const char *problem) {
+    struct moe_inspect_damage *d = realloc(r->damaged, sizeof *d * (size_t)(r->n_damaged + 1));
+    if (!d) return 0;
+    r->damaged = d;
+    d[r->n_damaged].item = strdup(item);
+    d[r->n_damaged].problem = strdup(problem);
+    if (!d[r->n_damaged].item || !d[r->n_damaged].problem) {
+        free(d[r->n_damaged].item);
+        free(d[r->n_damaged].problem);
+        return 0;
+    }
+    r->n_damaged++;
+    return 1;
 }
 
+/* Verification's state: the result being filled, and whether memory ran out. */
 struct verify_state {
-    int n_bad;
-    cJSON *list; /* JSON mode */
+    struct moe_inspect *r;
+    int nomem;
 };
 
 static void on_failure(const char *item, const char *problem, void *user) {
     struct verify_state *v = user;
-    v->n_bad++;
-    if (v->list) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "item", item);
-        cJSON_AddStringToObject(o, "problem", problem);
-        cJSON_AddItemToArray(v->list, o);
-    } else {
-        printf("  DAMAGED  %s: %s\n", item, problem);
-    }
+    if (!add_damage(v->r, item, problem)) v->nomem = 1;
 }
 
 /* last_error: a log sink keeping the last error message (binding check). */
@@ -62,8 +58,7 @@ static void verify_binding(const char *path, struct verify_state *v) {
     if (st) on_failure("model", why[0] ? why : moe_status_str(st), v);
 }
 
-/* part_bits: bits per weight of a precision's blob (parts' bytes over weights). */
-static double blob_bits(const struct moe_bundle_precision *p) {
+double moe_inspect_bits_per_weight(const struct moe_bundle_precision *p) {
     double bytes = 0, weights = 0;
     for (uint32_t k = 0; k < p->n_parts; k++) {
         bytes += (double)p->parts[k].nbytes;
@@ -72,144 +67,111 @@ static double blob_bits(const struct moe_bundle_precision *p) {
     return weights > 0 ? 8.0 * bytes / weights : 0;
 }
 
-int moe_prep_inspect(int argc, char **argv) {
-    const char *path = NULL;
-    int json = 0, verify = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            inspect_usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (!strcmp(argv[i], "--verify")) {
-            verify = 1;
-        } else if (argv[i][0] == '-' || path) {
-            fprintf(stderr, "moe-prep inspect: unexpected argument \"%s\" (see --help)\n", argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
-    }
-    if (!path) {
-        inspect_usage(stderr);
-        return 2;
-    }
-    struct moe_bundle *b = NULL;
-    if (moe_bundle_open(path, &b) != MOE_OK) {
-        fprintf(stderr, "moe-prep inspect: %s is not a readable bundle (see the message above)\n", path);
-        return 1;
-    }
-    struct moe_bundle_info info;
-    moe_bundle_get_info(b, &info);
-    struct moe_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+/* summarize: the figures of an open bundle. */
+static void summarize(struct moe_inspect *r) {
+    struct moe_bundle *b = r->bundle;
+    moe_bundle_get_info(b, &r->info);
     const char *cfg_text = moe_bundle_meta_str(b, "hf.config.json");
-    int have_cfg = cfg_text && moe_config_parse(cfg_text, strlen(cfg_text), "hf.config.json", &cfg) == MOE_OK;
-    uint32_t nl, ne, np;
-    moe_bundle_expert_layout(b, &nl, &ne, &np);
-    int n_moe = 0;
-    for (uint32_t l = 0; l < nl; l++) n_moe += moe_bundle_layer_has_experts(b, l);
-    uint64_t dense_bytes = 0;
-    size_t nt = moe_bundle_tensor_count(b);
-    for (size_t i = 0; i < nt; i++) dense_bytes += moe_bundle_tensor_at(b, i)->size;
-    const struct moe_bundle_kv *tuning = moe_bundle_tuning(b);
-    size_t n_tuning = tuning ? moe_bundle_kv_count(tuning) : 0;
+    r->have_config = cfg_text && moe_config_parse(cfg_text, strlen(cfg_text), "hf.config.json", &r->cfg) == MOE_OK;
+    moe_bundle_expert_layout(b, &r->n_layers, &r->n_experts, &r->n_precisions);
+    for (uint32_t l = 0; l < r->n_layers; l++) r->n_moe_layers += moe_bundle_layer_has_experts(b, l);
+    r->n_tensors = moe_bundle_tensor_count(b);
+    for (size_t i = 0; i < r->n_tensors; i++) r->dense_bytes += moe_bundle_tensor_at(b, i)->size;
+    r->dense_type = moe_bundle_meta_str(b, "quant.dense");
+    r->tuning = moe_bundle_tuning(b);
+    r->n_tuning_keys = r->tuning ? moe_bundle_kv_count(r->tuning) : 0;
+    r->source = moe_bundle_meta_str(b, "provenance.source");
+    r->tool = moe_bundle_meta_str(b, "provenance.tool");
+    r->created = moe_bundle_meta_str(b, "provenance.created");
+    r->command_line = moe_bundle_meta_str(b, "provenance.command_line");
+}
 
-    cJSON *root = json ? cJSON_CreateObject() : NULL;
-    if (json) {
-        cJSON_AddStringToObject(root, "path", path);
-        char ver[32];
-        snprintf(ver, sizeof ver, "%u.%u", info.version_major, info.version_minor);
-        cJSON_AddStringToObject(root, "format_version", ver);
-        cJSON_AddNumberToObject(root, "file_bytes", (double)info.file_size);
-        if (have_cfg) {
-            cJSON_AddStringToObject(root, "architecture", cfg.arch_name);
-            cJSON_AddNumberToObject(root, "hidden", cfg.n_embd);
-            cJSON_AddNumberToObject(root, "vocab", cfg.n_vocab);
-            cJSON_AddNumberToObject(root, "experts_per_token", cfg.n_expert_used);
-        }
-        cJSON_AddNumberToObject(root, "layers", nl);
-        cJSON_AddNumberToObject(root, "moe_layers", n_moe);
-        cJSON_AddNumberToObject(root, "experts", ne);
-        cJSON *precs = cJSON_AddArrayToObject(root, "precisions");
-        for (uint32_t p = 0; p < np; p++) {
-            const struct moe_bundle_precision *d = moe_bundle_precision_at(b, p);
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "name", d->name);
-            cJSON *types = cJSON_AddArrayToObject(o, "part_types");
-            for (uint32_t k = 0; k < d->n_parts; k++)
-                cJSON_AddItemToArray(types, cJSON_CreateString(moe_qtype_name((enum moe_qtype)d->parts[k].type_id)));
-            cJSON_AddNumberToObject(o, "blob_bytes", (double)d->raw_size);
-            cJSON_AddNumberToObject(o, "total_bytes", (double)d->raw_size * ne * (double)n_moe);
-            cJSON_AddNumberToObject(o, "bits_per_weight", blob_bits(d));
-            cJSON_AddItemToArray(precs, o);
-        }
-        cJSON_AddNumberToObject(root, "dense_tensors", (double)nt);
-        cJSON_AddNumberToObject(root, "dense_bytes", (double)dense_bytes);
-        const char *dense = moe_bundle_meta_str(b, "quant.dense");
-        if (dense) cJSON_AddStringToObject(root, "dense_type", dense);
-        cJSON_AddBoolToObject(root, "tuning", n_tuning > 0);
-        cJSON *tk = cJSON_AddArrayToObject(root, "tuning_keys");
-        for (size_t i = 0; i < n_tuning; i++) {
-            struct moe_bundle_kv_item it;
-            if (moe_bundle_kv_at(tuning, i, &it) == MOE_OK) cJSON_AddItemToArray(tk, cJSON_CreateString(it.key));
-        }
-        cJSON_AddNumberToObject(root, "reclaimable_bytes", (double)info.reclaimable_bytes);
-        const char *keys[] = {"provenance.source", "provenance.tool", "provenance.created", "provenance.command_line"};
-        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-            const char *v = moe_bundle_meta_str(b, keys[i]);
-            if (v) cJSON_AddStringToObject(root, keys[i] + strlen("provenance."), v);
-        }
-    } else {
-        printf("%s: bundle v%u.%u, %.2f MB\n", path, info.version_major, info.version_minor, (double)info.file_size / 1e6);
-        if (have_cfg)
-            printf("  model       %s: %d layers (%d MoE), hidden %d, vocab %d, %u experts, top-%d\n", cfg.arch_name,
-                   cfg.n_layer, n_moe, cfg.n_embd, cfg.n_vocab, ne, cfg.n_expert_used);
-        printf("  experts     %u precision(s):\n", np);
-        for (uint32_t p = 0; p < np; p++) {
-            const struct moe_bundle_precision *d = moe_bundle_precision_at(b, p);
-            char types[96] = "";
-            for (uint32_t k = 0; k < d->n_parts; k++)
-                snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s", k ? "/" : "",
-                         moe_qtype_name((enum moe_qtype)d->parts[k].type_id));
-            printf("    %-6s %6.3f bits/weight  blob %8.1f KB  all experts %9.2f MB  (gate/up/down: %s)\n", d->name,
-                   blob_bits(d), (double)d->raw_size / 1e3, (double)d->raw_size * ne * n_moe / 1e6, types);
-        }
-        const char *dense = moe_bundle_meta_str(b, "quant.dense");
-        printf("  non-expert  %zu tensors, %.2f MB (matrices at %s; norms, biases, routers f32)\n", nt,
-               (double)dense_bytes / 1e6, dense ? dense : "?");
-        printf("  tuning      %s", n_tuning ? "present:" : "none\n");
-        for (size_t i = 0; i < n_tuning; i++) {
-            struct moe_bundle_kv_item it;
-            if (moe_bundle_kv_at(tuning, i, &it) == MOE_OK) printf(" %s", it.key);
-        }
-        if (n_tuning) printf("\n");
-        const char *src = moe_bundle_meta_str(b, "provenance.source"), *when = moe_bundle_meta_str(b, "provenance.created");
-        const char *tool = moe_bundle_meta_str(b, "provenance.tool");
-        if (src) printf("  source      %s (%s, %s)\n", src, tool ? tool : "?", when ? when : "?");
-        if (info.reclaimable_bytes) printf("  reclaimable %.1f KB (stale tuning)\n", (double)info.reclaimable_bytes / 1e3);
+enum moe_status moe_inspect_bundle(const char *path, int verify, struct moe_inspect *out) {
+    memset(out, 0, sizeof *out);
+    if (!(out->path = strdup(path))) return MOE_ERR_NOMEM;
+    enum moe_status st = moe_bundle_open(path, &out->bundle);
+    if (st) return st;
+    summarize(out);
+    if (!verify) return MOE_OK;
+    struct verify_state v = {out, 0};
+    out->verified = 1;
+    moe_bundle_verify_all(out->bundle, on_failure, &v);
+    if (!out->n_damaged && !v.nomem) verify_binding(path, &v); /* a sound container can still hold an unusable model */
+    return v.nomem ? MOE_ERR_NOMEM : MOE_OK;
+}
+
+void moe_inspect_clear(struct moe_inspect *r) {
+    for (int i = 0; i < r->n_damaged; i++) {
+        free(r->damaged[i].item);
+        free(r->damaged[i].problem);
     }
-    int status = 0;
-    if (verify) {
-        struct verify_state v = {0, json ? cJSON_CreateArray() : NULL};
-        if (!json) printf("verify:\n");
-        moe_bundle_verify_all(b, on_failure, &v);
-        if (!v.n_bad) verify_binding(path, &v); /* a sound container can still hold an unusable model */
-        if (json) {
-            cJSON_AddBoolToObject(root, "verified", v.n_bad == 0);
-            cJSON_AddItemToObject(root, "damaged", v.list);
-        } else {
-            printf("  %s\n", v.n_bad ? "FAILED: the items above are damaged" : "all checksums match");
-        }
-        status = v.n_bad ? 1 : 0;
+    free(r->damaged);
+    if (r->have_config) moe_config_clear(&r->cfg);
+    moe_bundle_free(r->bundle);
+    free(r->path);
+    memset(r, 0, sizeof *r);
+}
+
+/* precision_json: one stored precision: its name, part types, sizes and bits. */
+static cJSON *precision_json(const struct moe_inspect *r, const struct moe_bundle_precision *d) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", d->name);
+    cJSON *types = cJSON_AddArrayToObject(o, "part_types");
+    for (uint32_t k = 0; k < d->n_parts; k++)
+        cJSON_AddItemToArray(types, cJSON_CreateString(moe_qtype_name((enum moe_qtype)d->parts[k].type_id)));
+    cJSON_AddNumberToObject(o, "blob_bytes", (double)d->raw_size);
+    cJSON_AddNumberToObject(o, "total_bytes", (double)d->raw_size * r->n_experts * (double)r->n_moe_layers);
+    cJSON_AddNumberToObject(o, "bits_per_weight", moe_inspect_bits_per_weight(d));
+    return o;
+}
+
+/* add_tail_json: tuning, reclaimable bytes, provenance and verification. */
+static void add_tail_json(cJSON *root, const struct moe_inspect *r) {
+    cJSON_AddBoolToObject(root, "tuning", r->n_tuning_keys > 0);
+    cJSON *tk = cJSON_AddArrayToObject(root, "tuning_keys");
+    for (size_t i = 0; i < r->n_tuning_keys; i++) {
+        struct moe_bundle_kv_item it;
+        if (moe_bundle_kv_at(r->tuning, i, &it) == MOE_OK) cJSON_AddItemToArray(tk, cJSON_CreateString(it.key));
     }
-    if (json) {
-        char *s = cJSON_Print(root);
-        if (s) printf("%s\n", s);
-        cJSON_free(s);
-        cJSON_Delete(root);
+    cJSON_AddNumberToObject(root, "reclaimable_bytes", (double)r->info.reclaimable_bytes);
+    const char *keys[] = {"source", "tool", "created", "command_line"};
+    const char *vals[] = {r->source, r->tool, r->created, r->command_line};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (vals[i]) cJSON_AddStringToObject(root, keys[i], vals[i]);
+    if (!r->verified) return;
+    cJSON_AddBoolToObject(root, "verified", r->n_damaged == 0);
+    cJSON *list = cJSON_AddArrayToObject(root, "damaged");
+    for (int i = 0; i < r->n_damaged; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "item", r->damaged[i].item);
+        cJSON_AddStringToObject(o, "problem", r->damaged[i].problem);
+        cJSON_AddItemToArray(list, o);
     }
-    if (have_cfg) moe_config_clear(&cfg);
-    moe_bundle_free(b);
-    return status;
+}
+
+cJSON *moe_inspect_to_json(const struct moe_inspect *r) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "path", r->path);
+    char ver[32];
+    snprintf(ver, sizeof ver, "%u.%u", r->info.version_major, r->info.version_minor);
+    cJSON_AddStringToObject(root, "format_version", ver);
+    cJSON_AddNumberToObject(root, "file_bytes", (double)r->info.file_size);
+    if (r->have_config) {
+        cJSON_AddStringToObject(root, "architecture", r->cfg.arch_name);
+        cJSON_AddNumberToObject(root, "hidden", r->cfg.n_embd);
+        cJSON_AddNumberToObject(root, "vocab", r->cfg.n_vocab);
+        cJSON_AddNumberToObject(root, "experts_per_token", r->cfg.n_expert_used);
+    }
+    cJSON_AddNumberToObject(root, "layers", r->n_layers);
+    cJSON_AddNumberToObject(root, "moe_layers", r->n_moe_layers);
+    cJSON_AddNumberToObject(root, "experts", r->n_experts);
+    cJSON *precs = cJSON_AddArrayToObject(root, "precisions");
+    for (uint32_t p = 0; p < r->n_precisions; p++)
+        cJSON_AddItemToArray(precs, precision_json(r, moe_bundle_precision_at(r->bundle, p)));
+    cJSON_AddNumberToObject(root, "dense_tensors", (double)r->n_tensors);
+    cJSON_AddNumberToObject(root, "dense_bytes", (double)r->dense_bytes);
+    if (r->dense_type) cJSON_AddStringToObject(root, "dense_type", r->dense_type);
+    add_tail_json(root, r);
+    return root;
 }

@@ -9,155 +9,53 @@
  * largest single output (see `bound` in usage()) whatever the model size.
  * The bundle is written to a temporary file and renamed only when complete.
  */
+/*
+ * quantize.c - checkpoint or GGUF -> bundle (.moeb): the library half of
+ * `moe-prep quantize` (quantize.h; the command is quantize-cmd.c).
+ *
+ * Streams tensor by tensor from the mmapped checkpoint: every non-expert
+ * matrix is quantized to the dense type (norms, biases and routers stay
+ * float32) and written once; every routed expert is quantized to each
+ * requested precision, its gate, up and down matrices packed into one blob per
+ * precision. Source pages are released after use, so resident memory stays
+ * bounded by the largest single output whatever the model size. The bundle is
+ * written to a temporary file and renamed only when complete.
+ */
 #define _GNU_SOURCE
+#include "quantize.h"
+
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "moe-base.h"
 #include "moe-bundle.h"
 #include "moe-file.h"
 #include "moe-gguf-model.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
-#include "moe-prep.h"
-#include "moe-quant.h"
 #include "moe-safetensors.h"
 #include "moe-threadpool.h"
-#include "tool-util.h"
 
-#define MAX_PRECISIONS 8
+#define MAX_PRECISIONS MOE_QUANTIZE_MAX_PRECISIONS
+#define MAX_FALLBACKS 256
 
-static void usage(FILE *f) {
-    fprintf(f,
-"usage: moe-prep quantize MODEL -o OUT.moeb [options]\n"
-"\n"
-"Pack a MoE model into a bundle: every routed expert stored at each requested\n"
-"precision side by side (one contiguous, checksummed blob per expert and\n"
-"precision), every other weight stored once. MODEL is a Hugging Face checkpoint\n"
-"directory or a llama.cpp GGUF file (its metadata becomes the bundle's config\n"
-"and tokenizer; see docs/format.md, \"GGUF input\").\n"
-"\n"
-"  -o, --output PATH       the bundle to write (replaced atomically when done)\n"
-"      --experts LIST      expert precisions, comma-separated (default q8_0,q4_k,q2_k)\n"
-"      --dense TYPE        type of non-expert matrices (default q8_0); norms,\n"
-"                          biases and routers always stay float32\n"
-"      --compress[=LEVEL]  zstd-compress expert blobs (default level 3) where it\n"
-"                          saves at least 3 %% of the bytes\n"
-"  -t, --threads N         quantization threads (default: all CPUs)\n"
-"  -h, --help              this help\n"
-"\n"
-"types: f32 f16 bf16 q8_0 q4_0 q4_k q3_k q2_k (also q5_k q6_k mxfp4). A matrix whose\n"
-"rows do not fit a type's block size falls back as llama.cpp does (k-quants ->\n"
-"q4_0 / q8_0, then f16); fallbacks are printed and recorded in the bundle. A\n"
-"matrix already stored in the requested type (gpt-oss's mxfp4 experts, a q4_k\n"
-"GGUF's q4_k experts) is copied block for block; other types are dequantized and\n"
-"quantized again.\n"
-"\n"
-"memory: the checkpoint is read through mmap and each tensor's pages are released\n"
-"after use; resident memory stays below about: the largest non-expert matrix at\n"
-"the dense type + one expert blob at each precision + THREADS x (row of floats),\n"
-"plus the model's norm vectors - independent of the number of layers and experts.\n"
-"\n"
-"examples:\n"
-"  moe-prep quantize ./Mixtral-8x7B-v0.1 -o mixtral.moeb\n"
-"  moe-prep quantize ./OLMoE-1B-7B-0924 -o olmoe.moeb --experts q8_0,q4_k,q2_k --dense q8_0 -t 8\n"
-"  moe-prep quantize tests/fixtures/models/mixtral-f32 -o /tmp/m.moeb --experts f32 --dense f32\n"
-"  moe-prep quantize mixtral-8x7b-q4_k_m.gguf -o mixtral.moeb --experts q4_k,q2_k\n");
-}
-
-struct qargs {
-    const char *model, *out;
-    enum moe_qtype experts[MAX_PRECISIONS];
-    int n_experts;
-    enum moe_qtype dense;
-    int zstd_level, n_threads;
-};
-
-/* parse_types: "q8_0,q4_k" -> distinct types. */
-static int parse_types(const char *list, enum moe_qtype *out, int *n) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        enum moe_qtype t;
-        if (moe_qtype_from_name(tok, &t) != MOE_OK) return 0;
-        for (int i = 0; i < *n; i++)
-            if (out[i] == t) {
-                fprintf(stderr, "moe-prep quantize: --experts lists %s twice\n", tok);
-                return 0;
-            }
-        if (*n == MAX_PRECISIONS) {
-            fprintf(stderr, "moe-prep quantize: at most %d expert precisions\n", MAX_PRECISIONS);
-            return 0;
-        }
-        out[(*n)++] = t;
-    }
-    return *n > 0;
-}
-
-/* parse_args: 0 ok, 1 help shown, 2 usage error. */
-static int parse_args(int argc, char **argv, struct qargs *a) {
-    memset(a, 0, sizeof *a);
-    a->dense = MOE_QTYPE_Q8_0;
-    const char *experts = "q8_0,q4_k,q2_k";
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            return 1;
-        } else if ((!strcmp(o, "-o") || !strcmp(o, "--output")) && i + 1 < argc) {
-            a->out = argv[++i];
-        } else if (!strcmp(o, "--experts") && i + 1 < argc) {
-            experts = argv[++i];
-        } else if (!strcmp(o, "--dense") && i + 1 < argc) {
-            if (moe_qtype_from_name(argv[++i], &a->dense) != MOE_OK) return 2;
-        } else if (!strcmp(o, "--compress")) {
-            a->zstd_level = 3;
-        } else if (!strncmp(o, "--compress=", 11)) {
-            char *end;
-            long v = strtol(o + 11, &end, 10);
-            if (*end || v < 1 || v > 22) {
-                fprintf(stderr, "moe-prep quantize: --compress level must be 1..22\n");
-                return 2;
-            }
-            a->zstd_level = (int)v;
-        } else if ((!strcmp(o, "-t") || !strcmp(o, "--threads")) && i + 1 < argc) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 1 || v > 1024) {
-                fprintf(stderr, "moe-prep quantize: --threads must be 1..1024\n");
-                return 2;
-            }
-            a->n_threads = (int)v;
-        } else if (o[0] == '-') {
-            fprintf(stderr, "moe-prep quantize: unknown option or missing value: %s\n", o);
-            return 2;
-        } else if (!a->model) {
-            a->model = o;
-        } else {
-            fprintf(stderr, "moe-prep quantize: unexpected argument \"%s\"\n", o);
-            return 2;
-        }
-    }
-    if (!a->model || !a->out) {
-        fprintf(stderr, "moe-prep quantize: need MODEL and -o OUT.moeb (see --help)\n");
-        return 2;
-    }
-    if (!parse_types(experts, a->experts, &a->n_experts)) {
-        fprintf(stderr, "moe-prep quantize: bad --experts list \"%s\"\n", experts);
-        return 2;
-    }
-    return 0;
+struct moe_quantize_params moe_quantize_default_params(void) {
+    struct moe_quantize_params p;
+    memset(&p, 0, sizeof p);
+    p.experts[0] = MOE_QTYPE_Q8_0;
+    p.experts[1] = MOE_QTYPE_Q4_K;
+    p.experts[2] = MOE_QTYPE_Q2_K;
+    p.n_experts = 3;
+    p.dense = MOE_QTYPE_Q8_0;
+    return p;
 }
 
 /* ---- type choice ------------------------------------------------------- */
@@ -220,41 +118,6 @@ static size_t weight_bytes(const struct moe_weight *w) {
     return moe_qtype_row_bytes(w->type, w->n_in) * (size_t)w->n_out;
 }
 
-/* ---- progress ----------------------------------------------------------- */
-
-struct progress {
-    double t0, last;
-    uint64_t done, total;
-    int tty, last_decile;
-};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* progress_add: count source bytes processed; a line on a terminal (with ETA),
- * one line per 10 % otherwise. */
-static void progress_add(struct progress *p, uint64_t bytes) {
-    p->done += bytes;
-    double t = now_s(), el = t - p->t0;
-    double frac = p->total ? (double)p->done / (double)p->total : 1.0;
-    double rate = el > 0 ? (double)p->done / el : 0;
-    double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0;
-    if (p->tty) {
-        if (t - p->last < 0.2 && p->done < p->total) return;
-        p->last = t;
-        fprintf(stderr, "\rquantize: %5.1f%% %.2f/%.2f GB  %.0f MB/s  ETA %d:%02d   ", 100 * frac,
-                (double)p->done / 1e9, (double)p->total / 1e9, rate / 1e6, (int)eta / 60, (int)eta % 60);
-        if (p->done >= p->total) fputc('\n', stderr);
-    } else if ((int)(frac * 10) > p->last_decile) {
-        p->last_decile = (int)(frac * 10);
-        fprintf(stderr, "quantize: %3.0f%% (%.2f GB of %.2f GB, %.0f MB/s)\n", 100 * frac, (double)p->done / 1e9,
-                (double)p->total / 1e9, rate / 1e6);
-    }
-}
-
 /* ---- metadata ----------------------------------------------------------- */
 
 /* meta_file_text: store a small text file of the checkpoint under `key`, if present. */
@@ -267,7 +130,7 @@ static enum moe_status meta_file_text(struct moe_bundle_writer *w, const char *d
     if (!path) return MOE_ERR_NOMEM;
     if (stat(path, &sb) != 0) {
         if (required) {
-            fprintf(stderr, "moe-prep quantize: %s is missing\n", path);
+            MOE_LOGE("quantize: %s is missing", path);
             st = MOE_ERR_NOT_FOUND;
         }
     } else if (!(st = moe_read_file(path, 256u << 20, &text, &len))) {
@@ -296,8 +159,12 @@ static enum moe_status write_source_texts(struct moe_bundle_writer *w, const str
     return meta_file_text(w, model, "tokenizer_config.json", "hf.tokenizer_config.json", 0);
 }
 
-/* hash_file: XXH3-64 of a file, read in chunks (not mapped: memory stays flat). */
-static enum moe_status hash_file(const char *path, uint64_t *out) {
+/* cancelled: the caller's cancel flag is set. */
+static int cancelled(const volatile sig_atomic_t *flag) { return flag && *flag; }
+
+/* hash_file: XXH3-64 of a file, read in chunks (not mapped: memory stays flat);
+ * stops with MOE_ERR_CANCELLED when the cancel flag is set. */
+static enum moe_status hash_file(const char *path, const volatile sig_atomic_t *cancel, uint64_t *out) {
     int fd;
     if (moe_file_open_read(path, &fd)) return MOE_ERR_IO;
     XXH3_state_t *s = XXH3_createState();
@@ -305,7 +172,9 @@ static enum moe_status hash_file(const char *path, uint64_t *out) {
     enum moe_status st = (s && buf) ? MOE_OK : MOE_ERR_NOMEM;
     if (!st) XXH3_64bits_reset(s);
     for (ssize_t n; !st && (n = read(fd, buf, 1 << 20)) != 0;) {
-        if (n < 0) {
+        if (cancelled(cancel)) {
+            st = MOE_ERR_CANCELLED;
+        } else if (n < 0) {
             if (errno == EINTR) continue;
             st = MOE_ERR_IO;
         } else {
@@ -321,8 +190,8 @@ static enum moe_status hash_file(const char *path, uint64_t *out) {
 }
 
 /* write_provenance: source files and their hashes, tool, command line, time. */
-static enum moe_status write_provenance(struct moe_bundle_writer *w, const struct moe_model *m, int argc,
-                                        char **argv) {
+static enum moe_status write_provenance(struct moe_bundle_writer *w, const struct moe_model *m,
+                                        const struct moe_quantize_params *qp) {
     enum moe_status st;
     int nf = m->gguf ? 1 : moe_safetensors_n_files(m->st);
     const char **names = calloc((size_t)nf, sizeof *names);
@@ -335,8 +204,8 @@ static enum moe_status write_provenance(struct moe_bundle_writer *w, const struc
     for (int i = 0; i < nf; i++) {
         const char *p = m->gguf ? m->path : moe_safetensors_file_path(m->st, i);
         uint64_t h = 0;
-        if ((st = hash_file(p, &h))) {
-            fprintf(stderr, "moe-prep quantize: cannot hash %s\n", p);
+        if ((st = hash_file(p, qp->cancel, &h))) {
+            MOE_LOGE("quantize: cannot hash %s", p);
             goto done;
         }
         const char *slash = strrchr(p, '/');
@@ -344,9 +213,6 @@ static enum moe_status write_provenance(struct moe_bundle_writer *w, const struc
         snprintf(hex[i], sizeof hex[i], "%016llx", (unsigned long long)h);
         hexp[i] = hex[i];
     }
-    char cmd[8192] = "";
-    for (int i = 0; i < argc; i++)
-        snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "%s%s", i ? " " : "moe-prep ", argv[i]);
     char when[64];
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -355,7 +221,8 @@ static enum moe_status write_provenance(struct moe_bundle_writer *w, const struc
     if ((st = moe_bundle_writer_set_meta_str_array(w, "provenance.files", names, (size_t)nf))) goto done_src;
     if ((st = moe_bundle_writer_set_meta_str_array(w, "provenance.files_xxh3", hexp, (size_t)nf))) goto done_src;
     if ((st = moe_bundle_writer_set_meta_str(w, "provenance.tool", "moe-prep " MOE_VERSION))) goto done_src;
-    if ((st = moe_bundle_writer_set_meta_str(w, "provenance.command_line", cmd))) goto done_src;
+    if ((st = moe_bundle_writer_set_meta_str(w, "provenance.command_line",
+                                              qp->command_line ? qp->command_line : ""))) goto done_src;
     st = moe_bundle_writer_set_meta_str(w, "provenance.created", when);
 done_src:
     free(src);
@@ -369,30 +236,37 @@ done:
 /* ---- the job ------------------------------------------------------------ */
 
 struct job {
-    const struct qargs *a;
+    const struct moe_quantize_params *a;
     struct moe_model *m;
     struct moe_bundle_writer *w;
     struct moe_pool *pool;
     float *bufs;
-    struct progress prog;
-    const char *fallbacks[256];
-    char fallback_text[256][320];
+    uint64_t done, total; /* source bytes processed (progress) */
+    const char *fallbacks[MAX_FALLBACKS];
+    char fallback_text[MAX_FALLBACKS][320];
     int n_fallbacks;
 };
 
-/* note_fallback: remember (and print once) that a matrix could not use a type. */
+/* progress_add: count source bytes processed and tell the caller. */
+static void progress_add(struct job *j, uint64_t bytes) {
+    j->done += bytes;
+    if (j->a->on_progress) j->a->on_progress(j->done, j->total, j->a->user);
+}
+
+/* note_fallback: remember (and tell the caller once) that a matrix could not use a type. */
 static void note_fallback(struct job *j, const char *what, enum moe_qtype want, enum moe_qtype got, int64_t n) {
-    if (want == got || j->n_fallbacks == 256) return;
+    if (want == got || j->n_fallbacks == MAX_FALLBACKS) return;
     char *s = j->fallback_text[j->n_fallbacks];
     snprintf(s, 320, "%s: %s -> %s (rows of %lld)", what, moe_qtype_name(want), moe_qtype_name(got), (long long)n);
     j->fallbacks[j->n_fallbacks++] = s;
-    fprintf(stderr, "moe-prep quantize: note: %s\n", s);
+    if (j->a->on_fallback) j->a->on_fallback(s, j->a->user);
 }
 
 /* write_dense: every non-expert tensor, once. */
 static enum moe_status write_dense(struct job *j) {
     enum moe_status st = MOE_OK;
     for (int i = 0; i < j->m->n_refs; i++) {
+        if (cancelled(j->a->cancel)) return MOE_ERR_CANCELLED;
         const struct moe_tensor_ref *r = &j->m->refs[i];
         enum moe_qtype t = r->role == MOE_ROLE_MATRIX ? fit_type(j->a->dense, r->w.n_in) : MOE_QTYPE_F32;
         if (r->role == MOE_ROLE_MATRIX) note_fallback(j, r->name, j->a->dense, t, r->w.n_in);
@@ -405,11 +279,11 @@ static enum moe_status write_dense(struct job *j) {
         if (!st) st = moe_bundle_writer_add_tensor(j->w, r->name, (uint32_t)t, (uint32_t)r->n_dims, shape, buf, nbytes);
         free(buf);
         if (st) {
-            fprintf(stderr, "moe-prep quantize: cannot write tensor %s\n", r->name);
+            MOE_LOGE("quantize: cannot write tensor %s", r->name);
             return st;
         }
         if (r->role != MOE_ROLE_VECTOR) release(r->w.data, weight_bytes(&r->w));
-        progress_add(&j->prog, weight_bytes(&r->w));
+        progress_add(j, weight_bytes(&r->w));
     }
     return st;
 }
@@ -461,7 +335,8 @@ static enum moe_status write_experts(struct job *j, const struct moe_bundle_prec
         }
         for (int e = 0; e < c->n_expert && !st; e++) {
             struct moe_ffn ffn;
-            if ((st = moe_model_expert(j->m, l, e, -1, &ffn))) break;
+            if (cancelled(j->a->cancel)) st = MOE_ERR_CANCELLED;
+            if (st || (st = moe_model_expert(j->m, l, e, -1, &ffn))) break;
             const struct moe_ffn *f = &ffn;
             const struct moe_weight *parts[3] = {&f->gate, &f->up, &f->down};
             for (int p = 0; p < j->a->n_experts && !st; p++) {
@@ -478,8 +353,8 @@ static enum moe_status write_experts(struct job *j, const struct moe_bundle_prec
                 if (!st)
                     st = moe_bundle_writer_add_expert(j->w, (uint32_t)l, (uint32_t)e, (uint32_t)p, blob,
                                                       prec[p].raw_size, j->a->zstd_level);
-                if (st) fprintf(stderr, "moe-prep quantize: layer %d expert %d (%s) failed\n", l, e, prec[p].name);
-                progress_add(&j->prog, weight_bytes(parts[0]) + weight_bytes(parts[1]) + weight_bytes(parts[2]));
+                if (st) MOE_LOGE("quantize: layer %d expert %d (%s) failed", l, e, prec[p].name);
+                progress_add(j, weight_bytes(parts[0]) + weight_bytes(parts[1]) + weight_bytes(parts[2]));
             }
             for (int k = 0; k < 3; k++) release(parts[k]->data, weight_bytes(parts[k]));
         }
@@ -504,96 +379,114 @@ static uint64_t input_bytes(const struct job *j, int expert_passes) {
     return t;
 }
 
-static volatile sig_atomic_t g_interrupted;
-static char g_tmp_path[4200];
 
-/* on_signal: an interrupted run leaves nothing: remove the temporary file. */
-static void on_signal(int sig) {
-    if (g_tmp_path[0]) unlink(g_tmp_path);
-    g_interrupted = 1;
-    signal(sig, SIG_DFL);
-    raise(sig);
+/* check_params: the parameters a call can work with (logged if not). */
+static int check_params(const struct moe_quantize_params *p) {
+    if (p->n_experts < 1 || p->n_experts > MAX_PRECISIONS) {
+        MOE_LOGE("quantize: 1 to %d expert precisions, not %d", MAX_PRECISIONS, p->n_experts);
+        return 0;
+    }
+    for (int i = 0; i < p->n_experts; i++)
+        for (int k = 0; k < i; k++)
+            if (p->experts[k] == p->experts[i]) {
+                MOE_LOGE("quantize: expert precision %s is listed twice", moe_qtype_name(p->experts[i]));
+                return 0;
+            }
+    if (p->zstd_level < 0 || p->zstd_level > 22 || p->n_threads < 0 || p->n_threads > 1024) {
+        MOE_LOGE("quantize: zstd level must be 0..22 and threads 0..1024");
+        return 0;
+    }
+    return 1;
 }
 
-int moe_prep_quantize(int argc, char **argv) {
-    struct qargs a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc) return rc == 1 ? 0 : 2;
-    moe_log_set_level(MOE_LOG_WARN);
-    struct job j;
-    memset(&j, 0, sizeof j);
-    j.a = &a;
-    enum moe_status st;
-    double t0 = now_s();
-    if ((st = moe_model_load_source(a.model, &j.m))) {
-        fprintf(stderr, "moe-prep quantize: cannot load %s\n", a.model);
-        return 1;
+/* job_open: load the model, check the output path, make the thread pool and
+ * the row buffers. On failure *refused tells a caller's mistake apart. */
+static enum moe_status job_open(struct job *j, const char *in, const char *out, int *refused) {
+    enum moe_status st = moe_model_load_source(in, &j->m);
+    if (st) {
+        MOE_LOGE("quantize: cannot load %s", in);
+        return st;
     }
-    const struct moe_config *c = &j.m->cfg;
-    if (!moe_tool_output_ok("quantize", a.out, j.m, NULL, 0, NULL, 0)) { /* -o naming a shard or config.json */
-        moe_model_free(j.m);
-        return 2;
+    if (moe_model_check_output(j->m, out)) {
+        *refused = 1; /* -o naming a shard or config.json */
+        return MOE_ERR_INVALID;
     }
-    if ((st = moe_pool_create(a.n_threads, &j.pool))) goto fail;
+    if ((st = moe_pool_create(j->a->n_threads, &j->pool))) return st;
+    const struct moe_config *c = &j->m->cfg;
     int64_t max_in = c->n_embd > c->n_ff_expert ? c->n_embd : c->n_ff_expert;
-    for (int i = 0; i < j.m->n_refs; i++)
-        if (j.m->refs[i].w.n_in > max_in) max_in = j.m->refs[i].w.n_in;
-    j.bufs = malloc(sizeof(float) * (size_t)max_in * (size_t)moe_pool_n_threads(j.pool));
-    if (!j.bufs) {
-        st = MOE_ERR_NOMEM;
-        goto fail;
-    }
-    if ((st = moe_bundle_writer_open(a.out, &j.w))) goto fail;
-    snprintf(g_tmp_path, sizeof g_tmp_path, "%s.tmp.%ld", a.out, (long)getpid());
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    for (int i = 0; i < j->m->n_refs; i++)
+        if (j->m->refs[i].w.n_in > max_in) max_in = j->m->refs[i].w.n_in;
+    j->bufs = malloc(sizeof(float) * (size_t)max_in * (size_t)moe_pool_n_threads(j->pool));
+    return j->bufs ? MOE_OK : MOE_ERR_NOMEM;
+}
 
+/* write_bundle: metadata, layout, dense tensors, experts and the recipe; the
+ * writer is finished (renamed into place) only when all of it succeeded. */
+static enum moe_status write_bundle(struct job *j, const char *in, struct moe_bundle_precision *prec) {
+    const struct moe_config *c = &j->m->cfg;
+    const struct moe_quantize_params *a = j->a;
+    enum moe_status st;
     /* metadata: what the runtime needs to rebuild the model, recipe, provenance */
-    if ((st = write_source_texts(j.w, j.m, a.model))) goto fail;
-    if ((st = moe_bundle_writer_set_meta_str(j.w, "general.architecture", c->arch_name))) goto fail;
-    if ((st = write_provenance(j.w, j.m, argc, argv))) goto fail;
-
-    struct moe_bundle_precision prec[MAX_PRECISIONS];
-    if ((st = expert_layout(&j, prec))) goto fail;
-    j.prog = (struct progress){now_s(), 0, 0, input_bytes(&j, a.n_experts), isatty(2), 0};
-    if ((st = write_dense(&j))) goto fail;
-    if ((st = write_experts(&j, prec))) goto fail;
-
+    if ((st = write_source_texts(j->w, j->m, in))) return st;
+    if ((st = moe_bundle_writer_set_meta_str(j->w, "general.architecture", c->arch_name))) return st;
+    if ((st = write_provenance(j->w, j->m, a))) return st;
+    if ((st = expert_layout(j, prec))) return st;
+    j->total = input_bytes(j, a->n_experts);
+    if ((st = write_dense(j)) || (st = write_experts(j, prec))) return st;
     const char *names[MAX_PRECISIONS];
-    for (int p = 0; p < a.n_experts; p++) names[p] = moe_qtype_name(a.experts[p]);
-    if ((st = moe_bundle_writer_set_meta_str_array(j.w, "quant.experts", names, (size_t)a.n_experts))) goto fail;
-    if ((st = moe_bundle_writer_set_meta_str(j.w, "quant.dense", moe_qtype_name(a.dense)))) goto fail;
-    if ((st = moe_bundle_writer_set_meta_i64(j.w, "quant.zstd_level", a.zstd_level))) goto fail;
-    if ((st = moe_bundle_writer_set_meta_str_array(j.w, "quant.fallbacks", j.fallbacks, (size_t)j.n_fallbacks)))
-        goto fail;
-    if ((st = moe_bundle_writer_finish(j.w))) goto fail;
-    moe_bundle_writer_free(j.w);
-    j.w = NULL;
-    g_tmp_path[0] = 0;
+    for (int p = 0; p < a->n_experts; p++) names[p] = moe_qtype_name(a->experts[p]);
+    if ((st = moe_bundle_writer_set_meta_str_array(j->w, "quant.experts", names, (size_t)a->n_experts)) ||
+        (st = moe_bundle_writer_set_meta_str(j->w, "quant.dense", moe_qtype_name(a->dense))) ||
+        (st = moe_bundle_writer_set_meta_i64(j->w, "quant.zstd_level", a->zstd_level)) ||
+        (st = moe_bundle_writer_set_meta_str_array(j->w, "quant.fallbacks", j->fallbacks, (size_t)j->n_fallbacks)))
+        return st;
+    if (cancelled(a->cancel)) return MOE_ERR_CANCELLED;
+    return moe_bundle_writer_finish(j->w);
+}
 
-    double el = now_s() - t0;
+/* fill_result: what the caller reports of a finished bundle. */
+static void fill_result(const struct job *j, const char *out, const struct moe_bundle_precision *prec,
+                        struct moe_quantize_result *r) {
+    const struct moe_config *c = &j->m->cfg;
     struct stat sb;
-    stat(a.out, &sb);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    fprintf(stderr, "moe-prep quantize: wrote %s: %.1f MB in %.2f s (%.0f MB/s of input), peak RSS %.0f MB\n", a.out,
-            (double)sb.st_size / 1e6, el, el > 0 ? (double)input_bytes(&j, 1) / el / 1e6 : 0,
-            (double)ru.ru_maxrss / 1024.0);
-    for (int p = 0; p < a.n_experts; p++)
-        fprintf(stderr, "  experts %-5s %6.3f bits/weight, %.1f MB per layer\n", names[p],
-                8.0 * (double)(prec[p].parts[0].nbytes + prec[p].parts[1].nbytes + prec[p].parts[2].nbytes) /
-                    (3.0 * (double)c->n_embd * (double)c->n_ff_expert),
-                (double)prec[p].raw_size * c->n_expert / 1e6);
-    free(j.bufs);
-    moe_pool_free(j.pool);
-    moe_model_free(j.m);
-    return 0;
-fail:
-    fprintf(stderr, "moe-prep quantize: failed (%s); nothing written to %s\n", moe_status_str(st), a.out);
-    moe_bundle_writer_abort(j.w);
-    free(j.bufs);
-    moe_pool_free(j.pool);
-    moe_model_free(j.m);
-    return 1;
+    r->input_bytes = input_bytes(j, 1);
+    r->file_bytes = stat(out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    r->n_fallbacks = j->n_fallbacks;
+    r->n_experts = j->a->n_experts;
+    for (int p = 0; p < j->a->n_experts; p++) {
+        r->bits_per_weight[p] = 8.0 * (double)(prec[p].parts[0].nbytes + prec[p].parts[1].nbytes +
+                                               prec[p].parts[2].nbytes) /
+                                (3.0 * (double)c->n_embd * (double)c->n_ff_expert);
+        r->layer_bytes[p] = prec[p].raw_size * (uint64_t)c->n_expert;
+    }
+}
+
+enum moe_status moe_quantize_model(const char *in, const char *out, const struct moe_quantize_params *params,
+                                   struct moe_quantize_result *result) {
+    struct moe_quantize_result local;
+    struct moe_quantize_result *r = result ? result : &local;
+    memset(r, 0, sizeof *r);
+    const double t0 = moe_now_s();
+    if (!in || !out || !params || !check_params(params)) {
+        r->refused = 1;
+        return MOE_ERR_INVALID;
+    }
+    struct job *j = calloc(1, sizeof *j); /* ~80 KB of fallback notes: not on the stack */
+    if (!j) return MOE_ERR_NOMEM;
+    j->a = params;
+    struct moe_bundle_precision prec[MAX_PRECISIONS];
+    enum moe_status st = job_open(j, in, out, &r->refused);
+    if (!st && cancelled(params->cancel)) st = MOE_ERR_CANCELLED;
+    if (!st) st = moe_bundle_writer_open(out, &j->w);
+    if (!st) st = write_bundle(j, in, prec);
+    if (!st) {
+        fill_result(j, out, prec, r);
+        r->seconds = moe_now_s() - t0;
+    }
+    moe_bundle_writer_free(j->w); /* unlinks the temporary file unless finished */
+    free(j->bufs);
+    moe_pool_free(j->pool);
+    moe_model_free(j->m);
+    free(j);
+    return st;
 }
