@@ -7,7 +7,9 @@ int moe_prep_check(int argc, char **argv);
 int moe_prep_quantize(int argc, char **argv);
 int moe_prep_inspect(int argc, char **argv);
 int moe_prep_eval(int argc, char **argv);
-int moe_prep_profile(int argc, char **argv);
+int moe_prep_profile(int argc, char **argv);        /* tools/profile/profile-cmd.c */
+int moe_prep_profile_merge(int argc, char **argv);  /* tools/profile/profile-merge-cmd.c */
+int moe_prep_profile_report(int argc, char **argv); /* tools/profile/report-cmd.c */
 int moe_prep_sensitivity(int argc, char **argv); /* tools/quantize/sensitivity.c */
 int moe_prep_bitwidth(int argc, char **argv);    /* tools/quantize/bitwidth.c */
 int moe_prep_fit_cache(int argc, char **argv);   /* tools/calibrate/fit-cache.c */
