@@ -9,11 +9,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "moe-base.h"
 #include "moe-bundle.h"
 #include "moe-file.h"
 #include "moe-tuning.h"
 #include "profile-results.h"
-#include "tool-util.h"
 
 #define MEAN_COL moe_profile_results_mean_col
 
@@ -253,13 +253,14 @@ enum moe_status moe_profile_print_json(FILE *f, const struct moe_profile *p, con
 struct csv_out {
     FILE *f;
     struct moe_tmp_file t;
-    char path[4096];
 };
 
 static int csv_open(struct csv_out *c, const char *dir, const char *name, const char *header) {
     c->f = NULL;
-    if (snprintf(c->path, sizeof c->path, "%s/%s", dir, name) >= (int)sizeof c->path) return 0;
-    if (moe_tmp_create(c->path, &c->t)) return 0; /* logged */
+    char *path = moe_path_join(dir, name); /* target owns a copy */
+    enum moe_status st = path ? moe_tmp_create(path, &c->t) : MOE_ERR_NOMEM;
+    free(path);
+    if (st) return 0; /* logged */
     if (!(c->f = moe_tmp_stream(&c->t))) {
         moe_tmp_discard(&c->t);
         return 0;
