@@ -31,6 +31,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "moe-bundle.h"
 #include "moe-test.h"
 #include "profile-h5.h"
@@ -83,30 +85,34 @@ static int count(const char *s, const char *needle) {
     return n;
 }
 
-/* json_num: the number after the first `"key": ` at or after `from`; NAN if absent. */
-static double json_num(const char *from, const char *key) {
-    char k[96];
-    snprintf(k, sizeof k, "\"%s\": ", key);
-    const char *q = from ? strstr(from, k) : NULL;
-    return q ? strtod(q + strlen(k), NULL) : NAN;
+/* get: the member `key` of object o (NULL if o is NULL or lacks it). */
+static const cJSON *get(const cJSON *o, const char *key) { return o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL; }
+
+/* num: the number o[key]; NAN if absent or not a number. */
+static double num(const cJSON *o, const char *key) {
+    const cJSON *x = get(o, key);
+    return cJSON_IsNumber(x) ? x->valuedouble : NAN;
 }
 
-/* json_balanced: braces and brackets balance outside strings; no NaN/Inf. */
-static int json_balanced(const char *s) {
-    int depth = 0, in_str = 0;
-    for (const char *q = s; *q; q++) {
-        if (in_str) {
-            if (*q == '\\') q++;
-            else if (*q == '"') in_str = 0;
-            continue;
-        }
-        if (*q == '"') in_str = 1;
-        else if (*q == '{' || *q == '[') depth++;
-        else if (*q == '}' || *q == ']') depth--;
-        if (depth < 0) return 0;
-        if (!strncmp(q, "nan", 3) || !strncmp(q, "inf", 3)) return 0;
-    }
-    return depth == 0 && !in_str;
+/* str_is: o[key] is the string want. */
+static int str_is(const cJSON *o, const char *key, const char *want) {
+    const cJSON *x = get(o, key);
+    return cJSON_IsString(x) && !strcmp(x->valuestring, want);
+}
+
+/* policy_entry: the entry of results array r whose "policy" is name. */
+static const cJSON *policy_entry(const cJSON *r, const char *name) {
+    const cJSON *x;
+    cJSON_ArrayForEach(x, r) if (str_is(x, "policy", name)) return x;
+    return NULL;
+}
+
+/* load_json: a file parsed with cJSON (NULL if unreadable or not JSON). */
+static cJSON *load_json(const char *file) {
+    char *s = slurp(file, NULL);
+    cJSON *j = s ? cJSON_Parse(s) : NULL;
+    free(s);
+    return j;
 }
 
 /* same_file: byte-identical files. */
@@ -140,55 +146,74 @@ static void test_main_run(void) {
     int rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --json --csv %s >%s 2>%s", moe_prep, path("m.moeb"),
                 path("p.h5"), path("t.csv"), path("out.json"), path("err.txt"));
     CHECK(rc == 0, "fit-cache exits 0 (%d)", rc);
-    char *js = slurp(path("out.json"), NULL), *err = slurp(path("err.txt"), NULL);
-    CHECK(js && json_balanced(js), "JSON balanced and finite");
+    char *err = slurp(path("err.txt"), NULL);
+    cJSON *js = load_json(path("out.json"));
+    CHECK(cJSON_IsObject(js), "the output parses as one JSON object");
     double w[5] = {NAN, NAN, NAN, NAN, NAN}, low_cost = NAN;
     int admission = -1;
+    static const char *const pn[9] = {"lru", "lfu-seq", "lfu-global", "lhu", "fld", "edgemoe", "twiddler", "hobbit",
+                                      "belady"};
     if (js) {
-        CHECK(strstr(js, "\"policies\": [\"lru\", \"lfu-seq\", \"lfu-global\", \"lhu\", \"fld\", \"edgemoe\", "
-                         "\"twiddler\", \"hobbit\", \"belady\"]") != NULL,
-              "the policy order");
-        CHECK(count(js, "\"high_experts\": ") == 4 && strstr(js, "\"high_experts\": 16") &&
-                  strstr(js, "\"high_experts\": 24"),
-              "fitted size and sizes 8, 16, 24");
-        CHECK(count(js, "\"policy\": \"belady\"") == 4, "every policy at 3 sizes plus the fit part");
-        CHECK(count(js, "\"fitted\": true") == 1, "one fitted size");
-        CHECK(strstr(js, "\"name\": \"q8_0\"") && strstr(js, "\"name\": \"q2_k\""), "high q8_0, low q2_k");
-        double hb = json_num(strstr(js, "\"high\": {"), "bytes"), lb = json_num(strstr(js, "\"low\": {"), "bytes");
-        CHECK(fabs(json_num(js, "low_cost") - lb / hb) < 1e-9, "low cost = low / high bytes");
-        CHECK(strstr(js, "\"source\": \"profile\"") && strstr(js, "\"reported_on\": \"heldout\""),
+        const cJSON *pol = get(js, "policies"), *sizes = get(js, "sizes"), *fit = get(js, "fit");
+        int order_ok = cJSON_GetArraySize(pol) == 9;
+        for (int q = 0; order_ok && q < 9; q++)
+            order_ok = cJSON_IsString(cJSON_GetArrayItem(pol, q)) && !strcmp(cJSON_GetArrayItem(pol, q)->valuestring, pn[q]);
+        CHECK(order_ok, "the policy order");
+        CHECK(str_is(js, "bundle", path("m.moeb")) && str_is(js, "profile", path("p.h5")), "the files named");
+        CHECK(num(get(js, "model"), "moe_layers") == 4 && num(get(js, "model"), "experts") == 8 &&
+                  num(get(js, "model"), "k") == 2,
+              "model shape");
+        CHECK(num(get(js, "fitted_size"), "high_experts") == 8 && num(get(js, "fitted_size"), "low_experts") == 4,
+              "fitted size 8 + 4");
+        int n_fitted = 0, n_belady = 1, hs[3] = {0, 0, 0}, n_gap = 0, neg = 0;
+        const cJSON *z;
+        CHECK(cJSON_GetArraySize(sizes) == 3, "three sizes (%d)", cJSON_GetArraySize(sizes));
+        cJSON_ArrayForEach(z, sizes) {
+            int i = n_gap / 9;
+            if (i < 3) hs[i] = (int)num(z, "high_experts");
+            n_fitted += cJSON_IsTrue(get(z, "fitted"));
+            n_belady += policy_entry(get(z, "results"), "belady") != NULL;
+            const cJSON *e;
+            cJSON_ArrayForEach(e, get(z, "results")) {
+                n_gap++;
+                neg += !(num(e, "gap_to_belady_pct") >= 0);
+            }
+        }
+        CHECK(hs[0] == 8 && hs[1] == 16 && hs[2] == 24, "sizes 8, 16, 24 (%d %d %d)", hs[0], hs[1], hs[2]);
+        CHECK(n_belady == 4 && policy_entry(get(fit, "results"), "belady"), "every policy at 3 sizes plus the fit part");
+        CHECK(n_fitted == 1, "one fitted size");
+        const cJSON *prec = get(js, "precision");
+        CHECK(str_is(get(prec, "high"), "name", "q8_0") && str_is(get(prec, "low"), "name", "q2_k"), "high q8_0, low q2_k");
+        double hb = num(get(prec, "high"), "bytes"), lb = num(get(prec, "low"), "bytes");
+        low_cost = num(prec, "low_cost");
+        CHECK(fabs(low_cost - lb / hb) < 1e-9, "low cost = low / high bytes");
+        CHECK(str_is(get(js, "thresholds"), "source", "profile") && str_is(get(js, "sequences"), "reported_on", "heldout"),
               "thresholds from the profile, held-out report");
-        const char *fw = strstr(js, "\"fit\": {\"weights\": {");
         static const char *const wn[5] = {"lru", "lfu", "lhu", "fld", "pop"};
-        for (int i = 0; i < 5; i++) w[i] = json_num(fw, wn[i]);
+        for (int i = 0; i < 5; i++) w[i] = num(get(fit, "weights"), wn[i]);
         CHECK(fabs(w[0] + w[1] + w[2] + w[3] + w[4] - 1) < 1e-6 && w[0] >= 0 && w[1] >= 0 && w[2] >= 0 && w[3] >= 0 &&
                   w[4] >= 0,
               "weights on the simplex: %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4]);
-        const char *ad = fw ? strstr(fw, "\"admission\": ") : NULL;
-        admission = ad ? !strncmp(ad + 13, "true", 4) : -1;
-        CHECK(ad && (admission || !strncmp(ad + 13, "false", 5)), "the fit's admission setting");
-        low_cost = json_num(js, "low_cost");
+        const cJSON *ad = get(fit, "admission");
+        admission = cJSON_IsBool(ad) ? cJSON_IsTrue(ad) : -1;
+        CHECK(admission >= 0, "the fit's admission setting");
         /* HOBBIT's corners are LRU, LFU-seq and LHU: the fit is no worse than any of them on the fit part */
-        const char *fr = fw ? strstr(fw, "\"results\": [") : NULL;
         double pen[9];
-        for (int q = 0; q < 9; q++) {
-            static const char *const pn[9] = {"lru", "lfu-seq", "lfu-global", "lhu", "fld", "edgemoe", "twiddler",
-                                              "hobbit", "belady"};
-            char tag[48];
-            snprintf(tag, sizeof tag, "\"policy\": \"%s\"", pn[q]);
-            pen[q] = json_num(fr ? strstr(fr, tag) : NULL, "penalty");
-        }
+        for (int q = 0; q < 9; q++) pen[q] = num(policy_entry(get(fit, "results"), pn[q]), "penalty");
         CHECK(pen[7] <= pen[0] && pen[7] <= pen[1] && pen[7] <= pen[3], "fit part: hobbit %g, lru %g, lfu-seq %g, lhu %g",
               pen[7], pen[0], pen[1], pen[3]);
-        int neg = 0, n_gap = 0;
-        for (const char *q = js; (q = strstr(q, "\"gap_to_belady_pct\": ")); q++, n_gap++) neg += strtod(q + 21, NULL) < 0;
+        const cJSON *h = policy_entry(get(fit, "results"), "hobbit");
+        CHECK(num(h, "tokens") > 0 && num(h, "accesses") >= num(h, "tokens") &&
+                  fabs(num(h, "penalty_per_token") - num(h, "penalty") / num(h, "tokens")) < 1e-9,
+              "per-token values agree with the counts");
         CHECK(n_gap == 27 && neg == 0, "27 gaps to Belady, none negative (%d, %d)", n_gap, neg);
-        CHECK(json_num(js, "tuning_keys") > 6 && strstr(js, "\"profile_updated\": true"), "outputs written");
+        CHECK(num(js, "tuning_keys") > 6 && cJSON_IsTrue(get(js, "profile_updated")), "outputs written");
     }
+    cJSON_Delete(js);
     CHECK(err && strstr(err, "fitting HOBBIT"), "progress on stderr");
     char *csv = slurp(path("t.csv"), NULL);
     CHECK(csv && count(csv, "\n") == 1 + 27 && strncmp(csv, "high_experts,low_experts,", 25) == 0, "CSV rows");
-    free(js), free(err), free(csv);
+    free(err), free(csv);
 
     /* the tuning section */
     struct moe_bundle *b = NULL;
@@ -282,16 +307,18 @@ static void test_fast_mem(void) {
                 "--sizes 4,12 >%s 2>/dev/null",
                 moe_prep, path("m.moeb"), path("p.h5"), path("fm.json"));
     CHECK(rc == 0, "--fast-mem exits 0 (%d)", rc);
-    char *js = slurp(path("fm.json"), NULL);
+    cJSON *js = load_json(path("fm.json"));
     if (js) {
-        const char *fs = strstr(js, "\"fitted_size\": {");
-        CHECK(json_num(fs, "high_experts") == want_h && json_num(fs, "low_experts") == want_l,
-              "3 MiB: %d high + %d low experts (got %g + %g)", want_h, want_l, json_num(fs, "high_experts"),
-              json_num(fs, "low_experts"));
-        CHECK(count(js, "\"fitted\": ") == 3, "sizes 4, 12 and the fitted one");
-        CHECK(json_num(js, "tuning_keys") == 0 && strstr(js, "\"profile_updated\": false"), "nothing written");
+        const cJSON *fs = get(js, "fitted_size");
+        CHECK(num(fs, "high_experts") == want_h && num(fs, "low_experts") == want_l,
+              "3 MiB: %d high + %d low experts (got %g + %g)", want_h, want_l, num(fs, "high_experts"),
+              num(fs, "low_experts"));
+        CHECK(num(js, "fast_mem_bytes") == budget && num(js, "low_share") == 0.25, "the budget echoed");
+        CHECK(cJSON_GetArraySize(get(js, "sizes")) == 3, "sizes 4, 12 and the fitted one");
+        CHECK(num(js, "tuning_keys") == 0 && cJSON_IsFalse(get(js, "profile_updated")), "nothing written");
     }
-    free(js);
+    CHECK(js != NULL, "--fast-mem JSON parses");
+    cJSON_Delete(js);
     CHECK(same_file(path("m.moeb"), path("m0.moeb")) && same_file(path("p.h5"), path("p0.h5")),
           "--no-tuning and --no-profile-update leave the files alone");
     /* prefetch from the fit part's path dictionary, a prompt batch, weights per size */
@@ -299,22 +326,30 @@ static void test_fast_mem(void) {
             "--fit-per-size --sizes 12 --no-tuning --no-profile-update --json >%s 2>/dev/null",
             moe_prep, path("m.moeb"), path("p.h5"), path("pf.json"));
     CHECK(rc == 0, "--prefetch exits 0 (%d)", rc);
-    js = slurp(path("pf.json"), NULL);
-    const char *sz = js ? strstr(js, "\"sizes\": [") : NULL, *h = sz ? strstr(sz, "\"policy\": \"hobbit\"") : NULL;
-    const char *bl = h ? strstr(h, "\"policy\": \"belady\"") : NULL;
-    CHECK(h && json_num(h, "prefetch_loads") > 0 && json_num(h, "prefetch_hits") > 0, "hobbit prefetches");
-    CHECK(bl && json_num(bl, "prefetch_loads") == 0, "Belady does not");
-    CHECK(js && strstr(js, "\"prompt_len\": 16") && count(js, "\"weights\": {") == 3, "settings and weights per size");
-    free(js);
+    js = load_json(path("pf.json"));
+    const cJSON *z0 = cJSON_GetArrayItem(get(js, "sizes"), 0);
+    const cJSON *h = policy_entry(get(z0, "results"), "hobbit"), *bl = policy_entry(get(z0, "results"), "belady");
+    CHECK(num(h, "prefetch_loads") > 0 && num(h, "prefetch_hits") > 0, "hobbit prefetches");
+    CHECK(bl && num(bl, "prefetch_loads") == 0, "Belady does not");
+    CHECK(num(js, "prompt_len") == 16 && num(js, "prefetch") == 2 && num(js, "path_order") == 1 &&
+              cJSON_GetArraySize(get(js, "sizes")) == 2 && get(cJSON_GetArrayItem(get(js, "sizes"), 1), "weights"),
+          "settings and weights per size");
+    cJSON_Delete(js);
     /* the paper's HOBBIT: no popularity term, no admission control */
     rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --paper-hobbit --sizes 12 --no-tuning "
             "--no-profile-update --json >%s 2>/dev/null",
             moe_prep, path("m.moeb"), path("p.h5"), path("pp.json"));
-    js = slurp(path("pp.json"), NULL);
-    CHECK(rc == 0 && js && count(js, "\"pop\": 0}") == 3 && count(js, "\"admission\": false") == 3 &&
-              !strstr(js, "\"admission\": true"),
-          "--paper-hobbit: w_pop 0 and admission off at every size");
-    free(js);
+    js = load_json(path("pp.json"));
+    int n_pop0 = 0, n_noadmit = 0;
+    const cJSON *z;
+    cJSON_ArrayForEach(z, get(js, "sizes")) {
+        n_pop0 += num(get(z, "weights"), "pop") == 0;
+        n_noadmit += cJSON_IsFalse(get(z, "admission"));
+    }
+    n_pop0 += num(get(get(js, "fit"), "weights"), "pop") == 0;
+    n_noadmit += cJSON_IsFalse(get(get(js, "fit"), "admission"));
+    CHECK(rc == 0 && js && n_pop0 == 3 && n_noadmit == 3, "--paper-hobbit: w_pop 0 and admission off at every size");
+    cJSON_Delete(js);
 }
 
 /* test_errors: exit statuses and messages. */

@@ -23,6 +23,7 @@
 
 #include "moe-test.h"
 #include "moe-test-h5.h"
+#include "moe-prep.h" /* moe_prep_profile_report, the CLI (report-cmd.c) */
 #include "moe-test-log.h"
 #include "report.h"
 

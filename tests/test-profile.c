@@ -21,6 +21,8 @@
  *     dictionaries (checked against counts taken here) and gamma into its
  *     tuning section; --csv-dir writes the CSV files; `profile report` renders
  *     the merged profile;
+ *   - moe_profile_record, called here on the same tokens, gives the profile the
+ *     CLI wrote; `profile --json` parses with cJSON, its values the profile's;
  *   - a missing dataset or a bad model exits 1, a usage error 2, --help 0.
  * argv[1] is the moe-prep binary.
  */
@@ -31,6 +33,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "moe-bundle.h"
 #include "moe-dataset.h"
 #include "moe-model.h"
@@ -38,6 +42,7 @@
 #include "moe-test.h"
 #include "moe-test-h5.h"
 #include "profile-h5.h"
+#include "profile-record.h"
 #include "profile-results.h"
 #include "token-stream.h"
 #include "routing-stats.h"
@@ -471,6 +476,102 @@ static void check_shards(void) {
     run(cmd);
 }
 
+/* check_library: moe_profile_record called here on the same tokens gives the
+ * profile the CLI wrote (trace, counts, sums), and `profile --json` parses
+ * with cJSON into keys and values that match that profile. */
+static void check_library(void) {
+    char dir[512], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/models/mixtral-f32", MOE_FIXTURES);
+    snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s -o %s --ctx %d --max-tokens %d -t 2 --big-little-every 2 "
+             "--json >%s.json 2>/dev/null", moe_prep, dir, text_path, out_path, CTX, MAX_TOKENS, out_path);
+    CHECK(run(cmd) == 0, "%s", cmd);
+    struct moe_profile *cli = NULL, *lib = NULL;
+    CHECK(moe_profile_read(out_path, &cli) == MOE_OK, "library: read the CLI's profile");
+    struct moe_model *m = NULL;
+    struct moe_model_params mp = moe_model_default_params();
+    struct moe_dataset_params dp = moe_dataset_default_params();
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    CHECK(moe_model_load(dir, &mp, &m) == MOE_OK &&
+              moe_text_load_tokens(m, NULL, text_path, &dp, MAX_TOKENS + CTX, &ids, &n_ids) == MOE_OK,
+          "library: model and tokens");
+    struct moe_profile_record_params rp = moe_profile_record_default_params();
+    rp.n_ctx = CTX, rp.max_tokens = MAX_TOKENS, rp.n_threads = 2, rp.big_little_every = 2;
+    rp.model_path = dir, rp.dataset = text_path;
+    struct moe_profile_record_info info;
+    CHECK(m && ids && moe_profile_record(m, ids, n_ids, &rp, &lib, &info) == MOE_OK, "moe_profile_record");
+    if (cli && lib) {
+        const int64_t n = moe_profile_n_tokens(lib), le = (int64_t)lib->n_layers * lib->n_experts;
+        CHECK(n == MAX_TOKENS && info.tokens == n && info.seq0 == 0 && info.seq1 == 6 && info.n_seq_all == 6 &&
+                  info.big_little_every == 2 && info.little_k == lib->k / 2,
+              "library: info (%lld tokens, %d..%d of %d)", (long long)info.tokens, info.seq0, info.seq1,
+              info.n_seq_all);
+        CHECK(n == moe_profile_n_tokens(cli) && lib->n_seq == cli->n_seq &&
+                  !memcmp(lib->experts, cli->experts, (size_t)(n * lib->n_layers * lib->k) * 2) &&
+                  !memcmp(lib->weights, cli->weights, (size_t)(n * lib->n_layers * lib->k) * 4) &&
+                  !memcmp(lib->popularity, cli->popularity, (size_t)le * 8),
+              "library: the trace and counts equal the CLI's");
+        static const char *const same[] = {"sum.pearson", "sum.stacked", "sum.big_little_maxprob", "config.record",
+                                           "shard"};
+        for (size_t i = 0; i < sizeof same / sizeof *same; i++)
+            CHECK(same_array(lib, cli, same[i], 1e-12), "library: %s equals the CLI's", same[i]);
+        CHECK(moe_profile_get_f64(lib, "hobbit_thresholds", NULL, NULL, NULL) != MOE_OK,
+              "library: the recorder leaves the derivation to moe_profile_derive");
+    }
+    /* the JSON summary */
+    char path[600];
+    snprintf(path, sizeof path, "%s.json", out_path);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        text = calloc(1, 1 << 20);
+        len = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+        fclose(f);
+    }
+    cJSON *js = text && len ? cJSON_Parse(text) : NULL;
+    CHECK(cJSON_IsObject(js), "profile --json parses with cJSON");
+    const double *thr = NULL, *bls = NULL;
+    if (js && cli && !moe_profile_get_f64(cli, "hobbit_thresholds", NULL, NULL, &thr) &&
+        !moe_profile_get_f64(cli, "big_little_summary", NULL, NULL, &bls)) {
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(js, "hobbit");
+        const cJSON *bl = cJSON_GetObjectItemCaseSensitive(js, "big_little");
+        const cJSON *shard = cJSON_GetObjectItemCaseSensitive(js, "shard");
+        CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(js, "model")), dir) &&
+                  !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(js, "arch")), cli->arch),
+              "json: model and arch");
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(js, "moe_layers")) == cli->n_layers &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(js, "experts")) == cli->n_experts &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(js, "k")) == cli->k &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(js, "ctx")) == CTX &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(js, "tokens")) == MAX_TOKENS &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(js, "sequences")) == 6,
+              "json: shape and counts");
+        CHECK(cJSON_GetArraySize(shard) == 3 && cJSON_GetNumberValue(cJSON_GetArrayItem(shard, 1)) == 6,
+              "json: shard [0, 6, 6]");
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(h, "t1")) == thr[0] &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(h, "t2")) == thr[1] &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(h, "target_low")) == 0.30,
+              "json: hobbit thresholds equal the profile's");
+        CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(js, "top_experts")) == cli->n_layers &&
+                  cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(js, "placement")) == 3 &&
+                  cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(js, "stacked")) == 4 &&
+                  cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(js, "paths")) == 2 &&
+                  cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(js, "reuse")) == cli->n_layers * cli->k,
+              "json: the result lists");
+        CHECK(cJSON_IsObject(bl) && cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(bl, "gamma")) == bls[1] &&
+                  cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(bl, "grid")) == MOE_PROFILE_BL_GAMMAS,
+              "json: big_little gamma equals the profile's");
+    }
+    cJSON_Delete(js);
+    free(text);
+    unlink(path);
+    moe_profile_free(cli);
+    moe_profile_free(lib);
+    free(ids);
+    moe_model_free(m);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test-profile MOE_PREP\n");
@@ -486,6 +587,7 @@ int main(int argc, char **argv) {
     check_model("deepseek_v3-f32"); /* groups, sigmoid + bias, a dense first layer */
     check_model("gpt_oss-f32"); /* router bias in the stacked-gate prediction */
     check_shards();
+    check_library();
 
     /* failures and usage */
     char cmd[2048];

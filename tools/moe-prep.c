@@ -1,7 +1,8 @@
 /*
  * moe-prep - offline preparation of MoE models: one binary, a subcommand table.
- * The subcommands live beside their stage (tools/quantize, tools/profile,
- * tools/calibrate); this file only dispatches.
+ * Each subcommand's CLI half is a *-cmd.c file beside its stage's library
+ * (tools/quantize, tools/profile, tools/calibrate, tools/plan); this file only
+ * dispatches, two-word names ("profile merge") first.
  */
 #include <stdio.h>
 #include <string.h>
@@ -20,7 +21,10 @@ static const struct subcommand k_commands[] = {
     {"check", moe_prep_check, "validate a Hugging Face checkpoint or GGUF file and summarise it"},
     {"eval", moe_prep_eval, "perplexity on a text; KL divergence against a reference model"},
     {"profile", moe_prep_profile, "record routing over a text; placement, HOBBIT, prefetch, path statistics"},
+    {"profile merge", moe_prep_profile_merge, "join the shards of a profile (profile --shard I/N) into one"},
+    {"profile report", moe_prep_profile_report, "a profile (or sensitivity file) as one HTML page"},
     {"sensitivity", moe_prep_sensitivity, "per-expert loss when one expert drops to a low precision (EdgeMoE)"},
+    {"sensitivity merge", moe_prep_sensitivity_merge, "join the shards of a sweep (sensitivity --shard I/N) into one"},
     {"bitwidth", moe_prep_bitwidth, "per-expert bit-widths within a loss or size budget (EdgeMoE)"},
     {"fit-cache", moe_prep_fit_cache, "replay traces through expert-cache policies; fit HOBBIT's weights"},
     {"hw", moe_prep_hw, "measure storage, memory and expert compute times for the planner"},
@@ -30,7 +34,7 @@ static const struct subcommand k_commands[] = {
 static void usage(FILE *f) {
     fprintf(f, "usage: moe-prep <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-        fprintf(f, "  %-12s %s\n", k_commands[i].name, k_commands[i].summary);
+        fprintf(f, "  %-15s %s\n", k_commands[i].name, k_commands[i].summary);
     fprintf(f, "\nRun 'moe-prep <command> --help' for a command's options.\n"
                "example:\n  moe-prep check ./Mixtral-8x7B-v0.1 --json\n");
 }
@@ -47,6 +51,13 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version")) {
         printf("moe-prep %s\n", MOE_VERSION);
         return 0;
+    }
+    /* a two-word name ("profile merge") is matched before its first word alone */
+    for (size_t i = 0; argc > 2 && i < sizeof k_commands / sizeof k_commands[0]; i++) {
+        size_t n = strlen(argv[1]);
+        if (!strncmp(k_commands[i].name, argv[1], n) && k_commands[i].name[n] == ' ' &&
+            !strcmp(k_commands[i].name + n + 1, argv[2]))
+            return k_commands[i].run(argc - 2, argv + 2);
     }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].run(argc - 1, argv + 1);

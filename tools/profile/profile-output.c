@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
+#include "moe-base.h"
 #include "moe-bundle.h"
 #include "moe-file.h"
 #include "moe-tuning.h"
 #include "profile-results.h"
-#include "tool-util.h"
 
 #define MEAN_COL moe_profile_results_mean_col
 
@@ -126,108 +128,122 @@ void moe_profile_print_summary(FILE *f, const struct moe_profile *p, const struc
 
 /* ---- JSON ---- */
 
-static void json_num(FILE *f, double x) {
-    if (isfinite(x))
-        fprintf(f, "%.17g", x);
-    else
-        fputs("null", f);
+/* jnum: x as a JSON number, null when not finite. */
+static cJSON *jnum(double x) { return isfinite(x) ? cJSON_CreateNumber(x) : cJSON_CreateNull(); }
+
+/* jstr: s as a JSON string, null for NULL. */
+static cJSON *jstr(const char *s) { return s ? cJSON_CreateString(s) : cJSON_CreateNull(); }
+
+/* jarray: x[0..n) as a JSON array of numbers. */
+static cJSON *jarray(const double *x, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, jnum(x[i]));
+    return a;
 }
 
-static void json_array(FILE *f, const char *key, const double *x, int n) {
-    fprintf(f, ", \"%s\": [", key);
-    for (int i = 0; i < n; i++) {
-        if (i) fputc(',', f);
-        json_num(f, x[i]);
-    }
-    fputc(']', f);
-}
-
-static void json_key_num(FILE *f, const char *sep, const char *key, double x) {
-    fprintf(f, "%s\"%s\": ", sep, key);
-    json_num(f, x);
-}
-
-void moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
-                            const struct moe_profile_labels *lb) {
-    const int L = r->L, E = r->E, K = r->K, D = MOE_PROFILE_MAX_DIST;
-    fprintf(f, "{\"model\": ");
-    moe_tool_json_string(f, lb->model);
-    fprintf(f, ", \"dataset\": ");
-    moe_tool_json_string(f, lb->dataset);
-    fprintf(f, ", \"out\": ");
-    moe_tool_json_string(f, lb->out);
-    fprintf(f, ", \"arch\": ");
-    moe_tool_json_string(f, p->arch);
-    fprintf(f, ", \"moe_layers\": %d, \"experts\": %d, \"k\": %d, \"ctx\": %d, \"sequences\": %d, \"tokens\": %lld"
-               ", \"train_sequences\": %d, \"heldout_sequences\": %d, \"shard\": [%lld, %lld, %lld]",
-            L, E, K, lb->n_ctx, p->n_seq, (long long)moe_profile_n_tokens(p), r->n_train, r->n_held,
-            (long long)r->shard[0], (long long)r->shard[1], (long long)r->shard[2]);
-    json_key_num(f, ", ", "seconds", lb->seconds >= 0 ? lb->seconds : NAN);
-    fprintf(f, ", \"hobbit\": {");
-    json_key_num(f, "", "t1", r->split.t1);
-    json_key_num(f, ", ", "t2", r->split.t2);
-    json_key_num(f, ", ", "high", r->split.high);
-    json_key_num(f, ", ", "low", r->split.low);
-    json_key_num(f, ", ", "skip", r->split.skip);
-    json_key_num(f, ", ", "target_low", r->targets.low);
-    json_key_num(f, ", ", "target_skip", r->targets.skip);
-    fputc('}', f);
-    json_key_num(f, ", ", "gate_output_pearson", r->pearson);
-    fprintf(f, ", \"top_experts\": [");
+/* json_sections: the result lists of the summary (placement, stacked, paths). */
+static void json_sections(cJSON *o, const struct moe_profile *p, const struct moe_profile_results *r) {
+    const int L = r->L, E = r->E, D = MOE_PROFILE_MAX_DIST;
+    cJSON *top = cJSON_AddArrayToObject(o, "top_experts");
     for (int l = 0; l < L; l++) {
-        int top[3], m = top3(p->popularity + (size_t)l * E, E, top);
-        fprintf(f, "%s[", l ? ", " : "");
-        for (int j = 0; j < m; j++) fprintf(f, "%s%d", j ? ", " : "", top[j]);
-        fputc(']', f);
+        int t[3], m = top3(p->popularity + (size_t)l * E, E, t);
+        cJSON_AddItemToArray(top, cJSON_CreateIntArray(t, m));
     }
-    fprintf(f, "], \"placement\": [");
+    cJSON *pl = cJSON_AddArrayToObject(o, "placement");
     for (int i = 0; i < 3; i++) {
-        fprintf(f, "%s{", i ? ", " : "");
-        json_key_num(f, "", "resident", r->hit[i][0]);
-        json_key_num(f, ", ", "hit_rate", r->hit[i][1]);
-        json_key_num(f, ", ", "random", r->hit[i][2]);
-        fputc('}', f);
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToObject(x, "resident", jnum(r->hit[i][0]));
+        cJSON_AddItemToObject(x, "hit_rate", jnum(r->hit[i][1]));
+        cJSON_AddItemToObject(x, "random", jnum(r->hit[i][2]));
+        cJSON_AddItemToArray(pl, x);
     }
-    fprintf(f, "], \"stacked\": [");
+    cJSON *st = cJSON_AddArrayToObject(o, "stacked");
     for (int j = 0; j < D; j++) {
-        fprintf(f, "%s{\"distance\": %d", j ? ", " : "", j + 1);
-        json_key_num(f, ", ", "similarity", MEAN_COL(r->sim, L, D, j));
-        json_key_num(f, ", ", "top1", MEAN_COL(r->top1, L, D, j));
-        json_key_num(f, ", ", "recall", MEAN_COL(r->recall, L, D, j));
-        fputc('}', f);
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "distance", j + 1);
+        cJSON_AddItemToObject(x, "similarity", jnum(MEAN_COL(r->sim, L, D, j)));
+        cJSON_AddItemToObject(x, "top1", jnum(MEAN_COL(r->top1, L, D, j)));
+        cJSON_AddItemToObject(x, "recall", jnum(MEAN_COL(r->recall, L, D, j)));
+        cJSON_AddItemToArray(st, x);
     }
-    fprintf(f, "], \"paths\": [");
-    for (int o = 0; o < 2; o++) {
-        fprintf(f, "%s{\"order\": %d", o ? ", " : "", o + 1);
-        json_array(f, "dict", r->path[o][0], 3);
-        json_array(f, "popular", r->path[o][1], 3);
-        json_key_num(f, ", ", "key_coverage", r->coverage[o]);
-        fputc('}', f);
+    cJSON *pa = cJSON_AddArrayToObject(o, "paths");
+    for (int k = 0; k < 2; k++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "order", k + 1);
+        cJSON_AddItemToObject(x, "dict", jarray(r->path[k][0], 3));
+        cJSON_AddItemToObject(x, "popular", jarray(r->path[k][1], 3));
+        cJSON_AddItemToObject(x, "key_coverage", jnum(r->coverage[k]));
+        cJSON_AddItemToArray(pa, x);
     }
-    fputc(']', f);
-    json_array(f, "reuse", r->reuse, L * K);
-    json_key_num(f, ", ", "reuse_chance", r->reuse_chance);
-    fprintf(f, ", \"big_little\": ");
-    if (!r->little_k) {
-        fputs("null", f);
-    } else {
-        fprintf(f, "{\"little_k\": %d, \"tokens\": %lld", r->little_k, (long long)r->bl_tokens);
-        json_key_num(f, ", ", "little_agreement", r->bl_little_agree);
-        json_key_num(f, ", ", "target_fallback", r->targets.fallback);
-        json_key_num(f, ", ", "gamma", r->bl_gamma);
-        json_key_num(f, ", ", "fallback", r->bl_fallback);
-        json_key_num(f, ", ", "agreement", r->bl_agree);
-        fprintf(f, ", \"grid\": [");
-        for (int i = 0; i < MOE_PROFILE_BL_GAMMAS; i++) {
-            fprintf(f, "%s{", i ? ", " : "");
-            json_key_num(f, "", "gamma", r->bl[i][0]);
-            json_key_num(f, ", ", "fallback", r->bl[i][1]);
-            json_key_num(f, ", ", "agreement", r->bl[i][2]);
-            fputc('}', f);
-        }
-        fprintf(f, "]}");
+}
+
+/* json_big_little: the big-little object, or null without the pass. */
+static cJSON *json_big_little(const struct moe_profile_results *r) {
+    if (!r->little_k) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "little_k", r->little_k);
+    cJSON_AddNumberToObject(o, "tokens", (double)r->bl_tokens);
+    cJSON_AddItemToObject(o, "little_agreement", jnum(r->bl_little_agree));
+    cJSON_AddItemToObject(o, "target_fallback", jnum(r->targets.fallback));
+    cJSON_AddItemToObject(o, "gamma", jnum(r->bl_gamma));
+    cJSON_AddItemToObject(o, "fallback", jnum(r->bl_fallback));
+    cJSON_AddItemToObject(o, "agreement", jnum(r->bl_agree));
+    cJSON *g = cJSON_AddArrayToObject(o, "grid");
+    for (int i = 0; i < MOE_PROFILE_BL_GAMMAS; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToObject(x, "gamma", jnum(r->bl[i][0]));
+        cJSON_AddItemToObject(x, "fallback", jnum(r->bl[i][1]));
+        cJSON_AddItemToObject(x, "agreement", jnum(r->bl[i][2]));
+        cJSON_AddItemToArray(g, x);
     }
-    fprintf(f, "}\n");
+    return o;
+}
+
+cJSON *moe_profile_results_json(const struct moe_profile *p, const struct moe_profile_results *r,
+                                const struct moe_profile_labels *lb) {
+    const int L = r->L, K = r->K;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddItemToObject(o, "model", jstr(lb->model));
+    cJSON_AddItemToObject(o, "dataset", jstr(lb->dataset));
+    cJSON_AddItemToObject(o, "out", jstr(lb->out));
+    cJSON_AddItemToObject(o, "arch", jstr(p->arch));
+    cJSON_AddNumberToObject(o, "moe_layers", L);
+    cJSON_AddNumberToObject(o, "experts", r->E);
+    cJSON_AddNumberToObject(o, "k", K);
+    cJSON_AddNumberToObject(o, "ctx", lb->n_ctx);
+    cJSON_AddNumberToObject(o, "sequences", p->n_seq);
+    cJSON_AddNumberToObject(o, "tokens", (double)moe_profile_n_tokens(p));
+    cJSON_AddNumberToObject(o, "train_sequences", r->n_train);
+    cJSON_AddNumberToObject(o, "heldout_sequences", r->n_held);
+    double shard[3] = {(double)r->shard[0], (double)r->shard[1], (double)r->shard[2]};
+    cJSON_AddItemToObject(o, "shard", cJSON_CreateDoubleArray(shard, 3));
+    cJSON_AddItemToObject(o, "seconds", jnum(lb->seconds >= 0 ? lb->seconds : NAN));
+    cJSON *h = cJSON_AddObjectToObject(o, "hobbit");
+    cJSON_AddItemToObject(h, "t1", jnum(r->split.t1));
+    cJSON_AddItemToObject(h, "t2", jnum(r->split.t2));
+    cJSON_AddItemToObject(h, "high", jnum(r->split.high));
+    cJSON_AddItemToObject(h, "low", jnum(r->split.low));
+    cJSON_AddItemToObject(h, "skip", jnum(r->split.skip));
+    cJSON_AddItemToObject(h, "target_low", jnum(r->targets.low));
+    cJSON_AddItemToObject(h, "target_skip", jnum(r->targets.skip));
+    cJSON_AddItemToObject(o, "gate_output_pearson", jnum(r->pearson));
+    json_sections(o, p, r);
+    cJSON_AddItemToObject(o, "reuse", jarray(r->reuse, L * K));
+    cJSON_AddItemToObject(o, "reuse_chance", jnum(r->reuse_chance));
+    cJSON_AddItemToObject(o, "big_little", json_big_little(r));
+    return o;
+}
+
+enum moe_status moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
+                                       const struct moe_profile_labels *lb) {
+    cJSON *o = moe_profile_results_json(p, r, lb);
+    char *s = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return MOE_ERR_NOMEM;
+    fprintf(f, "%s\n", s);
+    cJSON_free(s);
+    return MOE_OK;
 }
 
 /* ---- CSV ---- */
@@ -237,13 +253,14 @@ void moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct m
 struct csv_out {
     FILE *f;
     struct moe_tmp_file t;
-    char path[4096];
 };
 
 static int csv_open(struct csv_out *c, const char *dir, const char *name, const char *header) {
     c->f = NULL;
-    if (snprintf(c->path, sizeof c->path, "%s/%s", dir, name) >= (int)sizeof c->path) return 0;
-    if (moe_tmp_create(c->path, &c->t)) return 0; /* logged */
+    char *path = moe_path_join(dir, name); /* target owns a copy */
+    enum moe_status st = path ? moe_tmp_create(path, &c->t) : MOE_ERR_NOMEM;
+    free(path);
+    if (st) return 0; /* logged */
     if (!(c->f = moe_tmp_stream(&c->t))) {
         moe_tmp_discard(&c->t);
         return 0;

@@ -12,7 +12,7 @@
  * layer; "all" = every token, "held-out" = the last `heldout` share of the
  * sequences, with counts taken on the others):
  *
- *   written by the recorder (profile.c), read here:
+ *   written by the recorder (profile-record.c), read here:
  *   config.record        i64 [4]   ctx, big-little sampling period (every Nth
  *                                  sequence; 0 = off), experts per token of the
  *                                  little model, stacked-gate distances (4)
@@ -138,9 +138,19 @@ struct moe_profile_labels {
 void moe_profile_print_summary(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
                                const struct moe_profile_labels *lb);
 
-/* moe_profile_print_json: the same as one JSON object and a newline. */
-void moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
-                            const struct moe_profile_labels *lb);
+/* moe_profile_results_json: the summary as a cJSON tree (caller frees with
+ * cJSON_Delete; NULL when out of memory): model, dataset, out, arch, the
+ * shape and sequence counts, shard, seconds, hobbit {t1, t2, high, low, skip,
+ * target_low, target_skip}, gate_output_pearson, top_experts, placement,
+ * stacked, paths, reuse, reuse_chance and big_little (null without the
+ * pass); values that are not finite are null. docs/cli.md lists the keys. */
+struct cJSON *moe_profile_results_json(const struct moe_profile *p, const struct moe_profile_results *r,
+                                       const struct moe_profile_labels *lb);
+
+/* moe_profile_print_json: that tree printed to f, and a newline.
+ * MOE_ERR_NOMEM when it cannot be built. */
+enum moe_status moe_profile_print_json(FILE *f, const struct moe_profile *p, const struct moe_profile_results *r,
+                                       const struct moe_profile_labels *lb);
 
 /* moe_profile_write_csv: summaries as CSV files in dir (created if missing):
  * popularity.csv, placement.csv, hobbit.csv, hobbit_hist.csv, stacked.csv,
@@ -166,5 +176,22 @@ enum moe_status moe_profile_tuning_paths(struct moe_bundle_kv *kv, const struct 
  * *n_keys (may be NULL) receives the number of keys written. */
 enum moe_status moe_profile_write_tuning(const char *bundle, const struct moe_profile *p,
                                          const struct moe_profile_results *r, int *n_keys);
+
+/* What moe_profile_finish writes besides the profile. */
+struct moe_profile_outputs {
+    const char *out;           /* the profile file (replaced atomically) */
+    const char *csv_dir;       /* CSV summaries (moe_profile_write_csv), NULL = none */
+    const char *tuning_bundle; /* bundle whose tuning gets the results, NULL = none */
+    int json;                  /* summary as JSON (else the text summary) */
+};
+
+/* moe_profile_finish: what `moe-prep profile` and `profile merge` do once
+ * they hold a profile: derive the results (moe_profile_derive with t), write
+ * the profile, the CSV files and the tuning, and print the summary to stdout
+ * and what was written to stderr. cmd names the command in messages
+ * ("profile", "profile merge"). Returns the exit status: 0 ok, 1 failure
+ * (explained on stderr). */
+int moe_profile_finish(struct moe_profile *p, const struct moe_profile_targets *t, const struct moe_profile_outputs *o,
+                       const struct moe_profile_labels *lb, const char *cmd);
 
 #endif

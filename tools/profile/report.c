@@ -1,15 +1,14 @@
 /*
- * report.c - `moe-prep profile report`: one self-contained HTML page from a
- * routing profile (see report.h). The page is streamed to a FILE: CSS in one
- * <style> block, charts as inline SVG written by the small helpers below
- * (axes, multi-series line chart, histogram, grouped bar chart, heat map),
- * which later stages reuse for their own plots.
+ * report.c - the HTML page of a routing profile (report.h). The page is
+ * streamed to a FILE: CSS in one <style> block, charts as inline SVG drawn by
+ * the chart kit (svg-chart.h), one section per kind of result.
  *
- * Two rules hold everywhere: every string from the file goes through esc(),
- * and every number through num_*() (tables: an en dash for a non-finite
- * value) or, in SVG coordinates, only after isfinite() (charts skip the
- * point). So the page never contains "nan"/"inf", and the fixed text avoids
- * words that contain them too (the tests search the whole page).
+ * Two rules hold everywhere: every string from the file goes through
+ * moe_svg_esc(), and every number through moe_svg_num_*() (tables: an en dash
+ * for a non-finite value) or, in SVG coordinates, only after isfinite()
+ * (charts skip the point). So the page never contains "nan"/"inf", and the
+ * fixed text avoids words that contain them too (the tests search the whole
+ * page).
  */
 #include <errno.h>
 #include <math.h>
@@ -17,77 +16,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "moe-file.h"
 #include "profile-h5.h"
 #include "report.h"
+#include "svg-chart.h"
 
-#define DASH "&#8211;"          /* shown for a missing or non-finite value */
 #define GAMMA "&#947;"
 #define MAX_BARS 50             /* histograms are rebinned to at most this many bars */
 #define MAX_RANK_CHARTS 16      /* HOBBIT histograms drawn (ranks 1..16) */
 #define MAX_HEAT_CELLS 65536    /* larger popularity maps are not drawn (page size) */
 #define MAX_LIST_VALUES 64      /* other arrays: values listed up to this many */
-#define HEAT_STEPS 32           /* colour classes of the heat map */
 #define MAX_CURVE_POINTS 65536  /* big_little rows (gamma values) drawn */
 #define MAX_HIST_BINS (1 << 24) /* bins of sum.big_little_maxprob, as n_bins */
-
-static const char *const k_palette[] = {"#0072b2", "#e69f00", "#009e73", "#cc79a7",
-                                        "#56b4e9", "#d55e00", "#999933", "#000000"};
-#define N_PALETTE 8
-
-/* ------------------------------------------------------------ text output */
-
-/* A formatted number; returned by value so it can be used inside one printf
- * call (C11 keeps the temporary alive until the end of the full expression). */
-struct num {
-    char s[48];
-};
-
-/* num_f: x with `prec` decimals, or an en dash when x is not finite. */
-static struct num num_f(double x, int prec) {
-    struct num n;
-    if (isfinite(x)) snprintf(n.s, sizeof n.s, "%.*f", prec, x);
-    else snprintf(n.s, sizeof n.s, "%s", DASH);
-    return n;
-}
-
-/* num_g: x with 6 significant digits (arrays of unknown meaning). */
-static struct num num_g(double x) {
-    struct num n;
-    if (isfinite(x)) snprintf(n.s, sizeof n.s, "%.6g", x);
-    else snprintf(n.s, sizeof n.s, "%s", DASH);
-    return n;
-}
-
-/* num_pct: share x (0..1) as a percentage with `prec` decimals and " %". */
-static struct num num_pct(double x, int prec) {
-    struct num n;
-    if (isfinite(x)) snprintf(n.s, sizeof n.s, "%.*f %%", prec, 100.0 * x);
-    else snprintf(n.s, sizeof n.s, "%s", DASH);
-    return n;
-}
-
-/* esc_n: the first n bytes of s, HTML-escaped; control characters (which the
- * page could not show anyway) become '?'. */
-static void esc_n(FILE *f, const char *s, size_t n) {
-    for (size_t i = 0; i < n && s[i]; i++) {
-        unsigned char c = (unsigned char)s[i];
-        switch (c) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        case '\'': fputs("&#39;", f); break;
-        default: fputc(c < 0x20 || c == 0x7f ? '?' : c, f);
-        }
-    }
-}
-
-/* esc: s HTML-escaped (safe in text and in double-quoted attributes). */
-static void esc(FILE *f, const char *s) { esc_n(f, s, (size_t)-1); }
 
 /* ------------------------------------------------------- derived arrays */
 
@@ -164,7 +105,7 @@ static void put_values(FILE *f, const struct moe_profile_array *a) {
     int64_t n = n_elems(a), row = a->ndims == 2 && a->dims[1] > 0 ? a->dims[1] : n;
     for (int64_t i = 0; i < n; i++) {
         if (i) fputs(i % row ? " " : "<br>", f);
-        if (a->dtype == MOE_PROFILE_F64) fputs(num_g(aval(a, i)).s, f);
+        if (a->dtype == MOE_PROFILE_F64) fputs(moe_svg_num_g(aval(a, i)).s, f);
         else fprintf(f, "%lld", aint(a, i));
     }
 }
@@ -182,407 +123,6 @@ static void missing(const struct page *g, const char *name, const char *expected
     put_shape(g->f, a);
     fprintf(g->f, " (%s), expected %s; listed under <a href=\"#other\">other arrays</a>.</p>\n",
             dtype_name(a->dtype), expected);
-}
-
-/* --------------------------------------------------------------- SVG: axes */
-
-/* A chart: an SVG of w x h pixels whose plot area (inside fixed margins)
- * maps the data range x0..x1, y0..y1. A range with x1 <= x0 (or y1 <= y0) is
- * fitted to the data by the chart helpers. */
-struct plot {
-    int w, h;
-    double x0, x1, y0, y1;
-    const char *label;          /* what the chart shows (aria-label; plain text) */
-    const char *xlabel, *ylabel;/* axis titles (trusted markup: entities allowed) */
-    int y_pct;                  /* y tick labels as percentages of 1 */
-    int x_int;                  /* x ticks on integers only */
-};
-
-enum { M_LEFT = 58, M_RIGHT = 16, M_TOP = 30, M_BOTTOM = 42 };
-
-/* clampd: v limited to [lo, hi]; NaN becomes lo (never reaches the page). */
-static double clampd(double v, double lo, double hi) { return v > hi ? hi : v >= lo ? v : lo; }
-
-/* sx, sy: pixel coordinates of data x, y, kept inside the plot area. */
-static double sx(const struct plot *p, double x) {
-    double w = p->w - M_LEFT - M_RIGHT;
-    return clampd(M_LEFT + (x - p->x0) / (p->x1 - p->x0) * w, M_LEFT, M_LEFT + w);
-}
-
-static double sy(const struct plot *p, double y) {
-    double h = p->h - M_TOP - M_BOTTOM;
-    return clampd(p->h - M_BOTTOM - (y - p->y0) / (p->y1 - p->y0) * h, M_TOP, M_TOP + h);
-}
-
-/* nice_step: 1, 2 or 5 times a power of ten, giving about n ticks over span > 0. */
-static double nice_step(double span, int n) {
-    double raw = span / n, mag = pow(10, floor(log10(raw))), r = raw / mag;
-    return (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
-}
-
-/* step_decimals: decimals needed to print multiples of step. */
-static int step_decimals(double step) {
-    if (step >= 1) return 0;
-    int d = (int)ceil(-log10(step) - 1e-9);
-    return d > 12 ? 12 : d;
-}
-
-/* fit_range: make [*lo, *hi] a usable axis range: finite, non-empty. */
-static void fit_range(double *lo, double *hi) {
-    if (!isfinite(*lo) || !isfinite(*hi) || *lo > *hi) {
-        *lo = 0;
-        *hi = 1;
-    } else if (*lo == *hi) {
-        double d = fabs(*lo) > 0 ? fabs(*lo) * 0.1 : 0.5;
-        *lo -= d;
-        *hi += d;
-    }
-}
-
-/* plot_ready: p's ranges made usable whatever the data gave (finite,
- * non-empty, not so narrow that ticks would not advance). */
-static void plot_ready(struct plot *p) {
-    double *r[2][2] = {{&p->x0, &p->x1}, {&p->y0, &p->y1}};
-    for (int i = 0; i < 2; i++) {
-        double *lo = r[i][0], *hi = r[i][1];
-        if (!isfinite(*hi - *lo) || *lo > *hi) *lo = 0, *hi = 1;
-        if (*hi - *lo <= 1e-9 * fmax(fabs(*lo), fabs(*hi))) {
-            double d = fmax(fabs(*lo) * 0.1, 0.5);
-            *lo -= d, *hi += d;
-        }
-    }
-}
-
-/* svg_open: the <svg> element of a chart, scalable with the page. */
-static void svg_open(FILE *f, int w, int h, const char *label) {
-    fprintf(f, "<svg viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"", w, h, w, h);
-    esc(f, label ? label : "chart");
-    fputs("\">\n", f);
-}
-
-/* svg_close: ends the chart svg_open began. */
-static void svg_close(FILE *f) { fputs("</svg>\n", f); }
-
-/* svg_axes: frame, grid and tick labels of p. With n_cat > 0 the x axis has
- * n_cat categories (x0 = 0, x1 = n_cat) labelled cat[i]; otherwise numeric
- * ticks. Axis titles are written as given (the callers pass fixed text). */
-static void svg_axes(FILE *f, const struct plot *p, int n_cat, const char *const *cat) {
-    const double left = M_LEFT, right = p->w - M_RIGHT, top = M_TOP, bottom = p->h - M_BOTTOM;
-    double ys = nice_step(p->y1 - p->y0, 5);
-    int yd = step_decimals(p->y_pct ? ys * 100 : ys);
-    double y_first = ceil(p->y0 / ys - 1e-9) * ys;
-    for (int i = 0; i <= 40 && y_first + i * ys <= p->y1 + ys * 1e-9; i++) {
-        double y = y_first + i * ys, v = fabs(y) < ys * 1e-9 ? 0 : y, py = sy(p, v);
-        fprintf(f, "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", left, right, py, py);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.*f%s</text>\n", left - 4, py + 4, yd,
-                p->y_pct ? 100 * v : v, p->y_pct ? "%" : "");
-    }
-    if (n_cat > 0) {
-        for (int i = 0; i < n_cat; i++)
-            if (cat && cat[i]) {
-                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", sx(p, i + 0.5), bottom + 14);
-                esc(f, cat[i]);
-                fputs("</text>\n", f);
-            }
-    } else {
-        double xs = nice_step(p->x1 - p->x0, 6);
-        if (p->x_int && xs < 1) xs = 1;
-        int xd = step_decimals(xs);
-        double x_first = ceil(p->x0 / xs - 1e-9) * xs;
-        for (int i = 0; i <= 40 && x_first + i * xs <= p->x1 + xs * 1e-9; i++) {
-            double x = x_first + i * xs, v = fabs(x) < xs * 1e-9 ? 0 : x, px = sx(p, v);
-            fprintf(f, "<line class=\"ax\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", px, px, bottom,
-                    bottom + 4);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.*f</text>\n", px, bottom + 15, xd, v);
-        }
-    }
-    fprintf(f, "<path class=\"ax\" d=\"M%.1f %.1fV%.1fH%.1f\"/>\n", left, top, bottom, right);
-    if (p->xlabel)
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", (left + right) / 2, p->h - 6,
-                p->xlabel);
-    if (p->ylabel)
-        fprintf(f, "<text transform=\"translate(13 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
-                (top + bottom) / 2, p->ylabel);
-}
-
-/* svg_legend: one row of coloured keys above the plot area (line or box). */
-static void svg_legend(FILE *f, const char *const *names, int n, int boxes) {
-    double x = M_LEFT;
-    for (int i = 0; i < n; i++) {
-        const char *c = k_palette[i % N_PALETTE];
-        if (boxes) fprintf(f, "<rect x=\"%.1f\" y=\"8\" width=\"12\" height=\"10\" fill=\"%s\"/>", x, c);
-        else fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"13\" y2=\"13\" stroke=\"%s\" stroke-width=\"2.5\"/>", x,
-                     x + 14, c);
-        fprintf(f, "<text x=\"%.1f\" y=\"17\">", x + 18);
-        esc(f, names[i]);
-        fputs("</text>\n", f);
-        x += 30 + 6.2 * (double)strlen(names[i]);
-    }
-}
-
-/* A dashed vertical line at x with a label (thresholds, a suggested value). */
-struct vmark {
-    double x;
-    const char *label; /* trusted markup */
-};
-
-/* svg_marks: the vertical markers inside the plot area; labels are staggered
- * so two close markers stay readable, and anchored towards the middle. */
-static void svg_marks(FILE *f, const struct plot *p, const struct vmark *m, int n) {
-    for (int i = 0; i < n; i++) {
-        if (!isfinite(m[i].x) || m[i].x < p->x0 || m[i].x > p->x1) continue;
-        double x = sx(p, m[i].x), mid = (M_LEFT + p->w - M_RIGHT) / 2.0;
-        fprintf(f, "<line class=\"mark\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>", x, x, M_TOP,
-                p->h - M_BOTTOM);
-        fprintf(f, "<text class=\"mk\" x=\"%.1f\" y=\"%d\" text-anchor=\"%s\">%s</text>\n", x > mid ? x - 3 : x + 3,
-                M_TOP + 11 + 13 * i, x > mid ? "end" : "start", m[i].label ? m[i].label : "");
-    }
-}
-
-/* ---------------------------------------------------------- SVG: charts */
-
-/* One series of a line chart: n points (x[i], y[i]); a point with a
- * non-finite coordinate is skipped and breaks the line. */
-struct series {
-    const char *name;
-    const double *x, *y;
-    int n;
-};
-
-/* svg_line_chart: the series on shared axes, with a legend, point tooltips
- * and optional vertical markers (the general x-y plot: accuracy by distance,
- * big-little against gamma, any later metric per setting and policy). Ranges
- * left unset in p are fitted to the finite points (y always includes 0).
- * Colours repeat after N_PALETTE series; only the first N_PALETTE are in the
- * legend. */
-static void svg_line_chart(FILE *f, const struct plot *p0, const struct series *s, int n_series,
-                           const struct vmark *m, int n_marks) {
-    struct plot p = *p0;
-    double xl = INFINITY, xh = -INFINITY, yl = 0, yh = -INFINITY;
-    for (int k = 0; k < n_series; k++)
-        for (int i = 0; i < s[k].n; i++) {
-            double x = s[k].x[i], y = s[k].y[i];
-            if (!isfinite(x) || !isfinite(y)) continue;
-            xl = fmin(xl, x), xh = fmax(xh, x), yl = fmin(yl, y), yh = fmax(yh, y);
-        }
-    if (!(p.x1 > p.x0)) p.x0 = xl, p.x1 = xh, fit_range(&p.x0, &p.x1);
-    if (!(p.y1 > p.y0)) p.y0 = yl, p.y1 = yh + 0.05 * (yh - yl), fit_range(&p.y0, &p.y1);
-    plot_ready(&p);
-    svg_open(f, p.w, p.h, p.label);
-    svg_axes(f, &p, 0, NULL);
-    svg_marks(f, &p, m, n_marks);
-    const char *names[N_PALETTE];
-    for (int k = 0; k < n_series; k++) {
-        const char *c = k_palette[k % N_PALETTE];
-        if (k < N_PALETTE) names[k] = s[k].name;
-        fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\" d=\"", c);
-        int pen = 0;
-        for (int i = 0; i < s[k].n; i++) {
-            double x = s[k].x[i], y = s[k].y[i];
-            if (!isfinite(x) || !isfinite(y)) {
-                pen = 0;
-                continue;
-            }
-            fprintf(f, "%c%.1f %.1f", pen ? 'L' : 'M', sx(&p, x), sy(&p, y));
-            pen = 1;
-        }
-        fputs("\"/>\n", f);
-        for (int i = 0; i < s[k].n; i++) {
-            double x = s[k].x[i], y = s[k].y[i];
-            if (!isfinite(x) || !isfinite(y)) continue;
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>", sx(&p, x), sy(&p, y), c);
-            esc(f, s[k].name);
-            fprintf(f, ": %.4g at %.4g</title></circle>\n", y, x);
-        }
-    }
-    svg_legend(f, names, n_series < N_PALETTE ? n_series : N_PALETTE, 0);
-    svg_close(f);
-}
-
-/* A histogram: n_bars bars between increasing edges, n_series values per
- * bar stacked in series order. */
-struct hist {
-    int n_bars, n_series;
-    const double *edges;      /* [n_bars + 1] */
-    const double *v;          /* [n_series x n_bars] bar heights; non-finite = none */
-    const int64_t *count;     /* [n_series x n_bars] counts for the tooltips, or NULL */
-    const char *const *names; /* [n_series] */
-};
-
-/* svg_histogram: the bars of h on a numeric x axis, with tooltips, a legend
- * when there is more than one series, and optional vertical markers. */
-static void svg_histogram(FILE *f, const struct plot *p0, const struct hist *h, const struct vmark *m,
-                          int n_marks) {
-    struct plot p = *p0;
-    double top = 0;
-    for (int b = 0; b < h->n_bars; b++) {
-        double sum = 0;
-        for (int k = 0; k < h->n_series; k++) {
-            double v = h->v[(size_t)k * h->n_bars + b];
-            if (isfinite(v) && v > 0) sum += v;
-        }
-        top = fmax(top, sum);
-    }
-    if (!(p.x1 > p.x0)) p.x0 = h->edges[0], p.x1 = h->edges[h->n_bars], fit_range(&p.x0, &p.x1);
-    if (!(p.y1 > p.y0)) p.y0 = 0, p.y1 = top > 0 ? top * 1.08 : 1;
-    plot_ready(&p);
-    svg_open(f, p.w, p.h, p.label);
-    svg_axes(f, &p, 0, NULL);
-    for (int b = 0; b < h->n_bars; b++) {
-        double base = 0, x0 = sx(&p, h->edges[b]), x1 = sx(&p, h->edges[b + 1]);
-        double w = x1 - x0 > 1.5 ? x1 - x0 - 0.5 : x1 - x0;
-        for (int k = 0; k < h->n_series; k++) {
-            size_t i = (size_t)k * h->n_bars + b;
-            double v = h->v[i];
-            if (!isfinite(v) || v <= 0) continue;
-            double ya = sy(&p, base), yb = sy(&p, base + v);
-            base += v;
-            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>", x0, yb,
-                    w, ya - yb, k_palette[k % N_PALETTE]);
-            if (h->n_series > 1) {
-                esc(f, h->names[k]);
-                fputs(", ", f);
-            }
-            fprintf(f, "%.4g to %.4g: ", h->edges[b], h->edges[b + 1]);
-            if (h->count) fprintf(f, "%lld (", (long long)h->count[i]);
-            fputs(p.y_pct ? num_pct(v, 2).s : num_g(v).s, f);
-            fprintf(f, "%s</title></rect>\n", h->count ? ")" : "");
-        }
-    }
-    svg_marks(f, &p, m, n_marks);
-    if (h->n_series > 1) svg_legend(f, h->names, h->n_series, 1);
-    svg_close(f);
-}
-
-/* Grouped bars on a categorical x axis. */
-struct bar_groups {
-    int n_groups, n_series;
-    const char *const *groups; /* [n_groups] axis labels */
-    const char *const *names;  /* [n_series] legend */
-    const double *v;           /* [n_groups x n_series]; non-finite = no bar */
-};
-
-/* svg_bar_chart: the groups side by side, one coloured bar per series, with
- * tooltips and a legend. y fitted from 0 unless p sets it. */
-static void svg_bar_chart(FILE *f, const struct plot *p0, const struct bar_groups *b) {
-    struct plot p = *p0;
-    double top = 0;
-    for (int i = 0; i < b->n_groups * b->n_series; i++)
-        if (isfinite(b->v[i])) top = fmax(top, b->v[i]);
-    p.x0 = 0, p.x1 = b->n_groups;
-    if (!(p.y1 > p.y0)) p.y0 = 0, p.y1 = top > 0 ? top * 1.08 : 1;
-    plot_ready(&p);
-    svg_open(f, p.w, p.h, p.label);
-    svg_axes(f, &p, b->n_groups, b->groups);
-    double gw = sx(&p, 1) - sx(&p, 0), bw = gw * 0.8 / (b->n_series > 0 ? b->n_series : 1);
-    for (int g = 0; g < b->n_groups; g++)
-        for (int k = 0; k < b->n_series; k++) {
-            double v = b->v[(size_t)g * b->n_series + k];
-            if (!isfinite(v)) continue;
-            double x = sx(&p, g) + gw * 0.1 + k * bw, y0 = sy(&p, 0), y1 = sy(&p, v);
-            if (y1 > y0) { double t = y0; y0 = y1; y1 = t; }
-            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>", x, y1,
-                    bw - 1, y0 - y1, k_palette[k % N_PALETTE]);
-            esc(f, b->groups[g]);
-            fputs(", ", f);
-            esc(f, b->names[k]);
-            fprintf(f, ": %s</title></rect>\n", p.y_pct ? num_pct(v, 1).s : num_g(v).s);
-        }
-    svg_legend(f, b->names, b->n_series, 1);
-    svg_close(f);
-}
-
-/* A heat map: rows x cols cells coloured by v on a sequential scale. */
-struct heat {
-    int rows, cols;
-    const double *v;          /* [rows x cols] colour values; non-finite = grey */
-    double lo, hi;            /* colour scale range (legend shows both) */
-    int pct;                  /* legend values as percentages of 1 */
-    const int32_t *row_name;  /* [rows] number shown for each row */
-    const char *label, *xlabel, *ylabel;
-    void (*tip)(FILE *f, int r, int c, const void *user); /* tooltip text of a cell (escaped by it) */
-    const void *user;
-};
-
-/* heat_class: colour class 0..HEAT_STEPS-1 of v on [lo, hi]. */
-static int heat_class(double v, double lo, double hi) {
-    if (!(hi > lo)) return HEAT_STEPS / 2;
-    int c = (int)floor((v - lo) / (hi - lo) * HEAT_STEPS);
-    return c < 0 ? 0 : c >= HEAT_STEPS ? HEAT_STEPS - 1 : c;
-}
-
-/* label_step: show every n-th label (n from 1, 2, 5 times powers of ten)
- * so that labels `need` pixels apart fit cells `cell` pixels wide. */
-static int label_step(double cell, double need) {
-    static const int steps[] = {1, 2, 4, 5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 200, 256, 500, 1000,
-                                2000, 4096, 5000, 10000, 16384, 32768, 65536};
-    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
-        if (cell * steps[i] >= need) return steps[i];
-    return 65536;
-}
-
-/* svg_heat_map: the grid (cells scale with the map's size so a 64 x 256 map
- * stays readable and small: one short unit-square <path> with a <title> per
- * cell inside a scaled group, one group per row), row
- * and column labels thinned to fit, and a colour legend with its min/max. */
-static void svg_heat_map(FILE *f, const struct heat *h) {
-    const int ml = 46, mt = 8, mb = 40, legend = 96;
-    double cw = clampd(880.0 / h->cols, 2, 28), ch = clampd(520.0 / h->rows, 3, 22);
-    int w = (int)ceil(ml + cw * h->cols + legend), ht = (int)ceil(mt + ch * h->rows + mb);
-    if (ht < 136) ht = 136; /* room for the legend */
-    svg_open(f, w, ht, h->label);
-    fprintf(f, "<g transform=\"translate(%d %d) scale(%.3f %.3f)\" shape-rendering=\"crispEdges\">\n", ml, mt, cw,
-            ch);
-    for (int r = 0; r < h->rows; r++) {
-        fprintf(f, "<g transform=\"translate(0 %d)\">", r);
-        for (int c = 0; c < h->cols; c++) {
-            double v = h->v[(size_t)r * h->cols + c];
-            if (isfinite(v)) fprintf(f, "<path d=\"M%d 0h1v1h-1z\" class=\"h%d\"><title>", c,
-                                     heat_class(v, h->lo, h->hi));
-            else fprintf(f, "<path d=\"M%d 0h1v1h-1z\" class=\"hx\"><title>", c);
-            h->tip(f, r, c, h->user);
-            fputs("</title></path>", f);
-        }
-        fputs("</g>\n", f);
-    }
-    fputs("</g>\n", f);
-    int rs = label_step(ch, 11), cs = label_step(cw, 24);
-    for (int r = 0; r < h->rows; r += rs)
-        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%d</text>", ml - 4, mt + ch * (r + 0.5) + 4,
-                (int)h->row_name[r]);
-    for (int c = 0; c < h->cols; c += cs)
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>", ml + cw * (c + 0.5),
-                mt + ch * h->rows + 13, c);
-    fprintf(f, "\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>", ml + cw * h->cols / 2,
-            mt + ch * h->rows + 30, h->xlabel);
-    fprintf(f, "<text transform=\"translate(12 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
-            mt + ch * h->rows / 2, h->ylabel);
-    /* legend: the HEAT_STEPS classes from hi (top) to lo */
-    double lx = ml + cw * h->cols + 14, sh = 100.0 / HEAT_STEPS;
-    for (int i = 0; i < HEAT_STEPS; i++)
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"12\" height=\"%.2f\" class=\"h%d\"/>", lx,
-                mt + 12 + sh * (HEAT_STEPS - 1 - i), sh + 0.2, i);
-    fprintf(f, "\n<text x=\"%.1f\" y=\"%d\">max</text><text x=\"%.1f\" y=\"%d\">%s</text>", lx + 16, mt + 10,
-            lx + 16, mt + 22, h->pct ? num_pct(h->hi, 2).s : num_g(h->hi).s);
-    fprintf(f, "<text x=\"%.1f\" y=\"%d\">min</text><text x=\"%.1f\" y=\"%d\">%s</text>\n", lx + 16, mt + 104,
-            lx + 16, mt + 116, h->pct ? num_pct(h->lo, 2).s : num_g(h->lo).s);
-    svg_close(f);
-}
-
-/* heat_css: the colour classes of svg_heat_map, interpolated along a light
- * yellow -> dark blue ramp (readable in print and for colour-blind readers). */
-static void heat_css(FILE *f) {
-    static const unsigned char ramp[5][3] = {
-        {255, 255, 217}, {199, 233, 180}, {65, 182, 196}, {34, 94, 168}, {8, 29, 88}};
-    for (int i = 0; i < HEAT_STEPS; i++) {
-        double t = (double)i / (HEAT_STEPS - 1) * 4;
-        int a = (int)t < 4 ? (int)t : 3;
-        double u = t - a;
-        int c[3];
-        for (int j = 0; j < 3; j++) c[j] = (int)lround(ramp[a][j] + u * (ramp[a + 1][j] - ramp[a][j]));
-        fprintf(f, ".h%d{fill:#%02x%02x%02x}", i, c[0], c[1], c[2]);
-    }
-    fputs(".hx{fill:#ddd}\n", f);
 }
 
 /* add_sat: a + b saturated at the int64 limits: counts come from the file,
@@ -717,7 +257,7 @@ static void section_open(FILE *f, const char *id, const char *title) {
  * (last component of model_path, else arch). */
 static void put_title(FILE *f, const struct moe_profile *p, const char *title) {
     if (title) {
-        esc(f, title);
+        moe_svg_esc(f, title);
         return;
     }
     const char *m = p->model_path;
@@ -728,14 +268,14 @@ static void put_title(FILE *f, const struct moe_profile *p, const char *title) {
     fputs("Routing profile", f);
     if (n > b) {
         fputs(" of ", f);
-        esc_n(f, m + b, n - b);
+        moe_svg_esc_n(f, m + b, n - b);
     } else if (p->arch[0]) {
         fputs(" of ", f);
-        esc(f, p->arch);
+        moe_svg_esc(f, p->arch);
     }
     if (p->dataset[0]) {
         fputs(" on ", f);
-        esc(f, p->dataset);
+        moe_svg_esc(f, p->dataset);
     }
 }
 
@@ -763,20 +303,20 @@ static void put_head(struct page *g, const struct data *d, const char *title) {
           "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>", f);
     put_title(f, p, title);
     fprintf(f, "</title>\n<style>\n%s", k_css);
-    heat_css(f);
+    moe_svg_heat_css(f);
     fputs("</style>\n</head>\n<body>\n<header id=\"summary\">\n<h1>", f);
     put_title(f, p, title);
     fputs("</h1>\n<table class=\"meta\">\n<tr><td>model</td><td>", f);
-    esc(f, p->arch[0] ? p->arch : "(architecture not recorded)");
+    moe_svg_esc(f, p->arch[0] ? p->arch : "(architecture not recorded)");
     if (p->model_path[0]) {
         fputs(" &#8212; <code>", f);
-        esc(f, p->model_path);
+        moe_svg_esc(f, p->model_path);
         fputs("</code>", f);
     }
     fputs("</td></tr>\n<tr><td>dataset</td><td>", f);
-    esc(f, p->dataset[0] ? p->dataset : "(not recorded)");
+    moe_svg_esc(f, p->dataset[0] ? p->dataset : "(not recorded)");
     fputs("</td></tr>\n<tr><td>written by</td><td>", f);
-    esc(f, p->tool_version[0] ? p->tool_version : "(not recorded)");
+    moe_svg_esc(f, p->tool_version[0] ? p->tool_version : "(not recorded)");
     fprintf(f, "</td></tr>\n<tr><td>shape</td><td>%d MoE layers (L), %d experts per layer (E), top-%d routing "
                "(K)</td></tr>\n", p->n_layers, p->n_experts, p->k);
     fprintf(f, "<tr><td>sequences</td><td>%d</td></tr>\n<tr><td>tokens</td><td>%lld</td></tr>\n", p->n_seq,
@@ -792,7 +332,7 @@ static void put_head(struct page *g, const struct data *d, const char *title) {
         if (!n_config++) fputs("<table>\n<tr><th class=\"l\">configuration</th><th class=\"l\">shape</th>"
                                "<th class=\"l\">values</th></tr>\n", f);
         fputs("<tr><td class=\"l\"><code>", f);
-        esc(f, a->name);
+        moe_svg_esc(f, a->name);
         fputs("</code></td><td class=\"l\">", f);
         put_shape(f, a);
         fputs("</td><td class=\"l\">", f);
@@ -834,7 +374,7 @@ static void pop_tip(FILE *f, int r, int c, const void *user) {
     const struct pop_tip *t = user;
     size_t i = (size_t)r * t->p->n_experts + c;
     fprintf(f, "layer %d expert %d: %lld (%s)", (int)t->p->moe_layer_index[r], c, (long long)t->p->popularity[i],
-            num_pct(t->share[i], 1).s);
+            moe_svg_num_pct(t->share[i], 1).s);
 }
 
 /* put_hit_rate: placement_hit_rate as a table and bars against random. */
@@ -852,18 +392,18 @@ static void put_hit_rate(struct page *g, const struct data *d) {
           "<th>random</th></tr>\n", f);
     for (int r = 0; r < 3; r++) {
         double fr = aval(d->hit, r * 3), hit = aval(d->hit, r * 3 + 1), rnd = aval(d->hit, r * 3 + 2);
-        fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", num_pct(fr, 0).s, num_pct(hit, 1).s,
-                num_pct(rnd, 1).s);
-        snprintf(gname[r], sizeof gname[r], "%s resident", isfinite(fr) ? num_pct(fr, 0).s : "?");
+        fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", moe_svg_num_pct(fr, 0).s, moe_svg_num_pct(hit, 1).s,
+                moe_svg_num_pct(rnd, 1).s);
+        snprintf(gname[r], sizeof gname[r], "%s resident", isfinite(fr) ? moe_svg_num_pct(fr, 0).s : "?");
         groups[r] = gname[r];
         v[r * 2] = hit, v[r * 2 + 1] = rnd;
     }
     fputs("</table>\n", f);
     static const char *const names[2] = {"popularity order", "random"};
-    struct plot p = {.w = 420, .h = 220, .y0 = 0, .y1 = 1, .y_pct = 1, .label = "placement hit rate",
+    struct moe_svg_plot p = {.w = 420, .h = 220, .y0 = 0, .y1 = 1, .y_pct = 1, .label = "placement hit rate",
                      .ylabel = "hit rate"};
-    struct bar_groups b = {3, 2, groups, names, v};
-    svg_bar_chart(f, &p, &b);
+    struct moe_svg_bars b = {3, 2, groups, names, v};
+    moe_svg_bar_chart(f, &p, &b);
     fputs("</div>\n<p class=\"note\">Share of the held-out token-slots served when the most popular (layer, "
           "expert) pairs, counted on the other sequences, are resident, against a random choice of as many "
           "pairs.</p>\n", f);
@@ -897,13 +437,13 @@ static enum moe_status put_popularity(struct page *g, const struct data *d) {
         }
         fprintf(f, "<figure><div class=\"scroll\">\n");
         struct pop_tip t = {p, share};
-        struct heat h = {L, E, share, lo, hi, 1, p->moe_layer_index, "expert popularity per layer",
+        struct moe_svg_heat h = {L, E, share, lo, hi, 1, p->moe_layer_index, "expert popularity per layer",
                          "expert", "layer", pop_tip, &t};
-        svg_heat_map(f, &h);
+        moe_svg_heat_map(f, &h);
         fprintf(f, "</div><figcaption>Share of each MoE layer's token-slots per expert (rows: model layer of "
                    "each MoE layer; columns: expert). Uniform routing would give 1/E = %s everywhere; the "
                    "scale runs from %s to %s.</figcaption></figure>\n",
-                num_pct(1.0 / E, 2).s, num_pct(lo, 2).s, num_pct(hi, 2).s);
+                moe_svg_num_pct(1.0 / E, 2).s, moe_svg_num_pct(lo, 2).s, moe_svg_num_pct(hi, 2).s);
         free(share);
     }
     put_hit_rate(g, d);
@@ -920,7 +460,7 @@ struct sens_tip {
 static void sens_tip(FILE *f, int r, int c, const void *user) {
     const struct sens_tip *t = user;
     int64_t i = (int64_t)r * t->p->n_experts + c;
-    fprintf(f, "layer %d expert %d: %s", (int)t->p->moe_layer_index[r], c, num_g(aval(t->a, i)).s);
+    fprintf(f, "layer %d expert %d: %s", (int)t->p->moe_layer_index[r], c, moe_svg_num_g(aval(t->a, i)).s);
     if (t->routed) fprintf(f, ", %lld token-slots", (long long)aint(t->routed, i));
 }
 
@@ -944,11 +484,11 @@ static enum moe_status sens_map(struct page *g, const struct moe_profile_array *
     if (!(lo <= hi)) lo = hi = 0;
     fprintf(f, "<figure><div class=\"scroll\">\n");
     struct sens_tip t = {p, a, routed};
-    struct heat h = {L, E, v, lo, hi, 0, p->moe_layer_index, label, "expert", "layer", sens_tip, &t};
-    svg_heat_map(f, &h);
+    struct moe_svg_heat h = {L, E, v, lo, hi, 0, p->moe_layer_index, label, "expert", "layer", sens_tip, &t};
+    moe_svg_heat_map(f, &h);
     fprintf(f, "</div><figcaption>");
-    esc(f, caption);
-    fprintf(f, " Scale from %s to %s.</figcaption></figure>\n", num_g(lo).s, num_g(hi).s);
+    moe_svg_esc(f, caption);
+    fprintf(f, " Scale from %s to %s.</figcaption></figure>\n", moe_svg_num_g(lo).s, moe_svg_num_g(hi).s);
     free(v);
     return MOE_OK;
 }
@@ -972,11 +512,11 @@ static enum moe_status put_sensitivity(struct page *g, const struct data *d) {
         return st;
     fputs("<table><tr><th>figure</th><th>value</th></tr>\n", f);
     if (d->s_rho) fprintf(f, "<tr><td>Spearman rank agreement, proxy vs metric</td><td>%s</td></tr>\n",
-                          num_f(aval(d->s_rho, 0), 3).s);
+                          moe_svg_num_f(aval(d->s_rho, 0), 3).s);
     if (d->s_cost) {
-        fprintf(f, "<tr><td>sweep time</td><td>%s s</td></tr>\n", num_f(aval(d->s_cost, 0), 1).s);
+        fprintf(f, "<tr><td>sweep time</td><td>%s s</td></tr>\n", moe_svg_num_f(aval(d->s_cost, 0), 1).s);
         fprintf(f, "<tr><td>cost in baseline passes (a naive sweep: %s)</td><td>%s</td></tr>\n",
-                num_f(aval(d->s_cost, 3), 0).s, num_f(aval(d->s_cost, 2), 2).s);
+                moe_svg_num_f(aval(d->s_cost, 3), 0).s, moe_svg_num_f(aval(d->s_cost, 2), 2).s);
     }
     fputs("</table>\n</section>\n", f);
     return MOE_OK;
@@ -1006,19 +546,19 @@ static enum moe_status put_hobbit(struct page *g, const struct data *d) {
     fputs("</p>\n", f);
     double t1 = d->thr ? aval(d->thr, 0) : NAN, t2 = d->thr ? aval(d->thr, 1) : NAN;
     char l1[64], l2[64];
-    snprintf(l1, sizeof l1, "T1 = %s", num_f(t1, 4).s);
-    snprintf(l2, sizeof l2, "T2 = %s", num_f(t2, 4).s);
-    struct vmark m[2] = {{t1, l1}, {t2, l2}};
+    snprintf(l1, sizeof l1, "T1 = %s", moe_svg_num_f(t1, 4).s);
+    snprintf(l2, sizeof l2, "T2 = %s", moe_svg_num_f(t2, 4).s);
+    struct moe_svg_mark m[2] = {{t1, l1}, {t2, l2}};
     if (d->thr)
         fprintf(f, "<p>Thresholds <b>T1 = %s</b>, <b>T2 = %s</b>: s &#8804; T1 loads at high precision "
                    "(%s of the selected experts), T1 &lt; s &#8804; T2 at low precision (%s), s &gt; T2 is "
                    "skipped (%s).</p>\n",
-                num_f(t1, 4).s, num_f(t2, 4).s, num_pct(aval(d->thr, 2), 1).s, num_pct(aval(d->thr, 3), 1).s,
-                num_pct(aval(d->thr, 4), 1).s);
+                moe_svg_num_f(t1, 4).s, moe_svg_num_f(t2, 4).s, moe_svg_num_pct(aval(d->thr, 2), 1).s, moe_svg_num_pct(aval(d->thr, 3), 1).s,
+                moe_svg_num_pct(aval(d->thr, 4), 1).s);
     else missing(g, "hobbit_thresholds", "[5]");
     if (d->pearson)
         fprintf(f, "<p>Pearson r between an expert's gate weight and the norm of its weighted output: "
-                   "<b>%s</b>.</p>\n", num_f(aval(d->pearson, 0), 3).s);
+                   "<b>%s</b>.</p>\n", moe_svg_num_f(aval(d->pearson, 0), 3).s);
     else missing(g, "gate_output_pearson", "[1]");
     if (K > 1) fputs("<div class=\"charts\">\n", f);
     for (int r = 1; r < K && r <= MAX_RANK_CHARTS; r++) {
@@ -1031,10 +571,10 @@ static enum moe_status put_hobbit(struct page *g, const struct data *d) {
             char label[64];
             snprintf(label, sizeof label, "HOBBIT score histogram, rank %d", r);
             static const char *const names[1] = {"slots"};
-            struct plot pl = {.w = 430, .h = 230, .x0 = 0, .x1 = 1, .y_pct = 1, .label = label,
+            struct moe_svg_plot pl = {.w = 430, .h = 230, .x0 = 0, .x1 = 1, .y_pct = 1, .label = label,
                               .xlabel = "score s", .ylabel = "share of the rank's slots"};
-            struct hist h = {nb, 1, edge, v, cnt, names};
-            svg_histogram(f, &pl, &h, m, d->thr ? 2 : 0);
+            struct moe_svg_hist h = {nb, 1, edge, v, cnt, names};
+            moe_svg_histogram(f, &pl, &h, m, d->thr ? 2 : 0);
         }
         fprintf(f, "<figcaption>Rank %d: %lld slots", r, (long long)tot);
         if (d->thr) {
@@ -1047,8 +587,8 @@ static enum moe_status put_hobbit(struct page *g, const struct data *d) {
                 else if (s < t2) lo = add_sat(lo, c);
             }
             if (all > 0)
-                fprintf(f, "; about %s high, %s low, %s skipped", num_pct((double)hi / all, 1).s,
-                        num_pct((double)lo / all, 1).s, num_pct((double)(all - hi - lo) / all, 1).s);
+                fprintf(f, "; about %s high, %s low, %s skipped", moe_svg_num_pct((double)hi / all, 1).s,
+                        moe_svg_num_pct((double)lo / all, 1).s, moe_svg_num_pct((double)(all - hi - lo) / all, 1).s);
         }
         fputs(".</figcaption></figure>\n", f);
     }
@@ -1075,7 +615,7 @@ static enum moe_status put_stacked(struct page *g, const struct data *d) {
     int D = 0, n = 0;
     for (int i = 0; i < 3; i++)
         if (d->stack[i] && d->stack[i]->dims[1] > D) D = (int)d->stack[i]->dims[1];
-    struct series s[3];
+    struct moe_svg_series s[3];
     if (D > 0) {
         if (!(xs = malloc((size_t)D * sizeof *xs))) goto nomem;
         for (int j = 0; j < D; j++) xs[j] = j + 1;
@@ -1094,18 +634,18 @@ static enum moe_status put_stacked(struct page *g, const struct data *d) {
             }
             mean[i][j] = c ? sum / c : NAN;
         }
-        s[n++] = (struct series){k_stack_titles[i], xs, mean[i], w};
+        s[n++] = (struct moe_svg_series){k_stack_titles[i], xs, mean[i], w};
     }
     double lo = 0; /* a negative mean cosine widens the axis below 0 */
     for (int i = 0; i < 3; i++)
         for (int j = 0; mean[i] && j < d->stack[i]->dims[1]; j++)
             if (isfinite(mean[i][j]) && mean[i][j] < lo) lo = floor(mean[i][j] * 10) / 10;
     if (n) {
-        struct plot pl = {.w = 560, .h = 280, .x0 = 0.8, .x1 = D + 0.2, .y0 = lo, .y1 = 1, .y_pct = 1,
+        struct moe_svg_plot pl = {.w = 560, .h = 280, .x0 = 0.8, .x1 = D + 0.2, .y0 = lo, .y1 = 1, .y_pct = 1,
                           .x_int = 1, .label = "prediction accuracy by distance",
                           .xlabel = "distance j (layers ahead)", .ylabel = "mean over layers"};
         fputs("<figure>\n", f);
-        svg_line_chart(f, &pl, s, n, NULL, 0);
+        moe_svg_line_chart(f, &pl, s, n, NULL, 0);
         fputs("<figcaption>Stacked gating predicts the experts of layer l+j from the gate input of layer l: "
               "top-1 = share of tokens whose predicted top expert is among the chosen ones, recall = mean share "
               "of the K chosen experts predicted; similarity = mean cosine of the gate inputs of layers l and "
@@ -1125,7 +665,7 @@ static enum moe_status put_stacked(struct page *g, const struct data *d) {
             fprintf(f, "<tr><td>%d</td>", (int)p->moe_layer_index[l]);
             for (int i = 0; i < 3; i++)
                 for (int j = 0; d->stack[i] && j < d->stack[i]->dims[1]; j++)
-                    fprintf(f, "<td>%s</td>", num_f(aval(d->stack[i], (int64_t)l * d->stack[i]->dims[1] + j), 3).s);
+                    fprintf(f, "<td>%s</td>", moe_svg_num_f(aval(d->stack[i], (int64_t)l * d->stack[i]->dims[1] + j), 3).s);
             fputs("</tr>\n", f);
         }
         fputs("</table></div>\n", f);
@@ -1157,18 +697,18 @@ static void put_paths(struct page *g, const struct data *d) {
         double v[9];
         for (int gi = 0; gi < 3; gi++)
             for (int k = 0; k < n; k++) v[gi * n + k] = aval(src[k], row[k] * 3 + gi);
-        struct plot pl = {.w = 520, .h = 260, .y0 = 0, .y1 = 1, .y_pct = 1, .label = "path dictionary recall",
+        struct moe_svg_plot pl = {.w = 520, .h = 260, .y0 = 0, .y1 = 1, .y_pct = 1, .label = "path dictionary recall",
                           .ylabel = "recall (held-out)"};
-        struct bar_groups b = {3, n, groups, names, v};
+        struct moe_svg_bars b = {3, n, groups, names, v};
         fputs("<div class=\"charts\"><figure>\n", f);
-        svg_bar_chart(f, &pl, &b);
+        moe_svg_bar_chart(f, &pl, &b);
         fputs("<figcaption>Share of the experts actually chosen at layer l that were among the 1, 2 or 3 "
               "preloaded: the most probable ones given the experts at l-1 (order 1) or at l-2 and l-1 "
               "(order 2), against the most popular ones of layer l.</figcaption></figure>\n<table>\n"
               "<tr><th class=\"l\">preloaded</th><th>1</th><th>2</th><th>3</th></tr>\n", f);
         for (int k = 0; k < n; k++) {
             fprintf(f, "<tr><td class=\"l\">%s</td>", names[k]);
-            for (int gi = 0; gi < 3; gi++) fprintf(f, "<td>%s</td>", num_pct(v[gi * n + k], 1).s);
+            for (int gi = 0; gi < 3; gi++) fprintf(f, "<td>%s</td>", moe_svg_num_pct(v[gi * n + k], 1).s);
             fputs("</tr>\n", f);
         }
         fputs("</table></div>\n", f);
@@ -1177,7 +717,7 @@ static void put_paths(struct page *g, const struct data *d) {
     if (!d->path2) missing(g, "path_accuracy_order2", "[2 x 3]");
     if (d->cover)
         fprintf(f, "<p>Held-out (token, layer) keys already in the dictionary: order 1 <b>%s</b>, order 2 "
-                   "<b>%s</b>.</p>\n", num_pct(aval(d->cover, 0), 1).s, num_pct(aval(d->cover, 1), 1).s);
+                   "<b>%s</b>.</p>\n", moe_svg_num_pct(aval(d->cover, 0), 1).s, moe_svg_num_pct(aval(d->cover, 1), 1).s);
     else missing(g, "path_key_coverage", "[2]");
     fputs("</section>\n", f);
 }
@@ -1192,7 +732,7 @@ static void put_reuse(struct page *g, const struct data *d) {
     section_open(f, "reuse", "Expert reuse between consecutive tokens");
     if (d->chance)
         fprintf(f, "<p>Share of tokens whose expert at rank r is used again by the next token. Chance level "
-                   "K / E = <b>%s</b> (orange tick); values above it are bold.</p>\n", num_f(chance, 3).s);
+                   "K / E = <b>%s</b> (orange tick); values above it are bold.</p>\n", moe_svg_num_f(chance, 3).s);
     else missing(g, "reuse_chance", "[1]");
     if (!d->reuse) {
         missing(g, "reuse", "[L x K]");
@@ -1218,9 +758,9 @@ static void put_reuse(struct page *g, const struct data *d) {
                 x = c ? x / c : NAN;
             }
             fprintf(f, "<td class=\"l%s\"><span class=\"b\">", isfinite(chance) && x > chance ? " hi" : "");
-            if (isfinite(x)) fprintf(f, "<i style=\"width:%.0fpx\"></i>", clampd(x, 0, 1) * 60);
-            if (isfinite(chance)) fprintf(f, "<u style=\"left:%.0fpx\"></u>", clampd(chance, 0, 1) * 60 - 1);
-            fprintf(f, "</span>%s</td>", num_f(x, 3).s);
+            if (isfinite(x)) fprintf(f, "<i style=\"width:%.0fpx\"></i>", moe_svg_clamp(x, 0, 1) * 60);
+            if (isfinite(chance)) fprintf(f, "<u style=\"left:%.0fpx\"></u>", moe_svg_clamp(chance, 0, 1) * 60 - 1);
+            fprintf(f, "</span>%s</td>", moe_svg_num_f(x, 3).s);
         }
         fputs("</tr>\n", f);
     }
@@ -1242,30 +782,30 @@ static enum moe_status put_big_little(struct page *g, const struct data *d) {
                    "Suggested " GAMMA " = <b>%s</b>: fallback to the big model on %s of the tokens, agreement "
                    "of the combined output with the K-expert run %s. The little model uses %s experts per "
                    "token.</p>\n",
-                num_pct(aval(d->bl_sum, 0), 1).s, num_f(gs, 3).s, num_pct(aval(d->bl_sum, 2), 1).s,
-                num_pct(aval(d->bl_sum, 3), 1).s, num_f(aval(d->bl_sum, 4), 2).s);
+                moe_svg_num_pct(aval(d->bl_sum, 0), 1).s, moe_svg_num_f(gs, 3).s, moe_svg_num_pct(aval(d->bl_sum, 2), 1).s,
+                moe_svg_num_pct(aval(d->bl_sum, 3), 1).s, moe_svg_num_f(aval(d->bl_sum, 4), 2).s);
     else missing(g, "big_little_summary", "[5]");
     if (d->bl) {
         const int G = (int)d->bl->dims[0];
         if (!(col = malloc((size_t)3 * G * sizeof *col))) goto nomem;
         for (int c = 0; c < 3; c++)
             for (int i = 0; i < G; i++) col[(size_t)c * G + i] = aval(d->bl, (int64_t)i * 3 + c);
-        struct series s[2] = {{"fallback ratio", col, col + G, G}, {"agreement", col, col + 2 * G, G}};
+        struct moe_svg_series s[2] = {{"fallback ratio", col, col + G, G}, {"agreement", col, col + 2 * G, G}};
         char ml[96];
-        snprintf(ml, sizeof ml, "suggested " GAMMA " = %s", num_f(gs, 2).s);
-        struct vmark m = {gs, ml};
-        struct plot pl = {.w = 560, .h = 280, .x0 = 0, .x1 = 1, .y0 = 0, .y1 = 1, .y_pct = 1,
+        snprintf(ml, sizeof ml, "suggested " GAMMA " = %s", moe_svg_num_f(gs, 2).s);
+        struct moe_svg_mark m = {gs, ml};
+        struct moe_svg_plot pl = {.w = 560, .h = 280, .x0 = 0, .x1 = 1, .y0 = 0, .y1 = 1, .y_pct = 1,
                           .label = "big-little fallback ratio and agreement against gamma",
                           .xlabel = "confidence threshold " GAMMA, .ylabel = "share of tokens"};
         fputs("<div class=\"charts\"><figure>\n", f);
-        svg_line_chart(f, &pl, s, 2, &m, d->bl_sum ? 1 : 0);
+        moe_svg_line_chart(f, &pl, s, 2, &m, d->bl_sum ? 1 : 0);
         fputs("<figcaption>Tokens whose little-model top probability is below " GAMMA " fall back to the big "
               "model; agreement is that of the combined output with the K-expert run.</figcaption></figure>\n", f);
         if (G <= MAX_LIST_VALUES) {
             fputs("<table>\n<tr><th>" GAMMA "</th><th>fallback</th><th>agreement</th></tr>\n", f);
             for (int i = 0; i < G; i++)
-                fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", num_f(col[i], 3).s,
-                        num_pct(col[G + i], 1).s, num_pct(col[2 * G + i], 1).s);
+                fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", moe_svg_num_f(col[i], 3).s,
+                        moe_svg_num_pct(col[G + i], 1).s, moe_svg_num_pct(col[2 * G + i], 1).s);
             fputs("</table>", f);
         }
         fputs("</div>\n", f);
@@ -1284,12 +824,12 @@ static enum moe_status put_big_little(struct page *g, const struct data *d) {
         rebin(row + B, B, nb, cnt + nb, edge);
         for (int i = 0; i < 2 * nb; i++) v[i] = tot > 0 ? (double)cnt[i] / (double)tot : NAN;
         static const char *const names[2] = {"top tokens agree", "top tokens differ"};
-        struct plot pl = {.w = 560, .h = 260, .x0 = 0, .x1 = 1, .y_pct = 1,
+        struct moe_svg_plot pl = {.w = 560, .h = 260, .x0 = 0, .x1 = 1, .y_pct = 1,
                           .label = "little model maximum probability by agreement",
                           .xlabel = "little model's maximum output probability", .ylabel = "share of tokens"};
-        struct hist h = {nb, 2, edge, v, cnt, names};
+        struct moe_svg_hist h = {nb, 2, edge, v, cnt, names};
         fputs("<figure>\n", f);
-        if (tot > 0) svg_histogram(f, &pl, &h, NULL, 0);
+        if (tot > 0) moe_svg_histogram(f, &pl, &h, NULL, 0);
         fprintf(f, "<figcaption>%lld tokens, stacked by whether the little and big models' top tokens agree; "
                    "a useful " GAMMA " separates the two.</figcaption></figure>\n", (long long)tot);
     } else {
@@ -1327,19 +867,19 @@ static const char *cache_policy_name(int r, char *buf, size_t n) {
 static void put_cache_chart(struct page *g, const struct data *d, const double *x, const double *pen,
                             const int *rows, int n_rows, const char *label, const char *caption) {
     const int64_t P = d->c_pen->dims[0], S = d->c_sizes->dims[0];
-    struct series s[N_PALETTE];
-    char names[N_PALETTE][24];
+    struct moe_svg_series s[MOE_SVG_N_PALETTE];
+    char names[MOE_SVG_N_PALETTE][24];
     int n = 0;
-    for (int i = 0; i < n_rows && n < N_PALETTE; i++)
+    for (int i = 0; i < n_rows && n < MOE_SVG_N_PALETTE; i++)
         if (rows[i] < P) {
             s[n].name = cache_policy_name(rows[i], names[n], sizeof names[n]);
             s[n].x = x, s[n].y = pen + (size_t)rows[i] * S, s[n].n = (int)S;
             n++;
         }
-    struct plot pl = {.w = 520, .h = 300, .x_int = 1, .label = label,
+    struct moe_svg_plot pl = {.w = 520, .h = 300, .x_int = 1, .label = label,
                       .xlabel = "high-precision cache (experts)", .ylabel = "miss penalty per token"};
     fputs("<figure>\n", g->f);
-    svg_line_chart(g->f, &pl, s, n, NULL, 0);
+    moe_svg_line_chart(g->f, &pl, s, n, NULL, 0);
     fprintf(g->f, "<figcaption>%s</figcaption></figure>\n", caption);
 }
 
@@ -1368,8 +908,8 @@ static enum moe_status put_cache(struct page *g, const struct data *d) {
         fprintf(f, "<p>T1 = <b>%s</b>, T2 = <b>%s</b>, low-precision miss cost <b>%s</b>, held-out share %s, "
                    "prompt batch %s tokens, prefetch %s experts per layer; HOBBIT's weights fitted with %s high- and "
                    "%s low-precision experts.</p>\n",
-                num_f(aval(c, 0), 4).s, num_f(aval(c, 1), 4).s, num_f(aval(c, 2), 4).s, num_pct(aval(c, 3), 0).s,
-                num_f(aval(c, 4), 0).s, num_f(aval(c, 5), 0).s, num_f(aval(c, 6), 0).s, num_f(aval(c, 7), 0).s);
+                moe_svg_num_f(aval(c, 0), 4).s, moe_svg_num_f(aval(c, 1), 4).s, moe_svg_num_f(aval(c, 2), 4).s, moe_svg_num_pct(aval(c, 3), 0).s,
+                moe_svg_num_f(aval(c, 4), 0).s, moe_svg_num_f(aval(c, 5), 0).s, moe_svg_num_f(aval(c, 6), 0).s, moe_svg_num_f(aval(c, 7), 0).s);
     }
     static const int basic[] = {0, 1, 2, 3, 4, CACHE_BELADY}, model[] = {5, 6, 7, 0, CACHE_BELADY};
     fputs("<div class=\"charts\">\n", f);
@@ -1380,19 +920,19 @@ static enum moe_status put_cache(struct page *g, const struct data *d) {
                     "fitted priority, with LRU and Belady's bound.");
     fputs("</div>\n<div class=\"scroll\"><table>\n<tr><th class=\"l\">policy</th>", f);
     for (int64_t s = 0; s < S; s++) {
-        fprintf(f, "<th>%s", num_f(x[s], 0).s);
-        if (d->c_low) fprintf(f, " + %s", num_f(aval(d->c_low, s), 0).s);
+        fprintf(f, "<th>%s", moe_svg_num_f(x[s], 0).s);
+        if (d->c_low) fprintf(f, " + %s", moe_svg_num_f(aval(d->c_low, s), 0).s);
         fputs("</th>", f);
     }
     fputs("</tr>\n", f);
     for (int64_t r = 0; r < P; r++) {
         char nb[24];
         fputs("<tr><td class=\"l\">", f);
-        esc(f, cache_policy_name((int)r, nb, sizeof nb));
+        moe_svg_esc(f, cache_policy_name((int)r, nb, sizeof nb));
         fputs("</td>", f);
         for (int64_t s = 0; s < S; s++) {
-            fprintf(f, "<td>%s", num_f(pen[r * S + s], 4).s);
-            if (d->c_hit) fprintf(f, " <span class=\"note\">(%s)</span>", num_pct(aval(d->c_hit, r * S + s), 1).s);
+            fprintf(f, "<td>%s", moe_svg_num_f(pen[r * S + s], 4).s);
+            if (d->c_hit) fprintf(f, " <span class=\"note\">(%s)</span>", moe_svg_num_pct(aval(d->c_hit, r * S + s), 1).s);
             fputs("</td>", f);
         }
         fputs("</tr>\n", f);
@@ -1409,14 +949,14 @@ static enum moe_status put_cache(struct page *g, const struct data *d) {
         if (d->c_w) {
             fputs("<tr><td class=\"l\">the tuning section</td>", f);
             for (int i = 0; i < nw; i++)
-                fprintf(f, "<td>%s</td>", i == 5 ? (aval(d->c_w, i) ? "on" : "off") : num_f(aval(d->c_w, i), 4).s);
+                fprintf(f, "<td>%s</td>", i == 5 ? (aval(d->c_w, i) ? "on" : "off") : moe_svg_num_f(aval(d->c_w, i), 4).s);
             fputs("</tr>\n", f);
         }
         for (int64_t s = 0; d->c_sw && nsw == nw && s < S; s++) {
-            fprintf(f, "<tr><td class=\"l\">%s high-precision experts</td>", num_f(x[s], 0).s);
+            fprintf(f, "<tr><td class=\"l\">%s high-precision experts</td>", moe_svg_num_f(x[s], 0).s);
             for (int i = 0; i < nw; i++) {
                 const double v = aval(d->c_sw, s * nsw + i);
-                fprintf(f, "<td>%s</td>", i == 5 ? (v ? "on" : "off") : num_f(v, 4).s);
+                fprintf(f, "<td>%s</td>", i == 5 ? (v ? "on" : "off") : moe_svg_num_f(v, 4).s);
             }
             fputs("</tr>\n", f);
         }
@@ -1444,7 +984,7 @@ static void put_other(const struct page *g) {
         const struct moe_profile_array *a = &g->p->derived[i];
         if (g->used[i] || has_prefix(a->name, "sum.") || has_prefix(a->name, "config.")) continue;
         fputs("<tr><td class=\"l\"><code>", f);
-        esc(f, a->name);
+        moe_svg_esc(f, a->name);
         fprintf(f, "</code></td><td class=\"l\">%s</td><td class=\"l\">", dtype_name(a->dtype));
         put_shape(f, a);
         fputs("</td><td class=\"l\">", f);
@@ -1508,94 +1048,4 @@ enum moe_status moe_profile_report_write(const struct moe_profile *p, const char
         return st;
     }
     return moe_tmp_commit(&t); /* flush, fsync, rename; on a full disk the old page stays */
-}
-
-/* ------------------------------------------------------------------- CLI */
-
-/* report_usage: --help, with an example. */
-static void report_usage(FILE *f) {
-    fprintf(f,
-            "usage: moe-prep profile report PROFILE.h5 -o REPORT.html [--title TEXT]\n"
-            "\n"
-            "Renders a routing profile written by `moe-prep profile` as one self-contained\n"
-            "HTML page (inline CSS and SVG, no JavaScript, nothing fetched): expert\n"
-            "popularity heat map and placement hit rate, HOBBIT score histograms with T1/T2,\n"
-            "stacked-gate accuracy by distance, path dictionaries, reuse, big-little, and\n"
-            "every other derived array. The page is written atomically.\n"
-            "\n"
-            "options:\n"
-            "  -o, --out FILE   HTML file to write\n"
-            "  --title TEXT     page title (default: from the model and the dataset)\n"
-            "  -h, --help       this text\n"
-            "\n"
-            "example:\n"
-            "  moe-prep profile report mixtral.h5 -o mixtral.html --title \"Mixtral on wikitext\"\n");
-}
-
-/* report_args: 0 ok, 1 help printed, 2 usage error (reported). */
-static int report_args(int argc, char **argv, const char **in, const char **out, const char **title) {
-    *in = *out = *title = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            report_usage(stdout);
-            return 1;
-        } else if (!strcmp(o, "-o") || !strcmp(o, "--out") || !strcmp(o, "--title")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "moe-prep profile report: %s needs a value\n", o);
-                return 2;
-            }
-            *(o[2] == 't' ? title : out) = argv[++i];
-        } else if (o[0] == '-' && o[1]) {
-            fprintf(stderr, "moe-prep profile report: unknown option \"%s\" (see moe-prep profile report --help)\n",
-                    o);
-            return 2;
-        } else if (!*in) {
-            *in = o;
-        } else {
-            fprintf(stderr, "moe-prep profile report: one PROFILE only (\"%s\" and \"%s\")\n", *in, o);
-            return 2;
-        }
-    }
-    if (!*in || !*out || !**out) {
-        fprintf(stderr, "moe-prep profile report: %s (see moe-prep profile report --help)\n",
-                !*in ? "no PROFILE.h5 given" : "no -o REPORT.html given");
-        return 2;
-    }
-    return 0;
-}
-
-int moe_prep_profile_report(int argc, char **argv) {
-    const char *in, *out, *title;
-    int rc = report_args(argc, argv, &in, &out, &title);
-    if (rc) return rc == 1 ? 0 : 2;
-    moe_log_set_level(MOE_LOG_WARN);
-    if (moe_file_check_output(out, &in, 1)) { /* -o naming the profile would replace it */
-        fprintf(stderr, "moe-prep profile report: refusing to write %s (see the message above)\n", out);
-        return 2;
-    }
-    struct moe_profile *p = NULL;
-    enum moe_status st = moe_profile_read(in, &p);
-    if (st) {
-        fprintf(stderr, "moe-prep profile report: cannot read %s: %s\n", in, moe_status_str(st));
-        return 1;
-    }
-    const double *score = NULL;
-    if (moe_profile_n_tokens(p) == 0 && moe_profile_get_f64(p, "sensitivity.score", NULL, NULL, &score) != MOE_OK) {
-        fprintf(stderr, "moe-prep profile report: %s holds no routing trace and no finished sensitivity results: "
-                        "nothing to report\n", in);
-        moe_profile_free(p);
-        return 1;
-    }
-    st = moe_profile_report_write(p, title, out);
-    moe_profile_free(p);
-    if (st) {
-        fprintf(stderr, "moe-prep profile report: cannot write %s: %s (see the message above)\n", out,
-                moe_status_str(st));
-        return 1;
-    }
-    struct stat sb;
-    long long kib = stat(out, &sb) == 0 ? ((long long)sb.st_size + 1023) / 1024 : 0;
-    fprintf(stderr, "wrote %s (%lld KiB)\n", out, kib);
-    return 0;
 }

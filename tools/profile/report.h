@@ -12,9 +12,9 @@
  * added by later stages always appear somewhere.
  *
  * Every string from the file is HTML-escaped and no non-finite number is
- * written (tables show an en dash, charts skip the point). Not thread-safe:
- * call from one thread at a time (moe_prep_profile_report also sets the
- * process-wide log level and calls the HDF5 reader).
+ * written (tables show an en dash, charts skip the point). The charts come
+ * from the chart kit (svg-chart.h); the CLI is report-cmd.c. Thread-safe on
+ * distinct profiles and output files (the page is built from p alone).
  */
 #ifndef MOE_PROFILE_REPORT_H
 #define MOE_PROFILE_REPORT_H
@@ -40,14 +40,5 @@ enum moe_status moe_profile_report_render(const struct moe_profile *p, const cha
  * logged and the error returned (MOE_ERR_IO when the file cannot be created,
  * written or renamed, e.g. in a directory that does not exist). */
 enum moe_status moe_profile_report_write(const struct moe_profile *p, const char *title, const char *path);
-
-/* moe_prep_profile_report: the CLI,
- *   moe-prep profile report PROFILE.h5 -o REPORT.html [--title TEXT]
- * argv[0] is "report". Reads and validates the profile (moe_profile_read),
- * writes the page with moe_profile_report_write and prints
- * "wrote REPORT.html (N KiB)" to stderr. Returns the exit status: 0 ok (also
- * for --help), 1 failure (unreadable or invalid profile, write error), 2 usage
- * error; each failure is explained on stderr. Sets the log level to WARN. */
-int moe_prep_profile_report(int argc, char **argv);
 
 #endif

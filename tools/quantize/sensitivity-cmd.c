@@ -25,7 +25,6 @@
 
 #define CMD "sensitivity"
 
-static int sensitivity_merge(int argc, char **argv);
 
 struct sens_args {
     const char *model, *dataset, *out, *csv, *low, *base, *shard;
@@ -481,7 +480,6 @@ static int sweep(const struct sens_args *a, struct moe_model *m, const int32_t *
 }
 
 int moe_prep_sensitivity(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "merge")) return sensitivity_merge(argc - 1, argv + 1);
     struct sens_args a;
     int rc = sens_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
@@ -548,7 +546,8 @@ static int on_merge_opt(void *ctx, const struct moe_opt *o, const char *v) {
     return 0;
 }
 
-static int sensitivity_merge(int argc, char **argv) {
+/* moe_prep_sensitivity_merge: `moe-prep sensitivity merge` (moe-prep.h). */
+int moe_prep_sensitivity_merge(int argc, char **argv) {
     struct merge_args a = {0};
     const struct moe_opt *tables[] = {k_merge_opts};
     int pos = argc;
