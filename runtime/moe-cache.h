@@ -6,7 +6,7 @@
  * what `moe-run` executes:
  *  - the runtime's expert store (moe-store.h) asks it, access by access, what
  *    to load and what to evict, and moves real bytes accordingly;
- *  - fit-cache's simulator (tools/calibrate/cache-sim.h) replays recorded
+ *  - fit-cache's simulator (tools/common/cache-sim.h) replays recorded
  *    routing traces through it and only counts.
  *
  * Experts are identified by g = layer * n_experts + expert (layer: the index

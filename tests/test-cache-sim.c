@@ -1,5 +1,5 @@
 /*
- * test-cache-sim.c - the expert-cache simulator (tools/calibrate/cache-sim.c)
+ * test-cache-sim.c - the expert-cache simulator (tools/common/cache-sim.c)
  * on hand-made traces whose outcomes are worked out in the comments: LRU,
  * LFU per sequence and global (cache contents kept, records reset at a new
  * sequence), LHU, forward layer distance, EdgeMoE's -f/d, Twiddler's static

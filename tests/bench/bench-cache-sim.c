@@ -1,6 +1,6 @@
 /*
  * bench-cache-sim.c - replay speed of the expert-cache simulator
- * (tools/calibrate/cache-sim.c), in expert accesses per second, single-threaded,
+ * (tools/common/cache-sim.c), in expert accesses per second, single-threaded,
  * for every policy on synthetic traces shaped like real models, and on a
  * real profile when one is given.
  *

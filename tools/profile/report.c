@@ -849,7 +849,7 @@ done:
 }
 
 /* The policies of cache.penalty's rows, in the fixed order of
- * tools/calibrate/cache-sim.h (enum moe_cache_policy). */
+ * tools/common/cache-sim.h (enum moe_cache_policy). */
 static const char *const k_cache_policies[] = {"LRU", "LFU (sequence)", "LFU (global)", "LHU", "FLD",
                                                "EdgeMoE", "Twiddler (static)", "HOBBIT", "Belady (MIN)"};
 #define N_CACHE_POLICIES 9
