@@ -837,3 +837,10 @@ void moe_config_clear(struct moe_config *c) {
     c->rope.short_factor = c->rope.long_factor = NULL;
     c->layer_moe = c->layer_sliding = NULL;
 }
+
+size_t moe_config_kv_cache_bytes(const struct moe_config *c, int n_ctx) {
+    const int mla = c->attn == MOE_ATTN_MLA;
+    const size_t kv_dim = mla ? 0 : (size_t)c->n_head_kv * (size_t)c->head_dim;
+    const size_t key_row = mla ? (size_t)c->kv_lora_rank + (size_t)c->qk_rope_dim : kv_dim;
+    return (size_t)c->n_layer * (size_t)(n_ctx > 0 ? n_ctx : 0) * (key_row + kv_dim) * sizeof(float);
+}

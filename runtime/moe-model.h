@@ -160,6 +160,14 @@ enum moe_status moe_config_load(const char *dir, struct moe_config *out);
  * (malformed text is ignored: the file is optional). */
 void moe_config_add_generation(struct moe_config *c, const char *json, size_t len);
 
+/* moe_config_kv_cache_bytes: the bytes of the KV cache the CPU backend
+ * allocates for n_ctx positions (f32 rows): per layer and position, keys and
+ * values of the KV heads (n_head_kv x head_dim each) or, with multi-head
+ * latent attention (DeepSeek), the compressed latent and the shared RoPE key
+ * (kv_lora_rank + qk_rope_dim) only. What moe_session_kv_bytes reports for a
+ * CPU session; the planner counts it before any session exists. */
+size_t moe_config_kv_cache_bytes(const struct moe_config *c, int n_ctx);
+
 /* moe_config_clear: free owned arrays; the struct may be reused. */
 void moe_config_clear(struct moe_config *c);
 

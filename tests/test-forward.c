@@ -91,6 +91,8 @@ static float max_abs_diff(const float *a, const float *b, size_t n) {
 static void check_kv_size(const struct moe_model *m, const struct moe_session *s, int n_ctx, const char *name) {
     const struct moe_config *c = &m->cfg;
     const size_t per_tok = (size_t)c->n_layer * sizeof(float), got = moe_session_kv_bytes(s);
+    CHECK(moe_config_kv_cache_bytes(c, n_ctx) == got, "%s: the planner's KV estimate %zu bytes, the session's %zu", name,
+          moe_config_kv_cache_bytes(c, n_ctx), got);
     if (c->attn == MOE_ATTN_MLA) {
         size_t want = per_tok * (size_t)n_ctx * (size_t)(c->kv_lora_rank + c->qk_rope_dim);
         size_t full = per_tok * (size_t)n_ctx * (size_t)c->n_head * (size_t)(c->head_dim + c->v_head_dim);

@@ -967,8 +967,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     const int64_t att_dim = mla ? (int64_t)c->n_head * c->v_head_dim : s->q_dim;
     s->max_ff = max64(max64(c->n_ff_expert, c->n_ff_dense), c->n_ff_shared);
     s->max_in = max64(max64(max64(H, s->q_dim), s->max_ff), max64(att_dim, max64(c->kv_lora_rank, c->q_lora_rank)));
-    const size_t per_layer = (size_t)s->p.n_ctx * (size_t)(s->kv_row + s->kv_dim);
-    s->kv_bytes = (size_t)c->n_layer * per_layer * sizeof(float);
+    s->kv_bytes = moe_config_kv_cache_bytes(c, s->p.n_ctx); /* k_cache: kv_row, v_cache: kv_dim per position */
     size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_row;
     int ok = 1;
 #define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL

@@ -130,7 +130,7 @@ static enum moe_status model_facts(const struct moe_plan_request *rq, struct moe
     for (size_t i = 0; i < moe_bundle_tensor_count(m->bundle); i++)
         nonexpert += (int64_t)moe_bundle_tensor_at(m->bundle, i)->size;
     const int ctx = rq->ctx < c->max_pos ? rq->ctx : c->max_pos;
-    const int64_t kv = 2 * (int64_t)c->n_layer * ctx * (int64_t)c->n_head_kv * c->head_dim * 4;
+    const int64_t kv = (int64_t)moe_config_kv_cache_bytes(c, ctx); /* the latent only, for MLA */
     pm->fixed_bytes = nonexpert + kv + ((int64_t)16 << 20);
     pm->n_loaders = 2;
     pm->t1 = tun->has_thresholds ? tun->t1 : NAN, pm->t2 = tun->has_thresholds ? tun->t2 : NAN;
