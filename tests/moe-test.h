@@ -4,7 +4,10 @@
 #ifndef MOE_TEST_H
 #define MOE_TEST_H
 
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 
 static int fails;
 static int checks __attribute__((unused));
@@ -19,5 +22,39 @@ static int checks __attribute__((unused));
             fputc('\n', stderr);                                             \
         }                                                                    \
     } while (0)
+
+/* moe_test_sh_out: run a shell command (printf-style) and return its exit
+ * status (-1 if it did not exit normally); with out, its stdout (at most
+ * cap - 1 bytes, NUL-terminated) is kept there, else it is read and dropped. */
+static inline int moe_test_sh_out(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int moe_test_sh_out(char *out, size_t cap, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char sink[4096];
+    size_t n = out ? fread(out, 1, cap - 1, p) : 0;
+    if (out) out[n] = 0;
+    while (!out && fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* moe_test_sh: run a shell command (printf-style; its output goes where the
+ * test's goes) and return its exit status, -1 if it did not exit normally. */
+static inline int moe_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int moe_test_sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    const int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
 
 #endif

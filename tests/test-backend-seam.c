@@ -197,17 +197,6 @@ static enum moe_status wrap_new(const struct moe_model *m, const struct moe_back
 
 static const char *prep, *model_dir, *work;
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 #define NP 12
 #define ND 10
 
@@ -301,7 +290,7 @@ static void scratch_groups(const char *bundle, size_t n) {
     FILE *f = fopen(text, "r");
     if (f) fclose(f);
     else snprintf(text, sizeof text, "%s", MOE_FIXTURES "/demo/calibration.txt");
-    CHECK(sh("'%s' profile '%s' --dataset '%s' -o '%s/p.h5' --ctx 128 --max-tokens 1024 >/dev/null 2>&1", prep, bundle,
+    CHECK(moe_test_sh("'%s' profile '%s' --dataset '%s' -o '%s/p.h5' --ctx 128 --max-tokens 1024 >/dev/null 2>&1", prep, bundle,
              text, work) == 0,
           "profile the bundle (placement order in its tuning)");
     float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
@@ -353,8 +342,8 @@ int main(int argc, char **argv) {
     prep = argv[1], model_dir = argv[2], work = argv[3];
     char bundle[1200];
     snprintf(bundle, sizeof bundle, "%s/tiny.moeb", work);
-    if (sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
-        sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle)) {
+    if (moe_test_sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
+        moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle)) {
         fprintf(stderr, "test-backend-seam: cannot quantize %s into %s\n", model_dir, work);
         return 1;
     }
@@ -368,6 +357,6 @@ int main(int argc, char **argv) {
     scratch_groups(bundle, n);
     versions(n);
     printf("test-backend-seam: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
-    if (!fails) sh("rm -rf '%s'", work);
+    if (!fails) moe_test_sh("rm -rf '%s'", work);
     return fails != 0;
 }

@@ -28,25 +28,6 @@
 static const char *prep, *run;
 static char tmp[256];
 
-/* sh: run a shell command, capture stdout; returns the exit status (-1 on a signal). */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = out ? fread(out, 1, cap - 1, p) : 0;
-    if (out) out[n] = 0;
-    char sink[4096];
-    while (!out && fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static int same_file(const char *a, const char *b) {
     char *x = NULL, *y = NULL;
     size_t nx = 0, ny = 0;
@@ -75,12 +56,12 @@ static void test_f32_exact(const char *name) {
     char ids[4096], out[4096];
     prompt_ids(name, ids, sizeof ids);
     CHECK(ids[0], "%s: no prompt", name);
-    CHECK(sh(NULL, 0, "%s quantize %s/models/%s -o %s/f32.moeb --experts f32,q8_0 --dense f32 2>&1", prep,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s/models/%s -o %s/f32.moeb --experts f32,q8_0 --dense f32 2>&1", prep,
              MOE_FIXTURES, name, tmp) == 0, "%s: quantize f32", name);
-    CHECK(sh(out, sizeof out, "%s -m %s/models/%s --tokens %s -n 4 --ids --ignore-eos --logits-out %s/a.f32 2>/dev/null",
+    CHECK(moe_test_sh_out(out, sizeof out, "%s -m %s/models/%s --tokens %s -n 4 --ids --ignore-eos --logits-out %s/a.f32 2>/dev/null",
              run, MOE_FIXTURES, name, ids, tmp) == 0, "%s: run checkpoint", name);
     char out2[4096];
-    CHECK(sh(out2, sizeof out2, "%s -m %s/f32.moeb --expert-precision f32 --tokens %s -n 4 --ids --ignore-eos "
+    CHECK(moe_test_sh_out(out2, sizeof out2, "%s -m %s/f32.moeb --expert-precision f32 --tokens %s -n 4 --ids --ignore-eos "
              "--logits-out %s/b.f32 2>/dev/null", run, tmp, ids, tmp) == 0, "%s: run bundle", name);
     char a[300], b[300];
     snprintf(a, sizeof a, "%s/a.f32", tmp);
@@ -112,13 +93,13 @@ static void test_kl(void) {
     }
     fclose(f);
     const char *name = "qwen3_moe-f32";
-    CHECK(sh(NULL, 0, "%s quantize %s/models/%s -o %s/q.moeb --experts q8_0,q4_0 --dense f32 2>&1", prep,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s/models/%s -o %s/q.moeb --experts q8_0,q4_0 --dense f32 2>&1", prep,
              MOE_FIXTURES, name, tmp) == 0, "quantize q8_0,q4_0");
     double kl[2] = {-1, -1}, top[2] = {0, 0};
     const char *precs[2] = {"q8_0", "q4_0"};
     for (int i = 0; i < 2; i++) {
         char out[16384];
-        int rc = sh(out, sizeof out, "%s eval %s/q.moeb --expert-precision %s --ref %s/models/%s --dataset %s --ctx 64 "
+        int rc = moe_test_sh_out(out, sizeof out, "%s eval %s/q.moeb --expert-precision %s --ref %s/models/%s --dataset %s --ctx 64 "
                     "--json 2>/dev/null", prep, tmp, precs[i], MOE_FIXTURES, name, path);
         CHECK(rc == 0, "eval %s exited %d", precs[i], rc);
         const char *k = strstr(out, "\"kld\"");
@@ -149,7 +130,7 @@ static void test_verify(void) {
     char bundle[300], bad[300], out[65536];
     snprintf(bundle, sizeof bundle, "%s/q.moeb", tmp);
     snprintf(bad, sizeof bad, "%s/bad.moeb", tmp);
-    CHECK(sh(out, sizeof out, "%s inspect %s --verify", prep, bundle) == 0 && strstr(out, "all checksums match"),
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s --verify", prep, bundle) == 0 && strstr(out, "all checksums match"),
           "clean bundle verifies: %s", out);
     struct moe_bundle *b = NULL;
     if (moe_bundle_open(bundle, &b) != MOE_OK) {
@@ -168,7 +149,7 @@ static void test_verify(void) {
                 char want[64];
                 snprintf(want, sizeof want, "layer %u expert %u", l, e);
                 n_blobs++;
-                int rc = sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
+                int rc = moe_test_sh_out(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
                 int named = rc == 1 && strstr(out, want) && strstr(out, blob.desc->name);
                 n_found += named;
                 CHECK(named, "flipped byte in %s (%s) not reported: rc %d\n%s", want, blob.desc->name, rc, out);
@@ -179,13 +160,13 @@ static void test_verify(void) {
 
     /* a damaged header and a truncated file: clear errors, exit 1 */
     flip(bundle, bad, 9);
-    CHECK(sh(out, sizeof out, "%s inspect %s 2>&1", prep, bad) == 1 && strstr(out, bad), "damaged header: %s", out);
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s 2>&1", prep, bad) == 1 && strstr(out, bad), "damaged header: %s", out);
     struct stat sb;
     stat(bundle, &sb);
     flip(bundle, bad, UINT64_MAX); /* a plain copy */
     CHECK(truncate(bad, sb.st_size / 2) == 0, "truncate");
-    CHECK(sh(out, sizeof out, "%s inspect %s 2>&1", prep, bad) == 1 && strstr(out, bad), "truncated: %s", out);
-    CHECK(sh(out, sizeof out, "%s -m %s -p hi -n 1 2>&1", run, bad) == 1, "moe-run on a truncated bundle");
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s 2>&1", prep, bad) == 1 && strstr(out, bad), "truncated: %s", out);
+    CHECK(moe_test_sh_out(out, sizeof out, "%s -m %s -p hi -n 1 2>&1", run, bad) == 1, "moe-run on a truncated bundle");
 }
 
 /* test_short_tensor: issue 17 item 1. lm_head.weight keeps its shape but its
@@ -196,7 +177,7 @@ static void test_short_tensor(void) {
     char good[300], bad[300], out[65536];
     snprintf(good, sizeof good, "%s/short-src.moeb", tmp);
     snprintf(bad, sizeof bad, "%s/short.moeb", tmp);
-    CHECK(sh(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32 --dense f32 2>&1", prep, MOE_FIXTURES,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32 --dense f32 2>&1", prep, MOE_FIXTURES,
              good) == 0, "quantize");
     char *img = NULL;
     size_t n = 0;
@@ -212,13 +193,13 @@ static void test_short_tensor(void) {
     CHECK(moe_bundle_open(bad, &b) == MOE_OK && moe_bundle_verify_all(b, NULL, NULL) == MOE_OK,
           "the container itself is consistent (every checksum matches)");
     moe_bundle_free(b);
-    int rc = sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 2 --ids 2>&1", run, bad);
+    int rc = moe_test_sh_out(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 2 --ids 2>&1", run, bad);
     CHECK(rc == 1 && strstr(out, "lm_head.weight") && strstr(out, "stores 64 bytes"),
           "moe-run refuses a tensor smaller than its shape (rc %d): %s", rc, out);
-    rc = sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
+    rc = moe_test_sh_out(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
     CHECK(rc == 1 && strstr(out, "DAMAGED  model") && strstr(out, "lm_head.weight"),
           "inspect --verify reports it (rc %d): %s", rc, out);
-    CHECK(sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, good) == 0, "the original verifies: %s", out);
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s --verify 2>&1", prep, good) == 0, "the original verifies: %s", out);
 }
 
 /* test_damaged_slot: issue 17 item 11. The active tuning slot (holding the
@@ -228,7 +209,7 @@ static void test_damaged_slot(void) {
     char path[300], bad[300], out[65536];
     snprintf(path, sizeof path, "%s/slots.moeb", tmp);
     snprintf(bad, sizeof bad, "%s/slots-bad.moeb", tmp);
-    CHECK(sh(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32,q8_0 --dense f32 2>&1", prep,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s/models/mixtral-f32 -o %s --experts f32,q8_0 --dense f32 2>&1", prep,
              MOE_FIXTURES, path) == 0, "quantize");
     struct moe_bundle *b = NULL;
     uint32_t nl = 0, ne = 0, np = 0;
@@ -247,16 +228,16 @@ static void test_damaged_slot(void) {
     b = NULL;
     if (moe_bundle_open(path, &b) == MOE_OK) moe_bundle_get_info(b, &info);
     moe_bundle_free(b);
-    CHECK(sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, path) == 0 &&
+    CHECK(moe_test_sh_out(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, path) == 0 &&
               strstr(out, "per-expert map"),
           "the map is used: %s", out);
     flip(path, bad, info.tuning_slot == 'B' ? 1024 + 12 : 512 + 12); /* the active slot's sequence */
-    int rc = sh(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
+    int rc = moe_test_sh_out(out, sizeof out, "%s inspect %s --verify 2>&1", prep, bad);
     char want[32];
     snprintf(want, sizeof want, "tuning slot %c", info.tuning_slot);
     CHECK(rc == 1 && strstr(out, "DAMAGED") && strstr(out, want), "inspect --verify reports the slot (rc %d): %s",
           rc, out);
-    rc = sh(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, bad);
+    rc = moe_test_sh_out(out, sizeof out, "%s -m %s --tokens 1,2,3 -n 1 --ids 2>&1", run, bad);
     CHECK(rc == 0 && strstr(out, "is damaged") && strstr(out, "instead") && !strstr(out, "per-expert map"),
           "moe-run says it falls back (rc %d): %s", rc, out);
 }
@@ -310,11 +291,11 @@ static void test_kill(void) {
         printf("  quantize killed with signal %d half way: nothing at the output path\n", sigs[i]);
     }
     char out[4096];
-    sh(out, sizeof out, "ls %s | grep -c 'killed.moeb.tmp' || true", tmp);
+    moe_test_sh_out(out, sizeof out, "ls %s | grep -c 'killed.moeb.tmp' || true", tmp);
     CHECK(atoi(out) <= 1, "SIGTERM left its temporary file behind (%s)", out); /* SIGKILL cannot clean up */
     /* and completing the same job writes a bundle that verifies */
-    CHECK(sh(NULL, 0, "%s quantize %s -o %s --experts q4_k,q2_k -t 2 2>&1", prep, dir, out_path) == 0, "quantize");
-    CHECK(sh(out, sizeof out, "%s inspect %s --verify", prep, out_path) == 0, "completed bundle verifies");
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s -o %s --experts q4_k,q2_k -t 2 2>&1", prep, dir, out_path) == 0, "quantize");
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s --verify", prep, out_path) == 0, "completed bundle verifies");
 }
 
 int main(int argc, char **argv) {

@@ -347,17 +347,6 @@ static void routing_and_residual(void) {
 
 static const char *prep, *inflate, *model_dir, *work, *fixtures;
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 #define NP 40   /* prompt tokens: >= MOE_CUDA_GEMM_MIN_TOK, so prompt chunks use cuBLAS */
 #define ND 64   /* greedy steps */
 
@@ -515,11 +504,11 @@ static void whole_model(void) {
     snprintf(bundle, sizeof bundle, "%s/tiny.moeb", work);
     snprintf(dir, sizeof dir, "%s/inflated", work);
     snprintf(big, sizeof big, "%s/inflated.moeb", work);
-    CHECK(sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle) == 0,
+    CHECK(moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle) == 0,
           "quantize the trained model");
     tiers(bundle, "trained model");
-    CHECK(sh("'%s' '%s' '%s' --ffn 2048 >/dev/null 2>&1", inflate, model_dir, dir) == 0 &&
-              sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, dir, big) == 0,
+    CHECK(moe_test_sh("'%s' '%s' '%s' --ffn 2048 >/dev/null 2>&1", inflate, model_dir, dir) == 0 &&
+              moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, dir, big) == 0,
           "inflate and quantize");
     compare(dir, "inflated model");
     tiers(big, "inflated model");
@@ -549,10 +538,10 @@ int main(int argc, char **argv) {
     moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
     if (argc >= 6) {
         prep = argv[1], inflate = argv[2], model_dir = argv[3], work = argv[4], fixtures = argv[5];
-        if (sh("rm -rf '%s' && mkdir -p '%s'", work, work) == 0) whole_model();
+        if (moe_test_sh("rm -rf '%s' && mkdir -p '%s'", work, work) == 0) whole_model();
         else CHECK(0, "cannot create %s", work);
     }
     printf("test-cuda: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
-    if (!fails && work) sh("rm -rf '%s'", work);
+    if (!fails && work) moe_test_sh("rm -rf '%s'", work);
     return fails != 0;
 }

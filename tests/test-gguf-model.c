@@ -48,25 +48,6 @@
 static const char *prep, *run;
 static char tmp[256];
 
-/* sh: run a shell command, capture stdout; returns the exit status. */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = out ? fread(out, 1, cap - 1, p) : 0;
-    if (out) out[n] = 0;
-    char sink[4096];
-    while (!out && fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static cJSON *read_json(const char *path) {
     char *text = NULL;
     size_t len = 0;
@@ -324,7 +305,7 @@ static void check_bundle_blocks(const char *gguf, const char *experts, const cha
     char gp[1024], bp[600], out[4096];
     snprintf(gp, sizeof gp, "%s/gguf/%s.gguf", MOE_FIXTURES, gguf);
     snprintf(bp, sizeof bp, "%s/%s.moeb", tmp, gguf);
-    CHECK(sh(out, sizeof out, "%s quantize %s -o %s --experts %s --dense q8_0 -t 2 2>&1", prep, gp, bp, experts) == 0,
+    CHECK(moe_test_sh_out(out, sizeof out, "%s quantize %s -o %s --experts %s --dense q8_0 -t 2 2>&1", prep, gp, bp, experts) == 0,
           "%s: quantize: %s", gguf, out);
     struct moe_model *g = NULL;
     struct moe_bundle *b = NULL;
@@ -402,9 +383,9 @@ static void check_same_bundle(const char *gguf, const char *hf) {
     char a[600], b[600], out[4096];
     snprintf(a, sizeof a, "%s/hf-%s.moeb", tmp, hf);
     snprintf(b, sizeof b, "%s/gguf-%s.moeb", tmp, gguf);
-    CHECK(sh(out, sizeof out, "%s quantize %s/models/%s -o %s --experts f32,q8_0,q4_k --dense q8_0 -t 2 2>&1", prep,
+    CHECK(moe_test_sh_out(out, sizeof out, "%s quantize %s/models/%s -o %s --experts f32,q8_0,q4_k --dense q8_0 -t 2 2>&1", prep,
              MOE_FIXTURES, hf, a) == 0 &&
-              sh(out, sizeof out, "%s quantize %s/gguf/%s.gguf -o %s --experts f32,q8_0,q4_k --dense q8_0 -t 2 2>&1",
+              moe_test_sh_out(out, sizeof out, "%s quantize %s/gguf/%s.gguf -o %s --experts f32,q8_0,q4_k --dense q8_0 -t 2 2>&1",
                  prep, MOE_FIXTURES, gguf, b) == 0,
           "%s: quantize: %s", gguf, out);
     struct moe_bundle *x = NULL, *y = NULL;
@@ -441,9 +422,9 @@ static void check_cli(void) {
     snprintf(a, sizeof a, "%s/a.f32", tmp);
     snprintf(b, sizeof b, "%s/b.f32", tmp);
     const char *ids = "1,472,375,549,781,396";
-    CHECK(sh(out, sizeof out, "%s -m %s/gguf/mixtral-q4_k.gguf --tokens %s -n 6 --ids --ignore-eos --logits-out %s 2>/dev/null",
+    CHECK(moe_test_sh_out(out, sizeof out, "%s -m %s/gguf/mixtral-q4_k.gguf --tokens %s -n 6 --ids --ignore-eos --logits-out %s 2>/dev/null",
              run, MOE_FIXTURES, ids, a) == 0, "moe-run on the q4_k GGUF");
-    CHECK(sh(out2, sizeof out2, "%s -m %s/mixtral-q4_k.moeb --expert-precision q4_k --tokens %s -n 6 --ids --ignore-eos "
+    CHECK(moe_test_sh_out(out2, sizeof out2, "%s -m %s/mixtral-q4_k.moeb --expert-precision q4_k --tokens %s -n 6 --ids --ignore-eos "
              "--logits-out %s 2>/dev/null", run, tmp, ids, b) == 0, "moe-run on its bundle");
     char *x = NULL, *y = NULL;
     size_t nx = 0, ny = 0;
@@ -454,22 +435,22 @@ static void check_cli(void) {
     printf("  mixtral-q4_k       bundle (q4_k experts, q8_0 dense) and GGUF: logits bit-identical\n");
 
     /* moe-run with text: the same tokens from the GGUF as from the checkpoint directory */
-    CHECK(sh(out, sizeof out, "%s -m %s/gguf/mixtral-f32.gguf -p 'The quick brown fox' -n 8 --ids --ignore-eos 2>/dev/null",
+    CHECK(moe_test_sh_out(out, sizeof out, "%s -m %s/gguf/mixtral-f32.gguf -p 'The quick brown fox' -n 8 --ids --ignore-eos 2>/dev/null",
              run, MOE_FIXTURES) == 0, "moe-run -p on a GGUF");
-    CHECK(sh(out2, sizeof out2, "%s -m %s/models/mixtral-f32 -p 'The quick brown fox' -n 8 --ids --ignore-eos 2>/dev/null",
+    CHECK(moe_test_sh_out(out2, sizeof out2, "%s -m %s/models/mixtral-f32 -p 'The quick brown fox' -n 8 --ids --ignore-eos 2>/dev/null",
              run, MOE_FIXTURES) == 0, "moe-run -p on the checkpoint");
     CHECK(out[0] && !strcmp(out, out2), "moe-run: GGUF ids \"%s\" vs checkpoint \"%s\"", out, out2);
-    CHECK(sh(out, sizeof out, "%s check %s/gguf/deepseek_v3-f32.gguf --json", prep, MOE_FIXTURES) == 0 &&
+    CHECK(moe_test_sh_out(out, sizeof out, "%s check %s/gguf/deepseek_v3-f32.gguf --json", prep, MOE_FIXTURES) == 0 &&
               strstr(out, "\"arch\":\"deepseek_v3\"") && strstr(out, "\"format\":\"gguf\"") &&
               strstr(out, "\"tokenizer\":true"),
           "moe-prep check --json on a GGUF: %s", out);
-    CHECK(sh(NULL, 0, "%s check %s/gguf/tokenizers/llama-spbpe.gguf 2>/dev/null", prep, MOE_FIXTURES) == 1,
+    CHECK(moe_test_sh_out(NULL, 0, "%s check %s/gguf/tokenizers/llama-spbpe.gguf 2>/dev/null", prep, MOE_FIXTURES) == 1,
           "moe-prep check of a vocabulary-only GGUF must fail");
     snprintf(a, sizeof a, "%s/broken.gguf", tmp);
     FILE *f = fopen(a, "wb");
     fputs("GGUF\3\0\0\0", f);
     fclose(f);
-    CHECK(sh(out, sizeof out, "%s check %s 2>&1", prep, a) == 1 && strstr(out, "file ends inside"),
+    CHECK(moe_test_sh_out(out, sizeof out, "%s check %s 2>&1", prep, a) == 1 && strstr(out, "file ends inside"),
           "a truncated GGUF: %s", out);
     printf("  CLIs: moe-run -p on a GGUF = on the checkpoint; check --json; broken files refused\n");
 }
@@ -502,7 +483,7 @@ int main(int argc, char **argv) {
     check_bundle_blocks("mixtral-q4_k", "q4_k,q2_k", "q4_k", "q2_k");
     check_bundle_blocks("gpt_oss-mxfp4", "mxfp4", "mxfp4", NULL);
     check_cli();
-    sh(NULL, 0, "rm -rf %s", tmp);
+    moe_test_sh_out(NULL, 0, "rm -rf %s", tmp);
     printf("test-gguf-model: %d checks, %d failed\n", checks, fails);
     return fails != 0;
 }

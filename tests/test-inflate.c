@@ -40,25 +40,6 @@
 
 static const char *inflate, *moe_run, *prep;
 
-/* sh: run a shell command, capture stdout (if out); returns the exit status. */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char sink[4096];
-    size_t n = out ? fread(out, 1, cap - 1, p) : 0;
-    if (out) out[n] = 0;
-    while (!out && fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* read_all: a whole file (NULL if unreadable). */
 static char *read_all(const char *path, size_t *len) {
     char *x = NULL;
@@ -167,7 +148,7 @@ static int no_temp_files(const char *dir) {
  * logits into path; returns the exit status. */
 static int run_logits(const char *model, const char *extra, const char *tokens, const char *path, char *ids,
                       size_t cap) {
-    int rc = sh(ids, cap, "%s -m %s %s --tokens %s -n 8 --ignore-eos --ids --logits-out %s -t 2 2>/dev/null",
+    int rc = moe_test_sh_out(ids, cap, "%s -m %s %s --tokens %s -n 8 --ignore-eos --ids --logits-out %s -t 2 2>/dev/null",
                 moe_run, model, extra, tokens, path);
     char *nl = strchr(ids, '\n');
     if (nl) *nl = 0;
@@ -199,7 +180,7 @@ static void compare_runs(const char *label, const char *m0, const char *m1, cons
 static long long blob_bytes(const char *bundle, const char *prec) {
     static char out[1 << 16];
     long long v = -1;
-    if (sh(out, sizeof out, "%s inspect %s --json", prep, bundle) != 0) return -1;
+    if (moe_test_sh_out(out, sizeof out, "%s inspect %s --json", prep, bundle) != 0) return -1;
     cJSON *j = cJSON_Parse(out), *p;
     cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(j, "precisions")) {
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(p, "name");
@@ -216,7 +197,7 @@ static long long blob_bytes(const char *bundle, const char *prec) {
 static void check_model(const char *label, const char *model, const char *work, int N, int quantized) {
     char out[1100], cfg[1200], text[65536];
     snprintf(out, sizeof out, "%s/%s-ffn%d", work, label, N);
-    CHECK(sh(text, sizeof text, "%s %s %s --ffn %d", inflate, model, out, N) == 0, "%s: inflate-moe --ffn %d", label,
+    CHECK(moe_test_sh_out(text, sizeof text, "%s %s %s --ffn %d", inflate, model, out, N) == 0, "%s: inflate-moe --ffn %d", label,
           N);
     printf("  %s", text);
     check_config(model, out, N);
@@ -235,7 +216,7 @@ static void check_model(const char *label, const char *model, const char *work, 
     char tokens[4096] = "1,2,3,4,5,6,7,8,9";
     snprintf(cfg, sizeof cfg, "%s/tokenizer.json", model);
     if (access(cfg, F_OK) == 0)
-        CHECK(sh(tokens, sizeof tokens, "%s -m %s --tokenize -p 'The river rose through the night, and by morning'",
+        CHECK(moe_test_sh_out(tokens, sizeof tokens, "%s -m %s --tokenize -p 'The river rose through the night, and by morning'",
                  moe_run, model) == 0,
               "%s: --tokenize", label);
     char *nl = strchr(tokens, '\n');
@@ -257,9 +238,9 @@ static void check_model(const char *label, const char *model, const char *work, 
     char b0[1200], b1[1200];
     snprintf(b0, sizeof b0, "%s/%s-orig.moeb", work, label);
     snprintf(b1, sizeof b1, "%s/%s-ffn%d.moeb", work, label, N);
-    CHECK(sh(NULL, 0, "%s quantize %s -o %s --experts q8_0,q4_k,q2_k --dense q8_0 -t 2 2>&1", prep, model, b0) == 0,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s -o %s --experts q8_0,q4_k,q2_k --dense q8_0 -t 2 2>&1", prep, model, b0) == 0,
           "%s: quantize the original", label);
-    CHECK(sh(NULL, 0, "%s quantize %s -o %s --experts q8_0,q4_k,q2_k --dense q8_0 -t 2 2>&1", prep, out, b1) == 0,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s -o %s --experts q8_0,q4_k,q2_k --dense q8_0 -t 2 2>&1", prep, out, b1) == 0,
           "%s: quantize the inflated model", label);
     static const char *const precs[] = {"q8_0", "q4_k", "q2_k"};
     for (int i = 0; i < 3; i++) {
@@ -280,19 +261,19 @@ static void check_model(const char *label, const char *model, const char *work, 
 static void check_refusals(const char *model, const char *work) {
     char out[65536], dst[1100];
     snprintf(dst, sizeof dst, "%s/refused", work);
-    CHECK(sh(out, sizeof out, "%s --help", inflate) == 0 && strstr(out, "Mixtral") && strstr(out, "example"),
+    CHECK(moe_test_sh_out(out, sizeof out, "%s --help", inflate) == 0 && strstr(out, "Mixtral") && strstr(out, "example"),
           "--help exits 0, names the supported layout and has an example");
-    CHECK(sh(out, sizeof out, "%s %s %s --ffn 128 2>&1", inflate, model, dst) == 1 && strstr(out, "smaller"),
+    CHECK(moe_test_sh_out(out, sizeof out, "%s %s %s --ffn 128 2>&1", inflate, model, dst) == 1 && strstr(out, "smaller"),
           "--ffn below F exits 1 with a reason: %s", out);
     snprintf(out, sizeof out, "%s/model.safetensors", dst);
     CHECK(access(out, F_OK) != 0, "nothing written when refused");
-    CHECK(sh(out, sizeof out, "%s %s/models/qwen2_moe-f32 %s --ffn 256 2>&1", inflate, MOE_FIXTURES, dst) == 1 &&
+    CHECK(moe_test_sh_out(out, sizeof out, "%s %s/models/qwen2_moe-f32 %s --ffn 256 2>&1", inflate, MOE_FIXTURES, dst) == 1 &&
               strstr(out, "Mixtral-style"),
           "Qwen2-MoE expert names are refused and the message says why: %s", out);
-    CHECK(sh(out, sizeof out, "%s %s %s --ffn 1024 2>&1", inflate, model, model) == 1, "OUT_DIR = IN_DIR exits 1");
-    CHECK(sh(out, sizeof out, "%s %s %s --ffn 12x 2>&1", inflate, model, dst) == 2, "bad --ffn exits 2");
-    CHECK(sh(out, sizeof out, "%s %s 2>&1", inflate, model) == 2, "missing OUT_DIR exits 2");
-    CHECK(sh(out, sizeof out, "%s %s/no-such-model %s --ffn 512 2>&1", inflate, work, dst) == 1,
+    CHECK(moe_test_sh_out(out, sizeof out, "%s %s %s --ffn 1024 2>&1", inflate, model, model) == 1, "OUT_DIR = IN_DIR exits 1");
+    CHECK(moe_test_sh_out(out, sizeof out, "%s %s %s --ffn 12x 2>&1", inflate, model, dst) == 2, "bad --ffn exits 2");
+    CHECK(moe_test_sh_out(out, sizeof out, "%s %s 2>&1", inflate, model) == 2, "missing OUT_DIR exits 2");
+    CHECK(moe_test_sh_out(out, sizeof out, "%s %s/no-such-model %s --ffn 512 2>&1", inflate, work, dst) == 1,
           "missing model exits 1");
 }
 
@@ -304,7 +285,7 @@ int main(int argc, char **argv) {
     inflate = argv[1], moe_run = argv[2], prep = argv[3];
     const char *model = argv[4], *work = argv[5];
     char fixture[1100];
-    if (sh(NULL, 0, "rm -rf '%s' && mkdir -p '%s'", work, work) != 0) {
+    if (moe_test_sh_out(NULL, 0, "rm -rf '%s' && mkdir -p '%s'", work, work) != 0) {
         fprintf(stderr, "test-inflate: cannot create %s\n", work);
         return 1;
     }
@@ -313,6 +294,6 @@ int main(int argc, char **argv) {
     check_model("mixtral-f32", fixture, work, 256, 0);
     check_refusals(model, work);
     printf("test-inflate: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
-    if (!fails) sh(NULL, 0, "rm -rf '%s'", work);
+    if (!fails) moe_test_sh_out(NULL, 0, "rm -rf '%s'", work);
     return fails != 0;
 }

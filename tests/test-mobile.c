@@ -35,17 +35,6 @@
 static const char *prep, *moe_run, *model_dir, *work;
 static char bundle[1200];
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 #define NP 10 /* prompt tokens */
 #define ND 16 /* generated tokens fed back */
 
@@ -274,12 +263,12 @@ static double jnum(const cJSON *o, const char *a, const char *b) {
 /* cli: moe-run's options. */
 static void cli(void) {
     const char *run = "-p 'The river rose through the night' -n 12 --ignore-eos --ids -t 2";
-    CHECK(sh("'%s' -m '%s' %s --logits-out '%s/a.f32' >/dev/null 2>&1", moe_run, bundle, run, work) == 0 &&
-              sh("'%s' -m '%s' %s --little-k %d --gamma 1 --logits-out '%s/b.f32' >/dev/null 2>&1", moe_run, bundle,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --logits-out '%s/a.f32' >/dev/null 2>&1", moe_run, bundle, run, work) == 0 &&
+              moe_test_sh("'%s' -m '%s' %s --little-k %d --gamma 1 --logits-out '%s/b.f32' >/dev/null 2>&1", moe_run, bundle,
                  run, K / 2, work) == 0,
           "moe-run plain and --gamma 1");
-    CHECK(sh("cmp -s '%s/a.f32' '%s/b.f32'", work, work) == 0, "moe-run --gamma 1 writes the plain run's logits");
-    CHECK(sh("'%s' -m '%s' %s --gamma 0.05 --expert-mem 25%% --stats-json '%s/s.json' >/dev/null 2>&1", moe_run,
+    CHECK(moe_test_sh("cmp -s '%s/a.f32' '%s/b.f32'", work, work) == 0, "moe-run --gamma 1 writes the plain run's logits");
+    CHECK(moe_test_sh("'%s' -m '%s' %s --gamma 0.05 --expert-mem 25%% --stats-json '%s/s.json' >/dev/null 2>&1", moe_run,
              bundle, run, work) == 0,
           "moe-run --gamma 0.05 --expert-mem 25%%");
     char path[1300];
@@ -290,10 +279,10 @@ static void cli(void) {
               jnum(j, "big_little", "little_k") == K / 2 && jnum(j, "store", "loads") > 0,
           "stats JSON: %g of %g tokens fell back", f, t);
     cJSON_Delete(j);
-    CHECK(sh("'%s' -m '%s' %s --gamma 1.5 >/dev/null 2>&1", moe_run, bundle, run) == 2, "--gamma 1.5 refused");
-    CHECK(sh("'%s' -m '%s' %s --little-k %d >/dev/null 2>&1", moe_run, bundle, run, K) == 1,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --gamma 1.5 >/dev/null 2>&1", moe_run, bundle, run) == 2, "--gamma 1.5 refused");
+    CHECK(moe_test_sh("'%s' -m '%s' %s --little-k %d >/dev/null 2>&1", moe_run, bundle, run, K) == 1,
           "--little-k K refused (no smaller model)");
-    CHECK(sh("'%s' -m '%s' %s --gamma 0.5 --trace-out '%s/t.h5' >/dev/null 2>&1", moe_run, bundle, run, work) == 2,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --gamma 0.5 --trace-out '%s/t.h5' >/dev/null 2>&1", moe_run, bundle, run, work) == 2,
           "--trace-out with big-little refused");
 }
 
@@ -303,7 +292,7 @@ static void eval_bl(const char *text) {
     snprintf(out, sizeof out, "%s/eval.json", work);
     cJSON *j[2] = {NULL, NULL};
     for (int g = 0; g < 2; g++) {
-        CHECK(sh("'%s' eval '%s' --ref '%s' --expert-precision q8_0 --dataset '%s' --ctx 64 --max-chunks 3 --json "
+        CHECK(moe_test_sh("'%s' eval '%s' --ref '%s' --expert-precision q8_0 --dataset '%s' --ctx 64 --max-chunks 3 --json "
                  "--little-k %d --gamma %d >'%s' 2>/dev/null",
                  prep, bundle, bundle, text, K / 2, g, out) == 0,
               "eval --gamma %d", g);
@@ -318,7 +307,7 @@ static void eval_bl(const char *text) {
           "a target)", jnum(j[0], "big_little", "tokens"));
     cJSON_Delete(j[0]);
     cJSON_Delete(j[1]);
-    CHECK(sh("'%s' eval '%s' --dataset '%s' --ctx 64 --gamma 0.5 --batch 8 >/dev/null 2>&1", prep, bundle, text) == 2,
+    CHECK(moe_test_sh("'%s' eval '%s' --dataset '%s' --ctx 64 --gamma 0.5 --batch 8 >/dev/null 2>&1", prep, bundle, text) == 2,
           "eval --gamma with --batch 8 refused");
 }
 
@@ -329,8 +318,8 @@ int main(int argc, char **argv) {
     }
     prep = argv[1], moe_run = argv[2], model_dir = argv[3], work = argv[4];
     snprintf(bundle, sizeof bundle, "%s/tiny.moeb", work);
-    if (sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
-        sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle)) {
+    if (moe_test_sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
+        moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle)) {
         fprintf(stderr, "test-mobile: cannot quantize %s into %s\n", model_dir, work);
         return 1;
     }
@@ -357,6 +346,6 @@ int main(int argc, char **argv) {
     free(a.rows);
     free(b.rows);
     printf("test-mobile: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
-    if (!fails) sh("rm -rf '%s'", work);
+    if (!fails) moe_test_sh("rm -rf '%s'", work);
     return fails != 0;
 }

@@ -33,17 +33,6 @@
 static const char *prep, *moe_run, *model_dir, *work;
 static char bundle[1200], table[1200], profile[1200];
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static cJSON *read_json(const char *name) {
     char path[1300], *text = NULL;
     size_t len = 0;
@@ -99,7 +88,7 @@ static int read_plan(struct moe_tuning_plan *out) {
 
 static void apply_round_trip(void) {
     const long long mem = 26ll << 20;
-    CHECK(sh("'%s' plan '%s' --profile '%s' --mem %lld --hw '%s' -t 2 --no-measure --json --apply >'%s/plan.json' "
+    CHECK(moe_test_sh("'%s' plan '%s' --profile '%s' --mem %lld --hw '%s' -t 2 --no-measure --json --apply >'%s/plan.json' "
              "2>'%s/plan.err'", prep, bundle, profile, mem, table, work, work) == 0,
           "plan --apply");
     cJSON *j = read_json("plan.json");
@@ -119,7 +108,7 @@ static void apply_round_trip(void) {
           "without --eval-text the chosen plan is exact");
     /* moe-run starts from it */
     const char *run = "-p 'Once upon a time' -n 8 --ignore-eos -t 2";
-    CHECK(sh("'%s' -m '%s' %s --stats-json '%s/a.json' >/dev/null 2>'%s/a.err'", moe_run, bundle, run, work, work) == 0,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --stats-json '%s/a.json' >/dev/null 2>'%s/a.err'", moe_run, bundle, run, work, work) == 0,
           "moe-run with the plan");
     cJSON *a = read_json("a.json");
     CHECK(a && row && num(a, "store", "high_cap") == num(row, "high_cap", NULL) &&
@@ -128,7 +117,7 @@ static void apply_round_trip(void) {
           "moe-run ran the plan: %g high copies (%g planned), %s", num(a, "store", "high_cap"),
           num(row, "high_cap", NULL), str(a, "store", "policy"));
     const char *other = !strcmp(str(row, "policy", NULL), "lru") ? "lfu-seq" : "lru";
-    CHECK(sh("'%s' -m '%s' %s --policy %s --stats-json '%s/b.json' >/dev/null 2>&1", moe_run, bundle, run, other,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --policy %s --stats-json '%s/b.json' >/dev/null 2>&1", moe_run, bundle, run, other,
              work) == 0,
           "moe-run --policy %s", other);
     cJSON *b = read_json("b.json");
@@ -136,7 +125,7 @@ static void apply_round_trip(void) {
               num(b, "store", "high_cap") == num(a, "store", "high_cap"),
           "an option overrides its setting, the others stay (%s, %g copies)", str(b, "store", "policy"),
           num(b, "store", "high_cap"));
-    CHECK(sh("'%s' -m '%s' %s --no-plan --stats-json '%s/c.json' >/dev/null 2>&1", moe_run, bundle, run, work) == 0,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --no-plan --stats-json '%s/c.json' >/dev/null 2>&1", moe_run, bundle, run, work) == 0,
           "moe-run --no-plan");
     cJSON *c = read_json("c.json");
     CHECK(c && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(c, "store")), "--no-plan: every expert resident");
@@ -170,13 +159,13 @@ static void written_plan(void) {
               isnan(q.quality) && q.t1 == 0.5,
           "it reads back");
     const char *run = "-p 'Once upon a time' -n 8 --ignore-eos -t 2";
-    CHECK(sh("'%s' -m '%s' %s --stats-json '%s/d.json' >/dev/null 2>&1", moe_run, bundle, run, work) == 0, "moe-run");
+    CHECK(moe_test_sh("'%s' -m '%s' %s --stats-json '%s/d.json' >/dev/null 2>&1", moe_run, bundle, run, work) == 0, "moe-run");
     cJSON *d = read_json("d.json");
     CHECK(d && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(d, "store"), "dynamic")) &&
               num(d, "store", "t1") == 0.5 && num(d, "big_little", "gamma") == 0.3 &&
               num(d, "big_little", "little_k") == 1,
           "the plan's dynamic precision and big-little are on");
-    CHECK(sh("'%s' -m '%s' %s --little-k 0 --stats-json '%s/e.json' >/dev/null 2>&1", moe_run, bundle, run, work) == 0,
+    CHECK(moe_test_sh("'%s' -m '%s' %s --little-k 0 --stats-json '%s/e.json' >/dev/null 2>&1", moe_run, bundle, run, work) == 0,
           "moe-run --little-k 0");
     cJSON *e = read_json("e.json");
     CHECK(e && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(e, "big_little")) &&
@@ -187,15 +176,15 @@ static void written_plan(void) {
 }
 
 static void bad_input(void) {
-    CHECK(sh("'%s' plan '%s' --profile '%s' --hw '%s' >/dev/null 2>&1", prep, bundle, profile, table) == 2, "no --mem");
-    CHECK(sh("'%s' plan '%s' --profile '%s' --mem 1G --frobnicate >/dev/null 2>&1", prep, bundle, profile) == 2,
+    CHECK(moe_test_sh("'%s' plan '%s' --profile '%s' --hw '%s' >/dev/null 2>&1", prep, bundle, profile, table) == 2, "no --mem");
+    CHECK(moe_test_sh("'%s' plan '%s' --profile '%s' --mem 1G --frobnicate >/dev/null 2>&1", prep, bundle, profile) == 2,
           "unknown option");
-    CHECK(sh("'%s' plan '%s' --profile '%s' --mem 1G --quality-budget 1%% >/dev/null 2>&1", prep, bundle, profile) == 2,
+    CHECK(moe_test_sh("'%s' plan '%s' --profile '%s' --mem 1G --quality-budget 1%% >/dev/null 2>&1", prep, bundle, profile) == 2,
           "--quality-budget without --eval-text");
-    CHECK(sh("'%s' plan '%s' --profile '%s' --mem 1G --hw '%s' -t 3 --no-measure >/dev/null 2>&1", prep, bundle,
+    CHECK(moe_test_sh("'%s' plan '%s' --profile '%s' --mem 1G --hw '%s' -t 3 --no-measure >/dev/null 2>&1", prep, bundle,
              profile, table) == 1,
           "no entry for 3 threads with --no-measure");
-    CHECK(sh("'%s' plan '%s' --profile '%s' --mem 1M --hw '%s' -t 2 --no-measure >/dev/null 2>&1", prep, bundle,
+    CHECK(moe_test_sh("'%s' plan '%s' --profile '%s' --mem 1M --hw '%s' -t 2 --no-measure >/dev/null 2>&1", prep, bundle,
              profile, table) == 1,
           "1 MiB holds no plan");
 }
@@ -209,9 +198,9 @@ int main(int argc, char **argv) {
     snprintf(bundle, sizeof bundle, "%s/tiny.moeb", work);
     snprintf(table, sizeof table, "%s/hw.json", work);
     snprintf(profile, sizeof profile, "%s/p.h5", work);
-    if (sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
-        sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle) ||
-        sh("'%s' profile '%s' --dataset '%s/heldout/python_docs.txt' -o '%s' --ctx 128 --max-tokens 4096 -t 2 "
+    if (moe_test_sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
+        moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle) ||
+        moe_test_sh("'%s' profile '%s' --dataset '%s/heldout/python_docs.txt' -o '%s' --ctx 128 --max-tokens 4096 -t 2 "
            ">/dev/null 2>&1", prep, bundle, model_dir, profile)) {
         fprintf(stderr, "test-plan-cli: cannot quantize and profile %s into %s\n", model_dir, work);
         return 1;
@@ -222,6 +211,6 @@ int main(int argc, char **argv) {
     written_plan();
     bad_input();
     printf("test-plan-cli: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
-    if (!fails) sh("rm -rf '%s'", work);
+    if (!fails) moe_test_sh("rm -rf '%s'", work);
     return fails != 0;
 }

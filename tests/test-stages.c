@@ -28,26 +28,6 @@
 static const char *prep, *run;
 static char tmp[] = "/tmp/test-stages-XXXXXX";
 
-/* sh: run a shell command (printf-style), capture up to cap-1 bytes of its
- * stdout into out (NULL: discard); its exit status, -1 on a signal. */
-static int sh(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sh(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = out ? fread(out, 1, cap - 1, p) : 0;
-    if (out) out[n] = 0;
-    char sink[4096];
-    while (!out && fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* path: a file in the scratch directory. */
 static const char *path(const char *name) {
     static char buf[8][512];
@@ -97,22 +77,22 @@ int main(int argc, char **argv) {
     snprintf(bundle, sizeof bundle, "%s/model.moeb", tmp);
 
     /* 1. check */
-    CHECK(sh(out, sizeof out, "%s check %s --json", prep, model) == 0, "check");
+    CHECK(moe_test_sh_out(out, sizeof out, "%s check %s --json", prep, model) == 0, "check");
     CHECK(!arch || strstr(out, arch), "check reports the architecture %s: %.300s", arch, out);
 
     /* 2. quantize: two expert precisions side by side */
-    CHECK(sh(NULL, 0, "%s quantize %s -o %s --experts q8_0,q4_0 --dense q8_0 2>/dev/null", prep, model, bundle) == 0,
+    CHECK(moe_test_sh_out(NULL, 0, "%s quantize %s -o %s --experts q8_0,q4_0 --dense q8_0 2>/dev/null", prep, model, bundle) == 0,
           "quantize");
 
     /* 3. inspect --verify */
-    CHECK(sh(out, sizeof out, "%s inspect %s --verify", prep, bundle) == 0 && strstr(out, "all checksums match"),
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s --verify", prep, bundle) == 0 && strstr(out, "all checksums match"),
           "inspect --verify: %.400s", out);
 
     /* 4. eval each precision against the checkpoint: small, finite KL; q8_0 closer than q4_0 */
     double kl[2] = {NAN, NAN};
     const char *precs[2] = {"q8_0", "q4_0"};
     for (int i = 0; i < 2; i++) {
-        CHECK(sh(out, sizeof out,
+        CHECK(moe_test_sh_out(out, sizeof out,
                  "%s eval %s --expert-precision %s --ref %s --dataset %s --ctx 64 --max-chunks 6 --json 2>/dev/null",
                  prep, bundle, precs[i], model, text) == 0,
               "eval %s", precs[i]);
@@ -127,11 +107,11 @@ int main(int argc, char **argv) {
      * (the store loads experts from the bundle): the same logits */
     const char *ids = "1,17,33,65,129,257,3,5,9";
     char gen_a[4096], gen_b[4096];
-    CHECK(sh(gen_a, sizeof gen_a,
+    CHECK(moe_test_sh_out(gen_a, sizeof gen_a,
              "%s -m %s --expert-precision q8_0 --tokens %s -n 12 --ids --ignore-eos --logits-out %s 2>/dev/null", run,
              bundle, ids, path("a.f32")) == 0,
           "moe-run resident");
-    CHECK(sh(gen_b, sizeof gen_b,
+    CHECK(moe_test_sh_out(gen_b, sizeof gen_b,
              "%s -m %s --expert-precision q8_0 --expert-mem 24KiB --stats-json %s --tokens %s -n 12 --ids "
              "--ignore-eos --logits-out %s 2>/dev/null",
              run, bundle, path("stats.json"), ids, path("b.f32")) == 0,
@@ -149,17 +129,17 @@ int main(int argc, char **argv) {
     }
 
     /* 6. profile (writes the bundle's tuning) and its report */
-    CHECK(sh(NULL, 0, "%s profile %s --dataset %s -o %s --ctx 64 --max-tokens 2048 2>/dev/null", prep, bundle, text,
+    CHECK(moe_test_sh_out(NULL, 0, "%s profile %s --dataset %s -o %s --ctx 64 --max-tokens 2048 2>/dev/null", prep, bundle, text,
              path("profile.h5")) == 0,
           "profile");
-    CHECK(sh(out, sizeof out, "%s inspect %s", prep, bundle) == 0 && !strstr(out, "tuning      none"),
+    CHECK(moe_test_sh_out(out, sizeof out, "%s inspect %s", prep, bundle) == 0 && !strstr(out, "tuning      none"),
           "profile wrote no tuning: %.600s", out);
-    CHECK(sh(NULL, 0, "%s profile report %s -o %s 2>/dev/null", prep, path("profile.h5"), path("profile.html")) == 0 &&
+    CHECK(moe_test_sh_out(NULL, 0, "%s profile report %s -o %s 2>/dev/null", prep, path("profile.h5"), path("profile.html")) == 0 &&
               file_size_ok(path("profile.html")),
           "profile report");
 
     /* 7. fit-cache: every policy replayed on the profile */
-    CHECK(sh(out, sizeof out, "%s fit-cache %s --profile %s --cache-experts 6,3 --json 2>/dev/null", prep, bundle,
+    CHECK(moe_test_sh_out(out, sizeof out, "%s fit-cache %s --profile %s --cache-experts 6,3 --json 2>/dev/null", prep, bundle,
              path("profile.h5")) == 0,
           "fit-cache");
     static const char *const pol[] = {"lru", "lfu", "lhu", "twiddler", "hobbit", "belady"};
@@ -170,19 +150,19 @@ int main(int argc, char **argv) {
     }
 
     /* 8. sensitivity and 9. bitwidth; then the bundle runs on its bit-width map */
-    CHECK(sh(NULL, 0, "%s sensitivity %s --dataset %s --low q4_0 --base q8_0 --ctx 64 --max-tokens 512 -o %s 2>/dev/null",
+    CHECK(moe_test_sh_out(NULL, 0, "%s sensitivity %s --dataset %s --low q4_0 --base q8_0 --ctx 64 --max-tokens 512 -o %s 2>/dev/null",
              prep, bundle, text, path("sens.h5")) == 0,
           "sensitivity");
-    CHECK(sh(out, sizeof out, "%s bitwidth %s --sensitivity %s --dataset %s --ctx 64 --max-loss 5%% 2>/dev/null", prep,
+    CHECK(moe_test_sh_out(out, sizeof out, "%s bitwidth %s --sensitivity %s --dataset %s --ctx 64 --max-loss 5%% 2>/dev/null", prep,
              bundle, path("sens.h5"), text) == 0 &&
               strstr(out, "chosen"),
           "bitwidth: %.400s", out);
-    CHECK(sh(out, sizeof out, "%s -m %s --tokens %s -n 4 --ids --ignore-eos 2>&1", run, bundle, ids) == 0 &&
+    CHECK(moe_test_sh_out(out, sizeof out, "%s -m %s --tokens %s -n 4 --ids --ignore-eos 2>&1", run, bundle, ids) == 0 &&
               strstr(out, "experts:"),
           "moe-run on the bit-width map: %.400s", out);
 
     printf("test-stages %s: %d checks, %s (KL q8_0 %.4g, q4_0 %.4g)\n", name, checks, fails ? "FAILED" : "ok", kl[0],
            kl[1]);
-    if (!fails) sh(NULL, 0, "rm -rf %s", tmp);
+    if (!fails) moe_test_sh_out(NULL, 0, "rm -rf %s", tmp);
     return fails != 0;
 }

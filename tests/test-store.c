@@ -36,17 +36,6 @@
 
 static const char *prep, *moe_run, *inflate, *model_dir, *work;
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 #define NP 12 /* prompt tokens */
 #define ND 10 /* decode tokens */
 
@@ -175,7 +164,7 @@ static void same_as_simulator(const char *bundle) {
  * tuning) both prefetchers start reads and some serve demand accesses, and
  * prefetching never changes what is computed (dynamic precision off). */
 static void prefetching(const char *bundle, const char *text) {
-    CHECK(sh("'%s' profile '%s' --dataset '%s' -o '%s/p.h5' --ctx 128 --max-tokens 4096 >/dev/null 2>&1", prep, bundle,
+    CHECK(moe_test_sh("'%s' profile '%s' --dataset '%s' -o '%s/p.h5' --ctx 128 --max-tokens 4096 >/dev/null 2>&1", prep, bundle,
              text, work) == 0,
           "profile the bundle (writes the tuning)");
     struct moe_model *m = NULL;
@@ -205,7 +194,7 @@ static void prefetching(const char *bundle, const char *text) {
 static cJSON *eval_json(const char *bundle, const char *text, const char *opts) {
     char out[1200];
     snprintf(out, sizeof out, "%s/eval.json", work);
-    if (sh("'%s' eval '%s' --ref '%s' --expert-precision q8_0 --dataset '%s' --ctx 64 --max-chunks 3 --json %s "
+    if (moe_test_sh("'%s' eval '%s' --ref '%s' --expert-precision q8_0 --dataset '%s' --ctx 64 --max-chunks 3 --json %s "
            ">'%s' 2>/dev/null", prep, bundle, bundle, text, opts, out) != 0)
         return NULL;
     char *js = NULL;
@@ -246,7 +235,7 @@ static void through_eval(const char *bundle, const char *text) {
               "low copies move the distribution a little (KL %g)", jnum(j, "kld", "mean"));
         cJSON_Delete(j);
     }
-    CHECK(sh("'%s' eval '%s' --dataset '%s' --expert-mem 25%% >/dev/null 2>&1", prep, model_dir, text) == 2,
+    CHECK(moe_test_sh("'%s' eval '%s' --dataset '%s' --expert-mem 25%% >/dev/null 2>&1", prep, model_dir, text) == 2,
           "engine options on a checkpoint directory are a usage error");
 }
 
@@ -264,7 +253,7 @@ static void too_small(const char *bundle) {
     CHECK(m && moe_session_create(m, &p, &s) == MOE_ERR_INVALID && !s, "100 kB budget refused");
     moe_session_free(s);
     moe_model_free(m);
-    CHECK(sh("'%s' -m '%s' --expert-mem 100K -p hi -n 1 2>'%s/err.txt' >/dev/null", moe_run, bundle, work) == 1,
+    CHECK(moe_test_sh("'%s' -m '%s' --expert-mem 100K -p hi -n 1 2>'%s/err.txt' >/dev/null", moe_run, bundle, work) == 1,
           "moe-run exits 1");
     char *text = NULL;
     size_t len = 0;
@@ -282,8 +271,8 @@ static void peak_memory(void) {
     snprintf(dir, sizeof dir, "%s/inflated", work);
     snprintf(bundle, sizeof bundle, "%s/inflated.moeb", work);
     snprintf(stats, sizeof stats, "%s/stats.json", work);
-    CHECK(sh("'%s' '%s' '%s' --ffn 4096 >/dev/null 2>&1", inflate, model_dir, dir) == 0, "inflate to 4096");
-    CHECK(sh("'%s' quantize '%s' -o '%s' --experts q8_0 --dense q8_0 >/dev/null 2>&1", prep, dir, bundle) == 0,
+    CHECK(moe_test_sh("'%s' '%s' '%s' --ffn 4096 >/dev/null 2>&1", inflate, model_dir, dir) == 0, "inflate to 4096");
+    CHECK(moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0 --dense q8_0 >/dev/null 2>&1", prep, dir, bundle) == 0,
           "quantize the inflated model");
     struct moe_bundle *b = NULL;
     if (moe_bundle_open(bundle, &b) != MOE_OK) {
@@ -296,7 +285,7 @@ static void peak_memory(void) {
     for (size_t i = 0; i < moe_bundle_tensor_count(b); i++) nonexpert += (int64_t)moe_bundle_tensor_at(b, i)->size;
     const int64_t experts = (int64_t)info.raw_blob_bytes, budget = experts / 5;
     moe_bundle_free(b);
-    CHECK(sh("'%s' -m '%s' --expert-mem %lld -p 'Once upon a time there was' -n 32 -t 2 --stats-json '%s' "
+    CHECK(moe_test_sh("'%s' -m '%s' --expert-mem %lld -p 'Once upon a time there was' -n 32 -t 2 --stats-json '%s' "
              ">/dev/null 2>&1",
              moe_run, bundle, (long long)budget, stats) == 0,
           "moe-run with a budget of a fifth of the experts");
@@ -331,8 +320,8 @@ int main(int argc, char **argv) {
     prep = argv[1], moe_run = argv[2], inflate = argv[3], model_dir = argv[4], work = argv[5];
     char bundle[1200];
     snprintf(bundle, sizeof bundle, "%s/tiny.moeb", work);
-    if (sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
-        sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle)) {
+    if (moe_test_sh("rm -rf '%s' && mkdir -p '%s'", work, work) != 0 ||
+        moe_test_sh("'%s' quantize '%s' -o '%s' --experts q8_0,q2_k --dense q8_0 >/dev/null 2>&1", prep, model_dir, bundle)) {
         fprintf(stderr, "test-store: cannot quantize %s into %s\n", model_dir, work);
         return 1;
     }
@@ -348,6 +337,6 @@ int main(int argc, char **argv) {
     through_eval(bundle, text);
     peak_memory();
     printf("test-store: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
-    if (!fails) sh("rm -rf '%s'", work);
+    if (!fails) moe_test_sh("rm -rf '%s'", work);
     return fails != 0;
 }
