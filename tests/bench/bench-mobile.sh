@@ -234,12 +234,12 @@ if [ $skip_quality -eq 0 ]; then
     out=$work/eval-g$g.json
     run "$prep" eval "$trained" --ref "$trained" --expert-precision q8_0 --dataset "$model/heldout/c4.txt" --ctx 256 \
       --max-chunks "$eval_chunks" -t "$threads" --little-k 1 --gamma "$g" --json >"$out" 2>"$work/eval-g$g.log"
-    # the JSON is one line: pull the figures by key
-    ppl=$(sed -n 's/.*"ppl": {"value": \([-0-9.eE+]*\).*/\1/p' "$out")
-    rppl=$(sed -n 's/.*"ref_ppl": {"value": \([-0-9.eE+]*\).*/\1/p' "$out")
-    kld=$(sed -n 's/.*"kld": {"mean": \([-0-9.eE+]*\).*/\1/p' "$out")
-    top=$(sed -n 's/.*"same_top": {"value": \([-0-9.eE+]*\).*/\1/p' "$out")
-    fb=$(sed -n 's/.*"fallback_ratio": \([-0-9.eE+]*\).*/\1/p' "$out")
+    # the figures by key (cJSON writes the object on one line, with or without spaces)
+    ppl=$(sed -n 's/.*"ppl":[[:space:]]*{[[:space:]]*"value":[[:space:]]*\([-0-9.eE+]*\).*/\1/p' "$out")
+    rppl=$(sed -n 's/.*"ref_ppl":[[:space:]]*{[[:space:]]*"value":[[:space:]]*\([-0-9.eE+]*\).*/\1/p' "$out")
+    kld=$(sed -n 's/.*"kld":[[:space:]]*{[[:space:]]*"mean":[[:space:]]*\([-0-9.eE+]*\).*/\1/p' "$out")
+    top=$(sed -n 's/.*"same_top":[[:space:]]*{[[:space:]]*"value":[[:space:]]*\([-0-9.eE+]*\).*/\1/p' "$out")
+    fb=$(stat_of "$out" fallback_ratio)
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$g" "$ppl" "$rppl" "$kld" "$top" "$fb" >>"$qtsv"
   done
   awk -F'\t' 'NR == 1 { next } { g[NR] = $1; p[NR] = $2; r[NR] = $3; k[NR] = $4; t[NR] = $5; f[NR] = $6; if ($1 == 0) { p2 = $2; k2 = $4 } ref = $3; n = NR }
@@ -282,7 +282,9 @@ if [ $skip_plan -eq 0 ]; then
       all_tags+=("$tag")
       n=$((n + 1))
       [ $n -ge 4 ] && break
-    done < <(grep '"eligible": true' "$js" | sed -n 's/.*"rank": \([0-9]*\), "tok_s": \([-0-9.eE+]*\),.*"options": "\([^"]*\)".*/\1\t\2\t\3/p' |
+    done < <(python3 -c 'import json, sys
+for p in json.load(open(sys.argv[1]))["plans"]:
+    if p["eligible"]: print("%d\t%.9g\t%s" % (p["rank"], p["tok_s"], p["options"]))' "$js" |
              awk -F'\t' '!seen[$2 $3]++')
   done
   for ((r = 1; r <= rounds; r++)); do
