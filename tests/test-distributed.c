@@ -229,6 +229,24 @@ static void check_refusals(void) {
     CHECK(sh(NULL, cmd) == 2, "--shard auto under Kubernetes without a count");
     snprintf(cmd, sizeof cmd, "%s --shard 17/17 -o y.h5", s);
     CHECK(sh(NULL, cmd) == 2, "more shards than experts");
+    /* profile takes the Kubernetes count as --shard-count too: the same shard as auto/4 and 2/4 */
+    const char *p = "moe-prep profile model.moeb --dataset calib.txt " SMALL " --no-tuning";
+    snprintf(cmd, sizeof cmd, "JOB_COMPLETION_INDEX=1 %s --shard auto --shard-count 4 -o pk.h5", p);
+    CHECK(sh(NULL, cmd) == 0, "profile --shard auto --shard-count 4 under Kubernetes");
+    snprintf(cmd, sizeof cmd, "%s --shard 2/4 -o p2.h5", p);
+    CHECK(sh(NULL, cmd) == 0, "profile --shard 2/4");
+    struct moe_profile *x = NULL, *y = NULL;
+    char px[256], py[256];
+    snprintf(px, sizeof px, "%s/pk.h5", dir), snprintf(py, sizeof py, "%s/p2.h5", dir);
+    const int ok = moe_profile_read(px, &x) == MOE_OK && moe_profile_read(py, &y) == MOE_OK && x->n_seq == y->n_seq &&
+                   x->n_seq > 0 && x->seq_start[x->n_seq] == y->seq_start[y->n_seq];
+    CHECK(ok && !memcmp(x->experts, y->experts,
+                        sizeof *x->experts * (size_t)x->seq_start[x->n_seq] * (size_t)x->n_layers * (size_t)x->k),
+          "--shard-count 4 with index 1 profiles the sequences of --shard 2/4");
+    moe_profile_free(x);
+    moe_profile_free(y);
+    CHECK(sh(NULL, "moe-prep profile model.moeb --dataset calib.txt -o z.h5 --shard-count 4") == 2,
+          "--shard-count without --shard");
 }
 
 int main(int argc, char **argv) {

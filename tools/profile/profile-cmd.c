@@ -25,7 +25,8 @@
 #define HELP_PRINTED 1 /* the handler's value after --help: exit 0 */
 
 struct profile_args {
-    const char *model, *dataset, *out, *csv_dir;
+    const char *model, *dataset, *out, *csv_dir, *shard;
+    int shard_count; /* --shard-count (for --shard auto under Kubernetes); 0 = none */
     struct moe_profile_record_params rp;
     struct moe_profile_targets targets;
     int json, no_tuning;
@@ -33,7 +34,7 @@ struct profile_args {
 
 enum {
     O_DATASET = 256, O_CTX, O_MAX_TOKENS, O_TARGET_LOW, O_TARGET_SKIP, O_TARGET_FALLBACK, O_BIG_LITTLE, O_HELDOUT,
-    O_LOGITS, O_SHARD, O_CSV_DIR, O_NO_TUNING, O_JSON
+    O_LOGITS, O_SHARD, O_SHARD_COUNT, O_CSV_DIR, O_NO_TUNING, O_JSON
 };
 
 static const struct moe_opt k_opts[] = {
@@ -53,6 +54,8 @@ static const struct moe_opt k_opts[] = {
     {"router-logits", O_LOGITS, MOE_OPT_REQUIRED, "TYPE", "also keep every router logit in the trace: f16 or f32"},
     {"shard", O_SHARD, MOE_OPT_REQUIRED, "I/N",
      "profile only the I-th of N slices of the sequences (I from\n1); combine the shards with `moe-prep profile merge`;\nauto (or auto/N) takes I and N from a Slurm or Kubernetes\njob array (docs/distributed.md)"},
+    {"shard-count", O_SHARD_COUNT, MOE_OPT_REQUIRED, "N",
+     "the number of shards, for --shard auto under a Kubernetes\nIndexed Job (which gives the index only)"},
     {"csv-dir", O_CSV_DIR, MOE_OPT_REQUIRED, "DIR", "also write the summaries as CSV files into DIR"},
     {"no-tuning", O_NO_TUNING, MOE_OPT_NONE, NULL, "do not write the results into the bundle's tuning section"},
     {"threads", 't', MOE_OPT_REQUIRED, "N", "CPU threads (default: all online CPUs)"},
@@ -86,10 +89,10 @@ static void profile_usage(FILE *f) {
 }
 
 /* parse_shard: "I/N" with 1 <= I <= N, or auto / auto/N from a Slurm or
- * Kubernetes job array (tools/common/shard.h). */
-static int parse_shard(const char *v, int *i, int *n) {
+ * Kubernetes job array (tools/common/shard.h); count: --shard-count or 0. */
+static int parse_shard(const char *v, int count, int *i, int *n) {
     char why[256];
-    if (!moe_shard_parse(v, 0, i, n, why, sizeof why)) {
+    if (!moe_shard_parse(v, count, i, n, why, sizeof why)) {
         fprintf(stderr, "moe-prep profile: --shard: %s\n", why);
         return 0;
     }
@@ -130,7 +133,8 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     case O_HELDOUT: return parse_num(o, v, 0, 0.9, &a->targets.heldout) ? 0 : 2;
     case O_BIG_LITTLE: return parse_int(o, v, 0, 1 << 30, &n) ? (a->rp.big_little_every = (int)n, 0) : 2;
     case 't': return parse_int(o, v, 1, 256, &n) ? (a->rp.n_threads = (int)n, 0) : 2;
-    case O_SHARD: return parse_shard(v, &a->rp.shard_i, &a->rp.shard_n) ? 0 : 2;
+    case O_SHARD: a->shard = v; return 0; /* parsed once --shard-count is known */
+    case O_SHARD_COUNT: return parse_int(o, v, 1, 1000000, &n) ? (a->shard_count = (int)n, 0) : 2;
     case O_LOGITS:
         if (!strcmp(v, "f16") || !strcmp(v, "f32")) {
             a->rp.logits = v[1] == '1' ? MOE_PROFILE_LOGITS_F16 : MOE_PROFILE_LOGITS_F32;
@@ -161,6 +165,11 @@ static int parse_args(int argc, char **argv, struct profile_args *a) {
                 !a->model ? "no MODEL given" : !a->dataset ? "no --dataset SPEC given" : "no -o FILE given");
         return 2;
     }
+    if (a->shard_count && !a->shard) {
+        fprintf(stderr, "moe-prep profile: --shard-count goes with --shard auto\n");
+        return 2;
+    }
+    if (a->shard && !parse_shard(a->shard, a->shard_count, &a->rp.shard_i, &a->rp.shard_n)) return 2;
     if (a->targets.low + a->targets.skip > 1) {
         fprintf(stderr, "moe-prep profile: --target-low + --target-skip exceed 1\n");
         return 2;
