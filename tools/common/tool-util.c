@@ -1,6 +1,7 @@
 /* tool-util.c - small helpers shared by the moe-prep subcommands. */
 #include "tool-util.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -10,21 +11,14 @@
 #include "moe-file.h"
 #include "moe-model.h"
 
-void moe_tool_json_string(FILE *f, const char *s) {
-    if (!s) {
-        fputs("null", f);
-        return;
-    }
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
+void moe_tool_json_num(struct cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+void moe_tool_json_str(struct cJSON *o, const char *key, const char *s) {
+    if (s) cJSON_AddStringToObject(o, key, s);
+    else cJSON_AddNullToObject(o, key);
 }
 
 int moe_tool_parse_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out) {

@@ -8,8 +8,14 @@
 
 #include "moe-status.h"
 
-/* moe_tool_json_string: write s as a JSON string literal to f (NULL as null). */
-void moe_tool_json_string(FILE *f, const char *s);
+struct cJSON;
+
+/* moe_tool_json_num: key = v in object o, or null when v is not finite (JSON
+ * has no NaN or infinity). */
+void moe_tool_json_num(struct cJSON *o, const char *key, double v);
+
+/* moe_tool_json_str: key = s in object o, or null when s is NULL. */
+void moe_tool_json_str(struct cJSON *o, const char *key, const char *s);
 
 /* moe_tool_parse_double / moe_tool_parse_ll: option `opt`'s value v as a
  * number in [lo, hi]; on a bad value print "moe-prep CMD: OPT wants ..." to

@@ -137,12 +137,6 @@ static void on_eval(int n, double ppl, double loss, double seconds, void *user) 
 
 /* ---- JSON ---- */
 
-/* add_num: a number, or null when it is not finite. */
-static void add_num(cJSON *o, const char *key, double x) {
-    if (isfinite(x)) cJSON_AddNumberToObject(o, key, x);
-    else cJSON_AddNullToObject(o, key);
-}
-
 /* uniform_json: each uniform assignment's precision, bytes and loss. */
 static cJSON *uniform_json(const struct moe_bw_run *run) {
     const struct moe_bw_result *r = &run->result;
@@ -151,7 +145,7 @@ static cJSON *uniform_json(const struct moe_bw_run *run) {
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "precision", run->prec_names[q]);
         cJSON_AddNumberToObject(x, "expert_bytes", (double)r->uniform_bytes[q]);
-        add_num(x, "loss", r->uniform_loss[q]);
+        moe_tool_json_num(x, "loss", r->uniform_loss[q]);
         cJSON_AddItemToArray(list, x);
     }
     return list;
@@ -168,7 +162,7 @@ static cJSON *candidates_json(const struct moe_bw_run *run) {
         cJSON_AddStringToObject(x, "upper", run->prec_names[c->upper]);
         cJSON_AddNumberToObject(x, "k", c->k);
         cJSON_AddNumberToObject(x, "expert_bytes", (double)c->bytes);
-        add_num(x, "loss", c->loss);
+        moe_tool_json_num(x, "loss", c->loss);
         cJSON_AddItemToArray(list, x);
     }
     return list;
@@ -183,8 +177,8 @@ static cJSON *chosen_json(const struct moe_bw_run *run) {
     cJSON_AddNumberToObject(x, "k", r->k);
     cJSON_AddNumberToObject(x, "expert_bytes", (double)r->bytes);
     cJSON_AddNumberToObject(x, "model_bytes", (double)(r->bytes + run->dense_bytes));
-    add_num(x, "loss", r->loss);
-    add_num(x, "heldout_loss", run->heldout.done ? run->heldout.chosen : NAN);
+    moe_tool_json_num(x, "loss", r->loss);
+    moe_tool_json_num(x, "heldout_loss", run->heldout.done ? run->heldout.chosen : NAN);
     cJSON *map = cJSON_AddArrayToObject(x, "map");
     for (int i = 0; i < run->n; i++) cJSON_AddItemToArray(map, cJSON_CreateString(run->prec_names[r->assign[i]]));
     return x;
@@ -196,8 +190,8 @@ static void print_json(const struct bw_args *a, const struct moe_bw_run *run) {
     cJSON_AddStringToObject(o, "model", a->model);
     cJSON_AddStringToObject(o, "dataset", a->p.dataset);
     cJSON *budget = cJSON_AddObjectToObject(o, "budget");
-    add_num(budget, "max_loss", a->p.max_loss >= 0 ? a->p.max_loss : NAN);
-    add_num(budget, "max_expert_bytes", a->p.max_bytes > 0 ? (double)a->p.max_bytes : NAN);
+    moe_tool_json_num(budget, "max_loss", a->p.max_loss >= 0 ? a->p.max_loss : NAN);
+    moe_tool_json_num(budget, "max_expert_bytes", a->p.max_bytes > 0 ? (double)a->p.max_bytes : NAN);
     cJSON_AddNumberToObject(o, "dense_bytes", (double)run->dense_bytes);
     cJSON_AddItemToObject(o, "uniform", uniform_json(run));
     cJSON_AddItemToObject(o, "candidates", candidates_json(run));
@@ -206,10 +200,10 @@ static void print_json(const struct bw_args *a, const struct moe_bw_run *run) {
         const struct moe_bw_heldout *h = &run->heldout;
         cJSON *x = cJSON_AddObjectToObject(o, "heldout");
         cJSON_AddStringToObject(x, "dataset", a->p.heldout);
-        add_num(x, "ref_ppl", h->ref_ppl);
-        add_num(x, "chosen", h->chosen);
-        add_num(x, "uniform_upper", h->upper);
-        add_num(x, "uniform_lower", h->lower);
+        moe_tool_json_num(x, "ref_ppl", h->ref_ppl);
+        moe_tool_json_num(x, "chosen", h->chosen);
+        moe_tool_json_num(x, "uniform_upper", h->upper);
+        moe_tool_json_num(x, "uniform_lower", h->lower);
     }
     char *s = cJSON_PrintUnformatted(o);
     if (s) printf("%s\n", s);

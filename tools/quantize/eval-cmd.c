@@ -200,23 +200,11 @@ static void progress(int done, int total, double seconds, void *user) {
 
 /* ---- JSON ---- */
 
-/* add_num: a number, or null when it is not finite. */
-static void add_num(cJSON *o, const char *key, double x) {
-    if (isfinite(x)) cJSON_AddNumberToObject(o, key, x);
-    else cJSON_AddNullToObject(o, key);
-}
-
-/* add_str: a string, or null for NULL. */
-static void add_str(cJSON *o, const char *key, const char *s) {
-    if (s) cJSON_AddStringToObject(o, key, s);
-    else cJSON_AddNullToObject(o, key);
-}
-
 /* add_figure: {"VAL": value, "ERR": its error}. */
 static void add_figure(cJSON *o, const char *key, struct moe_eval_figure f, const char *val, const char *err) {
     cJSON *x = cJSON_AddObjectToObject(o, key);
-    add_num(x, val, f.val);
-    add_num(x, err, f.err);
+    moe_tool_json_num(x, val, f.val);
+    moe_tool_json_num(x, err, f.err);
 }
 
 /* add_dist: mean, error and percentiles of a per-position distribution. */
@@ -224,16 +212,16 @@ static void add_dist(cJSON *o, const char *key, struct moe_eval_figure f, const 
     static const char *const names[MOE_EVAL_N_PCT] = {"min", "p0.1", "p1", "p5", "p10", "median",
                                                       "p90", "p95", "p99", "p99.9", "max"};
     cJSON *x = cJSON_AddObjectToObject(o, key);
-    add_num(x, "mean", f.val);
-    add_num(x, "stderr", f.err);
-    for (int i = 0; i < MOE_EVAL_N_PCT; i++) add_num(x, names[i], pct[i]);
+    moe_tool_json_num(x, "mean", f.val);
+    moe_tool_json_num(x, "stderr", f.err);
+    for (int i = 0; i < MOE_EVAL_N_PCT; i++) moe_tool_json_num(x, names[i], pct[i]);
 }
 
 /* add_ref_json: the comparison with the reference model. */
 static void add_ref_json(cJSON *o, const struct moe_eval_result *r) {
     add_figure(o, "ref_ppl", r->ref_ppl, "value", "stderr");
     add_figure(o, "ref_nll", r->ref_nll, "mean", "stderr");
-    add_num(o, "nll_correlation", r->nll_cor);
+    moe_tool_json_num(o, "nll_correlation", r->nll_cor);
     add_figure(o, "ln_ppl_ratio", r->ln_ppl_ratio, "value", "stderr");
     add_figure(o, "ppl_ratio", r->ppl_ratio, "value", "stderr");
     add_figure(o, "ppl_diff", r->ppl_diff, "value", "stderr");
@@ -253,7 +241,7 @@ static void add_routing_json(cJSON *o, const struct moe_eval_result *r) {
         const int64_t *row = r->expert_load + (size_t)l * (size_t)r->n_expert;
         cJSON *x = cJSON_CreateObject();
         cJSON_AddNumberToObject(x, "layer", l);
-        add_num(x, "load_entropy_ratio", h);
+        moe_tool_json_num(x, "load_entropy_ratio", h);
         cJSON_AddNumberToObject(x, "top_expert", top);
         cJSON *load = cJSON_AddArrayToObject(x, "load");
         for (int e = 0; e < r->n_expert; e++) cJSON_AddItemToArray(load, cJSON_CreateNumber((double)row[e]));
@@ -264,18 +252,18 @@ static void add_routing_json(cJSON *o, const struct moe_eval_result *r) {
 /* add_extras_json: the unigram baseline, the engine, big-little and routing. */
 static void add_extras_json(cJSON *o, const struct eval_args *a, const struct moe_eval_result *r) {
     if (r->has_unigram) {
-        add_num(o, "unigram_ppl", r->unigram_ppl);
-        add_num(o, "ppl_over_unigram", r->ppl.val / r->unigram_ppl);
+        moe_tool_json_num(o, "unigram_ppl", r->unigram_ppl);
+        moe_tool_json_num(o, "ppl_over_unigram", r->ppl.val / r->unigram_ppl);
     }
     if (r->has_store) cJSON_AddItemToObject(o, "engine", moe_store_stats_to_json(&r->store));
     if (r->has_big_little) {
         const struct moe_big_little_stats *b = &r->big_little;
         cJSON *x = cJSON_AddObjectToObject(o, "big_little");
         cJSON_AddNumberToObject(x, "little_k", a->little_k);
-        add_num(x, "gamma", a->gamma);
+        moe_tool_json_num(x, "gamma", a->gamma);
         cJSON_AddNumberToObject(x, "tokens", (double)b->tokens);
         cJSON_AddNumberToObject(x, "fallbacks", (double)b->fallbacks);
-        add_num(x, "fallback_ratio", b->tokens > 0 ? (double)b->fallbacks / (double)b->tokens : NAN);
+        moe_tool_json_num(x, "fallback_ratio", b->tokens > 0 ? (double)b->fallbacks / (double)b->tokens : NAN);
     }
     if (r->expert_load) add_routing_json(o, r);
 }
@@ -283,20 +271,20 @@ static void add_extras_json(cJSON *o, const struct eval_args *a, const struct mo
 /* print_json: the run's settings and figures as one JSON object on a line. */
 static void print_json(const struct eval_args *a, int n_threads, const struct moe_eval_result *r) {
     cJSON *o = cJSON_CreateObject();
-    add_str(o, "model", a->model);
-    add_str(o, "ref", a->ref);
-    add_str(o, "dataset", a->dataset);
+    moe_tool_json_str(o, "model", a->model);
+    moe_tool_json_str(o, "ref", a->ref);
+    moe_tool_json_str(o, "dataset", a->dataset);
     cJSON_AddNumberToObject(o, "ctx", r->n_ctx);
     if (a->max_chunks) cJSON_AddNumberToObject(o, "max_chunks", a->max_chunks);
     else cJSON_AddNullToObject(o, "max_chunks");
-    add_str(o, "expert_precision", a->precision);
+    moe_tool_json_str(o, "expert_precision", a->precision);
     cJSON_AddNumberToObject(o, "threads", n_threads);
     if (r->bos >= 0) cJSON_AddNumberToObject(o, "bos", r->bos);
     else cJSON_AddNullToObject(o, "bos");
     cJSON_AddNumberToObject(o, "dataset_tokens", (double)r->n_tokens);
     cJSON_AddNumberToObject(o, "chunks", r->n_chunks);
     cJSON_AddNumberToObject(o, "tokens_scored", (double)r->n_scored);
-    add_num(o, "seconds", r->seconds);
+    moe_tool_json_num(o, "seconds", r->seconds);
     add_figure(o, "ppl", r->ppl, "value", "stderr");
     add_figure(o, "nll", r->nll, "mean", "stderr");
     if (r->has_ref) add_ref_json(o, r);
