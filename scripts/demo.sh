@@ -125,6 +125,7 @@ predicted=$(sed -n 's/^\* chosen: plan [0-9]*, \([0-9.]*\) tokens.*/\1/p' "$work
 build/moe-run -m "$work/model.moeb" -p "The function returns" -n 64 --ignore-eos --stats-json "$work/plan-run.json" \
     >/dev/null 2>"$work/plan-run.txt"
 measured=$(sed -n 's/.*"tokens_per_s_decode"[[:space:]]*:[[:space:]]*\([0-9.e+]*\).*/\1/p' "$work/plan-run.json")
+[ -n "$measured" ] && measured=$(printf '%.1f' "$measured") # the JSON keeps every digit
 grep '^moe-run: using the bundle' "$work/plan-run.txt" | sed 's/^moe-run: //'
 echo "predicted $predicted tokens/s, measured $measured tokens/s (moe-run with no options: the plan in the tuning)"
 echo
