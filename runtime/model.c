@@ -87,15 +87,18 @@ static enum moe_status record(const struct bind *b, const char *name, enum moe_t
     return MOE_OK;
 }
 
-/* find_shape: look up `name` and check its dims. */
-static enum moe_status find_shape(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
-                                  struct src_tensor *t) {
+/* find_tensor: look up `name` and check its dims, its kind (raw bytes, U8,
+ * or a weight type) and that the view lies inside what the source stores (a
+ * directory entry may keep a tensor's shape while its stored bytes are fewer). */
+static enum moe_status find_tensor(const struct bind *b, const char *name, int n_dims, const int64_t *dims, int raw_u8,
+                                   struct src_tensor *t) {
     if (!b->find(b, name, t)) {
         MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
         return MOE_ERR_NOT_FOUND;
     }
-    if (t->raw_u8) {
-        MOE_LOGE("%s: tensor \"%s\" holds raw bytes (U8), not weights", b->path, name);
+    if (t->raw_u8 != raw_u8) {
+        MOE_LOGE("%s: tensor \"%s\" %s", b->path, name,
+                 raw_u8 ? "must hold raw bytes (U8)" : "holds raw bytes (U8), not weights");
         return MOE_ERR_FORMAT;
     }
     int ok = t->n_dims == n_dims;
@@ -111,24 +114,29 @@ static enum moe_status find_shape(const struct bind *b, const char *name, int n_
         MOE_LOGE("%s: tensor \"%s\" has shape [%s], expected [%s]", b->path, name, got, want);
         return MOE_ERR_SHAPE;
     }
-    uint64_t need = moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]);
+    /* a U8 row is one byte per element; the repacking reads all of them */
+    uint64_t need = raw_u8 ? (uint64_t)t->shape[n_dims - 1] : moe_qtype_row_bytes(t->type, t->shape[n_dims - 1]);
     if (need == 0) {
         MOE_LOGE("%s: tensor \"%s\": rows of %lld elements cannot be stored as %s", b->path, name,
-                 (long long)t->shape[n_dims - 1], moe_qtype_name(t->type));
+                 (long long)t->shape[n_dims - 1], raw_u8 ? "U8" : moe_qtype_name(t->type));
         return MOE_ERR_SHAPE;
     }
-    /* the view must lie inside what the source stores: a directory entry may
-     * keep a tensor's shape while its stored bytes are fewer */
     int over = 0;
     for (int i = 0; i < n_dims - 1; i++) over |= __builtin_mul_overflow(need, (uint64_t)t->shape[i], &need);
     if (over || need != t->size) {
         MOE_LOGE("%s: tensor \"%s\" stores %llu bytes; its shape and type (%s) need %s%llu", b->path, name,
-                 (unsigned long long)t->size, moe_qtype_name(t->type), over ? "more than " : "",
+                 (unsigned long long)t->size, raw_u8 ? "U8" : moe_qtype_name(t->type), over ? "more than " : "",
                  (unsigned long long)(over ? UINT64_MAX : need));
         return MOE_ERR_SHAPE;
     }
     if (b->used) b->used[t->index] = 1;
     return MOE_OK;
+}
+
+/* find_shape: a weight tensor of exactly the given shape. */
+static enum moe_status find_shape(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
+                                  struct src_tensor *t) {
+    return find_tensor(b, name, n_dims, dims, 0, t);
 }
 
 /* bind_weight: a [n_out x n_in] weight view of tensor `name`. */
@@ -296,32 +304,6 @@ static enum moe_status split_gpt_oss(const struct bind *b, const struct src_tens
     return MOE_OK;
 }
 
-/* find_u8: a raw-byte (U8) tensor of exactly the given shape. */
-static enum moe_status find_u8(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
-                               struct src_tensor *t) {
-    if (!b->find(b, name, t)) {
-        MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
-        return MOE_ERR_NOT_FOUND;
-    }
-    int ok = t->raw_u8 && t->n_dims == n_dims;
-    for (int i = 0; ok && i < n_dims; i++) ok = t->shape[i] == dims[i];
-    if (!ok) {
-        MOE_LOGE("%s: tensor \"%s\" must be U8 of shape [%lld, %lld, %lld%s]", b->path, name, (long long)dims[0],
-                 (long long)dims[1], (long long)dims[2], n_dims == 4 ? ", 16" : "");
-        return MOE_ERR_SHAPE;
-    }
-    uint64_t need = 1; /* one byte per element; the repacking reads all of them */
-    int over = 0;
-    for (int i = 0; i < n_dims; i++) over |= __builtin_mul_overflow(need, (uint64_t)dims[i], &need);
-    if (over || need != t->size) {
-        MOE_LOGE("%s: tensor \"%s\" stores %llu bytes; its shape needs %s%llu", b->path, name,
-                 (unsigned long long)t->size, over ? "more than " : "", (unsigned long long)(over ? UINT64_MAX : need));
-        return MOE_ERR_SHAPE;
-    }
-    if (b->used) b->used[t->index] = 1;
-    return MOE_OK;
-}
-
 /* bind_gpt_oss_mxfp4: the experts of one layer of a released gpt-oss
  * checkpoint (MXFP4 `_blocks` and `_scales`, rows = output features, gate and
  * up rows alternating), repacked into mxfp4 weights the model owns. */
@@ -339,13 +321,13 @@ static enum moe_status bind_gpt_oss_mxfp4(const struct bind *b, struct moe_ffn *
     const int64_t d_gb[4] = {E, 2 * F, H / 32, 16}, d_gs[3] = {E, 2 * F, H / 32}, d_db[4] = {E, H, F / 32, 16},
                   d_ds[3] = {E, H, F / 32}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
     snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
-    if ((st = find_u8(b, name, 4, d_gb, &gb))) return st;
+    if ((st = find_tensor(b, name, 4, d_gb, 1, &gb))) return st;
     snprintf(name, sizeof name, "%sexperts.gate_up_proj_scales", prefix);
-    if ((st = find_u8(b, name, 3, d_gs, &gs))) return st;
+    if ((st = find_tensor(b, name, 3, d_gs, 1, &gs))) return st;
     snprintf(name, sizeof name, "%sexperts.down_proj_blocks", prefix);
-    if ((st = find_u8(b, name, 4, d_db, &db))) return st;
+    if ((st = find_tensor(b, name, 4, d_db, 1, &db))) return st;
     snprintf(name, sizeof name, "%sexperts.down_proj_scales", prefix);
-    if ((st = find_u8(b, name, 3, d_ds, &ds))) return st;
+    if ((st = find_tensor(b, name, 3, d_ds, 1, &ds))) return st;
     snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
     if ((st = find_shape(b, name, 2, b1, &gub))) return st;
     snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);

@@ -160,6 +160,12 @@ enum moe_status moe_config_load(const char *dir, struct moe_config *out);
  * (malformed text is ignored: the file is optional). */
 void moe_config_add_generation(struct moe_config *c, const char *json, size_t len);
 
+/* moe_rope_inv_freq: the n_rot/2 inverse frequencies of c's RoPE into
+ * inv_freq, in float32 as transformers computes them (default, linear,
+ * longrope's short factors, llama3, YaRN's ramp). Every backend builds its
+ * cos/sin tables from these, so they agree bit for bit. */
+void moe_rope_inv_freq(const struct moe_config *c, float *inv_freq);
+
 /* moe_config_kv_cache_bytes: the bytes of the KV cache the CPU backend
  * allocates for n_ctx positions (f32 rows): per layer and position, keys and
  * values of the KV heads (n_head_kv x head_dim each) or, with multi-head

@@ -446,20 +446,11 @@ static cJSON *big_little_json(const struct moe_session *sess, const struct moe_s
 }
 
 #ifdef MOE_HAVE_CUDA
-/* gpu_json: the CUDA backend's counts (its printer's text, parsed), or NULL
- * on a CPU run. */
+/* gpu_json: the CUDA backend's counts, or NULL on a CPU run. */
 static cJSON *gpu_json(const struct moe_session *sess) {
     struct moe_cuda_stats cs;
     if (!moe_session_backend(sess) || moe_backend_cuda_stats(moe_session_backend(sess), &cs) != MOE_OK) return NULL;
-    char *text = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&text, &len);
-    if (!m) return NULL;
-    moe_cuda_stats_json(&cs, m);
-    fclose(m);
-    cJSON *o = cJSON_Parse(text);
-    free(text);
-    return o;
+    return moe_cuda_stats_to_json(&cs);
 }
 #endif
 

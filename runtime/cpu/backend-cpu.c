@@ -294,64 +294,6 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- RoPE ------------------------------------------------------------- */
 
-/* yarn_dim: the dimension (of n_rot) whose wavelength turns n_rot times in
- * the original context (YaRN's find_correction_dim). */
-static double yarn_dim(double rotations, const struct moe_rope *r) {
-    return (r->n_rot * log((double)r->original_max_pos / (rotations * 2 * 3.14159265358979323846))) /
-           (2 * log((double)r->theta));
-}
-
-/* yarn_inv_freq: YaRN's blend of extrapolated (theta^-2i/d) and interpolated
- * (the same / factor) frequencies along a linear ramp between the correction
- * dimensions of beta_fast and beta_slow, as transformers' _compute_yarn_parameters. */
-static void yarn_inv_freq(const struct moe_rope *r, float *inv_freq) {
-    double lo = yarn_dim(r->beta_fast, r), hi = yarn_dim(r->beta_slow, r);
-    if (r->truncate) lo = floor(lo), hi = ceil(hi);
-    if (lo < 0) lo = 0;
-    if (hi > r->n_rot - 1) hi = r->n_rot - 1;
-    if (lo == hi) hi += 0.001;
-    for (int i = 0; i < r->n_rot / 2; i++) {
-        float pos = (float)pow((double)r->theta, (double)((float)(2 * i) / (float)r->n_rot));
-        float extra = 1.0f / pos, inter = 1.0f / (r->factor * pos);
-        float ramp = ((float)i - (float)lo) / (float)(hi - lo);
-        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-        float ef = 1.0f - ramp; /* the share of extrapolation */
-        inv_freq[i] = inter * (1.0f - ef) + extra * ef;
-    }
-}
-
-/* rope_init: inverse frequencies as transformers computes them (float32). */
-static void rope_init(const struct moe_config *c, float *inv_freq) {
-    const struct moe_rope *r = &c->rope;
-    int half = r->n_rot / 2;
-    for (int i = 0; i < half; i++) {
-        float ex = (float)(2 * i) / (float)r->n_rot;
-        float base_pow = (float)pow((double)r->theta, (double)ex);
-        float f = 1.0f / base_pow;
-        switch (r->kind) {
-        case MOE_ROPE_DEFAULT: break;
-        case MOE_ROPE_YARN: break; /* yarn_inv_freq below */
-        case MOE_ROPE_LINEAR: f = f / r->factor; break;
-        case MOE_ROPE_LONGROPE: f = 1.0f / (r->short_factor[i] * base_pow); break;
-        case MOE_ROPE_LLAMA3: {
-            float low_wl = (float)r->original_max_pos / r->low_freq_factor;
-            float high_wl = (float)r->original_max_pos / r->high_freq_factor;
-            float wl = 2.0f * 3.14159265358979323846f / f;
-            float scaled = wl > low_wl ? f / r->factor : f;
-            if (!(wl < high_wl) && !(wl > low_wl)) {
-                float smooth = ((float)r->original_max_pos / wl - r->low_freq_factor) /
-                               (r->high_freq_factor - r->low_freq_factor);
-                scaled = (1.0f - smooth) * scaled / r->factor + smooth * scaled;
-            }
-            f = scaled;
-            break;
-        }
-        }
-        inv_freq[i] = f;
-    }
-    if (r->kind == MOE_ROPE_YARN) yarn_inv_freq(r, inv_freq);
-}
-
 /* rope_tables: cos/sin for n_tok positions starting at pos0. `seq_len` is the
  * largest position of this forward call + 1 (Phi-MoE picks its mscale by it). */
 static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
@@ -1010,7 +952,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
         cpu_free(be);
         return MOE_ERR_NOMEM;
     }
-    rope_init(c, s->inv_freq);
+    moe_rope_inv_freq(c, s->inv_freq);
     const char *ie = getenv("MOE_CPU_INT");
     s->use_int = !(ie && strcmp(ie, "0") == 0);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -12,6 +12,7 @@
 // event is always recorded before a new copy is issued. Host works
 // (Twiddler's CPU side) run on a worker thread over the bundle's mapping
 // while the device computes the rest; residual() joins them.
+#include <cjson/cJSON.h>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -377,39 +378,6 @@ enum moe_status ffn_dev(cuda *s, const moe_ffn &f, const float *x, int n, float 
 }
 
 // ---- RoPE tables (host, the CPU backend's arithmetic) ------------------------------
-
-// rope_init: inverse frequencies exactly as backend-cpu.c's rope_init computes
-// them (kept in step with it; test-cuda compares the logits of every fixture
-// architecture, so a drift shows).
-void rope_init(const moe_config *c, float *inv_freq) {
-    const moe_rope *r = &c->rope;
-    const int half = r->n_rot / 2;
-    for (int i = 0; i < half; i++) {
-        float ex = (float)(2 * i) / (float)r->n_rot;
-        float base_pow = (float)pow((double)r->theta, (double)ex);
-        float f = 1.0f / base_pow;
-        switch (r->kind) {
-        case MOE_ROPE_DEFAULT: break;
-        case MOE_ROPE_LINEAR: f = f / r->factor; break;
-        case MOE_ROPE_LONGROPE: f = 1.0f / (r->short_factor[i] * base_pow); break;
-        case MOE_ROPE_LLAMA3: {
-            float low_wl = (float)r->original_max_pos / r->low_freq_factor;
-            float high_wl = (float)r->original_max_pos / r->high_freq_factor;
-            float wl = 2.0f * 3.14159265358979323846f / f;
-            float scaled = wl > low_wl ? f / r->factor : f;
-            if (!(wl < high_wl) && !(wl > low_wl)) {
-                float smooth = ((float)r->original_max_pos / wl - r->low_freq_factor) /
-                               (r->high_freq_factor - r->low_freq_factor);
-                scaled = (1.0f - smooth) * scaled / r->factor + smooth * scaled;
-            }
-            f = scaled;
-            break;
-        }
-        default: break; // refused at creation (supported())
-        }
-        inv_freq[i] = f;
-    }
-}
 
 // rope_tables: cos / sin for n tokens from pos0 to the device (as backend-cpu.c's rope_tables).
 enum moe_status rope_tables(cuda *s, int pos0, int n, int seq_len) {
@@ -1321,7 +1289,7 @@ enum moe_status create(cuda *s) {
     if ((st = pinned_alloc(s, MOE_GPU_MEM_STAGING, sizeof(float) * (size_t)(2 * B * half + 2), &h))) return st;
     s->rope_h = (float *)h;
     s->inv_freq.resize((size_t)half + 1);
-    rope_init(c, s->inv_freq.data());
+    moe_rope_inv_freq(c, s->inv_freq.data()); // the CPU backend's frequencies (config.c)
     if ((st = upload_all(s))) return st;
     if (s->m->bundle) {
         // Twiddler's CPU side: a CPU backend for expert FFNs over the mapping, and its worker
@@ -1427,21 +1395,32 @@ extern "C" enum moe_status moe_backend_cuda_stats(const moe_backend *be, moe_cud
     return MOE_OK;
 }
 
-extern "C" void moe_cuda_stats_json(const moe_cuda_stats *s, void *file) {
-    FILE *f = (FILE *)file;
-    fprintf(f,
-            "{\"uma\": %s, \"device_bytes\": %lld, \"pinned_bytes\": %lld, \"peak_device_bytes\": %lld, "
-            "\"peak_pinned_bytes\": %lld, \"uploads\": %lld, \"upload_bytes\": %lld, \"h2d_copies\": %lld, "
-            "\"h2d_bytes\": %lld, \"h2d_s\": %.6f, \"batch_calls\": %lld, \"device_works\": %lld, \"host_works\": %lld, "
-            "\"host_s\": %.6f, \"host_wait_s\": %.6f, \"placed\": %lld, \"placed_host\": %lld, \"model_layer_s\": %.6f, "
-            "\"latency_table\": \"%s\", \"host_tier\": {\"slots\": %d, \"slot_bytes\": %zu, \"allocated\": %d, "
-            "\"hits\": %lld, \"misses\": %lld, \"inserts\": %lld, \"evictions\": %lld, \"staging_uses\": %lld}}",
-            s->uma ? "true" : "false", (long long)s->device_bytes, (long long)s->pinned_bytes,
-            (long long)s->peak_device_bytes, (long long)s->peak_pinned_bytes, (long long)s->uploads,
-            (long long)s->upload_bytes, (long long)s->h2d_copies, (long long)s->h2d_bytes, s->h2d_s,
-            (long long)s->batch_calls, (long long)s->device_works, (long long)s->host_works, s->host_s, s->host_wait_s,
-            (long long)s->placed, (long long)s->placed_host, s->model_layer_s,
-            s->lat_measured < 0 ? "none" : s->lat_measured ? "measured" : "cached", s->tier.n_slots, s->tier.slot_bytes,
-            s->tier.n_allocated, (long long)s->tier.hits, (long long)s->tier.misses, (long long)s->tier.inserts,
-            (long long)s->tier.evictions, (long long)s->tier.staging_uses);
+extern "C" cJSON *moe_cuda_stats_to_json(const moe_cuda_stats *s) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddBoolToObject(o, "uma", s->uma);
+    const struct {
+        const char *key;
+        double v;
+    } nums[] = {
+        {"device_bytes", (double)s->device_bytes}, {"pinned_bytes", (double)s->pinned_bytes},
+        {"peak_device_bytes", (double)s->peak_device_bytes}, {"peak_pinned_bytes", (double)s->peak_pinned_bytes},
+        {"uploads", (double)s->uploads}, {"upload_bytes", (double)s->upload_bytes},
+        {"h2d_copies", (double)s->h2d_copies}, {"h2d_bytes", (double)s->h2d_bytes}, {"h2d_s", s->h2d_s},
+        {"batch_calls", (double)s->batch_calls}, {"device_works", (double)s->device_works},
+        {"host_works", (double)s->host_works}, {"host_s", s->host_s}, {"host_wait_s", s->host_wait_s},
+        {"placed", (double)s->placed}, {"placed_host", (double)s->placed_host}, {"model_layer_s", s->model_layer_s},
+    };
+    for (const auto &n : nums) cJSON_AddNumberToObject(o, n.key, n.v);
+    cJSON_AddStringToObject(o, "latency_table", s->lat_measured < 0 ? "none" : s->lat_measured ? "measured" : "cached");
+    cJSON *t = cJSON_AddObjectToObject(o, "host_tier");
+    cJSON_AddNumberToObject(t, "slots", s->tier.n_slots);
+    cJSON_AddNumberToObject(t, "slot_bytes", (double)s->tier.slot_bytes);
+    cJSON_AddNumberToObject(t, "allocated", s->tier.n_allocated);
+    cJSON_AddNumberToObject(t, "hits", (double)s->tier.hits);
+    cJSON_AddNumberToObject(t, "misses", (double)s->tier.misses);
+    cJSON_AddNumberToObject(t, "inserts", (double)s->tier.inserts);
+    cJSON_AddNumberToObject(t, "evictions", (double)s->tier.evictions);
+    cJSON_AddNumberToObject(t, "staging_uses", (double)s->tier.staging_uses);
+    return o;
 }

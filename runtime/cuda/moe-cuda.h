@@ -75,8 +75,10 @@ struct moe_cuda_stats {
 /* moe_backend_cuda_stats: the counters of a CUDA backend; MOE_ERR_INVALID if be is not one. */
 enum moe_status moe_backend_cuda_stats(const struct moe_backend *be, struct moe_cuda_stats *out);
 
-/* moe_cuda_stats_json: s as one JSON object. */
-void moe_cuda_stats_json(const struct moe_cuda_stats *s, void *file /* FILE * */);
+/* moe_cuda_stats_to_json: s as one cJSON object (moe-run's --stats-json
+ * "gpu"); the caller owns it (cJSON_Delete); NULL when out of memory. */
+struct cJSON;
+struct cJSON *moe_cuda_stats_to_json(const struct moe_cuda_stats *s);
 
 /* ---- kernels one by one, for the parity tests and the benchmarks ------------
  * Each runs one kernel on device `dev` with host inputs and outputs (copied
