@@ -69,9 +69,18 @@ extern "C" {
  *   15     q8_k     256    292  9.125        f32 d; int8 q; int16 sums of 16
  *   30     bf16       1      2  16           bfloat16 (upper half of binary32)
  *   39     mxfp4     32     17  4.25         e8m0 e; 4-bit e2m1 q, w = kv[q] * 2^(e-128)
+ *   36     q4_k_r16 256    144  4.5          q4_k rows interleaved in groups of 16
+ *                                            (runtime only, see moe_repack)
  *
  * q8_k is ggml's activation-side type for integer k-quant dot products; it is
  * here for that later use and is not meant for weights.
+ *
+ * q4_k_r16 is a layout, not a file type: a q4_k matrix whose rows were
+ * rearranged in memory by moe_repack for faster integer products. It has q4_k's
+ * sizes (moe_qtype_row_bytes etc. answer for it), but moe_qtype_valid() and
+ * moe_qtype_from_name() reject it, so no file parser accepts it; only the
+ * matrix functions below (moe_mat_dot_act, moe_gate_up_act) and
+ * moe_unpack_row read it.
  */
 enum moe_qtype {
     MOE_QTYPE_F32 = 0,
@@ -85,6 +94,7 @@ enum moe_qtype {
     MOE_QTYPE_Q6_K = 14,
     MOE_QTYPE_Q8_K = 15,
     MOE_QTYPE_BF16 = 30,
+    MOE_QTYPE_Q4_K_R16 = 36, /* runtime layout of q4_k (moe_repack); never in a file */
     MOE_QTYPE_MXFP4 = 39,
 };
 /* One past the largest value: a bound for tables indexed by type. */
@@ -231,7 +241,8 @@ static inline MOE_HOST_DEVICE int moe_q3k_scale(int s, const uint8_t *scales) {
 
 /* ---- type table -------------------------------------------------------- */
 
-/* moe_qtype_valid: 1 if t is one of the enum values above, else 0. */
+/* moe_qtype_valid: 1 if t is one of the enum values above that a file may
+ * hold (not the runtime layout q4_k_r16), else 0. */
 int moe_qtype_valid(enum moe_qtype t);
 
 /* moe_qtype_name: ggml's lower-case name ("q4_k", "bf16", ...); "?" if invalid. */
@@ -240,6 +251,8 @@ const char *moe_qtype_name(enum moe_qtype t);
 /* moe_qtype_from_name: parse a name (case-insensitive: "q4_k", "Q4_K"). Returns
  * MOE_ERR_INVALID (and logs) for NULL or unknown names; *out is set only on OK. */
 enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out);
+
+/* The size functions below also answer for q4_k_r16 (as q4_k). */
 
 /* moe_qtype_block_size: elements per block (1 for f32/f16/bf16); 0 if invalid. */
 int moe_qtype_block_size(enum moe_qtype t);
@@ -461,6 +474,66 @@ enum moe_status moe_mat_dot_act(enum moe_qtype wt, int64_t n, const void *w, siz
 enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, const void *up, int64_t rows,
                                 const void *xq, size_t x_stride, int64_t nx, float *h, size_t ldh);
 
+/*
+ * ---- row-interleaved layouts (repacking at load) ----
+ *
+ * A matrix-vector product reads every weight once, so its speed is the number
+ * of instructions per weight byte. In the stored q4_k layout each row is
+ * dotted on its own: per super-block the scales are unpacked, the integer
+ * lanes scaled and (at the end) summed horizontally, once per row. In
+ * q4_k_r16 sixteen rows are interleaved 4 bytes at a time, so one 512-bit
+ * vector holds the same 4 weight bytes of 16 rows: one vpdpbusd against 4
+ * broadcast activation bytes advances all 16 rows, the scales of 16 rows are
+ * unpacked together, and the 16 outputs come out as one vector. The idea is
+ * ggml's interleaved "repack" buffers; the layout here is our own:
+ *
+ *   a group of 16 rows, super-block i (2304 bytes = 16 q4_k blocks), at
+ *   (group * n_superblocks + i) * 2304:
+ *     0     d[16]     f16, row r's d
+ *     32    dmin[16]  f16
+ *     64    S0[16]    4 bytes each: row r's scales[0..3]   (moe_block_q4_K)
+ *     128   S1[16]    4 bytes each: row r's scales[4..7]
+ *     192   S2[16]    4 bytes each: row r's scales[8..11]
+ *     256   qs        32 columns x 16 rows x 4 bytes: column c of row r
+ *                     (its qs[4c .. 4c+3]) at 256 + 64 c + 4 r
+ *
+ * So a group occupies exactly the bytes of its 16 rows, and rows r0.. of a
+ * repacked matrix start at data + r0 * row_bytes when r0 is a multiple of 16.
+ */
+
+/* moe_repack_type: the layout moe_repack gives a matrix of type t with n_out
+ * rows of n_in, on this CPU now: q4_k_r16 for q4_k with n_out a multiple of 16
+ * when the kernel table in use has a vector kernel for it (AVX-512 VNNI);
+ * otherwise t itself (no repacking worth doing). */
+enum moe_qtype moe_repack_type(enum moe_qtype t, int64_t n_out, int64_t n_in);
+
+/* moe_qtype_group_rows: rows per interleaved group (16 for q4_k_r16), 1 for
+ * the stored types, 0 if t is neither. Row ranges handed to moe_mat_dot_act
+ * and moe_gate_up_act must start and end on a group boundary. */
+int moe_qtype_group_rows(enum moe_qtype t);
+
+/* moe_repack: write the n_out x n_in matrix src (type t) to dst in layout
+ * `to` (= moe_repack_type(t, ...), or t itself: a plain copy). dst has the
+ * same size (n_out * moe_qtype_row_bytes(t, n_in)) and must not overlap src.
+ * Returns MOE_ERR_INVALID (and logs) for NULL pointers, a bad shape, or a
+ * layout that t cannot take. Thread-safe; any alignment. */
+enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, const void *src,
+                           void *dst);
+
+/* moe_unpack_row: row `row` of a matrix of type t (a stored type or a
+ * runtime layout) in the stored layout: moe_qtype_row_bytes(t, n_in) bytes at
+ * dst, which moe_dequantize_row(moe_stored_type(t), ...) then reads. */
+enum moe_status moe_unpack_row(enum moe_qtype t, int64_t n_in, const void *data, int64_t row, void *dst);
+
+/* moe_dequantize_row_of: row `row` of a matrix of type t (a stored type or a
+ * runtime layout; n_in elements per row) as n_in floats at dst, exactly as
+ * moe_dequantize_row gives the stored row. Errors as moe_unpack_row. */
+enum moe_status moe_dequantize_row_of(enum moe_qtype t, int64_t n_in, const void *data, int64_t row, float *dst);
+
+/* moe_stored_type: the file type a layout holds (q4_k for q4_k_r16), t for
+ * the others. */
+enum moe_qtype moe_stored_type(enum moe_qtype t);
+
 /* moe_quant_int_isa_name: the integer-dot kernels in use now: "scalar", "avx2"
  * (maddubs), "avx512vnni" (vpdpbusd; the avx512 ISA on CPUs with VNNI) or
  * "avx2" under the avx512 ISA on CPUs without VNNI. */
@@ -483,6 +556,7 @@ struct moe_quant_kernels {
     moe_dotq_fn dotq[MOE_QTYPE_LIMIT][MOE_TILE_COUNT]; /* by weight type; NULL: no integer kernel */
     moe_quant_act_fn quant_act[MOE_QTYPE_LIMIT];       /* by activation type (q8_0, q8_k) */
     const char *int_name;                              /* "scalar", "avx2", "avx512vnni" */
+    int fast_r16;                                      /* dotq[Q4_K_R16] is a vector kernel */
 };
 /* Fill the table entries an ISA implements (leaves others untouched). */
 void moe_quant_kernels_avx2(struct moe_quant_kernels *k);

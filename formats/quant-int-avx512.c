@@ -334,6 +334,115 @@ SHAPES(q4_K)
 SHAPES(q5_K)
 SHAPES(q6_K)
 
+/* ==== q4_k_r16: 16 interleaved q4_k rows against q8_k ==================== */
+
+/* Shuffle controls picking byte j of every dword into its low byte (the rest
+ * zero): scale j of each row as an int16 pair (scale, 0). */
+INL __m512i pick_byte(int j) {
+    const __m512i base = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    return _mm512_or_si512(_mm512_add_epi32(base, _mm512_set1_epi32(j)), _mm512_set1_epi32((int)0x80808000u));
+}
+/* ... and bytes 2t, 2t+1 of every dword as two int16 (a pair of mins). */
+INL __m512i pick_pair(int t) {
+    const __m512i base = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    const __m512i b = _mm512_add_epi32(base, _mm512_set1_epi32(2 * t));
+    return _mm512_or_si512(_mm512_or_si512(b, _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(1)), 16)),
+                           _mm512_set1_epi32((int)0x80008000u));
+}
+INL int32_t i32at(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/*
+ * One group of 16 rows (layout in moe-quant.h) against C activations: out[r *
+ * C + c]. Per super-block: the scales and mins of the 16 rows are unpacked
+ * together (row r in dword lane r); column c of qs (4 bytes of every row)
+ * gives its low nibbles to sub-block 2(c/8), weights 64(c/8) + 4(c%8) ..,
+ * and its high nibbles to sub-block 2(c/8)+1, 32 weights further, each
+ * through one vpdpbusd against 4 activation bytes broadcast. After 4 columns
+ * a lane holds 16 products (|sum| <= 16 * 15 * 127 < 2^15), so vpdpwssd can
+ * apply the sub-block's scale, as in K_TILE. The 16 outputs of a row stay in
+ * their lanes: no horizontal sums.
+ */
+INL void r16_tile(const int C, const uint8_t *w, const uint8_t *const *x, int64_t nb, float *out) {
+    __m512 f[4];
+    for (int c = 0; c < 4; c++) f[c] = _mm512_setzero_ps();
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m3f = _mm512_set1_epi8(0x3f), m30 = _mm512_set1_epi8(0x30);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *g = w + i * 16 * (int64_t)sizeof(moe_block_q4_K);
+        const __m512i S0 = ld64(g + 64), S2 = ld64(g + 192);
+        const __m512i sc03 = _mm512_and_si512(S0, m3f);
+        const __m512i sc47 = _mm512_ternarylogic_epi32(_mm512_and_si512(S2, m0f), _mm512_srli_epi16(S0, 2), m30, 0xF8);
+        __m512i isum[4];
+        for (int c = 0; c < 4; c++) isum[c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            const __m512i src = k < 2 ? sc03 : sc47;
+            const __m512i sA = _mm512_shuffle_epi8(src, pick_byte((2 * k) % 4));
+            const __m512i sB = _mm512_shuffle_epi8(src, pick_byte((2 * k + 1) % 4));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                __m512i aL[4], aH[4];
+                for (int c = 0; c < 4; c++) aL[c] = aH[c] = _mm512_setzero_si512();
+                _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
+                    const int j = 4 * h + jj;
+                    const __m512i v = ld64(g + 256 + 64 * (8 * k + j));
+                    const __m512i lo = _mm512_and_si512(v, m0f);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+                    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+                        const uint8_t *xo = x[c] + QK8 * i + 4 + 64 * k + 4 * j;
+                        aL[c] = _mm512_dpbusd_epi32(aL[c], lo, _mm512_set1_epi32(i32at(xo)));
+                        aH[c] = _mm512_dpbusd_epi32(aH[c], hi, _mm512_set1_epi32(i32at(xo + 32)));
+                    }
+                }
+                _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], aL[c], sA);
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], aH[c], sB);
+                }
+            }
+        }
+        /* mins: m[r][s] against the activation's sums of 32 (pairs of bsums) */
+        const __m512i S1 = ld64(g + 128);
+        const __m512i mn03 = _mm512_and_si512(S1, m3f);
+        const __m512i mn47 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(S2, 4), m0f),
+                                                       _mm512_srli_epi16(S1, 2), m30, 0xF8);
+        const __m512 d = _mm512_cvtph_ps(ld32(g)), dm = _mm512_cvtph_ps(ld32(g + 32));
+        _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x[c] + QK8 * i;
+            /* int16 pairs (b32[2t], b32[2t+1]) in dwords 0, 1 (t = 0, 1) and 4, 5 (t = 2, 3) */
+            const __m256i b32 = _mm256_madd_epi16(ld32(xb + 260), _mm256_set1_epi16(1));
+            int32_t bp[8];
+            _mm256_storeu_si256((__m256i *)bp, _mm256_packs_epi32(b32, b32));
+            __m512i ms = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi8(mn03, pick_pair(0)),
+                                             _mm512_set1_epi32(bp[0]));
+            ms = _mm512_dpwssd_epi32(ms, _mm512_shuffle_epi8(mn03, pick_pair(1)), _mm512_set1_epi32(bp[1]));
+            ms = _mm512_dpwssd_epi32(ms, _mm512_shuffle_epi8(mn47, pick_pair(0)), _mm512_set1_epi32(bp[4]));
+            ms = _mm512_dpwssd_epi32(ms, _mm512_shuffle_epi8(mn47, pick_pair(1)), _mm512_set1_epi32(bp[5]));
+            const __m512 dx = _mm512_set1_ps(f32at(xb));
+            f[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[c]), f[c]);
+            f[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(ms), f[c]);
+        }
+    }
+    if (C == 1) {
+        _mm512_storeu_ps(out, f[0]);
+        return;
+    }
+    float t[16];
+    for (int c = 0; c < C; c++) {
+        _mm512_storeu_ps(t, f[c]);
+        for (int r = 0; r < 16; r++) out[r * C + c] = t[r];
+    }
+}
+static TGT void v_q4_K_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_tile(1, w[0], x, nb, o);
+}
+static TGT void v_q4_K_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_tile(2, w[0], x, nb, o);
+}
+static TGT void v_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_tile(4, w[0], x, nb, o);
+}
+
 /* ==== activation quantizers ============================================= */
 
 /* roundf (half away from zero), exactly: t = trunc(v), plus sign(v) where
@@ -428,6 +537,10 @@ void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k) {
     SET_SHAPES(k, Q4_K, q4_K);
     SET_SHAPES(k, Q5_K, q5_K);
     SET_SHAPES(k, Q6_K, q6_K);
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X1] = v_q4_K_r16_1x1;
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = v_q4_K_r16_1x2;
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = v_q4_K_r16_1x4;
+    k->fast_r16 = 1;
     k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
     k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
     k->int_name = "avx512vnni";

@@ -209,6 +209,38 @@ REF_TILES(q4_K)
 REF_TILES(q5_K)
 REF_TILES(q6_K)
 
+/* q4_k_r16 (moe-quant.h): one group of 16 rows against C activations; each
+ * row super-block is read back into a stored q4_k block and goes through the
+ * q4_k reference, so the results are ref_q4_K's on the unpacked rows. */
+static void ref_q4_K_r16_tile(int C, const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *out) {
+    double acc[16 * 4] = {0};
+    uint8_t blk[sizeof(moe_block_q4_K)];
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *g = w[0] + (size_t)i * 16 * sizeof(moe_block_q4_K);
+        for (int r = 0; r < 16; r++) {
+            /* the super-block of row r alone: a 1 x 256 r16 matrix is not
+             * addressable, so unpack it by hand (layout in moe-quant.h) */
+            memcpy(blk, g + 2 * r, 2);
+            memcpy(blk + 2, g + 32 + 2 * r, 2);
+            for (int k = 0; k < 3; k++) memcpy(blk + 4 + 4 * k, g + 64 + 64 * k + 4 * r, 4);
+            for (int c = 0; c < 32; c++) memcpy(blk + 16 + 4 * c, g + 256 + 64 * c + 4 * r, 4);
+            for (int c = 0; c < C; c++)
+                acc[r * C + c] += ref_k_asym_block(blk, blk + offsetof(moe_block_q4_K, qs), NULL,
+                                                   x[c] + (size_t)i * sizeof(moe_block_q8_K));
+        }
+    }
+    for (int k = 0; k < 16 * C; k++) out[k] = (float)acc[k];
+}
+static void ref_q4_K_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    ref_q4_K_r16_tile(1, w, x, nb, o);
+}
+static void ref_q4_K_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    ref_q4_K_r16_tile(2, w, x, nb, o);
+}
+static void ref_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    ref_q4_K_r16_tile(4, w, x, nb, o);
+}
+
 #define SET_TILES(k, TYPE, P, T)                                                  \
     do {                                                                         \
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_1X1] = P##_##T##_1x1;               \
@@ -225,6 +257,11 @@ void moe_quant_int_kernels_scalar(struct moe_quant_kernels *k) {
     SET_TILES(k, Q4_K, ref, q4_K);
     SET_TILES(k, Q5_K, ref, q5_K);
     SET_TILES(k, Q6_K, ref, q6_K);
+    /* q4_k_r16: the tiles are 16 rows (a group) x 1, 2, 4 activations */
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X1] = ref_q4_K_r16_1x1;
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = ref_q4_K_r16_1x2;
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = ref_q4_K_r16_1x4;
+    k->fast_r16 = 0;
     k->int_name = "scalar";
 }
 
@@ -237,6 +274,7 @@ enum moe_qtype moe_act_type(enum moe_qtype wt) {
     case MOE_QTYPE_Q2_K:
     case MOE_QTYPE_Q3_K:
     case MOE_QTYPE_Q4_K:
+    case MOE_QTYPE_Q4_K_R16:
     case MOE_QTYPE_Q5_K:
     case MOE_QTYPE_Q6_K: return MOE_QTYPE_Q8_K;
     default: return MOE_QTYPE_F32;
@@ -244,14 +282,14 @@ enum moe_qtype moe_act_type(enum moe_qtype wt) {
 }
 
 size_t moe_act_row_bytes(enum moe_qtype wt, int64_t n) {
-    if (!moe_qtype_valid(wt) || n < 0 || n % moe_qtype_block_size(wt) != 0) return 0;
+    if (moe_qtype_group_rows(wt) == 0 || n < 0 || n % moe_qtype_block_size(wt) != 0) return 0;
     return moe_qtype_row_bytes(moe_act_type(wt), n);
 }
 
 /* Validates a weight type and row length; logs under the caller's name.
  * Returns the number of weight blocks (elements for plain types) in *nb. */
 static enum moe_status check_act(const char *fn, enum moe_qtype wt, int64_t n, int64_t *nb) {
-    if (!moe_qtype_valid(wt)) {
+    if (moe_qtype_group_rows(wt) == 0) {
         moe_log_func(MOE_LOG_ERROR, fn, "invalid quantization type %d", (int)wt);
         return MOE_ERR_INVALID;
     }
@@ -286,6 +324,10 @@ enum moe_status moe_quantize_act(enum moe_qtype wt, const float *x, void *xq, in
 float moe_vec_dot_act(enum moe_qtype wt, const void *w, const void *xq, int64_t n) {
     int64_t nb;
     if (check_act(__func__, wt, n, &nb) != MOE_OK) return NAN;
+    if (moe_qtype_group_rows(wt) != 1) {
+        MOE_LOGE("%s: a row of an interleaved layout is not contiguous; use moe_mat_dot_act", moe_qtype_name(wt));
+        return NAN;
+    }
     if ((!w || !xq) && n > 0) {
         MOE_LOGE("NULL row pointer");
         return NAN;
@@ -304,6 +346,34 @@ float moe_vec_dot_act(enum moe_qtype wt, const void *w, const void *xq, int64_t 
  * small enough for the chunk to stay in L2 while 4 activation rows sit in L1. */
 #define CHUNK_BYTES (64 * 1024)
 
+/* tile_loop for an interleaved layout of 16-row groups (q4_k_r16): nw is a
+ * multiple of 16 and group g starts at w0 + 16 g ws. One activation: the
+ * groups in order, one sequential stream over the matrix. Several: groups in
+ * chunks of about CHUNK_BYTES, each chunk against 4 activations at a time. */
+static void group_loop(const moe_dotq_fn *f, int64_t nb, const uint8_t *w0, size_t ws, int64_t nw,
+                       const uint8_t *x0, size_t xs, int64_t nx, float *out, size_t osw, size_t osx) {
+    float o[16 * 4];
+    const int64_t ng = nw / 16;
+    const size_t gb = 16 * ws;
+    const int64_t chunk = nx == 1 || gb >= CHUNK_BYTES ? (nx == 1 ? ng : 1) : (int64_t)(CHUNK_BYTES / gb);
+    for (int64_t g0 = 0; g0 < ng; g0 += chunk) {
+        const int64_t g1 = g0 + chunk < ng ? g0 + chunk : ng;
+        for (int64_t c = 0; c < nx;) {
+            const int64_t left = nx - c;
+            const enum moe_tile s = left >= 4 ? MOE_TILE_1X4 : left >= 2 ? MOE_TILE_1X2 : MOE_TILE_1X1;
+            const int C = moe_tile_cols(s);
+            const uint8_t *x[4] = {x0 + c * xs, x0 + (c + 1) * xs, x0 + (c + 2) * xs, x0 + (c + 3) * xs};
+            for (int64_t g = g0; g < g1; g++) {
+                const uint8_t *w = w0 + (size_t)g * gb;
+                f[s](&w, x, nb, o);
+                for (int r = 0; r < 16; r++)
+                    for (int i = 0; i < C; i++) out[(16 * g + r) * (int64_t)osw + (c + i) * (int64_t)osx] = o[r * C + i];
+            }
+            c += C;
+        }
+    }
+}
+
 /* The tile loops shared by moe_mat_dot_act and moe_gate_up_act: weight rows
  * w0 + r * ws (r < nw) against activation rows x0 + c * xs (c < nx), results
  * at out[r * osw + c * osx]. */
@@ -312,6 +382,10 @@ static void tile_loop(const struct moe_quant_kernels *k, enum moe_qtype wt, int6
                       size_t osx) {
     const moe_dotq_fn *f = k->dotq[wt];
     float o[4];
+    if (moe_qtype_group_rows(wt) == 16) {
+        group_loop(f, nb, w0, ws, nw, x0, xs, nx, out, osw, osx);
+        return;
+    }
     if (!f[MOE_TILE_1X1]) { /* plain types: float activations, moe_vec_dot's kernel */
         for (int64_t r = 0; r < nw; r++)
             for (int64_t c = 0; c < nx; c++)
@@ -357,12 +431,19 @@ static void tile_loop(const struct moe_quant_kernels *k, enum moe_qtype wt, int6
 
 /* Common argument checks of the matrix functions; logs under fn. */
 static enum moe_status check_mat(const char *fn, enum moe_qtype wt, int64_t n, int64_t nw, int64_t nx,
-                                 const void *w, const void *w2, const void *xq, const float *out, int64_t *nb) {
+                                 const void *w, const void *w2, size_t w_stride, const void *xq, const float *out,
+                                 int64_t *nb) {
     enum moe_status st = check_act(fn, wt, n, nb);
     if (st != MOE_OK) return st;
     if (nw < 0 || nx < 0) {
         moe_log_func(MOE_LOG_ERROR, fn, "negative row count (%lld weight rows, %lld activations)", (long long)nw,
                      (long long)nx);
+        return MOE_ERR_INVALID;
+    }
+    const int gr = moe_qtype_group_rows(wt);
+    if (gr > 1 && (nw % gr != 0 || (w_stride != moe_qtype_row_bytes(wt, n) && nw > 0))) {
+        moe_log_func(MOE_LOG_ERROR, fn, "%s: %lld rows with a stride of %zu bytes are not whole groups of %d rows",
+                     moe_qtype_name(wt), (long long)nw, w_stride, gr);
         return MOE_ERR_INVALID;
     }
     if (nw > 0 && nx > 0 && (!out || (n > 0 && (!w || !w2 || !xq)))) {
@@ -376,7 +457,7 @@ enum moe_status moe_mat_dot_act(enum moe_qtype wt, int64_t n, const void *w, siz
                                 const void *xq, size_t x_stride, int64_t nx, float *out, size_t out_sw,
                                 size_t out_sx) {
     int64_t nb;
-    enum moe_status st = check_mat(__func__, wt, n, nw, nx, w, w, xq, out, &nb);
+    enum moe_status st = check_mat(__func__, wt, n, nw, nx, w, w, w_stride, xq, out, &nb);
     if (st != MOE_OK) return st;
     if (nw == 0 || nx == 0) return MOE_OK;
     if (n == 0) {
@@ -394,7 +475,7 @@ static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, const void *up, int64_t rows,
                                 const void *xq, size_t x_stride, int64_t nx, float *h, size_t ldh) {
     int64_t nb;
-    enum moe_status st = check_mat(__func__, wt, n, rows, nx, gate, up, xq, h, &nb);
+    enum moe_status st = check_mat(__func__, wt, n, rows, nx, gate, up, moe_qtype_row_bytes(wt, n), xq, h, &nb);
     if (st != MOE_OK) return st;
     if (rows == 0 || nx == 0) return MOE_OK;
     if (n == 0) { /* silu(0) * 0 */
@@ -417,6 +498,8 @@ enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, 
     float u[UCHUNK * 4];
     int64_t chunk = UCHUNK;
     if (nx > 1) chunk = rb >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / rb) < UCHUNK ? (int64_t)(CHUNK_BYTES / rb) : UCHUNK;
+    const int gr = moe_qtype_group_rows(wt); /* chunks of whole groups (UCHUNK is a multiple of 16) */
+    if (gr > 1) chunk = chunk < gr ? gr : chunk / gr * gr;
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t rn = rows - r0 < chunk ? rows - r0 : chunk;
         tile_loop(k, wt, nb, g0 + r0 * rb, rb, rn, x0, x_stride, nx, h + r0, 1, ldh);

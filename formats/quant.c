@@ -119,6 +119,7 @@ static const struct qtype_info g_info[MOE_QTYPE_LIMIT] = {
     [MOE_QTYPE_Q8_K] = {"q8_k", MOE_QK_K, sizeof(moe_block_q8_K)},
     [MOE_QTYPE_BF16] = {"bf16", 1, 2},
     [MOE_QTYPE_MXFP4] = {"mxfp4", MOE_QK_MXFP4, sizeof(moe_block_mxfp4)},
+    [MOE_QTYPE_Q4_K_R16] = {"q4_k_r16", MOE_QK_K, sizeof(moe_block_q4_K)}, /* a layout (moe_repack) */
 };
 
 /* Returns the table entry of t, or NULL if t is not a supported type. */
@@ -127,7 +128,7 @@ static const struct qtype_info *info_of(enum moe_qtype t) {
     return &g_info[t];
 }
 
-int moe_qtype_valid(enum moe_qtype t) { return info_of(t) != NULL; }
+int moe_qtype_valid(enum moe_qtype t) { return info_of(t) != NULL && t != MOE_QTYPE_Q4_K_R16; }
 
 const char *moe_qtype_name(enum moe_qtype t) {
     const struct qtype_info *in = info_of(t);
@@ -140,7 +141,7 @@ enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out) {
         return MOE_ERR_INVALID;
     }
     for (int t = 0; t < MOE_QTYPE_LIMIT; t++) {
-        if (g_info[t].block && strcasecmp(name, g_info[t].name) == 0) {
+        if (moe_qtype_valid((enum moe_qtype)t) && strcasecmp(name, g_info[t].name) == 0) {
             *out = (enum moe_qtype)t;
             return MOE_OK;
         }
@@ -177,8 +178,8 @@ double moe_qtype_bits_per_weight(enum moe_qtype t) {
 static enum moe_status check_row(const char *fn, enum moe_qtype t, const void *a, const void *b,
                                  int64_t n, int64_t *nb) {
     const struct qtype_info *in = info_of(t);
-    if (!in) {
-        moe_log_func(MOE_LOG_ERROR, fn, "invalid quantization type %d", (int)t);
+    if (!in || !moe_qtype_valid(t)) { /* a runtime layout (q4_k_r16) has no rows of its own */
+        moe_log_func(MOE_LOG_ERROR, fn, "invalid quantization type %d (%s)", (int)t, in ? in->name : "?");
         return MOE_ERR_INVALID;
     }
     if (n < 0 || n % in->block != 0) {
@@ -792,6 +793,7 @@ enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, 
     case MOE_QTYPE_Q6_K: quantize_q6_K(src, y, nb); break;
     case MOE_QTYPE_Q8_K: quantize_q8_K(src, y, nb); break;
     case MOE_QTYPE_MXFP4: quantize_mxfp4(src, y, nb); break;
+    case MOE_QTYPE_Q4_K_R16: break; /* a layout: check_row refused it */
     }
     return MOE_OK;
 }

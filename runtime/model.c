@@ -1325,3 +1325,69 @@ void moe_model_free(struct moe_model *m) {
     free(m->path);
     free(m);
 }
+
+/* repack_list: the matrices moe_model_repack may rewrite (see moe-model.h):
+ * fills w[] (when not NULL) and returns how many there are. */
+static int64_t repack_list(struct moe_model *m, int experts, struct moe_weight **w) {
+    int64_t n = 0;
+#define ADD(x) (w ? (void)(w[n] = &(x)) : (void)0, n++)
+    ADD(m->lm_head);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        struct moe_layer *L = &m->layers[l];
+        ADD(L->wq), ADD(L->wk), ADD(L->wv), ADD(L->wo), ADD(L->wq_a), ADD(L->wq_b), ADD(L->wkv_a);
+        ADD(L->shared.gate), ADD(L->shared.up), ADD(L->shared.down);
+        ADD(L->dense.gate), ADD(L->dense.up), ADD(L->dense.down);
+    }
+    if (experts && m->impl && m->impl->experts)
+        for (int64_t i = 0; i < (int64_t)m->cfg.n_layer * m->cfg.n_expert; i++) {
+            struct moe_ffn *f = &m->impl->experts[i];
+            ADD(f->gate), ADD(f->up), ADD(f->down);
+        }
+#undef ADD
+    return n;
+}
+
+enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes) {
+    if (bytes) *bytes = 0;
+    if (!m) {
+        MOE_LOGE("NULL model");
+        return MOE_ERR_INVALID;
+    }
+    const int64_t n = repack_list(m, experts, NULL);
+    struct moe_weight **w = malloc(sizeof *w * (size_t)n);
+    if (!w) return MOE_ERR_NOMEM;
+    repack_list(m, experts, w);
+    size_t total = 0; /* each copy 64-byte aligned in one buffer */
+    for (int64_t i = 0; i < n; i++)
+        if (w[i]->data && moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in) != w[i]->type)
+            total += (w[i]->n_out * moe_qtype_row_bytes(w[i]->type, w[i]->n_in) + 63) & ~(size_t)63;
+    if (total == 0) {
+        free(w);
+        return MOE_OK;
+    }
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, total)) {
+        MOE_LOGE("%s: cannot allocate %.1f MB for the repacked weights", m->path, (double)total / 1e6);
+        free(w);
+        return MOE_ERR_NOMEM;
+    }
+    enum moe_status st = own(m->impl, buf);
+    if (st) {
+        free(w);
+        return st;
+    }
+    uint8_t *at = buf;
+    for (int64_t i = 0; i < n; i++) {
+        struct moe_weight *x = w[i];
+        const enum moe_qtype to = x->data ? moe_repack_type(x->type, x->n_out, x->n_in) : x->type;
+        if (to == x->type) continue;
+        const size_t sz = (size_t)x->n_out * moe_qtype_row_bytes(x->type, x->n_in);
+        if ((st = moe_repack(x->type, to, x->n_out, x->n_in, x->data, at))) break;
+        x->data = at;
+        x->type = to;
+        at += (sz + 63) & ~(size_t)63;
+    }
+    free(w);
+    if (bytes && !st) *bytes = total;
+    return st;
+}

@@ -334,6 +334,21 @@ enum moe_status moe_model_load_source(const char *path, struct moe_model **out);
 enum moe_status moe_model_expert(const struct moe_model *m, int layer, int expert, int precision,
                                  struct moe_ffn *out);
 
+/* moe_model_repack: give the model's matrices the layout the CPU's integer
+ * kernels read fastest (moe_repack_type / moe_repack, moe-quant.h: today
+ * q4_k matrices of whole 16-row groups, under AVX-512 VNNI): the attention
+ * and dense/shared FFN weights and the LM head, and with `experts` set the
+ * routed experts bound now (all of them unless loaded with lazy_experts).
+ * The copies live in one buffer the model owns (the mapped file's pages are
+ * then no longer read); views handed out before the call keep pointing at
+ * the stored rows, which stay valid. MLA's kv_b (read a row at a time) and
+ * the token embedding (a row lookup) are left alone. For the CPU backend
+ * only: other backends do not read the layouts. *bytes (if not NULL): the
+ * bytes rewritten (0 when nothing qualifies, e.g. without VNNI). Must not run
+ * while a session of this model computes. MOE_ERR_NOMEM (logged, the model
+ * unchanged) if the buffer cannot be had. */
+enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes);
+
 /* moe_model_set_expert_precision: rebind routed expert (layer, expert) of a
  * bundle to stored precision index `precision` (see moe_bundle_precision_at).
  * The first use of a blob checks it (checksum, or decompression); later

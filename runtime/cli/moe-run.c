@@ -37,6 +37,7 @@
 enum {
     O_TOKENS = 256, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_IGNORE_EOS, O_NO_SPECIAL, O_IDS, O_TOKENIZE, O_LOGITS_OUT,
     O_EXPERT_PRECISION, O_LITTLE_K, O_GAMMA, O_BL_PREFETCH, O_STATS_JSON, O_TRACE_OUT, O_MEASURE_HW, O_HW, O_NO_PLAN,
+    O_NO_REPACK,
 };
 
 /* moe-run's options by help section; the store's and the GPU's tables follow. */
@@ -71,6 +72,9 @@ static const struct moe_opt k_runtime[] = {
     {"threads", 't', MOE_OPT_REQUIRED, "N", "CPU threads (default: all)"},
     {"ctx", 'c', MOE_OPT_REQUIRED, "N", "context length / KV cache size (default: min(model max, 4096))"},
     {"batch", 'b', MOE_OPT_REQUIRED, "N", "prompt tokens per forward chunk (default 256)"},
+    {"no-repack", O_NO_REPACK, MOE_OPT_NONE, NULL,
+     "CPU: keep q4_k weights in their stored row layout (by default\nthey are interleaved by 16 rows at load, for the AVX-512 VNNI\n"
+     "kernels; costs one copy of those weights in RAM)"},
     {"verbose", 'v', MOE_OPT_NONE, NULL, "more log output"},
     {"help", 'h', MOE_OPT_NONE, NULL, "this help"},
     {NULL, 0, 0, NULL, NULL},
@@ -154,7 +158,7 @@ struct args {
     int little_k;       /* -1: not given */
     double gamma;       /* NaN: not given */
     int bl_prefetch;    /* -1: not given */
-    int measure_hw, no_plan;
+    int measure_hw, no_plan, no_repack;
     const char *hw;
     /* the engine options as given, applied again on top of a bundle's plan */
     int n_engine;
@@ -277,6 +281,7 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     case O_TRACE_OUT: a->trace_out = v; return 0;
     case O_MEASURE_HW: a->measure_hw = 1; return 0;
     case O_NO_PLAN: a->no_plan = 1; return 0;
+    case O_NO_REPACK: a->no_repack = 1; return 0;
     case O_HW: a->hw = v; return 0;
     default: return engine_option(a, o, v);
     }
@@ -681,6 +686,14 @@ static int load_model(const struct args *a, struct run *r) {
     char what[256];
     moe_model_precision_summary(r->model, what, sizeof what);
     if (r->model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
+    if (!a->no_repack && a->gpu.device < 0) { /* the CPU backend: its fastest layouts (experts: unless the store holds them) */
+        size_t bytes;
+        const double t0 = moe_now_s();
+        if (moe_model_repack(r->model, !a->use_store, &bytes) != MOE_OK) return 1;
+        if (bytes && a->verbose)
+            fprintf(stderr, "moe-run: repacked %.1f MB of weights for the CPU kernels in %.2f s\n", (double)bytes / 1e6,
+                    moe_now_s() - t0);
+    }
     return check_outputs(r->model, a) ? 0 : 2; /* never overwrite the model or the prompt file */
 }
 

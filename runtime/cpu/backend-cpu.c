@@ -112,6 +112,10 @@ static inline __attribute__((always_inline)) void dot4(const float *a, const flo
 /* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
  * Rows of aligned F32 tensors are used in place. */
 static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf) {
+    if (moe_qtype_group_rows(w->type) > 1) { /* a repacked layout (moe_repack) */
+        moe_dequantize_row_of(w->type, w->n_in, w->data, o, buf);
+        return buf;
+    }
     const char *src = (const char *)w->data + (size_t)o * moe_qtype_row_bytes(w->type, w->n_in);
     if (w->type == MOE_QTYPE_F32 && ((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
     moe_dequantize_row(w->type, src, buf, w->n_in);
@@ -133,7 +137,7 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     struct mm_ctx *c = vctx;
     float *buf = c->row_buf + (size_t)tid * (size_t)c->row_stride;
     const enum moe_qtype wt = c->w->type;
-    if (c->n_tok == 1 && wt != MOE_QTYPE_F32) {
+    if (c->n_tok == 1 && wt != MOE_QTYPE_F32 && moe_qtype_group_rows(wt) == 1) {
         /* one token: dot products straight from the stored rows (SIMD kernels) */
         const size_t rb = moe_qtype_row_bytes(wt, c->w->n_in);
         for (int64_t o = b; o < e; o++)
@@ -201,12 +205,14 @@ struct mq_ctx {
     float *y;
     int64_t ldy;
     int n_tok;
+    int64_t unit; /* rows per item of the loop: moe_qtype_group_rows (whole groups per thread) */
 };
 
 static void mq_range(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     struct mq_ctx *c = vctx;
     const struct moe_weight *w = c->w;
+    b *= c->unit, e *= c->unit;
     const size_t rb = moe_qtype_row_bytes(w->type, w->n_in);
     moe_mat_dot_act(w->type, w->n_in, (const uint8_t *)w->data + (size_t)b * rb, rb, e - b, c->xq, c->xs, c->n_tok,
                     c->y + b, 1, (size_t)c->ldy);
@@ -225,8 +231,9 @@ static int64_t min_rows(int64_t n_in, int n_tok) {
  * w's type by act_quantize (row stride xs). */
 static void matmul_xq(struct cpu *s, const struct moe_weight *w, const float *bias, const uint8_t *xq, size_t xs,
                       float *y, int64_t ldy, int n_tok) {
-    struct mq_ctx c = {w, xq, xs, bias, y, ldy, n_tok};
-    moe_pool_for(s->pool, w->n_out, min_rows(w->n_in, n_tok), mq_range, &c);
+    const int64_t u = moe_qtype_group_rows(w->type);
+    struct mq_ctx c = {w, xq, xs, bias, y, ldy, n_tok, u};
+    moe_pool_for(s->pool, w->n_out / u, (min_rows(w->n_in, n_tok) + u - 1) / u, mq_range, &c);
 }
 
 /* matmul: y[t] = W x[t] (+ bias) for n_tok rows; x rows have w->n_in floats.
@@ -247,11 +254,13 @@ struct gu_ctx {
     size_t xs;
     int n_tok;
     float *h;
+    int64_t unit; /* rows per item of the loop (as mq_ctx) */
 };
 
 static void gu_range(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     struct gu_ctx *c = vctx;
+    b *= c->unit, e *= c->unit;
     const struct moe_weight *g = &c->f->gate, *u = &c->f->up;
     const size_t rb = moe_qtype_row_bytes(g->type, g->n_in);
     moe_gate_up_act(g->type, g->n_in, (const uint8_t *)g->data + (size_t)b * rb, (const uint8_t *)u->data + (size_t)b * rb,
@@ -621,9 +630,10 @@ static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y
         /* integer kernels: gate and up in one pass over their rows with SiLU
          * fused, split by rows across the threads */
         const size_t xs = act_quantize(s, f->gate.type, x, H, H, n);
-        struct gu_ctx gc = {f, s->aq, xs, n, s->ge};
+        const int64_t u = moe_qtype_group_rows(f->gate.type);
+        struct gu_ctx gc = {f, s->aq, xs, n, s->ge, u};
         /* gate and up: twice the work of one matrix per row */
-        moe_pool_for(s->pool, F, (min_rows(H, n) + 1) / 2, gu_range, &gc);
+        moe_pool_for(s->pool, F / u, ((min_rows(H, n) + 1) / 2 + u - 1) / u, gu_range, &gc);
         matmul(s, &f->down, NULL, s->ge, F, y, H, n);
         return;
     }
