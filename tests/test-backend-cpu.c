@@ -11,7 +11,9 @@
  *   - it stays close: its KL divergence from the unquantized (BF16)
  *     checkpoint's logits is within the bound stated in compare() of the
  *     float path's, and the argmax agrees with the float path at (nearly)
- *     every position.
+ *     every position;
+ *   - moe_model_repack (q4_k interleaved by 16 rows for the VNNI kernels)
+ *     keeps all of this: see repacked().
  * argv[1] = moe-prep, argv[2] = the demo model directory.
  */
 #include <math.h>
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "moe-mmap.h"
+#include "moe-quant.h"
 #include "moe-session.h"
 #include "moe-test.h"
 #include "moe-tokenizer.h"
@@ -103,6 +106,43 @@ static void compare(const char *prec, const float *in, const float *fl, const fl
     CHECK(agree >= rows - 4, "%s: argmax differs at %d of %d positions", prec, rows - agree, rows);
 }
 
+/* repacked: the q4_k model after moe_model_repack (the CPU's interleaved
+ * layout, moe-quant.h) against the same model before (li: integer path, lf:
+ * float path): split-independent bits again; the float path reads the same
+ * weights back (KL below 1e-6: only its one-token products change kernel);
+ * the integer path's kernels differ only in float rounding (KL below 1e-6,
+ * same argmax; here the logits even come out bit-identical, because the
+ * 8-bit quantization of the next product's input absorbs last-bit changes of
+ * the expert outputs, which differ). Without AVX-512 VNNI nothing is
+ * repacked and the logits must be the same bits. */
+static void repacked(struct moe_model *m, const int32_t *ids, const float *li, const float *lf, int V) {
+    const int rows = N_PROMPT + N_GEN;
+    const size_t n = (size_t)rows * V;
+    size_t bytes = 0;
+    CHECK(moe_model_repack(m, 1, &bytes) == MOE_OK, "moe_model_repack");
+    const int vnni = strcmp(moe_quant_int_isa_name(), "avx512vnni") == 0;
+    CHECK(vnni ? bytes > 0 : bytes == 0, "repacked %zu bytes under %s", bytes, moe_quant_int_isa_name());
+    float *r1 = calloc(n, sizeof *r1), *r2 = calloc(n, sizeof *r2), *r3 = calloc(n, sizeof *r3), *rf = calloc(n, sizeof *rf);
+    if (r1 && r2 && r3 && rf) {
+        CHECK(run(m, ids, 1, 64, r1) && run(m, ids, 2, 64, r2) && run(m, ids, 2, 7, r3), "repacked runs");
+        CHECK(memcmp(r1, r2, n * sizeof *r1) == 0, "repacked: 1 and 2 threads give different logits");
+        CHECK(memcmp(r2, r3, n * sizeof *r2) == 0, "repacked: chunks of 64 and 7 give different logits");
+        setenv("MOE_CPU_INT", "0", 1);
+        CHECK(run(m, ids, 2, 64, rf), "repacked float run");
+        unsetenv("MOE_CPU_INT");
+        const double kl = mean_kl(li, r1, V), klf = mean_kl(lf, rf, V);
+        const int agree = same_argmax(li, r1, V);
+        double dmax = 0;
+        for (size_t i = 0; i < n; i++) dmax = fmax(dmax, fabs((double)li[i] - r1[i]));
+        printf("  q4_k repacked (%.2f MB): KL to the stored layout's logits %.3g (largest difference %.3g), same "
+               "argmax %d/%d; float path KL %.3g\n", (double)bytes / 1e6, kl, dmax, agree, rows, klf);
+        CHECK(klf < 1e-6, "repacked: the float path reads different weights (KL %.3g)", klf);
+        if (!vnni) CHECK(memcmp(r1, li, n * sizeof *r1) == 0, "nothing repacked, yet the logits moved");
+        CHECK(kl < 1e-6 && agree >= rows - 1, "repacked: KL %.3g, argmax differs at %d positions", kl, rows - agree);
+    }
+    free(r1), free(r2), free(r3), free(rf);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: test-backend-cpu MOE-PREP MODEL_DIR\n");
@@ -155,6 +195,7 @@ int main(int argc, char **argv) {
             CHECK(run(m, ids, 2, 64, lf), "%s: float run", precs[pi]);
             unsetenv("MOE_CPU_INT");
             compare(precs[pi], l1, lf, ref, V);
+            if (pi == 1) repacked(m, ids, l1, lf, V);
         }
         free(l1), free(l2), free(l3), free(lf);
         moe_model_free(m);
