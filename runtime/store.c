@@ -102,6 +102,8 @@ struct moe_store {
     pthread_t *threads;
     int n_threads, started;
     void **staging;          /* [n_threads] for compressed blobs and device-only slots */
+    uint8_t pack[MOE_BUNDLE_MAX_PRECISIONS]; /* per precision: bit k = part k is repacked to
+                                              * q4_k_r16 after each read (params.repack) */
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* any state change: queue, slot ready, users released */
     struct req *q;
@@ -224,6 +226,23 @@ static enum moe_status load_staged(struct moe_store *st, struct slot *s, const s
     return rc ? rc : rc2;
 }
 
+/* pack_copy: the parts of a copy just read into host memory that st->pack
+ * names, interleaved in place through the loader's staging buffer (which
+ * holds a whole blob: staging_size). */
+static enum moe_status pack_copy(const struct moe_store *st, int prec, void *host, size_t raw, void *staging) {
+    if (!st->pack[prec]) return MOE_OK;
+    const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
+    memcpy(staging, host, raw);
+    for (uint32_t k = 0; k < d->n_parts; k++) {
+        if (!(st->pack[prec] >> k & 1)) continue;
+        const struct moe_bundle_part *q = &d->parts[k];
+        enum moe_status rc = moe_repack((enum moe_qtype)q->type_id, MOE_QTYPE_Q4_K_R16, (int64_t)q->rows,
+                                        (int64_t)q->cols, (const char *)staging + q->offset, (char *)host + q->offset);
+        if (rc) return rc;
+    }
+    return MOE_OK;
+}
+
 /* load: read and check expert g at precision prec into slot s's buffer. */
 static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int prec, void *staging) {
     struct moe_bundle_blob b;
@@ -237,9 +256,12 @@ static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int
     if (b.compression == MOE_BUNDLE_COMP_NONE) {
         if ((rc = check_sum(st, &b, dst))) return rc;
         if (!host) rc = st->be->iface->buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
-        return rc;
+        return rc ? rc : host ? pack_copy(st, prec, host, (size_t)b.raw_size, staging) : MOE_OK;
     }
-    if (host) return moe_bundle_blob_decode(st->bundle, &b, staging, host, s->cap);
+    if (host) {
+        if ((rc = moe_bundle_blob_decode(st->bundle, &b, staging, host, s->cap))) return rc;
+        return pack_copy(st, prec, host, (size_t)b.raw_size, staging);
+    }
     /* device-only slot: decode after the stored bytes in staging, then copy */
     char *raw = (char *)staging + round4k(b.stored_size);
     if ((rc = moe_bundle_blob_decode(st->bundle, &b, staging, raw, (size_t)b.raw_size))) return rc;
@@ -510,6 +532,16 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     pthread_cond_init(&st->cv, NULL);
     st->cc = moe_cache_default_config();
     enum moe_status rc;
+    if (p->repack && be->iface->name && strcmp(be->iface->name, "cpu") == 0) /* layouts the CPU kernels read faster */
+        for (uint32_t pi = 0; pi < MOE_BUNDLE_MAX_PRECISIONS; pi++) {
+            const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, pi);
+            if (!d) break;
+            for (uint32_t q = 0; q < 3 && q < d->n_parts; q++) {
+                const enum moe_qtype t = (enum moe_qtype)d->parts[q].type_id;
+                if (moe_repack_type(t, (int64_t)d->parts[q].rows, (int64_t)d->parts[q].cols) == MOE_QTYPE_Q4_K_R16)
+                    st->pack[pi] |= (uint8_t)(1u << q);
+            }
+        }
     if ((rc = moe_tuning_read(moe_bundle_tuning(st->bundle), st->L > 0 ? st->L : 1, st->E, &st->tun)) ||
         (rc = setup_precisions(st)) || (rc = setup_policy(st)))
         goto fail;
@@ -972,7 +1004,8 @@ static void view_of(const struct moe_store *st, const struct slot *s, int prec, 
     const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
     struct moe_weight *w[3] = {&f->gate, &f->up, &f->down};
     for (int k = 0; k < 3; k++)
-        *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset, (enum moe_qtype)d->parts[k].type_id,
+        *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset,
+                                    st->pack[prec] >> k & 1 ? MOE_QTYPE_Q4_K_R16 : (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
     /* gpt-oss blobs: an f32 row of gate | up | down biases (checked by the model loader) */
     f->bias = d->n_parts > 3 ? (const float *)(const void *)((const char *)s->buf.data + d->parts[3].offset) : NULL;

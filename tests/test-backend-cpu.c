@@ -36,8 +36,24 @@ static char tmpdir[64] = "/tmp/test-backend-cpu-XXXXXX";
 /* run: prefill N_PROMPT tokens of `ids` in chunks of `batch`, then feed the
  * next N_GEN one by one through the KV cache (the same tokens for every
  * run, so that rows compare); logits [(N_PROMPT + N_GEN) x V]. */
-static int run(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits) {
+/* Expert outputs of a run by (layer, expert, position), when g_eo is set
+ * (the 8-bit quantization of later products' inputs can hide last-bit
+ * changes from the logits; the expert outputs show them). */
+static float *g_eo;
+static int g_eo_experts, g_eo_embd;
+static void capture(const struct moe_expert_event *ev, void *user) {
+    (void)user;
+    for (int i = 0; i < ev->n; i++) {
+        const size_t at = (((size_t)ev->layer * g_eo_experts + ev->expert) * (N_PROMPT + N_GEN) + ev->pos0 + ev->tokens[i]);
+        memcpy(g_eo + at * g_eo_embd, ev->outputs + (size_t)i * g_eo_embd, sizeof(float) * g_eo_embd);
+    }
+}
+
+static int run_store(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits,
+                     struct moe_store_params *store) {
     struct moe_session_params sp = moe_session_default_params();
+    sp.store = store;
+    if (g_eo) sp.on_expert = capture;
     sp.n_ctx = 128;
     sp.n_batch = batch;
     sp.n_threads = threads;
@@ -49,6 +65,9 @@ static int run(struct moe_model *m, const int32_t *ids, int threads, int batch, 
         ok = moe_session_forward(s, &ids[N_PROMPT + i], 1, logits + (size_t)(N_PROMPT + i) * V, 0) == MOE_OK;
     moe_session_free(s);
     return ok;
+}
+static int run(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits) {
+    return run_store(m, ids, threads, batch, logits, NULL);
 }
 
 /* mean_kl: mean over rows of KL(softmax(p) || softmax(q)). */
@@ -115,7 +134,8 @@ static void compare(const char *prec, const float *in, const float *fl, const fl
  * 8-bit quantization of the next product's input absorbs last-bit changes of
  * the expert outputs, which differ). Without AVX-512 VNNI nothing is
  * repacked and the logits must be the same bits. */
-static void repacked(struct moe_model *m, const int32_t *ids, const float *li, const float *lf, int V) {
+static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids, const float *li, const float *lf,
+                     int V) {
     const int rows = N_PROMPT + N_GEN;
     const size_t n = (size_t)rows * V;
     size_t bytes = 0;
@@ -138,6 +158,41 @@ static void repacked(struct moe_model *m, const int32_t *ids, const float *li, c
                "argmax %d/%d; float path KL %.3g\n", (double)bytes / 1e6, kl, dmax, agree, rows, klf);
         CHECK(klf < 1e-6, "repacked: the float path reads different weights (KL %.3g)", klf);
         if (!vnni) CHECK(memcmp(r1, li, n * sizeof *r1) == 0, "nothing repacked, yet the logits moved");
+        /* the expert store repacks the copies it reads (params.repack): with every
+         * expert kept, and with 5 copies kept (misses read again), the logits and
+         * every expert output are those of the resident repacked model, bit for
+         * bit, and (VNNI) the expert outputs differ from the stored layout's */
+        const size_t neo = (size_t)m->cfg.n_layer * m->cfg.n_expert * rows * m->cfg.n_embd;
+        float *eo[3] = {calloc(neo, 4), calloc(neo, 4), calloc(neo, 4)};
+        g_eo_experts = m->cfg.n_expert, g_eo_embd = (int)m->cfg.n_embd;
+        g_eo = eo[0];
+        CHECK(run(m, ids, 2, 7, r3), "resident run with expert outputs");
+        g_eo = NULL;
+        struct moe_model_params mp = moe_model_default_params();
+        mp.expert_precision = "q4_k";
+        mp.lazy_experts = 1;
+        struct moe_model *lm = NULL;
+        CHECK(moe_model_load(bundle, &mp, &lm) == MOE_OK && moe_model_repack(lm, 1, NULL) == MOE_OK, "lazy load");
+        for (int cap = 32; lm && cap >= 5; cap -= 27) {
+            struct moe_store_params sp = moe_store_default_params();
+            sp.repack = 1, sp.dynamic = 0, sp.high_cap = cap, sp.low_cap = 0, sp.high = "q4_k";
+            g_eo = eo[1];
+            CHECK(run_store(lm, ids, 2, 7, r2, &sp), "store run, %d copies", cap);
+            g_eo = NULL;
+            CHECK(memcmp(r1, r2, n * sizeof *r1) == 0, "store with %d repacked copies: logits differ from the resident "
+                  "repacked model's", cap);
+            CHECK(memcmp(eo[0], eo[1], neo * 4) == 0, "store with %d repacked copies: expert outputs differ", cap);
+        }
+        /* the store without repack on the same model: the stored rows' kernels */
+        struct moe_store_params sp = moe_store_default_params();
+        sp.dynamic = 0, sp.high_cap = 32, sp.low_cap = 0, sp.high = "q4_k";
+        g_eo = eo[2];
+        CHECK(lm && run_store(lm, ids, 2, 7, r2, &sp), "store run without repack");
+        g_eo = NULL;
+        CHECK(vnni == (memcmp(eo[0], eo[2], neo * 4) != 0), "expert outputs %s the stored layout's under %s",
+              vnni ? "equal" : "differ from", moe_quant_int_isa_name());
+        for (int k = 0; k < 3; k++) free(eo[k]);
+        moe_model_free(lm);
         CHECK(kl < 1e-6 && agree >= rows - 1, "repacked: KL %.3g, argmax differs at %d positions", kl, rows - agree);
     }
     free(r1), free(r2), free(r3), free(rf);
@@ -195,7 +250,7 @@ int main(int argc, char **argv) {
             CHECK(run(m, ids, 2, 64, lf), "%s: float run", precs[pi]);
             unsetenv("MOE_CPU_INT");
             compare(precs[pi], l1, lf, ref, V);
-            if (pi == 1) repacked(m, ids, l1, lf, V);
+            if (pi == 1) repacked(m, bundle, ids, l1, lf, V);
         }
         free(l1), free(l2), free(l3), free(lf);
         moe_model_free(m);

@@ -686,7 +686,8 @@ static int load_model(const struct args *a, struct run *r) {
     char what[256];
     moe_model_precision_summary(r->model, what, sizeof what);
     if (r->model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
-    if (!a->no_repack && a->gpu.device < 0) { /* the CPU backend: its fastest layouts (experts: unless the store holds them) */
+    if (!a->no_repack && a->gpu.device < 0) { /* the CPU backend: its fastest layouts (experts: unless the store holds them,
+                                                * which then repacks its copies: make_session) */
         size_t bytes;
         const double t0 = moe_now_s();
         if (moe_model_repack(r->model, !a->use_store, &bytes) != MOE_OK) return 1;
@@ -721,6 +722,7 @@ static int make_session(struct args *a, struct run *r) {
     struct moe_session_params *sp = &r->sp;
     *sp = moe_session_default_params();
     if (a->use_store) sp->store = &a->store;
+    a->store.repack = !a->no_repack && a->gpu.device < 0;
     sp->record_trace = a->trace_out != NULL;
 #ifdef MOE_HAVE_CUDA
     if (a->gpu.device >= 0) {
