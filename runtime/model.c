@@ -1347,6 +1347,24 @@ static int64_t repack_list(struct moe_model *m, int experts, struct moe_weight *
     return n;
 }
 
+/* A share of moe_model_repack's copies for one thread: weights i = t, t + n, ... */
+struct repack_job {
+    struct moe_weight **w;
+    uint8_t **dst; /* [n_w] where each goes, NULL = stays */
+    int64_t n_w;
+    int t, n;
+    enum moe_status st;
+};
+
+static void *repack_thread(void *arg) {
+    struct repack_job *j = arg;
+    for (int64_t i = j->t; i < j->n_w && !j->st; i += j->n)
+        if (j->dst[i])
+            j->st = moe_repack(j->w[i]->type, moe_repack_type(j->w[i]->type, j->w[i]->n_out, j->w[i]->n_in),
+                               j->w[i]->n_out, j->w[i]->n_in, j->w[i]->data, j->dst[i]);
+    return NULL;
+}
+
 enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes) {
     if (bytes) *bytes = 0;
     if (!m) {
@@ -1354,40 +1372,57 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
         return MOE_ERR_INVALID;
     }
     const int64_t n = repack_list(m, experts, NULL);
-    struct moe_weight **w = malloc(sizeof *w * (size_t)n);
-    if (!w) return MOE_ERR_NOMEM;
-    repack_list(m, experts, w);
-    size_t total = 0; /* each copy 64-byte aligned in one buffer */
-    for (int64_t i = 0; i < n; i++)
-        if (w[i]->data && moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in) != w[i]->type)
-            total += (w[i]->n_out * moe_qtype_row_bytes(w[i]->type, w[i]->n_in) + 63) & ~(size_t)63;
-    if (total == 0) {
-        free(w);
-        return MOE_OK;
-    }
-    void *buf = NULL;
-    if (posix_memalign(&buf, 64, total)) {
-        MOE_LOGE("%s: cannot allocate %.1f MB for the repacked weights", m->path, (double)total / 1e6);
-        free(w);
+    struct moe_weight **w = malloc(sizeof *w * (size_t)(n + 1));
+    uint8_t **dst = calloc((size_t)n + 1, sizeof *dst);
+    if (!w || !dst) {
+        free(w), free(dst);
         return MOE_ERR_NOMEM;
     }
-    enum moe_status st = own(m->impl, buf);
-    if (st) {
-        free(w);
+    repack_list(m, experts, w);
+    size_t total = 0; /* each copy 64-byte aligned in one buffer; dst holds offsets + 1 first */
+    for (int64_t i = 0; i < n; i++)
+        if (w[i]->data && moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in) != w[i]->type) {
+            dst[i] = (uint8_t *)(uintptr_t)(total + 1);
+            total += ((size_t)w[i]->n_out * moe_qtype_row_bytes(w[i]->type, w[i]->n_in) + 63) & ~(size_t)63;
+        }
+    void *buf = NULL;
+    enum moe_status st = MOE_OK;
+    if (total > 0 && posix_memalign(&buf, 64, total)) {
+        MOE_LOGE("%s: cannot allocate %.1f MB for the repacked weights", m->path, (double)total / 1e6);
+        st = MOE_ERR_NOMEM;
+    } else if (total > 0) {
+        st = own(m->impl, buf);
+    }
+    if (total == 0 || st) {
+        free(w), free(dst);
         return st;
     }
-    uint8_t *at = buf;
-    for (int64_t i = 0; i < n; i++) {
-        struct moe_weight *x = w[i];
-        const enum moe_qtype to = x->data ? moe_repack_type(x->type, x->n_out, x->n_in) : x->type;
-        if (to == x->type) continue;
-        const size_t sz = (size_t)x->n_out * moe_qtype_row_bytes(x->type, x->n_in);
-        if ((st = moe_repack(x->type, to, x->n_out, x->n_in, x->data, at))) break;
-        x->data = at;
-        x->type = to;
-        at += (sz + 63) & ~(size_t)63;
+    for (int64_t i = 0; i < n; i++)
+        if (dst[i]) dst[i] = (uint8_t *)buf + ((uintptr_t)dst[i] - 1);
+    /* the copies are memory-bound work on pages the map may still have to
+     * fault in: one thread per online CPU (up to 8), interleaved by matrix */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const int nt = ncpu < 1 ? 1 : ncpu > 8 ? 8 : (int)ncpu;
+    struct repack_job jobs[8];
+    pthread_t th[8];
+    int started = 0;
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (struct repack_job){w, dst, n, t, nt, MOE_OK};
+        if (t > 0 && pthread_create(&th[t], NULL, repack_thread, &jobs[t]) != 0) break; /* fewer threads then */
+        started = t + 1;
     }
-    free(w);
+    repack_thread(&jobs[0]);
+    for (int t = 1; t < started; t++) pthread_join(th[t], NULL);
+    for (int t = started; t < nt; t++) repack_thread(&jobs[t]); /* shares of threads that did not start */
+    for (int t = 0; t < nt; t++)
+        if (jobs[t].st) st = jobs[t].st;
+    if (!st) /* only now: the views change type and place together */
+        for (int64_t i = 0; i < n; i++)
+            if (dst[i]) {
+                w[i]->type = moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in);
+                w[i]->data = dst[i];
+            }
+    free(w), free(dst);
     if (bytes && !st) *bytes = total;
     return st;
 }
