@@ -567,6 +567,8 @@ void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k);
 void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k);
 /* The table of the ISA in use now (quant.c). */
 const struct moe_quant_kernels *moe_quant_kernels_now(void);
+/* q4_k_r16: row r's stored q4_k block from the group super-block g (quant-pack.c). */
+void moe_r16_unpack_block(const uint8_t *g, int r, uint8_t *block);
 /* Tile shape sizes: rows and activations of each enum moe_tile. */
 static inline int moe_tile_rows(enum moe_tile s) { return s == MOE_TILE_4X1 ? 4 : 1; }
 static inline int moe_tile_cols(enum moe_tile s) { return s == MOE_TILE_1X2 ? 2 : s == MOE_TILE_1X4 ? 4 : 1; }

@@ -218,12 +218,7 @@ static void ref_q4_K_r16_tile(int C, const uint8_t *const *w, const uint8_t *con
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *g = w[0] + (size_t)i * 16 * sizeof(moe_block_q4_K);
         for (int r = 0; r < 16; r++) {
-            /* the super-block of row r alone: a 1 x 256 r16 matrix is not
-             * addressable, so unpack it by hand (layout in moe-quant.h) */
-            memcpy(blk, g + 2 * r, 2);
-            memcpy(blk + 2, g + 32 + 2 * r, 2);
-            for (int k = 0; k < 3; k++) memcpy(blk + 4 + 4 * k, g + 64 + 64 * k + 4 * r, 4);
-            for (int c = 0; c < 32; c++) memcpy(blk + 16 + 4 * c, g + 256 + 64 * c + 4 * r, 4);
+            moe_r16_unpack_block(g, r, blk);
             for (int c = 0; c < C; c++)
                 acc[r * C + c] += ref_k_asym_block(blk, blk + offsetof(moe_block_q4_K, qs), NULL,
                                                    x[c] + (size_t)i * sizeof(moe_block_q8_K));
@@ -346,28 +341,26 @@ float moe_vec_dot_act(enum moe_qtype wt, const void *w, const void *xq, int64_t 
  * small enough for the chunk to stay in L2 while 4 activation rows sit in L1. */
 #define CHUNK_BYTES (64 * 1024)
 
-/* tile_loop for an interleaved layout of 16-row groups (q4_k_r16): nw is a
- * multiple of 16 and group g starts at w0 + 16 g ws. One activation: the
- * groups in order, one sequential stream over the matrix. Several: groups in
- * chunks of about CHUNK_BYTES, each chunk against 4 activations at a time. */
-static void group_loop(const moe_dotq_fn *f, int64_t nb, const uint8_t *w0, size_t ws, int64_t nw,
-                       const uint8_t *x0, size_t xs, int64_t nx, float *out, size_t osw, size_t osx) {
+/* The chunked tile loop: units of R weight rows (R = 1, or 16 for the
+ * interleaved groups of q4_k_r16: unit u starts at w0 + u R ws), `chunk`
+ * units at a time against every activation, 4 activations per call where
+ * there are 4; a call's outputs come as o[r * C + c] (r < R). */
+static void chunk_loop(const moe_dotq_fn *f, int R, int64_t chunk, int64_t nb, const uint8_t *w0, size_t ws,
+                       int64_t nw, const uint8_t *x0, size_t xs, int64_t nx, float *out, size_t osw, size_t osx) {
     float o[16 * 4];
-    const int64_t ng = nw / 16;
-    const size_t gb = 16 * ws;
-    const int64_t chunk = nx == 1 || gb >= CHUNK_BYTES ? (nx == 1 ? ng : 1) : (int64_t)(CHUNK_BYTES / gb);
-    for (int64_t g0 = 0; g0 < ng; g0 += chunk) {
-        const int64_t g1 = g0 + chunk < ng ? g0 + chunk : ng;
+    const int64_t nu = nw / R;
+    for (int64_t u0 = 0; u0 < nu; u0 += chunk) {
+        const int64_t u1 = u0 + chunk < nu ? u0 + chunk : nu;
         for (int64_t c = 0; c < nx;) {
             const int64_t left = nx - c;
             const enum moe_tile s = left >= 4 ? MOE_TILE_1X4 : left >= 2 ? MOE_TILE_1X2 : MOE_TILE_1X1;
             const int C = moe_tile_cols(s);
             const uint8_t *x[4] = {x0 + c * xs, x0 + (c + 1) * xs, x0 + (c + 2) * xs, x0 + (c + 3) * xs};
-            for (int64_t g = g0; g < g1; g++) {
-                const uint8_t *w = w0 + (size_t)g * gb;
+            for (int64_t u = u0; u < u1; u++) {
+                const uint8_t *w = w0 + (size_t)(u * R) * ws;
                 f[s](&w, x, nb, o);
-                for (int r = 0; r < 16; r++)
-                    for (int i = 0; i < C; i++) out[(16 * g + r) * (int64_t)osw + (c + i) * (int64_t)osx] = o[r * C + i];
+                for (int r = 0; r < R; r++)
+                    for (int i = 0; i < C; i++) out[(u * R + r) * (int64_t)osw + (c + i) * (int64_t)osx] = o[r * C + i];
             }
             c += C;
         }
@@ -382,8 +375,13 @@ static void tile_loop(const struct moe_quant_kernels *k, enum moe_qtype wt, int6
                       size_t osx) {
     const moe_dotq_fn *f = k->dotq[wt];
     float o[4];
-    if (moe_qtype_group_rows(wt) == 16) {
-        group_loop(f, nb, w0, ws, nw, x0, xs, nx, out, osw, osx);
+    const int R = moe_qtype_group_rows(wt);
+    const size_t ub = (size_t)R * ws; /* bytes of a unit (a row, or a group of 16 interleaved rows) */
+    if (R > 1) {
+        /* groups: one sequential stream over the matrix for one activation;
+         * chunks of about CHUNK_BYTES for several */
+        chunk_loop(f, R, nx == 1 ? nw / R : ub >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / ub), nb, w0, ws, nw, x0, xs,
+                   nx, out, osw, osx);
         return;
     }
     if (!f[MOE_TILE_1X1]) { /* plain types: float activations, moe_vec_dot's kernel */
@@ -411,22 +409,7 @@ static void tile_loop(const struct moe_quant_kernels *k, enum moe_qtype wt, int6
         return;
     }
     const size_t rb = moe_qtype_row_bytes(wt, nb * moe_qtype_block_size(wt));
-    const int64_t chunk = rb >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / rb);
-    for (int64_t r0 = 0; r0 < nw; r0 += chunk) {
-        const int64_t r1 = r0 + chunk < nw ? r0 + chunk : nw;
-        for (int64_t c = 0; c < nx;) {
-            const int64_t left = nx - c;
-            const enum moe_tile s = left >= 4 ? MOE_TILE_1X4 : left >= 2 ? MOE_TILE_1X2 : MOE_TILE_1X1;
-            const int C = moe_tile_cols(s);
-            const uint8_t *x[4] = {x0 + c * xs, x0 + (c + 1) * xs, x0 + (c + 2) * xs, x0 + (c + 3) * xs};
-            for (int64_t r = r0; r < r1; r++) {
-                const uint8_t *w = w0 + r * ws;
-                f[s](&w, x, nb, o);
-                for (int i = 0; i < C; i++) out[r * osw + (c + i) * osx] = o[i];
-            }
-            c += C;
-        }
-    }
+    chunk_loop(f, 1, rb >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / rb), nb, w0, ws, nw, x0, xs, nx, out, osw, osx);
 }
 
 /* Common argument checks of the matrix functions; logs under fn. */

@@ -46,7 +46,7 @@ static void pack_sb(const uint8_t *const *rows, uint8_t *g) {
 }
 
 /* The inverse for one row: row r of the group super-block g into block b. */
-static void unpack_sb(const uint8_t *g, int r, uint8_t *b) {
+void moe_r16_unpack_block(const uint8_t *g, int r, uint8_t *b) {
     memcpy(b + offsetof(moe_block_q4_K, d), g + R16_D + 2 * r, 2);
     memcpy(b + offsetof(moe_block_q4_K, dmin), g + R16_DMIN + 2 * r, 2);
     for (int k = 0; k < 3; k++) memcpy(b + offsetof(moe_block_q4_K, scales) + 4 * k, g + R16_S + 64 * k + 4 * r, 4);
@@ -88,14 +88,22 @@ enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, i
     return MOE_OK;
 }
 
-enum moe_status moe_unpack_row(enum moe_qtype t, int64_t n_in, const void *data, int64_t row, void *dst) {
+/* The checks of the row functions below; logs under the caller's name. */
+static enum moe_status check_row_of(const char *fn, enum moe_qtype t, int64_t n_in, const void *data, int64_t row,
+                                    const void *dst) {
     const size_t rb = moe_qtype_row_bytes(t, n_in);
     if (moe_qtype_group_rows(t) == 0 || row < 0 || (rb == 0 && n_in > 0) || ((!data || !dst) && n_in > 0)) {
-        MOE_LOGE("invalid row %lld of a %s matrix with rows of %lld", (long long)row, moe_qtype_name(t),
-                 (long long)n_in);
+        moe_log_func(MOE_LOG_ERROR, fn, "invalid row %lld of a %s matrix with rows of %lld", (long long)row,
+                     moe_qtype_name(t), (long long)n_in);
         return MOE_ERR_INVALID;
     }
-    if (n_in == 0) return MOE_OK;
+    return MOE_OK;
+}
+
+enum moe_status moe_unpack_row(enum moe_qtype t, int64_t n_in, const void *data, int64_t row, void *dst) {
+    const size_t rb = moe_qtype_row_bytes(t, n_in);
+    enum moe_status st = check_row_of(__func__, t, n_in, data, row, dst);
+    if (st || n_in == 0) return st;
     if (t != MOE_QTYPE_Q4_K_R16) {
         memcpy(dst, (const uint8_t *)data + (size_t)row * rb, rb);
         return MOE_OK;
@@ -103,24 +111,21 @@ enum moe_status moe_unpack_row(enum moe_qtype t, int64_t n_in, const void *data,
     const int64_t nb = n_in / MOE_QK_K, g = row / R16_ROWS;
     const uint8_t *src = (const uint8_t *)data + (size_t)(g * nb) * R16_SB;
     uint8_t *d = dst;
-    for (int64_t i = 0; i < nb; i++) unpack_sb(src + (size_t)i * R16_SB, (int)(row % R16_ROWS), d + i * sizeof(moe_block_q4_K));
+    for (int64_t i = 0; i < nb; i++) moe_r16_unpack_block(src + (size_t)i * R16_SB, (int)(row % R16_ROWS), d + i * sizeof(moe_block_q4_K));
     return MOE_OK;
 }
 
 enum moe_status moe_dequantize_row_of(enum moe_qtype t, int64_t n_in, const void *data, int64_t row, float *dst) {
     const size_t rb = moe_qtype_row_bytes(t, n_in);
-    if (moe_qtype_group_rows(t) == 0 || row < 0 || (rb == 0 && n_in > 0) || ((!data || !dst) && n_in > 0)) {
-        MOE_LOGE("invalid row %lld of a %s matrix with rows of %lld", (long long)row, moe_qtype_name(t),
-                 (long long)n_in);
-        return MOE_ERR_INVALID;
-    }
+    enum moe_status st = check_row_of(__func__, t, n_in, data, row, dst);
+    if (st) return st;
     if (t != MOE_QTYPE_Q4_K_R16) return moe_dequantize_row(t, (const uint8_t *)data + (size_t)row * rb, dst, n_in);
     /* a super-block at a time through a stored block on the stack */
     const int64_t nb = n_in / MOE_QK_K, g = row / R16_ROWS;
     const uint8_t *src = (const uint8_t *)data + (size_t)(g * nb) * R16_SB;
     uint8_t blk[sizeof(moe_block_q4_K)];
     for (int64_t i = 0; i < nb; i++) {
-        unpack_sb(src + (size_t)i * R16_SB, (int)(row % R16_ROWS), blk);
+        moe_r16_unpack_block(src + (size_t)i * R16_SB, (int)(row % R16_ROWS), blk);
         moe_dequantize_row(MOE_QTYPE_Q4_K, blk, dst + i * MOE_QK_K, MOE_QK_K);
     }
     return MOE_OK;

@@ -3,7 +3,7 @@
  * formats/quant-pack.c) and its integer kernels (quant-int*.c).
  *
  *   1. Layout: moe_repack then moe_unpack_row gives every stored row back byte
- *      for byte; repacking to the type itself is a copy; the size functions
+ *      for byte (and moe_dequantize_row_of its floats); repacking to the type itself is a copy; the size functions
  *      answer as for q4_k while moe_qtype_valid, moe_qtype_from_name and the
  *      row functions refuse the layout.
  *   2. moe_repack_type picks q4_k_r16 exactly for q4_k matrices of whole
@@ -108,6 +108,7 @@ static void test_layout(void) {
         const size_t rb = moe_qtype_row_bytes(Q4K, n);
         uint8_t *w = make_matrix(nw, n), *p = malloc((size_t)nw * rb), *c = malloc((size_t)nw * rb);
         uint8_t *row = malloc(rb);
+        float *f1 = malloc((size_t)n * 4), *f2 = malloc((size_t)n * 4);
         CHECK(moe_repack(Q4K, R16, nw, n, w, p) == MOE_OK, "repack %lld x %lld", (long long)nw, (long long)n);
         CHECK(memcmp(w, p, (size_t)nw * rb) != 0, "the layout differs from the rows");
         for (int64_t r = 0; r < nw; r++) {
@@ -115,9 +116,12 @@ static void test_layout(void) {
                   "row %lld of %lld x %lld comes back", (long long)r, (long long)nw, (long long)n);
             CHECK(moe_unpack_row(Q4K, n, w, r, row) == MOE_OK && memcmp(row, w + (size_t)r * rb, rb) == 0,
                   "stored row %lld", (long long)r);
+            CHECK(moe_dequantize_row_of(R16, n, p, r, f1) == MOE_OK &&
+                      moe_dequantize_row(Q4K, w + (size_t)r * rb, f2, n) == MOE_OK && memcmp(f1, f2, (size_t)n * 4) == 0,
+                  "row %lld of the layout dequantizes as the stored row", (long long)r);
         }
         CHECK(moe_repack(Q4K, Q4K, nw, n, w, c) == MOE_OK && memcmp(w, c, (size_t)nw * rb) == 0, "same type: a copy");
-        free(w), free(p), free(c), free(row);
+        free(w), free(p), free(c), free(row), free(f1), free(f2);
     }
     CHECK(moe_qtype_row_bytes(R16, 512) == 288 && moe_qtype_block_size(R16) == 256 &&
               moe_qtype_block_bytes(R16) == 144 && moe_act_row_bytes(R16, 512) == moe_act_row_bytes(Q4K, 512),
