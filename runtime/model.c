@@ -7,14 +7,17 @@
  * and block-scaled FP8 weights (F8_E4M3 with a `_scale_inv` per
  * weight_block_size block, DeepSeek-V3's release format) are dequantized into
  * float32 copies the model owns (4 bytes per weight), so every later stage sees
- * an ordinary f32 checkpoint.
+ * an ordinary f32 checkpoint. moe_model_repack copies q4_k matrices into the
+ * CPU kernels' interleaved layout on request.
  */
+#define _GNU_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "moe-bundle.h"
@@ -1387,10 +1390,17 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
         }
     void *buf = NULL;
     enum moe_status st = MOE_OK;
-    if (total > 0 && posix_memalign(&buf, 64, total)) {
+    const size_t huge = (size_t)2 << 20;
+    if (total > 0 && posix_memalign(&buf, huge, total)) {
         MOE_LOGE("%s: cannot allocate %.1f MB for the repacked weights", m->path, (double)total / 1e6);
         st = MOE_ERR_NOMEM;
     } else if (total > 0) {
+#ifdef MADV_HUGEPAGE
+        /* transparent huge pages where the system allows them on request: a
+         * 512th of the page faults at load and of the TLB misses while the
+         * kernels stream the weights (advice only: failure changes nothing) */
+        if (total >= huge) (void)madvise(buf, total & ~(huge - 1), MADV_HUGEPAGE);
+#endif
         st = own(m->impl, buf);
     }
     if (total == 0 || st) {
