@@ -453,6 +453,11 @@ float moe_vec_dot_act(enum moe_qtype wt, const void *w, const void *xq, int64_t 
  * Returns MOE_ERR_INVALID (and logs) for the errors of moe_vec_dot_act or
  * nw < 0, nx < 0 (out is untouched then); nw or nx = 0 is OK and writes nothing.
  * Thread-safe; split the rows between threads for parallel work.
+ *
+ * For the layout q4_k_r16 (moe_repack): w starts on a group, nw is a multiple
+ * of 16 and w_stride = moe_qtype_row_bytes(wt, n) (else MOE_ERR_INVALID);
+ * each output is the stored row's moe_vec_dot_act within its SIMD tolerance
+ * (bit for bit on the scalar table), whatever the split into groups.
  */
 enum moe_status moe_mat_dot_act(enum moe_qtype wt, int64_t n, const void *w, size_t w_stride, int64_t nw,
                                 const void *xq, size_t x_stride, int64_t nx, float *out, size_t out_sw,
