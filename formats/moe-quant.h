@@ -488,7 +488,7 @@ enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, 
  * lanes scaled and (at the end) summed horizontally, once per row. In
  * q4_k_r16 sixteen rows are interleaved 4 bytes at a time, so one 512-bit
  * vector holds the same 4 weight bytes of 16 rows: one vpdpbusd against 4
- * broadcast activation bytes advances all 16 rows, the scales of 16 rows are
+ * broadcast activation bytes advances all 16 rows (AVX2: two vpmaddubsw), the scales of 16 rows are
  * unpacked together, and the 16 outputs come out as one vector. The idea is
  * ggml's interleaved "repack" buffers; the layout here is our own:
  *
@@ -508,8 +508,9 @@ enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, 
 
 /* moe_repack_type: the layout moe_repack gives a matrix of type t with n_out
  * rows of n_in, on this CPU now: q4_k_r16 for q4_k with n_out a multiple of 16
- * when the kernel table in use has a vector kernel for it (AVX-512 VNNI);
- * otherwise t itself (no repacking worth doing). */
+ * when the kernel table in use has a vector kernel for it (AVX-512 VNNI
+ * vpdpbusd, or AVX2 vpmaddubsw); otherwise t itself (no repacking worth
+ * doing: the scalar table). */
 enum moe_qtype moe_repack_type(enum moe_qtype t, int64_t n_out, int64_t n_in);
 
 /* moe_qtype_group_rows: rows per interleaved group (16 for q4_k_r16), 1 for

@@ -391,6 +391,127 @@ static TGT void act_q8_K(const float *x, void *y, int64_t nb) {
         (k)->dotq[MOE_QTYPE_##TYPE][MOE_TILE_4X1] = v_##T##_4x1;                 \
     } while (0)
 
+/* ==== q4_k_r16: 16 interleaved q4_k rows (moe-quant.h) against q8_k ====== */
+
+/* Shuffle control: byte j of every dword twice, as the int16 pair (v, v). */
+INL __m256i pick_byte2(int j) {
+    const __m256i base = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
+    const __m256i b = _mm256_add_epi32(base, _mm256_set1_epi32(j));
+    return _mm256_or_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 16)), _mm256_set1_epi32((int)0x80008000u));
+}
+/* ... bytes 2t and 2t+1 of every dword as the int16 pair (lo, hi). */
+INL __m256i pick_pair2(int t) {
+    const __m256i base = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
+    const __m256i b = _mm256_add_epi32(base, _mm256_set1_epi32(2 * t));
+    return _mm256_or_si256(_mm256_or_si256(b, _mm256_slli_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(1)), 16)),
+                           _mm256_set1_epi32((int)0x80008000u));
+}
+INL int32_t i32at(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/*
+ * NH halves of a group from half h0 (rows 8h .. 8h+7 are the 32-byte half h
+ * of each 64-byte column) over all nb super-blocks against C activations,
+ * NH * C <= 2 (the 16 ymm registers): out[(8h + r) * C + c]. As the AVX-512
+ * kernel, with vpmaddubsw for vpdpbusd: a column gives every row two int16
+ * sums of 2 products; 4 columns added in int16 stay below 2^15 (4 * 2 * 15 *
+ * 127), then vpmaddwd applies the sub-block scale as the pair (s, s). With
+ * one activation both halves go together (one pass over the weights); with
+ * two, one half at a time (the group's bytes are in cache for the second).
+ */
+INL void r16_part(const int C, const int NH, const uint8_t *w, int h0, const uint8_t *const *x, int64_t nb,
+                  float *out) {
+    __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m3f = _mm256_set1_epi8(0x3f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *g = w + i * 16 * (int64_t)sizeof(moe_block_q4_K);
+        __m256i sc03[2], sc47[2], isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int e = 0; e < NH; e++) {
+            const __m256i S0 = ld32(g + 64 + 32 * (h0 + e)), S2 = ld32(g + 192 + 32 * (h0 + e));
+            sc03[e] = _mm256_and_si256(S0, m3f);
+            sc47[e] = _mm256_or_si256(_mm256_and_si256(S2, m0f), _mm256_and_si256(_mm256_srli_epi16(S0, 2), m30));
+        }
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) {
+                __m256i aL[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, aH[2] = {aL[0], aL[1]};
+                _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
+                    const int j = 4 * hh + jj;
+                    _Pragma("GCC unroll 2") for (int e = 0; e < NH; e++) {
+                        const __m256i v = ld32(g + 256 + 64 * (8 * k + j) + 32 * (h0 + e));
+                        const __m256i lo = _mm256_and_si256(v, m0f);
+                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                        _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {
+                            const uint8_t *xo = x[c] + QK8 * i + 4 + 64 * k + 4 * j;
+                            const int q = e * C + c;
+                            aL[q] = _mm256_add_epi16(aL[q], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(i32at(xo))));
+                            aH[q] = _mm256_add_epi16(aH[q], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(i32at(xo + 32))));
+                        }
+                    }
+                }
+                _Pragma("GCC unroll 2") for (int e = 0; e < NH; e++) {
+                    const __m256i src = k < 2 ? sc03[e] : sc47[e];
+                    const __m256i sA = _mm256_shuffle_epi8(src, pick_byte2((2 * k) % 4));
+                    const __m256i sB = _mm256_shuffle_epi8(src, pick_byte2((2 * k + 1) % 4));
+                    _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {
+                        const int q = e * C + c;
+                        isum[q] = _mm256_add_epi32(isum[q], _mm256_madd_epi16(aL[q], sA));
+                        isum[q] = _mm256_add_epi32(isum[q], _mm256_madd_epi16(aH[q], sB));
+                    }
+                }
+            }
+        }
+        _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x[c] + QK8 * i;
+            const __m256i b32 = _mm256_madd_epi16(ld32(xb + 260), _mm256_set1_epi16(1));
+            int32_t bp[8];
+            _mm256_storeu_si256((__m256i *)bp, _mm256_packs_epi32(b32, b32));
+            const __m256 dx = _mm256_set1_ps(f32at(xb));
+            _Pragma("GCC unroll 2") for (int e = 0; e < NH; e++) {
+                const int h = h0 + e, q = e * C + c;
+                const __m256i S1 = ld32(g + 128 + 32 * h), S2 = ld32(g + 192 + 32 * h);
+                const __m256i mn03 = _mm256_and_si256(S1, m3f);
+                const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(S2, 4), m0f),
+                                                     _mm256_and_si256(_mm256_srli_epi16(S1, 2), m30));
+                __m256i ms = _mm256_madd_epi16(_mm256_shuffle_epi8(mn03, pick_pair2(0)), _mm256_set1_epi32(bp[0]));
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn03, pick_pair2(1)), _mm256_set1_epi32(bp[1])));
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn47, pick_pair2(0)), _mm256_set1_epi32(bp[4])));
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn47, pick_pair2(1)), _mm256_set1_epi32(bp[5])));
+                const __m256 d = _mm256_cvtph_ps(ld16(g + 16 * h)), dm = _mm256_cvtph_ps(ld16(g + 32 + 16 * h));
+                f[q] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[q]), f[q]);
+                f[q] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), f[q]);
+            }
+        }
+    }
+    float t[8];
+    for (int e = 0; e < NH; e++)
+        for (int c = 0; c < C; c++) {
+            _mm256_storeu_ps(t, f[e * C + c]);
+            for (int r = 0; r < 8; r++) out[(8 * (h0 + e) + r) * C + c] = t[r];
+        }
+}
+/* Tiles of 16 rows x 1, 2 activations; 4 as two pairs (out[r * 4 + c]). */
+static TGT void a_q4_K_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_part(1, 2, w[0], 0, x, nb, o);
+}
+static TGT void a_q4_K_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_part(2, 1, w[0], 0, x, nb, o);
+    r16_part(2, 1, w[0], 1, x, nb, o);
+}
+static TGT void a_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    float a[32], b[32];
+    for (int h = 0; h < 2; h++) {
+        r16_part(2, 1, w[0], h, x, nb, a);
+        r16_part(2, 1, w[0], h, x + 2, nb, b);
+    }
+    for (int r = 0; r < 16; r++) {
+        o[4 * r] = a[2 * r], o[4 * r + 1] = a[2 * r + 1];
+        o[4 * r + 2] = b[2 * r], o[4 * r + 3] = b[2 * r + 1];
+    }
+}
+
 void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k) {
     SET_SHAPES(k, Q8_0, q8_0);
     SET_SHAPES(k, Q4_0, q4_0);
@@ -399,11 +520,123 @@ void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k) {
     SET_SHAPES(k, Q4_K, q4_K);
     SET_SHAPES(k, Q5_K, q5_K);
     SET_SHAPES(k, Q6_K, q6_K);
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X1] = a_q4_K_r16_1x1;
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = a_q4_K_r16_1x2;
+    k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = a_q4_K_r16_1x4;
+    k->fast_r16 = 1;
     k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
     k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
     k->int_name = "avx2";
 }
 
 #else /* not x86 */
+/* ==== q4_k_r16: 16 interleaved q4_k rows (moe-quant.h) against q8_k ====== */
+
+/* Shuffle control: byte j of every dword twice, as the int16 pair (v, v). */
+INL __m256i pick_byte2(int j) {
+    const __m256i base = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
+    const __m256i b = _mm256_add_epi32(base, _mm256_set1_epi32(j));
+    return _mm256_or_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 16)), _mm256_set1_epi32((int)0x80008000u));
+}
+/* ... bytes 2t and 2t+1 of every dword as the int16 pair (lo, hi). */
+INL __m256i pick_pair2(int t) {
+    const __m256i base = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
+    const __m256i b = _mm256_add_epi32(base, _mm256_set1_epi32(2 * t));
+    return _mm256_or_si256(_mm256_or_si256(b, _mm256_slli_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(1)), 16)),
+                           _mm256_set1_epi32((int)0x80008000u));
+}
+INL int32_t i32at(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/*
+ * Rows 8h .. 8h+7 of a group (one 32-byte half of each 64-byte column) over
+ * all nb super-blocks against C activations: out[(8h + r) * C + c]. As the
+ * AVX-512 kernel, with vpmaddubsw for vpdpbusd: a column gives every row two
+ * int16 sums of 2 products; 4 columns added in int16 stay below 2^15 (4 * 2 *
+ * 15 * 127), then vpmaddwd applies the sub-block scale as the pair (s, s).
+ * The two halves of a group run one after the other (its bytes are in cache
+ * for the second).
+ */
+INL void r16_half(const int C, const uint8_t *w, int h, const uint8_t *const *x, int64_t nb, float *out) {
+    __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m3f = _mm256_set1_epi8(0x3f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *g = w + i * 16 * (int64_t)sizeof(moe_block_q4_K);
+        const __m256i S0 = ld32(g + 64 + 32 * h), S2 = ld32(g + 192 + 32 * h);
+        const __m256i sc03 = _mm256_and_si256(S0, m3f);
+        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(S2, m0f), _mm256_and_si256(_mm256_srli_epi16(S0, 2), m30));
+        __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            const __m256i src = k < 2 ? sc03 : sc47;
+            const __m256i sA = _mm256_shuffle_epi8(src, pick_byte2((2 * k) % 4));
+            const __m256i sB = _mm256_shuffle_epi8(src, pick_byte2((2 * k + 1) % 4));
+            _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) {
+                __m256i aL[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, aH[2] = {aL[0], aL[1]};
+                _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
+                    const int j = 4 * hh + jj;
+                    const __m256i v = ld32(g + 256 + 64 * (8 * k + j) + 32 * h);
+                    const __m256i lo = _mm256_and_si256(v, m0f);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                    _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {
+                        const uint8_t *xo = x[c] + QK8 * i + 4 + 64 * k + 4 * j;
+                        aL[c] = _mm256_add_epi16(aL[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(i32at(xo))));
+                        aH[c] = _mm256_add_epi16(aH[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(i32at(xo + 32))));
+                    }
+                }
+                _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(aL[c], sA));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(aH[c], sB));
+                }
+            }
+        }
+        const __m256i S1 = ld32(g + 128 + 32 * h);
+        const __m256i mn03 = _mm256_and_si256(S1, m3f);
+        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(S2, 4), m0f),
+                                             _mm256_and_si256(_mm256_srli_epi16(S1, 2), m30));
+        const __m256 d = _mm256_cvtph_ps(ld16(g + 16 * h)), dm = _mm256_cvtph_ps(ld16(g + 32 + 16 * h));
+        _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x[c] + QK8 * i;
+            const __m256i b32 = _mm256_madd_epi16(ld32(xb + 260), _mm256_set1_epi16(1));
+            int32_t bp[8];
+            _mm256_storeu_si256((__m256i *)bp, _mm256_packs_epi32(b32, b32));
+            __m256i ms = _mm256_madd_epi16(_mm256_shuffle_epi8(mn03, pick_pair2(0)), _mm256_set1_epi32(bp[0]));
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn03, pick_pair2(1)), _mm256_set1_epi32(bp[1])));
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn47, pick_pair2(0)), _mm256_set1_epi32(bp[4])));
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn47, pick_pair2(1)), _mm256_set1_epi32(bp[5])));
+            const __m256 dx = _mm256_set1_ps(f32at(xb));
+            f[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[c]), f[c]);
+            f[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), f[c]);
+        }
+    }
+    float t[8];
+    for (int c = 0; c < C; c++) {
+        _mm256_storeu_ps(t, f[c]);
+        for (int r = 0; r < 8; r++) out[(8 * h + r) * C + c] = t[r];
+    }
+}
+/* Tiles of 16 rows x 1, 2 activations; 4 as two pairs (out[r * 4 + c]). */
+static TGT void a_q4_K_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_half(1, w[0], 0, x, nb, o);
+    r16_half(1, w[0], 1, x, nb, o);
+}
+static TGT void a_q4_K_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    r16_half(2, w[0], 0, x, nb, o);
+    r16_half(2, w[0], 1, x, nb, o);
+}
+static TGT void a_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    float a[32], b[32];
+    for (int h = 0; h < 2; h++) {
+        r16_half(2, w[0], h, x, nb, a);
+        r16_half(2, w[0], h, x + 2, nb, b);
+    }
+    for (int r = 0; r < 16; r++) {
+        o[4 * r] = a[2 * r], o[4 * r + 1] = a[2 * r + 1];
+        o[4 * r + 2] = b[2 * r], o[4 * r + 3] = b[2 * r + 1];
+    }
+}
+
 void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k) { (void)k; }
 #endif

@@ -132,7 +132,7 @@ static void compare(const char *prec, const float *in, const float *fl, const fl
  * the integer path's kernels differ only in float rounding (KL below 1e-6,
  * same argmax; here the logits even come out bit-identical, because the
  * 8-bit quantization of the next product's input absorbs last-bit changes of
- * the expert outputs, which differ). Without AVX-512 VNNI nothing is
+ * the expert outputs, which differ). With the scalar kernels nothing is
  * repacked and the logits must be the same bits. */
 static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids, const float *li, const float *lf,
                      int V) {
@@ -140,7 +140,7 @@ static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids
     const size_t n = (size_t)rows * V;
     size_t bytes = 0;
     CHECK(moe_model_repack(m, 1, &bytes) == MOE_OK, "moe_model_repack");
-    const int vnni = strcmp(moe_quant_int_isa_name(), "avx512vnni") == 0;
+    const int vnni = strcmp(moe_quant_int_isa_name(), "scalar") != 0; /* a vector kernel for the layout */
     CHECK(vnni ? bytes > 0 : bytes == 0, "repacked %zu bytes under %s", bytes, moe_quant_int_isa_name());
     float *r1 = calloc(n, sizeof *r1), *r2 = calloc(n, sizeof *r2), *r3 = calloc(n, sizeof *r3), *rf = calloc(n, sizeof *rf);
     if (r1 && r2 && r3 && rf) {
