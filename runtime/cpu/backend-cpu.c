@@ -15,10 +15,13 @@
  * every type take the float path: for measuring what the 8-bit activations
  * change (test-backend-cpu).
  * Work is split across a thread pool by output rows (matmuls, every expert's
- * rows across all threads) and by (token, head) pairs (attention). No memory
- * is allocated after moe_backend_cpu_new.
+ * rows across all threads) and by tiles of (token, head) pairs that share a
+ * KV head (attention: scores against keys stored transposed in blocks, a
+ * vectorised softmax, then the values). No memory is allocated after
+ * moe_backend_cpu_new.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +36,8 @@ struct cpu {
     int64_t q_dim, kv_dim, max_in, max_ff;
     int64_t kv_row;             /* floats per token and layer in k_cache: kv_dim (GQA), or
                                  * kv_lora_rank + qk_rope_dim (MLA: latent, then rope key) */
-    float *k_cache, *v_cache;   /* [n_layer][n_ctx][kv_row]; v_cache [..][kv_dim] (GQA only) */
+    float *k_cache, *v_cache;   /* GQA: [n_layer][n_head_kv] key blocks (ATT_KB), v_cache
+                                 * [n_layer][n_ctx][kv_dim]; MLA: k_cache [n_layer][n_ctx][kv_row] */
     size_t kv_bytes;            /* both caches' bytes */
     /* MLA scratch: q LoRA rank output, the latent + rope key of the chunk, the
      * absorbed queries and the attention's latent outputs */
@@ -50,12 +54,13 @@ struct cpu {
     uint8_t *aq;                /* [B x aq_cap] quantized activation rows (integer products) */
     size_t aq_cap;              /* bytes per row of aq */
     float *row_buf;             /* [n_threads x max_in] weight row conversion */
-    float *att_buf;             /* [n_threads x n_ctx] attention scores */
+    float *att_buf;             /* [n_threads x att_stride] attention scores */
     float *inv_freq;            /* [n_rot/2] */
     float *rope_cos, *rope_sin; /* [B x n_rot/2] */
     int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
     int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
     int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
+    int avx512;                 /* ... and AVX-512 F and VL (attention's wider tiles) */
     int use_int;                /* integer products for the types that have them (MOE_CPU_INT) */
 };
 
@@ -341,94 +346,250 @@ static void rope_apply(float *v, int n_heads, int head_dim, int n_rot, int inter
 
 /* ---- attention -------------------------------------------------------- */
 
-struct att_ctx {
-    struct cpu *s;
-    int layer, pos0, n_tok;
-};
+/* Grouped-query attention keeps its keys transposed in blocks of ATT_KB
+ * positions: for layer l and KV head h, the n_ctx positions' keys are one
+ * region of n_ctx x head_dim floats, and block b (positions ATT_KB b ..
+ * ATT_KB b + w - 1, w = min(ATT_KB, n_ctx - ATT_KB b)) holds head_dim rows of
+ * w floats, dimension d of those positions side by side. A query's scores
+ * against a block are then one vector sum over d of q[d] times a row of the
+ * block: no horizontal sums, and the same operations for one query (decoding)
+ * as for a tile of several (prompts), so results do not depend on how tokens
+ * are chunked or split between threads. Values stay one row of kv_dim floats
+ * per position. */
+#define ATT_KB 8
 
-/* att_body: the (token, head) pairs [b, e): scores against the cached keys,
- * softmax, weighted sum of the cached values. Inlined into a generic and an
- * AVX2+FMA copy (att_range picks one by the CPU), so that the dot products
- * and the value sums use the wide registers where the CPU has them. */
-static inline __attribute__((always_inline)) void att_body(struct att_ctx *a, int64_t b, int64_t e, int tid) {
-    struct cpu *s = a->s;
-    const struct moe_config *c = &s->m->cfg;
-    const int hd = c->head_dim, group = c->n_head / c->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *sc = s->att_buf + (size_t)tid * (size_t)s->p.n_ctx;
-    const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_dim;
-    const float *vc = s->v_cache + (size_t)a->layer * s->p.n_ctx * s->kv_dim;
-    for (int64_t it = b; it < e; it++) {
-        int t = (int)(it / c->n_head), h = (int)(it % c->n_head), kvh = h / group;
-        int p = a->pos0 + t;
-        int lo = 0;
-        if (c->layer_sliding[a->layer] && p - c->sliding_window + 1 > 0) lo = p - c->sliding_window + 1;
-        const float *qv = s->q + (size_t)t * s->q_dim + (size_t)h * hd;
-        float mx = -INFINITY;
-        const float *kh = kc + (size_t)kvh * hd;
-        int j = lo;
-        for (; j + 4 <= p + 1; j += 4) {
-            dot4(qv, kh + (size_t)j * s->kv_dim, (size_t)s->kv_dim, hd, sc + j);
-            for (int u = 0; u < 4; u++) {
-                sc[j + u] *= scale;
-                if (sc[j + u] > mx) mx = sc[j + u];
-            }
-        }
-        for (; j <= p; j++) {
-            sc[j] = dot(qv, kh + (size_t)j * s->kv_dim, hd) * scale;
-            if (sc[j] > mx) mx = sc[j];
-        }
-        const float *sink = s->m->layers[a->layer].sinks; /* gpt-oss: a logit with no value */
-        if (sink && sink[h] > mx) mx = sink[h];
-        float sum = sink ? expf(sink[h] - mx) : 0.0f;
-        for (j = lo; j <= p; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        /* out[d] = sum over j in order of w_j * v_j[d], 32 (then 8, then 1)
-         * columns at a time in registers */
-        float *out = s->att + (size_t)t * s->q_dim + (size_t)h * hd;
-        const float *vh = vc + (size_t)kvh * hd;
-        for (j = lo; j <= p; j++) sc[j] = sc[j] / sum;
-        int d = 0;
-        for (; d + 32 <= hd; d += 32) {
-            v8f o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
-            for (j = lo; j <= p; j++) {
-                const float *vv = vh + (size_t)j * s->kv_dim + d, w = sc[j];
-                const v8f wv = {w, w, w, w, w, w, w, w};
-                o0 += wv * ld8(vv), o1 += wv * ld8(vv + 8), o2 += wv * ld8(vv + 16), o3 += wv * ld8(vv + 24);
-            }
-            memcpy(out + d, &o0, sizeof o0), memcpy(out + d + 8, &o1, sizeof o1);
-            memcpy(out + d + 16, &o2, sizeof o2), memcpy(out + d + 24, &o3, sizeof o3);
-        }
-        for (; d + 8 <= hd; d += 8) {
-            v8f o0 = {0};
-            for (j = lo; j <= p; j++) {
-                const float w = sc[j];
-                const v8f wv = {w, w, w, w, w, w, w, w};
-                o0 += wv * ld8(vh + (size_t)j * s->kv_dim + d);
-            }
-            memcpy(out + d, &o0, sizeof o0);
-        }
-        for (; d < hd; d++) {
-            float o = 0;
-            for (j = lo; j <= p; j++) o += sc[j] * vh[(size_t)j * s->kv_dim + d];
-            out[d] = o;
-        }
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* splat8: f in every lane; for constants (a variable times a vector is the
+ * form that compiles to one broadcast). */
+static inline __attribute__((always_inline)) v8f splat8(float f) { return (v8f){f, f, f, f, f, f, f, f}; }
+static inline __attribute__((always_inline)) void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+/* sel8: a where the mask m (a comparison's result) is set, else b. */
+static inline __attribute__((always_inline)) v8f sel8(v8i m, v8f a, v8f b) {
+    return (v8f)(((v8i)a & m) | ((v8i)b & ~m));
+}
+
+/* vexp: e^x lane by lane for the softmax (x <= 0 there): Cephes' expf, x = n
+ * ln2 + r with |r| <= ln2/2, a polynomial for e^r times 2^n built in the
+ * exponent bits. About 1 ulp; 0 below -87 and for -inf (masked scores); NaN
+ * stays NaN. */
+static inline __attribute__((always_inline)) v8f vexp(v8f x) {
+    const v8f magic = splat8(12582912.0f); /* 1.5 x 2^23: adding it rounds to an integer */
+    const v8i under = x < splat8(-87.0f);
+    x = sel8(under, splat8(-87.0f), x);
+    const v8f t = x * splat8(1.44269504088896341f) + magic;
+    const v8f n = t - magic;
+    v8f r = x - n * splat8(0.693359375f);
+    r = r - n * splat8(-2.12194440e-4f);
+    v8f p = splat8(1.9875691500e-4f);
+    p = p * r + splat8(1.3981999507e-3f);
+    p = p * r + splat8(8.3334519073e-3f);
+    p = p * r + splat8(4.1665795894e-2f);
+    p = p * r + splat8(1.6666665459e-1f);
+    p = p * r + splat8(5.0000001201e-1f);
+    const v8f y = p * (r * r) + r + splat8(1.0f);
+    const v8i e = ((v8i)t - (v8i)magic + 127) << 23;
+    return (v8f)((v8i)(y * (v8f)e) & ~under);
+}
+
+/* key_block: block b of KV head h of layer l as [head_dim][ATT_KB]; a last
+ * block narrower than ATT_KB (n_ctx not a multiple of it) is copied into
+ * `pad` with zeros after its positions. */
+static const float *key_block(const struct cpu *s, int l, int h, int b, float *pad) {
+    const int hd = s->m->cfg.head_dim, w = s->p.n_ctx - b * ATT_KB < ATT_KB ? s->p.n_ctx - b * ATT_KB : ATT_KB;
+    const float *base = s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
+                        (size_t)b * ATT_KB * hd;
+    if (w == ATT_KB) return base;
+    for (int d = 0; d < hd; d++)
+        for (int i = 0; i < ATT_KB; i++) pad[d * ATT_KB + i] = i < w ? base[d * w + i] : 0.0f;
+    return pad;
+}
+
+/* key_store: position p's keys (kv_dim floats, every KV head) into layer l's
+ * key blocks. */
+static void key_store(struct cpu *s, int l, int p, const float *k) {
+    const int hd = s->m->cfg.head_dim, b = p / ATT_KB;
+    const int w = s->p.n_ctx - b * ATT_KB < ATT_KB ? s->p.n_ctx - b * ATT_KB : ATT_KB;
+    for (int h = 0; h < s->m->cfg.n_head_kv; h++) {
+        float *dst = s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
+                     (size_t)b * ATT_KB * hd + p % ATT_KB;
+        for (int d = 0; d < hd; d++) dst[(size_t)d * w] = k[h * hd + d];
     }
 }
 
-static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_body(a, b, e, tid); }
+struct att_ctx {
+    struct cpu *s;
+    int layer, pos0, n_tok;
+    int qt;          /* queries per tile: 1, 2 or 4 */
+    int64_t n_pairs; /* (token, head) pairs per KV head: n_tok x group */
+    int64_t n_tiles; /* tiles per KV head */
+};
+
+/* The per-thread scratch of attention: qt score rows of up to n_ctx +
+ * ATT_KB positions, then one padded key block. */
+static size_t att_stride(const struct cpu *s) {
+    return ((size_t)4 * (size_t)(s->p.n_ctx + ATT_KB) + (size_t)s->m->cfg.head_dim * ATT_KB + 15) & ~(size_t)15;
+}
+
+/* att_scores: scores of the QT queries q[] against NB key blocks from b
+ * (relative block rb in the rows of sc, ns floats apart): per position, the
+ * sum over d in order of q[d] k[d], times scale. */
+static inline __attribute__((always_inline)) void att_scores(const struct att_ctx *a, int kvh, int b, int rb,
+                                                             const float *const *q, float *sc, int ns, float *pad,
+                                                             const int QT, const int NB) {
+    const struct cpu *s = a->s;
+    const int hd = s->m->cfg.head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *kb[4];
+    for (int u = 0; u < NB; u++) kb[u] = key_block(s, a->layer, kvh, b + u, pad);
+    v8f acc[4][4];
+    for (int r = 0; r < QT; r++)
+        for (int u = 0; u < NB; u++) acc[r][u] = splat8(0.0f);
+    for (int d = 0; d < hd; d++) {
+        v8f kv[4];
+        for (int u = 0; u < NB; u++) kv[u] = ld8(kb[u] + (size_t)d * ATT_KB);
+        for (int r = 0; r < QT; r++) {
+            const float qd = q[r][d]; /* scalar x vector: one broadcast (GCC makes a
+                                       * lane-by-lane insert of a {x, x, ..} constructor) */
+            for (int u = 0; u < NB; u++) acc[r][u] += qd * kv[u];
+        }
+    }
+    for (int r = 0; r < QT; r++)
+        for (int u = 0; u < NB; u++) st8(sc + (size_t)r * ns + (size_t)(rb + u) * ATT_KB, acc[r][u] * scale);
+}
+
+/* att_values: out[r][d0 .. d0 + 8 NV) = sum over positions j0 .. j1 in
+ * order of e_r[j] v_j, divided by sum[r]; rows r < n are written. */
+static inline __attribute__((always_inline)) void att_values(const float *vc, size_t ldv, int j0, int j1,
+                                                             const float *sc, int ns, const float *sum,
+                                                             float *const *out, int n, int d0, const int QT,
+                                                             const int NV) {
+    v8f acc[4][4];
+    for (int r = 0; r < QT; r++)
+        for (int u = 0; u < NV; u++) acc[r][u] = splat8(0.0f);
+    for (int j = j0; j <= j1; j++) {
+        const float *vr = vc + (size_t)j * ldv + d0;
+        v8f vv[4];
+        for (int u = 0; u < NV; u++) vv[u] = ld8(vr + 8 * u);
+        for (int r = 0; r < QT; r++) {
+            const float e = sc[(size_t)r * ns + (size_t)(j - j0)];
+            for (int u = 0; u < NV; u++) acc[r][u] += e * vv[u];
+        }
+    }
+    for (int r = 0; r < n; r++)
+        for (int u = 0; u < NV; u++) st8(out[r] + d0 + 8 * u, acc[r][u] / sum[r]);
+}
+
+/* att_tile: attention of the (token, head) pairs pair0 .. pair0 + n - 1 (n <=
+ * QT; pairs t x group + g, token-major) of KV head kvh, which share its keys
+ * and values. Rows past n repeat the last pair and are not written. Scores in
+ * blocks of NKB keys, values NV vectors of 8 columns at a time; every output
+ * is computed with the same operations in the same order whatever QT, NKB,
+ * NV, the tile or the chunk. */
+static inline __attribute__((always_inline)) void att_tile(const struct att_ctx *a, int kvh, int64_t pair0, int n,
+                                                           float *sc, float *pad, const int QT, const int NKB,
+                                                           const int NV) {
+    const struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int hd = c->head_dim, group = c->n_head / c->n_head_kv, l = a->layer;
+    const float *sink = s->m->layers[l].sinks; /* gpt-oss: a logit with no value */
+    const float *q[4];
+    float *out[4] = {NULL}, sum[4] = {0};
+    int p[4], lo[4], h[4], klo = INT32_MAX, khi = 0;
+    for (int r = 0; r < QT; r++) {
+        const int64_t pr = pair0 + (r < n ? r : n - 1);
+        const int t = (int)(pr / group);
+        h[r] = kvh * group + (int)(pr % group);
+        p[r] = a->pos0 + t;
+        lo[r] = c->layer_sliding[l] && p[r] - c->sliding_window + 1 > 0 ? p[r] - c->sliding_window + 1 : 0;
+        q[r] = s->q + (size_t)t * s->q_dim + (size_t)h[r] * hd;
+        out[r] = s->att + (size_t)t * s->q_dim + (size_t)h[r] * hd;
+        if (lo[r] < klo) klo = lo[r];
+        if (p[r] > khi) khi = p[r];
+    }
+    /* scores of positions j0 .. j0 + ns - 1 (whole key blocks) */
+    const int b0 = klo / ATT_KB, b1 = khi / ATT_KB, ns = (b1 - b0 + 1) * ATT_KB, j0 = b0 * ATT_KB;
+    int b = b0;
+    for (; b + NKB - 1 <= b1; b += NKB) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, NKB);
+    for (; b <= b1; b++) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, 1);
+    /* softmax numerators in place (masked positions: 0) and their sums, in
+     * 8 lanes by position mod 8, then sum8 */
+    for (int r = 0; r < QT; r++) {
+        float *row = sc + (size_t)r * ns;
+        for (int j = j0; j < lo[r]; j++) row[j - j0] = -INFINITY;
+        for (int j = p[r] + 1; j < j0 + ns; j++) row[j - j0] = -INFINITY;
+        v8f mv = splat8(-INFINITY);
+        for (int i = 0; i < ns; i += 8) {
+            const v8f x = ld8(row + i);
+            mv = sel8(x > mv, x, mv);
+        }
+        float mx = mv[0];
+        for (int i = 1; i < 8; i++) mx = mv[i] > mx ? mv[i] : mx;
+        if (sink && sink[h[r]] > mx) mx = sink[h[r]];
+        v8f sv = splat8(0.0f);
+        for (int i = 0; i < ns; i += 8) {
+            const v8f e = vexp(ld8(row + i) - mx);
+            st8(row + i, e);
+            sv += e;
+        }
+        sum[r] = sum8(sv) + (sink ? vexp(splat8(0.0f) + (sink[h[r]] - mx))[0] : 0.0f);
+    }
+    /* out = sum_j e_j v_j / sum over positions j0 .. khi (exact zeros past a
+     * row's own position) */
+    const float *vc = s->v_cache + (size_t)l * s->p.n_ctx * s->kv_dim + (size_t)kvh * hd;
+    int d = 0;
+    for (; d + 8 * NV <= hd; d += 8 * NV) att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, NV);
+    for (; d + 8 <= hd; d += 8) att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, 1);
+    for (; d < hd; d++)
+        for (int r = 0; r < n; r++) {
+            float o = 0;
+            for (int j = j0; j <= khi; j++) o += sc[(size_t)r * ns + (size_t)(j - j0)] * vc[(size_t)j * s->kv_dim + d];
+            out[r][d] = o / sum[r];
+        }
+}
+
+/* att_items: work items [b, e) of the attention loop: item i is KV head i %
+ * n_kv of tile n_tiles - 1 - i / n_kv (the latest tokens, with the most
+ * positions to attend to, first: the threads finish together). */
+static inline __attribute__((always_inline)) void att_items(const struct att_ctx *a, int64_t b, int64_t e, int tid,
+                                                            const int NKB, const int NV) {
+    const struct cpu *s = a->s;
+    const int nkv = s->m->cfg.n_head_kv;
+    float *sc = s->att_buf + (size_t)tid * att_stride(s);
+    float *pad = sc + (size_t)4 * (size_t)(s->p.n_ctx + ATT_KB);
+    for (int64_t it = b; it < e; it++) {
+        const int kvh = (int)(it % nkv);
+        const int64_t pair0 = (a->n_tiles - 1 - it / nkv) * a->qt;
+        const int n = (int)(a->n_pairs - pair0 < a->qt ? a->n_pairs - pair0 : a->qt);
+        if (a->qt == 4)
+            att_tile(a, kvh, pair0, n, sc, pad, 4, NKB, NV);
+        else if (a->qt == 2)
+            att_tile(a, kvh, pair0, n, sc, pad, 2, NKB, NV);
+        else
+            att_tile(a, kvh, pair0, n, sc, pad, 1, NKB, NV);
+    }
+}
+
+static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_items(a, b, e, tid, 2, 2); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2,fma"))) static void att_avx2(struct att_ctx *a, int64_t b, int64_t e, int tid) {
-    att_body(a, b, e, tid);
+    att_items(a, b, e, tid, 2, 2);
+}
+/* AVX-512VL: the same 8-lane operations with 32 registers, so wider tiles */
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) static void att_avx512(struct att_ctx *a, int64_t b, int64_t e,
+                                                                            int tid) {
+    att_items(a, b, e, tid, 4, 4);
 }
 #endif
 
 static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     struct att_ctx *a = vctx;
+    if (a->s->avx512) {
+        att_avx512(a, b, e, tid);
+        return;
+    }
     if (a->s->avx2) {
         att_avx2(a, b, e, tid);
         return;
@@ -477,16 +638,18 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
         const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
         rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
         rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
-        size_t off = ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim;
-        memcpy(s->k_cache + off, k, sizeof(float) * s->kv_dim);
-        memcpy(s->v_cache + off, v, sizeof(float) * s->kv_dim);
+        key_store(s, l, pos0 + t, k);
+        memcpy(s->v_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim, v, sizeof(float) * s->kv_dim);
     }
-    struct att_ctx a = {s, l, pos0, n_tok};
-    /* (token, head) pairs; a chunk gets at least ~32K multiply-adds (scores
-     * and values over up to pos0 + n_tok positions), or short contexts
-     * would cost more in hand-offs than they gain */
-    const int64_t per_pair = (int64_t)2 * hd * (pos0 + n_tok);
-    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, (32768 + per_pair - 1) / per_pair, att_range, &a);
+    /* tiles of up to 4 (token, head) pairs of one KV head; a chunk of the
+     * loop gets at least ~32K multiply-adds (scores and values over up to
+     * pos0 + n_tok positions), or short contexts would cost more in
+     * hand-offs than they gain */
+    const int64_t n_pairs = (int64_t)n_tok * (c->n_head / c->n_head_kv);
+    const int qt = n_pairs >= 4 ? 4 : n_pairs >= 2 ? 2 : 1;
+    struct att_ctx a = {s, l, pos0, n_tok, qt, n_pairs, (n_pairs + qt - 1) / qt};
+    const int64_t per_item = (int64_t)2 * hd * qt * (pos0 + n_tok);
+    moe_pool_for(s->pool, a.n_tiles * c->n_head_kv, (32768 + per_item - 1) / per_item, att_range, &a);
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
 }
 
@@ -537,7 +700,7 @@ static void mla_score_range(void *vctx, int64_t b, int64_t e, int tid) {
     struct cpu *s = a->s;
     const struct moe_config *c = &s->m->cfg;
     const int nh = c->n_head, r = c->kv_lora_rank, rd = c->qk_rope_dim;
-    float *sc = s->att_buf + (size_t)tid * (size_t)s->p.n_ctx;
+    float *sc = s->att_buf + (size_t)tid * att_stride(s);
     const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_row;
     for (int64_t it = b; it < e; it++) {
         const int t = (int)(it / nh), h = (int)(it % nh), p = a->pos0 + t;
@@ -942,7 +1105,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
                  63) & ~(size_t)63;
     ALLOC(s->aq, B * (int64_t)s->aq_cap);
     ALLOC(s->row_buf, T * s->max_in);
-    ALLOC(s->att_buf, T * s->p.n_ctx);
+    ALLOC(s->att_buf, T * (int64_t)att_stride(s));
     ALLOC(s->inv_freq, c->rope.n_rot / 2);
     ALLOC(s->rope_cos, B * (c->rope.n_rot / 2));
     ALLOC(s->rope_sin, B * (c->rope.n_rot / 2));
@@ -957,6 +1120,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     s->use_int = !(ie && strcmp(ie, "0") == 0);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     s->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    s->avx512 = s->avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 #endif
     *out = be;
     return MOE_OK;
