@@ -123,6 +123,47 @@ static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf
     return buf;
 }
 
+/* ---- token splits --------------------------------------------------------
+ *
+ * With small matrices and many tokens, a step splits the tokens between the
+ * threads instead of the output rows: each thread quantizes its own input
+ * rows and writes whole output rows, several matrices in a row (q, k, v; gate,
+ * up, down) in one loop over the tokens. A row split would make every output
+ * row cross between cores when the next step reads it, and take a loop (and
+ * its hand-offs) per matrix; it pays off for weights too large for each
+ * thread to read all of them from its cache. Results are the same either way
+ * (every output of moe_mat_dot_act is computed alike whatever the tile). */
+
+/* Tokens per chunk of a token-split loop at least, and per pass inside a
+ * chunk (a pass's quantized and intermediate rows stay in L1/L2). */
+#define TOK_MIN 8
+#define TOK_SUB 32
+/* The most weight bytes of a token-split step: every thread reads all of
+ * them, so they must stay in a core's L2. */
+#define TOKEN_SPLIT_BYTES ((size_t)512 * 1024)
+
+/* weight_bytes: the stored bytes of w. */
+static size_t weight_bytes(const struct moe_weight *w) {
+    return moe_qtype_row_bytes(w->type, w->n_in) * (size_t)w->n_out;
+}
+
+/* token_split: 1 if a step over n_tok tokens with weights of `bytes` in all
+ * splits the tokens (at least TOK_MIN per thread), 0 for a row split. */
+static int token_split(const struct cpu *s, size_t bytes, int n_tok) {
+    return bytes <= TOKEN_SPLIT_BYTES && n_tok >= TOK_MIN * s->p.n_threads;
+}
+
+/* mat_rows: y[t] = W xq[t] (+ bias) for nt quantized activation rows (stride
+ * xs), every output row. */
+static void mat_rows(const struct moe_weight *w, const float *bias, const uint8_t *xq, size_t xs, int nt, float *y,
+                     int64_t ldy) {
+    moe_mat_dot_act(w->type, w->n_in, w->data, moe_qtype_row_bytes(w->type, w->n_in), w->n_out, xq, xs, nt, y, 1,
+                    (size_t)ldy);
+    if (bias)
+        for (int t = 0; t < nt; t++)
+            for (int64_t o = 0; o < w->n_out; o++) y[(size_t)t * (size_t)ldy + (size_t)o] += bias[o];
+}
+
 struct mm_ctx {
     const struct moe_weight *w;
     const float *x; /* [n_tok x ldx] */
@@ -156,9 +197,34 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
 }
 
 /* matmul_float: y[t] = W x[t] (+ bias) through the float path. */
+/* mmt_range: tokens [b, e) of a product with aligned F32 weights (the
+ * router), every row: each input row is read once for four weight rows
+ * (dot4 computes each as dot does, so results match mm_range's). */
+static void mmt_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct mm_ctx *c = vctx;
+    const int64_t n_in = c->w->n_in, n_out = c->w->n_out;
+    const float *w = c->w->data;
+    for (int64_t t = b; t < e; t++) {
+        const float *x = c->x + t * c->ldx;
+        float *y = c->y + t * c->ldy, r[4];
+        int64_t o = 0;
+        for (; o + 4 <= n_out; o += 4) {
+            dot4(x, w + o * n_in, (size_t)n_in, n_in, r);
+            for (int u = 0; u < 4; u++) y[o + u] = r[u] + (c->bias ? c->bias[o + u] : 0.0f);
+        }
+        for (; o < n_out; o++) y[o] = dot(w + o * n_in, x, n_in) + (c->bias ? c->bias[o] : 0.0f);
+    }
+}
+
 static void matmul_float(struct cpu *s, const struct moe_weight *w, const float *bias, const float *x, int64_t ldx,
                          float *y, int64_t ldy, int n_tok) {
     struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
+    if (w->type == MOE_QTYPE_F32 && ((uintptr_t)w->data & 3u) == 0 && n_tok > 1 &&
+        token_split(s, weight_bytes(w), n_tok)) {
+        moe_pool_for(s->pool, n_tok, TOK_MIN, mmt_range, &c);
+        return;
+    }
     int64_t work = w->n_in * (int64_t)n_tok;
     int64_t min_chunk = work > 0 ? (32768 + work - 1) / work : 1;
     moe_pool_for(s->pool, w->n_out, min_chunk, mm_range, &c);
@@ -263,12 +329,18 @@ static void gu_range(void *vctx, int64_t b, int64_t e, int tid) {
                     e - b, c->xq, c->xs, c->n_tok, c->h + b, (size_t)g->n_out);
 }
 
-/* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm. */
+/* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm.
+ * The squares (exact in double) are summed in four chains, element i into
+ * chain i % 4. */
 static void rms_norm(float *y, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double s4[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int u = 0; u < 4; u++) s4[u] += (double)x[i + u] * x[i + u];
+    for (; i < n; i++) s4[i % 4] += (double)x[i] * x[i];
+    const double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
     float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+    for (i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
 }
 
 /* layer_norm: y = (x - mean) / sqrt(var + eps) * w + b (biased variance). */
@@ -598,48 +670,110 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
     att_generic(vctx, b, e, tid);
 }
 
-/* attention: self-attention block of layer l for a chunk of n_tok tokens. */
+/* qkv_post: token t's q, k and v after the projections: QK norms, clipping,
+ * RoPE, then its keys and values into layer l's cache at position pos0 + t. */
+static void qkv_post(struct cpu *s, int l, int pos0, int t) {
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[l];
+    const int hd = c->head_dim;
+    float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
+    float *v = s->v + (size_t)t * s->kv_dim;
+    if (c->qk_norm == MOE_QK_NORM_FULL) {
+        rms_norm(q, q, L->q_norm, s->q_dim, c->norm_eps);
+        rms_norm(k, k, L->k_norm, s->kv_dim, c->norm_eps);
+    }
+    if (c->clip_qkv > 0) {
+        float cl = c->clip_qkv;
+        for (int64_t i = 0; i < s->q_dim; i++) q[i] = fminf(fmaxf(q[i], -cl), cl);
+        for (int64_t i = 0; i < s->kv_dim; i++) {
+            k[i] = fminf(fmaxf(k[i], -cl), cl);
+            v[i] = fminf(fmaxf(v[i], -cl), cl);
+        }
+    }
+    if (c->qk_norm == MOE_QK_NORM_HEAD) {
+        for (int h = 0; h < c->n_head; h++) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
+        for (int h = 0; h < c->n_head_kv; h++) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
+    }
+    const float *cs = s->rope_cos + (size_t)t * (c->rope.n_rot / 2);
+    const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
+    rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
+    rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
+    key_store(s, l, pos0 + t, k);
+    memcpy(s->v_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim, v, sizeof(float) * s->kv_dim);
+}
+
+struct qkv_ctx {
+    struct cpu *s;
+    int layer, pos0;
+};
+
+/* qkv_range: the attention block's first step for tokens [b, e), whole rows
+ * per thread (token_split): norm, one quantization of each input row, q, k
+ * and v, qkv_post. */
+static void qkv_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct qkv_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[a->layer];
+    const int64_t H = c->n_embd;
+    const size_t xs = s->aq_cap;
+    for (int64_t t0 = b; t0 < e; t0 += TOK_SUB) {
+        const int nt = (int)(e - t0 < TOK_SUB ? e - t0 : TOK_SUB);
+        uint8_t *xq = s->aq + (size_t)t0 * xs;
+        norm_rows(c, s->xn + t0 * H, s->x + t0 * H, L->attn_norm, L->attn_norm_b, nt);
+        for (int i = 0; i < nt; i++) moe_quantize_act(L->wq.type, s->xn + (t0 + i) * H, xq + (size_t)i * xs, H);
+        mat_rows(&L->wq, L->bq, xq, xs, nt, s->q + t0 * s->q_dim, s->q_dim);
+        mat_rows(&L->wk, L->bk, xq, xs, nt, s->k + t0 * s->kv_dim, s->kv_dim);
+        mat_rows(&L->wv, L->bv, xq, xs, nt, s->v + t0 * s->kv_dim, s->kv_dim);
+        for (int i = 0; i < nt; i++) qkv_post(s, a->layer, a->pos0, (int)t0 + i);
+    }
+}
+
+/* wo_range: the attention block's output for tokens [b, e), whole rows per
+ * thread (token_split): quantize the heads' outputs, wo, and the residual
+ * x += wo att. */
+static void wo_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct qkv_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const int64_t H = s->m->cfg.n_embd;
+    const struct moe_weight *wo = &s->m->layers[a->layer].wo;
+    const size_t xs = s->aq_cap;
+    for (int64_t t0 = b; t0 < e; t0 += TOK_SUB) {
+        const int nt = (int)(e - t0 < TOK_SUB ? e - t0 : TOK_SUB);
+        uint8_t *xq = s->aq + (size_t)t0 * xs;
+        for (int i = 0; i < nt; i++)
+            moe_quantize_act(wo->type, s->att + (t0 + i) * s->q_dim, xq + (size_t)i * xs, s->q_dim);
+        mat_rows(wo, s->m->layers[a->layer].bo, xq, xs, nt, s->tmp + t0 * H, H);
+        for (int64_t i = t0 * H; i < (t0 + nt) * H; i++) s->x[i] += s->tmp[i];
+    }
+}
+
+/* attention: self-attention block of layer l for a chunk of n_tok tokens,
+ * from the attention norm to the residual x += wo att. */
 static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
     const enum moe_qtype at = moe_act_type(L->wq.type);
-    if (int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at) {
-        /* q, k and v share one quantization of the input */
-        const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
-        matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
-        matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
-        matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+    const int shared_xq = int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at;
+    struct qkv_ctx qc = {s, l, pos0};
+    if (shared_xq && token_split(s, weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv), n_tok)) {
+        moe_pool_for(s->pool, n_tok, TOK_MIN, qkv_range, &qc);
     } else {
-        matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
-        matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
-        matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
-    }
-    for (int t = 0; t < n_tok; t++) {
-        float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
-        float *v = s->v + (size_t)t * s->kv_dim;
-        if (c->qk_norm == MOE_QK_NORM_FULL) {
-            rms_norm(q, q, L->q_norm, s->q_dim, c->norm_eps);
-            rms_norm(k, k, L->k_norm, s->kv_dim, c->norm_eps);
+        norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n_tok);
+        if (shared_xq) { /* q, k and v share one quantization of the input */
+            const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
+            matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
+            matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
+            matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+        } else {
+            matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
+            matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
+            matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
         }
-        if (c->clip_qkv > 0) {
-            float cl = c->clip_qkv;
-            for (int64_t i = 0; i < s->q_dim; i++) q[i] = fminf(fmaxf(q[i], -cl), cl);
-            for (int64_t i = 0; i < s->kv_dim; i++) {
-                k[i] = fminf(fmaxf(k[i], -cl), cl);
-                v[i] = fminf(fmaxf(v[i], -cl), cl);
-            }
-        }
-        if (c->qk_norm == MOE_QK_NORM_HEAD) {
-            for (int h = 0; h < c->n_head; h++) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
-            for (int h = 0; h < c->n_head_kv; h++) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
-        }
-        const float *cs = s->rope_cos + (size_t)t * (c->rope.n_rot / 2);
-        const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
-        rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
-        rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
-        key_store(s, l, pos0 + t, k);
-        memcpy(s->v_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim, v, sizeof(float) * s->kv_dim);
+        for (int t = 0; t < n_tok; t++) qkv_post(s, l, pos0, t);
     }
     /* tiles of up to 4 (token, head) pairs of one KV head; a chunk of the
      * loop gets at least ~32K multiply-adds (scores and values over up to
@@ -650,7 +784,12 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     struct att_ctx a = {s, l, pos0, n_tok, qt, n_pairs, (n_pairs + qt - 1) / qt};
     const int64_t per_item = (int64_t)2 * hd * qt * (pos0 + n_tok);
     moe_pool_for(s->pool, a.n_tiles * c->n_head_kv, (32768 + per_item - 1) / per_item, att_range, &a);
+    if (int_path(s, L->wo.type) && token_split(s, weight_bytes(&L->wo), n_tok)) {
+        moe_pool_for(s->pool, n_tok, TOK_MIN, wo_range, &qc);
+        return;
+    }
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
+    for (int64_t i = 0; i < (int64_t)n_tok * c->n_embd; i++) s->x[i] += s->tmp[i];
 }
 
 /* ---- multi-head latent attention (DeepSeek-V2/V3) ------------------------
@@ -769,6 +908,62 @@ static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
     matmul(s, &L->wo, L->bo, s->att, (int64_t)c->n_head * c->v_head_dim, s->tmp, H, n_tok);
 }
 
+struct ffn_ctx {
+    struct cpu *s;
+    const struct moe_ffn *f;
+    const float *x;       /* input rows, n_embd floats apart */
+    const int32_t *rows;  /* row i is x row rows[i] (NULL: row i) */
+    const int32_t *slots; /* routed expert: part[rows[i]][slots[i]] = w[i] y[i] (NULL: none) */
+    const float *w;
+    float *y; /* [n x n_embd] */
+};
+
+/* ffn_range: the SwiGLU FFN of rows [b, e) with integer kernels, whole rows
+ * per thread (token_split): quantize the input rows (gathered through
+ * rows[]), gate and up with SiLU, quantize, down; a routed expert's rows
+ * weighted into their slots of part. */
+static void ffn_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct ffn_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_weight *g = &a->f->gate, *u = &a->f->up, *d = &a->f->down;
+    const int64_t H = s->m->cfg.n_embd, F = g->n_out;
+    const int S = s->p.n_slots;
+    const size_t xs = s->aq_cap;
+    for (int64_t i0 = b; i0 < e; i0 += TOK_SUB) {
+        const int nt = (int)(e - i0 < TOK_SUB ? e - i0 : TOK_SUB);
+        uint8_t *xq = s->aq + (size_t)i0 * xs;
+        for (int i = 0; i < nt; i++) {
+            const int64_t r = a->rows ? a->rows[i0 + i] : i0 + i;
+            moe_quantize_act(g->type, a->x + r * H, xq + (size_t)i * xs, H);
+        }
+        moe_gate_up_act(g->type, H, g->data, u->data, F, xq, xs, nt, s->ge + i0 * F, (size_t)F);
+        for (int i = 0; i < nt; i++) moe_quantize_act(d->type, s->ge + (i0 + i) * F, xq + (size_t)i * xs, F);
+        mat_rows(d, NULL, xq, xs, nt, a->y + i0 * H, H);
+        for (int i = 0; a->slots && i < nt; i++) {
+            const int64_t t = a->rows[i0 + i], k = a->slots[i0 + i];
+            float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
+            const float *src = a->y + (i0 + i) * H;
+            const float wi = a->w[i0 + i];
+            for (int64_t j = 0; j < H; j++) dst[j] = src[j] * wi;
+            s->part_used[(size_t)t * S + (size_t)k] = 1;
+        }
+    }
+}
+
+/* ffn_fused: 1 if f runs as SiLU(gate) x up with no biases and integer
+ * kernels for gate, up (one type) and down. */
+static int ffn_fused(const struct cpu *s, const struct moe_ffn *f, int expert) {
+    return !f->bias && !(expert && s->m->cfg.expert_act == MOE_ACT_SWIGLU_OAI) && f->gate.type == f->up.type &&
+           int_path(s, f->gate.type) && int_path(s, f->down.type);
+}
+
+/* ffn_token_split: 1 if f over n rows takes ffn_range. */
+static int ffn_token_split(const struct cpu *s, const struct moe_ffn *f, int n, int expert) {
+    return ffn_fused(s, f, expert) &&
+           token_split(s, weight_bytes(&f->gate) + weight_bytes(&f->up) + weight_bytes(&f->down), n);
+}
+
 /* ffn: y = down(act(gate x, up x)) for n rows of x (ld n_embd), with the
  * biases of f->bias if set. act: silu(g) * u, or for a routed expert of a
  * MOE_ACT_SWIGLU_OAI model gpt-oss's clamped form
@@ -780,6 +975,11 @@ static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y
     int64_t F = f->gate.n_out, H = c->n_embd;
     const float *b = f->bias;
     const int oai = expert && c->expert_act == MOE_ACT_SWIGLU_OAI;
+    if (ffn_token_split(s, f, n, expert)) {
+        struct ffn_ctx fc = {s, f, x, NULL, NULL, NULL, y};
+        moe_pool_for(s->pool, n, TOK_MIN, ffn_range, &fc);
+        return;
+    }
     if (!b && !oai && f->gate.type == f->up.type && int_path(s, f->gate.type)) {
         /* integer kernels: gate and up in one pass over their rows with SiLU
          * fused, split by rows across the threads */
@@ -873,22 +1073,41 @@ static enum moe_status cpu_attention(struct moe_backend *be, int layer, int pos0
         rope_tables(s, pos0, n, seq_len);
         s->rope_pos0 = pos0, s->rope_n = n, s->rope_len = seq_len;
     }
+    if (c->attn != MOE_ATTN_MLA) {
+        attention(s, layer, pos0, n); /* norm to residual */
+        return MOE_OK;
+    }
     norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n);
-    if (c->attn == MOE_ATTN_MLA)
-        attention_mla(s, layer, pos0, n);
-    else
-        attention(s, layer, pos0, n);
+    attention_mla(s, layer, pos0, n);
     for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->tmp[i];
     return MOE_OK;
 }
 
+struct rows_ctx {
+    struct cpu *s;
+    const struct moe_layer *L;
+};
+
+/* The fewest tokens per chunk of the per-token loops below (norms, sums):
+ * each token is a few hundred nanoseconds of work. */
+#define ROWS_MIN 32
+
+/* ffn_norm_range: tokens [b, e) of cpu_ffn_norm. */
+static void ffn_norm_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct rows_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int64_t H = c->n_embd;
+    norm_rows(c, s->xn + b * H, s->x + b * H, a->L->ffn_norm, a->L->ffn_norm_b, (int)(e - b));
+    memset(s->acc + b * H, 0, sizeof(float) * (size_t)((e - b) * H));
+    memset(s->part_used + b * s->p.n_slots, 0, (size_t)((e - b) * s->p.n_slots));
+}
+
 static enum moe_status cpu_ffn_norm(struct moe_backend *be, int layer, int n) {
     struct cpu *s = ctx(be);
-    const struct moe_config *c = &s->m->cfg;
-    const struct moe_layer *L = &s->m->layers[layer];
-    norm_rows(c, s->xn, s->x, L->ffn_norm, L->ffn_norm_b, n);
-    memset(s->acc, 0, sizeof(float) * (size_t)n * (size_t)c->n_embd);
-    memset(s->part_used, 0, (size_t)n * (size_t)s->p.n_slots);
+    struct rows_ctx a = {s, &s->m->layers[layer]};
+    moe_pool_for(s->pool, n, ROWS_MIN, ffn_norm_range, &a);
     s->shared_pending = 0;
     return MOE_OK;
 }
@@ -908,6 +1127,13 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
     const int S = s->p.n_slots;
     for (int done = 0; done < n_rows;) {
         int n = n_rows - done < s->p.n_batch ? n_rows - done : s->p.n_batch;
+        if (ffn_token_split(s, f, n, 1)) { /* gathered, computed and weighted into part in one loop */
+            struct ffn_ctx fc = {s, f, s->xn, rows + done, slots + done, w + done, s->ye};
+            moe_pool_for(s->pool, n, TOK_MIN, ffn_range, &fc);
+            if (out) memcpy(out + (size_t)done * H, s->ye, sizeof(float) * (size_t)n * (size_t)H);
+            done += n;
+            continue;
+        }
         for (int i = 0; i < n; i++)
             memcpy(s->xe + (size_t)i * H, s->xn + (size_t)rows[done + i] * H, sizeof(float) * (size_t)H);
         ffn(s, f, s->xe, s->ye, n, 1);
@@ -941,36 +1167,40 @@ static enum moe_status cpu_dense(struct moe_backend *be, int layer, int n) {
     return MOE_OK;
 }
 
-/* shared_add: acc += [sigmoid(shared gate) *] shared expert (after the
- * routed experts, as transformers adds it). */
-static void shared_add(struct cpu *s, int n) {
+/* residual_range: tokens [b, e) of cpu_residual: acc += the routed experts'
+ * weighted outputs in slot order, then [sigmoid(shared gate) *] the shared
+ * expert (after the routed ones, as transformers adds it), then x += acc. */
+static void residual_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct rows_ctx *r = vctx;
+    struct cpu *s = r->s;
     const int64_t H = s->m->cfg.n_embd;
-    for (int t = 0; t < n; t++) {
-        if (!s->m->cfg.shared_gated) {
-            for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += s->tmp[(size_t)t * H + d];
-            continue;
-        }
-        float g = 1.0f / (1.0f + expf(-s->sg[t]));
-        for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += g * s->tmp[(size_t)t * H + d];
-    }
-}
-
-static enum moe_status cpu_residual(struct moe_backend *be, int n) {
-    struct cpu *s = ctx(be);
-    const struct moe_config *c = &s->m->cfg;
-    const int64_t H = c->n_embd;
     const int S = s->p.n_slots;
-    for (int t = 0; t < n; t++) {
-        float *a = s->acc + (size_t)t * H;
+    for (int64_t t = b; t < e; t++) {
+        float *a = s->acc + t * H, *x = s->x + t * H;
         for (int k = 0; k < S; k++) {
             if (!s->part_used[(size_t)t * S + (size_t)k]) continue;
             const float *src = s->part + ((size_t)t * S + (size_t)k) * H;
             for (int64_t d = 0; d < H; d++) a[d] += src[d];
         }
+        if (s->shared_pending) {
+            const float *sh = s->tmp + t * H;
+            if (!s->m->cfg.shared_gated) {
+                for (int64_t d = 0; d < H; d++) a[d] += sh[d];
+            } else {
+                const float g = 1.0f / (1.0f + expf(-s->sg[t]));
+                for (int64_t d = 0; d < H; d++) a[d] += g * sh[d];
+            }
+        }
+        for (int64_t d = 0; d < H; d++) x[d] += a[d];
     }
-    if (s->shared_pending) shared_add(s, n);
+}
+
+static enum moe_status cpu_residual(struct moe_backend *be, int n) {
+    struct cpu *s = ctx(be);
+    struct rows_ctx a = {s, NULL};
+    moe_pool_for(s->pool, n, ROWS_MIN, residual_range, &a);
     s->shared_pending = 0;
-    for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->acc[i];
     return MOE_OK;
 }
 
@@ -1025,6 +1255,16 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
 static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
 
+/* zalloc_touched: zalloc with every page written once now, so that the first
+ * forward pass does not take the page faults of its scratch (large callocs
+ * are mapped lazily). The KV cache is left lazy: its size follows n_ctx, its
+ * use the sequence. */
+static void *zalloc_touched(size_t n, size_t size) {
+    void *p = zalloc(n, size);
+    if (p) memset(p, 0, (n ? n : 1) * size);
+    return p;
+}
+
 static void cpu_free(struct moe_backend *be) {
     if (!be) return;
     struct cpu *s = be->ctx;
@@ -1075,9 +1315,9 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     s->kv_bytes = moe_config_kv_cache_bytes(c, s->p.n_ctx); /* k_cache: kv_row, v_cache: kv_dim per position */
     size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_row;
     int ok = 1;
-#define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
-    ALLOC(s->k_cache, kv);
-    if (!mla) ALLOC(s->v_cache, kv);
+    ok &= (s->k_cache = zalloc(kv, sizeof *s->k_cache)) != NULL;
+    if (!mla) ok &= (s->v_cache = zalloc(kv, sizeof *s->v_cache)) != NULL;
+#define ALLOC(ptr, count) ok &= ((ptr) = zalloc_touched((size_t)(count), sizeof *(ptr))) != NULL
     ALLOC(s->x, B * H);
     ALLOC(s->xn, B * H);
     ALLOC(s->q, B * s->q_dim);

@@ -2,13 +2,14 @@
  * bench-prompt.c - prompt (prefill) speed of the CPU backend, in one process:
  * a warm-up pass, then R timed passes of the same N random token ids through
  * a fresh sequence (moe_session_reset between them), as llama-bench -p N
- * times its prompts. Prints every pass and the median and best tokens/s.
+ * times its prompts. Prints every pass and the median and best tokens/s, and
+ * the process's CPU time per pass (all threads; on a shared machine the
+ * least CPU time of a 1-thread run is the steadiest figure).
  * Not a test: figures go to docs/benchmarks.md with the command.
  *
  *   bench-prompt MODEL [-p N] [-t THREADS] [-b BATCH] [-c CTX] [-r REPS] [--seed S]
  *   bench-prompt /tmp/kb/tiny-q4_k.moeb -p 512 -t 2 -b 512 -c 1024 -r 10
  */
-#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +18,9 @@
 #include "moe-model.h"
 #include "moe-session.h"
 
-static double now_s(void) {
+static double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -65,26 +66,25 @@ int main(int argc, char **argv) {
     struct moe_session *s = NULL;
     int32_t *ids = malloc(sizeof *ids * (size_t)n);
     float *logits = malloc(sizeof *logits * (size_t)m->cfg.n_vocab);
-    double *tps = malloc(sizeof *tps * (size_t)reps);
+    double *tps = malloc(sizeof *tps * (size_t)reps), *cpu = malloc(sizeof *cpu * (size_t)reps);
     int rc = 1;
-    if (!ids || !logits || !tps || moe_session_create(m, &sp, &s) != MOE_OK) goto done;
+    if (!ids || !logits || !tps || !cpu || moe_session_create(m, &sp, &s) != MOE_OK) goto done;
     srand(seed);
     for (int i = 0; i < n; i++) ids[i] = 3 + rand() % (m->cfg.n_vocab - 3);
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         moe_session_reset(s);
-        const double t0 = now_s();
+        const double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
         if (moe_session_forward(s, ids, n, logits, 0) != MOE_OK) goto done;
-        const double dt = now_s() - t0;
-        if (r < 0) {
-            printf("warm-up: %.1f tokens/s\n", n / dt);
-        } else {
-            tps[r] = n / dt;
-            printf("pass %d: %.1f tokens/s\n", r + 1, tps[r]);
-        }
+        const double dt = clock_s(CLOCK_MONOTONIC) - t0, dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        if (r >= 0) tps[r] = n / dt;
+        if (r >= 0) cpu[r] = dc;
+        printf("%s %d: %.1f tokens/s, %.1f ms, CPU time %.1f ms\n", r < 0 ? "warm-up" : "pass", r + 1, n / dt, 1e3 * dt,
+               1e3 * dc);
     }
     qsort(tps, (size_t)reps, sizeof *tps, cmp_double);
-    printf("%s pp%d t%d: median %.1f tokens/s, best %.1f (%d passes)\n", path, n, threads, tps[reps / 2],
-           tps[reps - 1], reps);
+    qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
+    printf("%s pp%d t%d: median %.1f tokens/s, best %.1f (%d passes); CPU time median %.1f ms, least %.1f\n", path,
+           n, threads, tps[reps / 2], tps[reps - 1], reps, 1e3 * cpu[reps / 2], 1e3 * cpu[0]);
     rc = 0;
 done:
     moe_session_free(s);
@@ -92,5 +92,6 @@ done:
     free(ids);
     free(logits);
     free(tps);
+    free(cpu);
     return rc;
 }
