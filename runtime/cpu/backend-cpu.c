@@ -441,6 +441,21 @@ static inline __attribute__((always_inline)) v8f sel8(v8i m, v8f a, v8f b) {
     return (v8f)(((v8i)a & m) | ((v8i)b & ~m));
 }
 
+/* mac8: acc + a b lane by lane; with fused set (the copies compiled for
+ * FMA), one rounding (fused multiply-add), else two. The generic copy and the
+ * AVX ones then differ by rounding, as the quantized kernels' SIMD copies do;
+ * every copy computes each output alike whatever the tile or chunk. (GCC
+ * inlines the FMA helper only into FMA targets, and drops it unused from the
+ * others; clang builds use the plain form.) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("fma"))) static inline v8f fma8(v8f acc, v8f a, v8f b) {
+    return __builtin_ia32_vfmaddps256(a, b, acc);
+}
+#define MAC8(acc, a, b, fused) ((fused) ? fma8((acc), (a), (b)) : (acc) + (a) * (b))
+#else
+#define MAC8(acc, a, b, fused) ((acc) + (a) * (b))
+#endif
+
 /* vexp: e^x lane by lane for the softmax (x <= 0 there): Cephes' expf, x = n
  * ln2 + r with |r| <= ln2/2, a polynomial for e^r times 2^n built in the
  * exponent bits. About 1 ulp; 0 below -87 and for -inf (masked scores); NaN
@@ -508,7 +523,7 @@ static size_t att_stride(const struct cpu *s) {
  * sum over d in order of q[d] k[d], times scale. */
 static inline __attribute__((always_inline)) void att_scores(const struct att_ctx *a, int kvh, int b, int rb,
                                                              const float *const *q, float *sc, int ns, float *pad,
-                                                             const int QT, const int NB) {
+                                                             const int QT, const int NB, const int FU) {
     const struct cpu *s = a->s;
     const int hd = s->m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -521,9 +536,10 @@ static inline __attribute__((always_inline)) void att_scores(const struct att_ct
         v8f kv[4];
         for (int u = 0; u < NB; u++) kv[u] = ld8(kb[u] + (size_t)d * ATT_KB);
         for (int r = 0; r < QT; r++) {
-            const float qd = q[r][d]; /* scalar x vector: one broadcast (GCC makes a
-                                       * lane-by-lane insert of a {x, x, ..} constructor) */
-            for (int u = 0; u < NB; u++) acc[r][u] += qd * kv[u];
+            /* scalar x vector: one broadcast (GCC makes a lane-by-lane
+             * insert of a {x, x, ..} constructor) */
+            const v8f qd = q[r][d] * splat8(1.0f);
+            for (int u = 0; u < NB; u++) acc[r][u] = MAC8(acc[r][u], qd, kv[u], FU);
         }
     }
     for (int r = 0; r < QT; r++)
@@ -535,7 +551,7 @@ static inline __attribute__((always_inline)) void att_scores(const struct att_ct
 static inline __attribute__((always_inline)) void att_values(const float *vc, size_t ldv, int j0, int j1,
                                                              const float *sc, int ns, const float *sum,
                                                              float *const *out, int n, int d0, const int QT,
-                                                             const int NV) {
+                                                             const int NV, const int FU) {
     v8f acc[4][4];
     for (int r = 0; r < QT; r++)
         for (int u = 0; u < NV; u++) acc[r][u] = splat8(0.0f);
@@ -544,8 +560,8 @@ static inline __attribute__((always_inline)) void att_values(const float *vc, si
         v8f vv[4];
         for (int u = 0; u < NV; u++) vv[u] = ld8(vr + 8 * u);
         for (int r = 0; r < QT; r++) {
-            const float e = sc[(size_t)r * ns + (size_t)(j - j0)];
-            for (int u = 0; u < NV; u++) acc[r][u] += e * vv[u];
+            const v8f e = sc[(size_t)r * ns + (size_t)(j - j0)] * splat8(1.0f);
+            for (int u = 0; u < NV; u++) acc[r][u] = MAC8(acc[r][u], e, vv[u], FU);
         }
     }
     for (int r = 0; r < n; r++)
@@ -560,7 +576,7 @@ static inline __attribute__((always_inline)) void att_values(const float *vc, si
  * NV, the tile or the chunk. */
 static inline __attribute__((always_inline)) void att_tile(const struct att_ctx *a, int kvh, int64_t pair0, int n,
                                                            float *sc, float *pad, const int QT, const int NKB,
-                                                           const int NV) {
+                                                           const int NV, const int FU) {
     const struct cpu *s = a->s;
     const struct moe_config *c = &s->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_head_kv, l = a->layer;
@@ -582,8 +598,8 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
     /* scores of positions j0 .. j0 + ns - 1 (whole key blocks) */
     const int b0 = klo / ATT_KB, b1 = khi / ATT_KB, ns = (b1 - b0 + 1) * ATT_KB, j0 = b0 * ATT_KB;
     int b = b0;
-    for (; b + NKB - 1 <= b1; b += NKB) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, NKB);
-    for (; b <= b1; b++) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, 1);
+    for (; b + NKB - 1 <= b1; b += NKB) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, NKB, FU);
+    for (; b <= b1; b++) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, 1, FU);
     /* softmax numerators in place (masked positions: 0) and their sums, in
      * 8 lanes by position mod 8, then sum8 */
     for (int r = 0; r < QT; r++) {
@@ -610,8 +626,9 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
      * row's own position) */
     const float *vc = s->v_cache + (size_t)l * s->p.n_ctx * s->kv_dim + (size_t)kvh * hd;
     int d = 0;
-    for (; d + 8 * NV <= hd; d += 8 * NV) att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, NV);
-    for (; d + 8 <= hd; d += 8) att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, 1);
+    for (; d + 8 * NV <= hd; d += 8 * NV)
+        att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, NV, FU);
+    for (; d + 8 <= hd; d += 8) att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, 1, FU);
     for (; d < hd; d++)
         for (int r = 0; r < n; r++) {
             float o = 0;
@@ -624,7 +641,7 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
  * n_kv of tile n_tiles - 1 - i / n_kv (the latest tokens, with the most
  * positions to attend to, first: the threads finish together). */
 static inline __attribute__((always_inline)) void att_items(const struct att_ctx *a, int64_t b, int64_t e, int tid,
-                                                            const int NKB, const int NV) {
+                                                            const int NKB, const int NV, const int FU) {
     const struct cpu *s = a->s;
     const int nkv = s->m->cfg.n_head_kv;
     float *sc = s->att_buf + (size_t)tid * att_stride(s);
@@ -634,24 +651,24 @@ static inline __attribute__((always_inline)) void att_items(const struct att_ctx
         const int64_t pair0 = (a->n_tiles - 1 - it / nkv) * a->qt;
         const int n = (int)(a->n_pairs - pair0 < a->qt ? a->n_pairs - pair0 : a->qt);
         if (a->qt == 4)
-            att_tile(a, kvh, pair0, n, sc, pad, 4, NKB, NV);
+            att_tile(a, kvh, pair0, n, sc, pad, 4, NKB, NV, FU);
         else if (a->qt == 2)
-            att_tile(a, kvh, pair0, n, sc, pad, 2, NKB, NV);
+            att_tile(a, kvh, pair0, n, sc, pad, 2, NKB, NV, FU);
         else
-            att_tile(a, kvh, pair0, n, sc, pad, 1, NKB, NV);
+            att_tile(a, kvh, pair0, n, sc, pad, 1, NKB, NV, FU);
     }
 }
 
-static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_items(a, b, e, tid, 2, 2); }
+static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_items(a, b, e, tid, 2, 2, 0); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2,fma"))) static void att_avx2(struct att_ctx *a, int64_t b, int64_t e, int tid) {
-    att_items(a, b, e, tid, 2, 2);
+    att_items(a, b, e, tid, 2, 2, 1);
 }
 /* AVX-512VL: the same 8-lane operations with 32 registers, so wider tiles */
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) static void att_avx512(struct att_ctx *a, int64_t b, int64_t e,
                                                                             int tid) {
-    att_items(a, b, e, tid, 4, 4);
+    att_items(a, b, e, tid, 4, 4, 1);
 }
 #endif
 
