@@ -196,7 +196,6 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* matmul_float: y[t] = W x[t] (+ bias) through the float path. */
 /* mmt_range: tokens [b, e) of a product with aligned F32 weights (the
  * router), every row: each input row is read once for four weight rows
  * (dot4 computes each as dot does, so results match mm_range's). */
@@ -217,6 +216,8 @@ static void mmt_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
+/* matmul_float: y[t] = W x[t] (+ bias) through the float path: split by
+ * tokens for small aligned F32 weights (token_split), else by rows. */
 static void matmul_float(struct cpu *s, const struct moe_weight *w, const float *bias, const float *x, int64_t ldx,
                          float *y, int64_t ldy, int n_tok) {
     struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
@@ -1277,8 +1278,9 @@ static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
  * are mapped lazily). The KV cache is left lazy: its size follows n_ctx, its
  * use the sequence. */
 static void *zalloc_touched(size_t n, size_t size) {
-    void *p = zalloc(n, size);
-    if (p) memset(p, 0, (n ? n : 1) * size);
+    char *p = zalloc(n, size);
+    /* volatile: a memset of zeros after calloc is dropped by the compiler */
+    for (size_t i = 0; p && i < (n ? n : 1) * size; i += 4096) ((volatile char *)p)[i] = 0;
     return p;
 }
 
