@@ -1273,15 +1273,36 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
 static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
 
-/* zalloc_touched: zalloc with every page written once now, so that the first
- * forward pass does not take the page faults of its scratch (large callocs
- * are mapped lazily). The KV cache is left lazy: its size follows n_ctx, its
- * use the sequence. */
+/* touch: write every page of [p, p + bytes) once, so that the first forward
+ * pass does not take their page faults (large callocs are mapped lazily).
+ * Volatile: a memset of zeros after calloc is dropped by the compiler. */
+static void touch(void *p, size_t bytes) {
+    for (size_t i = 0; p && i < bytes; i += 4096) ((volatile char *)p)[i] = 0;
+}
+
+/* zalloc_touched: zalloc, every page touched. */
 static void *zalloc_touched(size_t n, size_t size) {
-    char *p = zalloc(n, size);
-    /* volatile: a memset of zeros after calloc is dropped by the compiler */
-    for (size_t i = 0; p && i < (n ? n : 1) * size; i += 4096) ((volatile char *)p)[i] = 0;
+    void *p = zalloc(n, size);
+    touch(p, (n ? n : 1) * size);
     return p;
+}
+
+/* touch_kv: touch the KV cache of the first n_batch positions (what a first
+ * prompt chunk writes); later positions fault in as the sequence grows, so
+ * a long context costs memory only once it is used. */
+static void touch_kv(struct cpu *s) {
+    const struct moe_config *c = &s->m->cfg;
+    const size_t n = (size_t)(s->p.n_batch < s->p.n_ctx ? s->p.n_batch : s->p.n_ctx), ctx = (size_t)s->p.n_ctx;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (c->attn == MOE_ATTN_MLA) {
+            touch(s->k_cache + (size_t)l * ctx * (size_t)s->kv_row, sizeof(float) * n * (size_t)s->kv_row);
+            continue;
+        }
+        for (int h = 0; h < c->n_head_kv; h++) /* key blocks: [layer][KV head][position][head_dim] */
+            touch(s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * c->head_dim) * ctx,
+                  sizeof(float) * n * (size_t)c->head_dim);
+        touch(s->v_cache + (size_t)l * ctx * (size_t)s->kv_dim, sizeof(float) * n * (size_t)s->kv_dim);
+    }
 }
 
 static void cpu_free(struct moe_backend *be) {
@@ -1374,6 +1395,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
         cpu_free(be);
         return MOE_ERR_NOMEM;
     }
+    touch_kv(s);
     moe_rope_inv_freq(c, s->inv_freq);
     const char *ie = getenv("MOE_CPU_INT");
     s->use_int = !(ie && strcmp(ie, "0") == 0);
