@@ -173,6 +173,7 @@ struct mm_ctx {
     int64_t ldx, ldy;
     float *row_buf;
     int64_t row_stride;
+    int avx2; /* mmt_range: take the AVX2 copy */
 };
 
 static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
@@ -196,12 +197,11 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* mmt_range: tokens [b, e) of a product with aligned F32 weights (the
+/* mmt_body: tokens [b, e) of a product with aligned F32 weights (the
  * router), every row: each input row is read once for four weight rows
- * (dot4 computes each as dot does, so results match mm_range's). */
-static void mmt_range(void *vctx, int64_t b, int64_t e, int tid) {
-    (void)tid;
-    const struct mm_ctx *c = vctx;
+ * (dot4 computes each as dot does, so results match mm_range's). Inlined
+ * into a generic and an AVX2 copy (the same lane operations, wider). */
+static inline __attribute__((always_inline)) void mmt_body(const struct mm_ctx *c, int64_t b, int64_t e) {
     const int64_t n_in = c->w->n_in, n_out = c->w->n_out;
     const float *w = c->w->data;
     for (int64_t t = b; t < e; t++) {
@@ -216,11 +216,31 @@ static void mmt_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
+static void mmt_generic(const struct mm_ctx *c, int64_t b, int64_t e) { mmt_body(c, b, e); }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma"))) static void mmt_avx2(const struct mm_ctx *c, int64_t b, int64_t e) {
+    mmt_body(c, b, e);
+}
+#endif
+
+static void mmt_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct mm_ctx *c = vctx;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (c->avx2) {
+        mmt_avx2(c, b, e);
+        return;
+    }
+#endif
+    mmt_generic(c, b, e);
+}
+
 /* matmul_float: y[t] = W x[t] (+ bias) through the float path: split by
  * tokens for small aligned F32 weights (token_split), else by rows. */
 static void matmul_float(struct cpu *s, const struct moe_weight *w, const float *bias, const float *x, int64_t ldx,
                          float *y, int64_t ldy, int n_tok) {
-    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
+    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in, s->avx2};
     if (w->type == MOE_QTYPE_F32 && ((uintptr_t)w->data & 3u) == 0 && n_tok > 1 &&
         token_split(s, weight_bytes(w), n_tok)) {
         moe_pool_for(s->pool, n_tok, TOK_MIN, mmt_range, &c);
