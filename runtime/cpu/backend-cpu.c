@@ -946,6 +946,23 @@ static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
     matmul(s, &L->wo, L->bo, s->att, (int64_t)c->n_head * c->v_head_dim, s->tmp, H, n_tok);
 }
 
+/* expert_out: a routed expert's output row y for token t in slot k, weighted
+ * by wi. With at most two slots it is added to acc[t] at once: acc starts at
+ * 0 and a sum of two terms does not depend on their order, so the experts may
+ * come in any order (and the row need not go through memory again). With more
+ * slots it waits in part[t][k], and cpu_residual adds the slots in order. */
+static void expert_out(struct cpu *s, int64_t t, int64_t k, const float *y, float wi) {
+    const int64_t H = s->m->cfg.n_embd, S = s->p.n_slots;
+    if (S <= 2) {
+        float *a = s->acc + t * H;
+        for (int64_t d = 0; d < H; d++) a[d] += y[d] * wi;
+        return;
+    }
+    float *dst = s->part + (t * S + k) * H;
+    for (int64_t d = 0; d < H; d++) dst[d] = y[d] * wi;
+    s->part_used[t * S + k] = 1;
+}
+
 struct ffn_ctx {
     struct cpu *s;
     const struct moe_ffn *f;
@@ -966,7 +983,6 @@ static void ffn_range(void *vctx, int64_t b, int64_t e, int tid) {
     struct cpu *s = a->s;
     const struct moe_weight *g = &a->f->gate, *u = &a->f->up, *d = &a->f->down;
     const int64_t H = s->m->cfg.n_embd, F = g->n_out;
-    const int S = s->p.n_slots;
     const size_t xs = s->aq_cap;
     for (int64_t i0 = b; i0 < e; i0 += TOK_SUB) {
         const int nt = (int)(e - i0 < TOK_SUB ? e - i0 : TOK_SUB);
@@ -978,14 +994,8 @@ static void ffn_range(void *vctx, int64_t b, int64_t e, int tid) {
         moe_gate_up_act(g->type, H, g->data, u->data, F, xq, xs, nt, s->ge + i0 * F, (size_t)F);
         for (int i = 0; i < nt; i++) moe_quantize_act(d->type, s->ge + (i0 + i) * F, xq + (size_t)i * xs, F);
         mat_rows(d, NULL, xq, xs, nt, a->y + i0 * H, H);
-        for (int i = 0; a->slots && i < nt; i++) {
-            const int64_t t = a->rows[i0 + i], k = a->slots[i0 + i];
-            float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
-            const float *src = a->y + (i0 + i) * H;
-            const float wi = a->w[i0 + i];
-            for (int64_t j = 0; j < H; j++) dst[j] = src[j] * wi;
-            s->part_used[(size_t)t * S + (size_t)k] = 1;
-        }
+        for (int i = 0; a->slots && i < nt; i++)
+            expert_out(s, a->rows[i0 + i], a->slots[i0 + i], a->y + (i0 + i) * H, a->w[i0 + i]);
     }
 }
 
@@ -1162,10 +1172,9 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
                                   const int32_t *slots, const float *w, int n_rows, float *out) {
     struct cpu *s = ctx(be);
     const int64_t H = s->m->cfg.n_embd;
-    const int S = s->p.n_slots;
     for (int done = 0; done < n_rows;) {
         int n = n_rows - done < s->p.n_batch ? n_rows - done : s->p.n_batch;
-        if (ffn_token_split(s, f, n, 1)) { /* gathered, computed and weighted into part in one loop */
+        if (ffn_token_split(s, f, n, 1)) { /* gathered, computed and weighted (expert_out) in one loop */
             struct ffn_ctx fc = {s, f, s->xn, rows + done, slots + done, w + done, s->ye};
             moe_pool_for(s->pool, n, TOK_MIN, ffn_range, &fc);
             if (out) memcpy(out + (size_t)done * H, s->ye, sizeof(float) * (size_t)n * (size_t)H);
@@ -1175,14 +1184,7 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
         for (int i = 0; i < n; i++)
             memcpy(s->xe + (size_t)i * H, s->xn + (size_t)rows[done + i] * H, sizeof(float) * (size_t)H);
         ffn(s, f, s->xe, s->ye, n, 1);
-        for (int i = 0; i < n; i++) {
-            const int t = rows[done + i], k = slots[done + i];
-            float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
-            const float *src = s->ye + (size_t)i * H;
-            const float wi = w[done + i];
-            for (int64_t d = 0; d < H; d++) dst[d] = src[d] * wi;
-            s->part_used[(size_t)t * S + (size_t)k] = 1;
-        }
+        for (int i = 0; i < n; i++) expert_out(s, rows[done + i], slots[done + i], s->ye + (size_t)i * H, w[done + i]);
         if (out) memcpy(out + (size_t)done * H, s->ye, sizeof(float) * (size_t)n * (size_t)H);
         done += n;
     }
@@ -1216,7 +1218,7 @@ static void residual_range(void *vctx, int64_t b, int64_t e, int tid) {
     const int S = s->p.n_slots;
     for (int64_t t = b; t < e; t++) {
         float *a = s->acc + t * H, *x = s->x + t * H;
-        for (int k = 0; k < S; k++) {
+        for (int k = 0; S > 2 && k < S; k++) { /* (two slots: already in acc, expert_out) */
             if (!s->part_used[(size_t)t * S + (size_t)k]) continue;
             const float *src = s->part + ((size_t)t * S + (size_t)k) * H;
             for (int64_t d = 0; d < H; d++) a[d] += src[d];
