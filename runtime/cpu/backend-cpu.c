@@ -15,10 +15,11 @@
  * every type take the float path: for measuring what the 8-bit activations
  * change (test-backend-cpu).
  * Work is split across a thread pool by output rows (matmuls, every expert's
- * rows across all threads) and by tiles of (token, head) pairs that share a
- * KV head (attention: scores against keys stored transposed in blocks, a
+ * rows across all threads), by tokens for steps with small weights and many
+ * tokens (see "token splits"), and by tiles of (token, head) pairs that share
+ * a KV head (attention: scores against keys stored transposed in blocks, a
  * vectorised softmax, then the values). No memory is allocated after
- * moe_backend_cpu_new.
+ * moe_backend_cpu_new; scratch pages are touched there.
  */
 #include <math.h>
 #include <stdint.h>
