@@ -6,6 +6,9 @@
  *     with 1 and 2 threads and with prompt chunks of 64 and 7 tokens (each
  *     output row's dot products do not depend on how rows and tokens are
  *     split between threads and tiles);
+ *   - a context of 69 positions filled to its end (the attention keeps keys
+ *     in blocks of 8 positions: its last block is 5 wide) gives the same
+ *     logits as a context of 128;
  *   - the integer path is the one that runs: with MOE_CPU_INT=0 (float
  *     activations, the previous path) the logits differ;
  *   - it stays close: its KL divergence from the unquantized (BF16)
@@ -49,25 +52,33 @@ static void capture(const struct moe_expert_event *ev, void *user) {
     }
 }
 
-static int run_store(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits,
-                     struct moe_store_params *store) {
+/* run_ctx: a context of ctx, a prompt of n_prompt, an expert store if
+ * `store` is set (NULL: every expert resident). */
+static int run_ctx(struct moe_model *m, const int32_t *ids, int threads, int batch, int ctx, int n_prompt,
+                   float *logits, struct moe_store_params *store) {
     struct moe_session_params sp = moe_session_default_params();
     sp.store = store;
     if (g_eo) sp.on_expert = capture;
-    sp.n_ctx = 128;
+    sp.n_ctx = ctx;
     sp.n_batch = batch;
     sp.n_threads = threads;
     struct moe_session *s = NULL;
     if (moe_session_create(m, &sp, &s) != MOE_OK) return 0;
     const int V = m->cfg.n_vocab;
-    int ok = moe_session_forward(s, ids, N_PROMPT, logits, 1) == MOE_OK;
+    int ok = moe_session_forward(s, ids, n_prompt, logits, 1) == MOE_OK;
     for (int i = 0; ok && i < N_GEN; i++)
-        ok = moe_session_forward(s, &ids[N_PROMPT + i], 1, logits + (size_t)(N_PROMPT + i) * V, 0) == MOE_OK;
+        ok = moe_session_forward(s, &ids[n_prompt + i], 1, logits + (size_t)(n_prompt + i) * V, 0) == MOE_OK;
     moe_session_free(s);
     return ok;
 }
+/* run: run_ctx with a context of 128 and a prompt of N_PROMPT, no store. */
 static int run(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits) {
-    return run_store(m, ids, threads, batch, logits, NULL);
+    return run_ctx(m, ids, threads, batch, 128, N_PROMPT, logits, NULL);
+}
+/* run_store: the same through an expert store with params sp. */
+static int run_store(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits,
+                     struct moe_store_params *sp) {
+    return run_ctx(m, ids, threads, batch, 128, N_PROMPT, logits, sp);
 }
 
 /* mean_kl: mean over rows of KL(softmax(p) || softmax(q)). */
@@ -250,6 +261,12 @@ int main(int argc, char **argv) {
             CHECK(run(m, ids, 2, 64, lf), "%s: float run", precs[pi]);
             unsetenv("MOE_CPU_INT");
             compare(precs[pi], l1, lf, ref, V);
+            /* 61 prompt tokens + 8 decoded = 69 positions, the context's size */
+            const size_t n69 = (size_t)(61 + N_GEN) * V;
+            CHECK(run_ctx(m, ids, 2, 16, 69, 61, l2, NULL) && run_ctx(m, ids, 2, 16, 128, 61, l3, NULL), "%s: runs",
+                  precs[pi]);
+            CHECK(memcmp(l2, l3, n69 * sizeof *l2) == 0, "%s: a full context of 69 and one of 128 give different logits",
+                  precs[pi]);
             if (pi == 1) repacked(m, bundle, ids, l1, lf, V);
         }
         free(l1), free(l2), free(l3), free(lf);

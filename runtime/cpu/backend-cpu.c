@@ -15,10 +15,14 @@
  * every type take the float path: for measuring what the 8-bit activations
  * change (test-backend-cpu).
  * Work is split across a thread pool by output rows (matmuls, every expert's
- * rows across all threads) and by (token, head) pairs (attention). No memory
- * is allocated after moe_backend_cpu_new.
+ * rows across all threads), by tokens for steps with small weights and many
+ * tokens (see "token splits"), and by tiles of (token, head) pairs that share
+ * a KV head (attention: scores against keys stored transposed in blocks, a
+ * vectorised softmax, then the values). No memory is allocated after
+ * moe_backend_cpu_new; scratch pages are touched there.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +37,8 @@ struct cpu {
     int64_t q_dim, kv_dim, max_in, max_ff;
     int64_t kv_row;             /* floats per token and layer in k_cache: kv_dim (GQA), or
                                  * kv_lora_rank + qk_rope_dim (MLA: latent, then rope key) */
-    float *k_cache, *v_cache;   /* [n_layer][n_ctx][kv_row]; v_cache [..][kv_dim] (GQA only) */
+    float *k_cache, *v_cache;   /* GQA: [n_layer][n_head_kv] key blocks (ATT_KB), v_cache
+                                 * [n_layer][n_ctx][kv_dim]; MLA: k_cache [n_layer][n_ctx][kv_row] */
     size_t kv_bytes;            /* both caches' bytes */
     /* MLA scratch: q LoRA rank output, the latent + rope key of the chunk, the
      * absorbed queries and the attention's latent outputs */
@@ -50,12 +55,13 @@ struct cpu {
     uint8_t *aq;                /* [B x aq_cap] quantized activation rows (integer products) */
     size_t aq_cap;              /* bytes per row of aq */
     float *row_buf;             /* [n_threads x max_in] weight row conversion */
-    float *att_buf;             /* [n_threads x n_ctx] attention scores */
+    float *att_buf;             /* [n_threads x att_stride] attention scores */
     float *inv_freq;            /* [n_rot/2] */
     float *rope_cos, *rope_sin; /* [B x n_rot/2] */
     int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
     int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
     int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
+    int avx512;                 /* ... and AVX-512 F and VL (attention's wider tiles) */
     int use_int;                /* integer products for the types that have them (MOE_CPU_INT) */
 };
 
@@ -122,6 +128,47 @@ static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf
     return buf;
 }
 
+/* ---- token splits --------------------------------------------------------
+ *
+ * With small matrices and many tokens, a step splits the tokens between the
+ * threads instead of the output rows: each thread quantizes its own input
+ * rows and writes whole output rows, several matrices in a row (q, k, v; gate,
+ * up, down) in one loop over the tokens. A row split would make every output
+ * row cross between cores when the next step reads it, and take a loop (and
+ * its hand-offs) per matrix; it pays off for weights too large for each
+ * thread to read all of them from its cache. Results are the same either way
+ * (every output of moe_mat_dot_act is computed alike whatever the tile). */
+
+/* Tokens per chunk of a token-split loop at least, and per pass inside a
+ * chunk (a pass's quantized and intermediate rows stay in L1/L2). */
+#define TOK_MIN 8
+#define TOK_SUB 32
+/* The most weight bytes of a token-split step: every thread reads all of
+ * them, so they must stay in a core's L2. */
+#define TOKEN_SPLIT_BYTES ((size_t)512 * 1024)
+
+/* weight_bytes: the stored bytes of w. */
+static size_t weight_bytes(const struct moe_weight *w) {
+    return moe_qtype_row_bytes(w->type, w->n_in) * (size_t)w->n_out;
+}
+
+/* token_split: 1 if a step over n_tok tokens with weights of `bytes` in all
+ * splits the tokens (at least TOK_MIN per thread), 0 for a row split. */
+static int token_split(const struct cpu *s, size_t bytes, int n_tok) {
+    return bytes <= TOKEN_SPLIT_BYTES && n_tok >= TOK_MIN * s->p.n_threads;
+}
+
+/* mat_rows: y[t] = W xq[t] (+ bias) for nt quantized activation rows (stride
+ * xs), every output row. */
+static void mat_rows(const struct moe_weight *w, const float *bias, const uint8_t *xq, size_t xs, int nt, float *y,
+                     int64_t ldy) {
+    moe_mat_dot_act(w->type, w->n_in, w->data, moe_qtype_row_bytes(w->type, w->n_in), w->n_out, xq, xs, nt, y, 1,
+                    (size_t)ldy);
+    if (bias)
+        for (int t = 0; t < nt; t++)
+            for (int64_t o = 0; o < w->n_out; o++) y[(size_t)t * (size_t)ldy + (size_t)o] += bias[o];
+}
+
 struct mm_ctx {
     const struct moe_weight *w;
     const float *x; /* [n_tok x ldx] */
@@ -131,6 +178,7 @@ struct mm_ctx {
     int64_t ldx, ldy;
     float *row_buf;
     int64_t row_stride;
+    int avx2; /* mmt_range: take the AVX2 copy */
 };
 
 static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
@@ -154,10 +202,55 @@ static void mm_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* matmul_float: y[t] = W x[t] (+ bias) through the float path. */
+/* mmt_body: tokens [b, e) of a product with aligned F32 weights (the
+ * router), every row: each input row is read once for four weight rows
+ * (dot4 computes each as dot does, so results match mm_range's). Inlined
+ * into a generic and an AVX2 copy (the same lane operations, wider). */
+static inline __attribute__((always_inline)) void mmt_body(const struct mm_ctx *c, int64_t b, int64_t e) {
+    const int64_t n_in = c->w->n_in, n_out = c->w->n_out;
+    const float *w = c->w->data;
+    for (int64_t t = b; t < e; t++) {
+        const float *x = c->x + t * c->ldx;
+        float *y = c->y + t * c->ldy, r[4];
+        int64_t o = 0;
+        for (; o + 4 <= n_out; o += 4) {
+            dot4(x, w + o * n_in, (size_t)n_in, n_in, r);
+            for (int u = 0; u < 4; u++) y[o + u] = r[u] + (c->bias ? c->bias[o + u] : 0.0f);
+        }
+        for (; o < n_out; o++) y[o] = dot(w + o * n_in, x, n_in) + (c->bias ? c->bias[o] : 0.0f);
+    }
+}
+
+static void mmt_generic(const struct mm_ctx *c, int64_t b, int64_t e) { mmt_body(c, b, e); }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma"))) static void mmt_avx2(const struct mm_ctx *c, int64_t b, int64_t e) {
+    mmt_body(c, b, e);
+}
+#endif
+
+static void mmt_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct mm_ctx *c = vctx;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (c->avx2) {
+        mmt_avx2(c, b, e);
+        return;
+    }
+#endif
+    mmt_generic(c, b, e);
+}
+
+/* matmul_float: y[t] = W x[t] (+ bias) through the float path: split by
+ * tokens for small aligned F32 weights (token_split), else by rows. */
 static void matmul_float(struct cpu *s, const struct moe_weight *w, const float *bias, const float *x, int64_t ldx,
                          float *y, int64_t ldy, int n_tok) {
-    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in};
+    struct mm_ctx c = {w, x, y, bias, n_tok, ldx, ldy, s->row_buf, s->max_in, s->avx2};
+    if (w->type == MOE_QTYPE_F32 && ((uintptr_t)w->data & 3u) == 0 && n_tok > 1 &&
+        token_split(s, weight_bytes(w), n_tok)) {
+        moe_pool_for(s->pool, n_tok, TOK_MIN, mmt_range, &c);
+        return;
+    }
     int64_t work = w->n_in * (int64_t)n_tok;
     int64_t min_chunk = work > 0 ? (32768 + work - 1) / work : 1;
     moe_pool_for(s->pool, w->n_out, min_chunk, mm_range, &c);
@@ -267,12 +360,18 @@ static void gu_range(void *vctx, int64_t b, int64_t e, int tid) {
                     e - b, c->xq, c->xs, c->n_tok, c->h + b, (size_t)g->n_out);
 }
 
-/* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm. */
+/* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm.
+ * The squares (exact in double) are summed in four chains, element i into
+ * chain i % 4. */
 static void rms_norm(float *y, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double s4[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int u = 0; u < 4; u++) s4[u] += (double)x[i + u] * x[i + u];
+    for (; i < n; i++) s4[i % 4] += (double)x[i] * x[i];
+    const double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
     float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+    for (i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
 }
 
 /* layer_norm: y = (x - mean) / sqrt(var + eps) * w + b (biased variance). */
@@ -350,94 +449,267 @@ static void rope_apply(float *v, int n_heads, int head_dim, int n_rot, int inter
 
 /* ---- attention -------------------------------------------------------- */
 
-struct att_ctx {
-    struct cpu *s;
-    int layer, pos0, n_tok;
-};
+/* Grouped-query attention keeps its keys transposed in blocks of ATT_KB
+ * positions: for layer l and KV head h, the n_ctx positions' keys are one
+ * region of n_ctx x head_dim floats, and block b (positions ATT_KB b ..
+ * ATT_KB b + w - 1, w = min(ATT_KB, n_ctx - ATT_KB b)) holds head_dim rows of
+ * w floats, dimension d of those positions side by side. A query's scores
+ * against a block are then one vector sum over d of q[d] times a row of the
+ * block: no horizontal sums, and the same operations for one query (decoding)
+ * as for a tile of several (prompts), so results do not depend on how tokens
+ * are chunked or split between threads. Values stay one row of kv_dim floats
+ * per position. */
+#define ATT_KB 8
 
-/* att_body: the (token, head) pairs [b, e): scores against the cached keys,
- * softmax, weighted sum of the cached values. Inlined into a generic and an
- * AVX2+FMA copy (att_range picks one by the CPU), so that the dot products
- * and the value sums use the wide registers where the CPU has them. */
-static inline __attribute__((always_inline)) void att_body(struct att_ctx *a, int64_t b, int64_t e, int tid) {
-    struct cpu *s = a->s;
-    const struct moe_config *c = &s->m->cfg;
-    const int hd = c->head_dim, group = c->n_head / c->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *sc = s->att_buf + (size_t)tid * (size_t)s->p.n_ctx;
-    const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_dim;
-    const float *vc = s->v_cache + (size_t)a->layer * s->p.n_ctx * s->kv_dim;
-    for (int64_t it = b; it < e; it++) {
-        int t = (int)(it / c->n_head), h = (int)(it % c->n_head), kvh = h / group;
-        int p = a->pos0 + t;
-        int lo = 0;
-        if (c->layer_sliding[a->layer] && p - c->sliding_window + 1 > 0) lo = p - c->sliding_window + 1;
-        const float *qv = s->q + (size_t)t * s->q_dim + (size_t)h * hd;
-        float mx = -INFINITY;
-        const float *kh = kc + (size_t)kvh * hd;
-        int j = lo;
-        for (; j + 4 <= p + 1; j += 4) {
-            dot4(qv, kh + (size_t)j * s->kv_dim, (size_t)s->kv_dim, hd, sc + j);
-            for (int u = 0; u < 4; u++) {
-                sc[j + u] *= scale;
-                if (sc[j + u] > mx) mx = sc[j + u];
-            }
-        }
-        for (; j <= p; j++) {
-            sc[j] = dot(qv, kh + (size_t)j * s->kv_dim, hd) * scale;
-            if (sc[j] > mx) mx = sc[j];
-        }
-        const float *sink = s->m->layers[a->layer].sinks; /* gpt-oss: a logit with no value */
-        if (sink && sink[h] > mx) mx = sink[h];
-        float sum = sink ? expf(sink[h] - mx) : 0.0f;
-        for (j = lo; j <= p; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        /* out[d] = sum over j in order of w_j * v_j[d], 32 (then 8, then 1)
-         * columns at a time in registers */
-        float *out = s->att + (size_t)t * s->q_dim + (size_t)h * hd;
-        const float *vh = vc + (size_t)kvh * hd;
-        for (j = lo; j <= p; j++) sc[j] = sc[j] / sum;
-        int d = 0;
-        for (; d + 32 <= hd; d += 32) {
-            v8f o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
-            for (j = lo; j <= p; j++) {
-                const float *vv = vh + (size_t)j * s->kv_dim + d, w = sc[j];
-                const v8f wv = {w, w, w, w, w, w, w, w};
-                o0 += wv * ld8(vv), o1 += wv * ld8(vv + 8), o2 += wv * ld8(vv + 16), o3 += wv * ld8(vv + 24);
-            }
-            memcpy(out + d, &o0, sizeof o0), memcpy(out + d + 8, &o1, sizeof o1);
-            memcpy(out + d + 16, &o2, sizeof o2), memcpy(out + d + 24, &o3, sizeof o3);
-        }
-        for (; d + 8 <= hd; d += 8) {
-            v8f o0 = {0};
-            for (j = lo; j <= p; j++) {
-                const float w = sc[j];
-                const v8f wv = {w, w, w, w, w, w, w, w};
-                o0 += wv * ld8(vh + (size_t)j * s->kv_dim + d);
-            }
-            memcpy(out + d, &o0, sizeof o0);
-        }
-        for (; d < hd; d++) {
-            float o = 0;
-            for (j = lo; j <= p; j++) o += sc[j] * vh[(size_t)j * s->kv_dim + d];
-            out[d] = o;
-        }
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* splat8: f in every lane; for constants (a variable times a vector is the
+ * form that compiles to one broadcast). */
+static inline __attribute__((always_inline)) v8f splat8(float f) { return (v8f){f, f, f, f, f, f, f, f}; }
+static inline __attribute__((always_inline)) void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+/* sel8: a where the mask m (a comparison's result) is set, else b. */
+static inline __attribute__((always_inline)) v8f sel8(v8i m, v8f a, v8f b) {
+    return (v8f)(((v8i)a & m) | ((v8i)b & ~m));
+}
+
+/* mac8: acc + a b lane by lane; with fused set (the copies compiled for
+ * FMA), one rounding (fused multiply-add), else two. The generic copy and the
+ * AVX ones then differ by rounding, as the quantized kernels' SIMD copies do;
+ * every copy computes each output alike whatever the tile or chunk. (GCC
+ * inlines the FMA helper only into FMA targets, and drops it unused from the
+ * others; clang builds use the plain form.) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("fma"))) static inline v8f fma8(v8f acc, v8f a, v8f b) {
+    return __builtin_ia32_vfmaddps256(a, b, acc);
+}
+#define MAC8(acc, a, b, fused) ((fused) ? fma8((acc), (a), (b)) : (acc) + (a) * (b))
+#else
+#define MAC8(acc, a, b, fused) ((acc) + (a) * (b))
+#endif
+
+/* vexp: e^x lane by lane for the softmax (x <= 0 there): Cephes' expf, x = n
+ * ln2 + r with |r| <= ln2/2, a polynomial for e^r times 2^n built in the
+ * exponent bits. About 1 ulp; 0 below -87 and for -inf (masked scores); NaN
+ * stays NaN. */
+static inline __attribute__((always_inline)) v8f vexp(v8f x) {
+    const v8f magic = splat8(12582912.0f); /* 1.5 x 2^23: adding it rounds to an integer */
+    const v8i under = x < splat8(-87.0f);
+    x = sel8(under, splat8(-87.0f), x);
+    const v8f t = x * splat8(1.44269504088896341f) + magic;
+    const v8f n = t - magic;
+    v8f r = x - n * splat8(0.693359375f);
+    r = r - n * splat8(-2.12194440e-4f);
+    v8f p = splat8(1.9875691500e-4f);
+    p = p * r + splat8(1.3981999507e-3f);
+    p = p * r + splat8(8.3334519073e-3f);
+    p = p * r + splat8(4.1665795894e-2f);
+    p = p * r + splat8(1.6666665459e-1f);
+    p = p * r + splat8(5.0000001201e-1f);
+    const v8f y = p * (r * r) + r + splat8(1.0f);
+    const v8i e = ((v8i)t - (v8i)magic + 127) << 23;
+    return (v8f)((v8i)(y * (v8f)e) & ~under);
+}
+
+/* key_block: block b of KV head h of layer l as [head_dim][ATT_KB]; a last
+ * block narrower than ATT_KB (n_ctx not a multiple of it) is copied into
+ * `pad` with zeros after its positions. */
+static const float *key_block(const struct cpu *s, int l, int h, int b, float *pad) {
+    const int hd = s->m->cfg.head_dim, w = s->p.n_ctx - b * ATT_KB < ATT_KB ? s->p.n_ctx - b * ATT_KB : ATT_KB;
+    const float *base = s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
+                        (size_t)b * ATT_KB * hd;
+    if (w == ATT_KB) return base;
+    for (int d = 0; d < hd; d++)
+        for (int i = 0; i < ATT_KB; i++) pad[d * ATT_KB + i] = i < w ? base[d * w + i] : 0.0f;
+    return pad;
+}
+
+/* key_store: position p's keys (kv_dim floats, every KV head) into layer l's
+ * key blocks. */
+static void key_store(struct cpu *s, int l, int p, const float *k) {
+    const int hd = s->m->cfg.head_dim, b = p / ATT_KB;
+    const int w = s->p.n_ctx - b * ATT_KB < ATT_KB ? s->p.n_ctx - b * ATT_KB : ATT_KB;
+    for (int h = 0; h < s->m->cfg.n_head_kv; h++) {
+        float *dst = s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
+                     (size_t)b * ATT_KB * hd + p % ATT_KB;
+        for (int d = 0; d < hd; d++) dst[(size_t)d * w] = k[h * hd + d];
     }
 }
 
-static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_body(a, b, e, tid); }
+struct att_ctx {
+    struct cpu *s;
+    int layer, pos0, n_tok;
+    int qt;          /* queries per tile: 1, 2 or 4 */
+    int64_t n_pairs; /* (token, head) pairs per KV head: n_tok x group */
+    int64_t n_tiles; /* tiles per KV head */
+};
+
+/* The per-thread scratch of attention: qt score rows of up to n_ctx +
+ * ATT_KB positions, then one padded key block. */
+static size_t att_stride(const struct cpu *s) {
+    return ((size_t)4 * (size_t)(s->p.n_ctx + ATT_KB) + (size_t)s->m->cfg.head_dim * ATT_KB + 15) & ~(size_t)15;
+}
+
+/* att_scores: scores of the QT queries q[] against NB key blocks from b
+ * (relative block rb in the rows of sc, ns floats apart): per position, the
+ * sum over d in order of q[d] k[d], times scale. */
+static inline __attribute__((always_inline)) void att_scores(const struct att_ctx *a, int kvh, int b, int rb,
+                                                             const float *const *q, float *sc, int ns, float *pad,
+                                                             const int QT, const int NB, const int FU) {
+    const struct cpu *s = a->s;
+    const int hd = s->m->cfg.head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *kb[4];
+    for (int u = 0; u < NB; u++) kb[u] = key_block(s, a->layer, kvh, b + u, pad);
+    v8f acc[4][4];
+    for (int r = 0; r < QT; r++)
+        for (int u = 0; u < NB; u++) acc[r][u] = splat8(0.0f);
+    for (int d = 0; d < hd; d++) {
+        v8f kv[4];
+        for (int u = 0; u < NB; u++) kv[u] = ld8(kb[u] + (size_t)d * ATT_KB);
+        for (int r = 0; r < QT; r++) {
+            /* scalar x vector: one broadcast (GCC makes a lane-by-lane
+             * insert of a {x, x, ..} constructor) */
+            const v8f qd = q[r][d] * splat8(1.0f);
+            for (int u = 0; u < NB; u++) acc[r][u] = MAC8(acc[r][u], qd, kv[u], FU);
+        }
+    }
+    for (int r = 0; r < QT; r++)
+        for (int u = 0; u < NB; u++) st8(sc + (size_t)r * ns + (size_t)(rb + u) * ATT_KB, acc[r][u] * scale);
+}
+
+/* att_values: out[r][d0 .. d0 + 8 NV) = sum over positions j0 .. j1 in
+ * order of e_r[j] v_j, divided by sum[r]; rows r < n are written. */
+static inline __attribute__((always_inline)) void att_values(const float *vc, size_t ldv, int j0, int j1,
+                                                             const float *sc, int ns, const float *sum,
+                                                             float *const *out, int n, int d0, const int QT,
+                                                             const int NV, const int FU) {
+    v8f acc[4][4];
+    for (int r = 0; r < QT; r++)
+        for (int u = 0; u < NV; u++) acc[r][u] = splat8(0.0f);
+    for (int j = j0; j <= j1; j++) {
+        const float *vr = vc + (size_t)j * ldv + d0;
+        v8f vv[4];
+        for (int u = 0; u < NV; u++) vv[u] = ld8(vr + 8 * u);
+        for (int r = 0; r < QT; r++) {
+            const v8f e = sc[(size_t)r * ns + (size_t)(j - j0)] * splat8(1.0f);
+            for (int u = 0; u < NV; u++) acc[r][u] = MAC8(acc[r][u], e, vv[u], FU);
+        }
+    }
+    for (int r = 0; r < n; r++)
+        for (int u = 0; u < NV; u++) st8(out[r] + d0 + 8 * u, acc[r][u] / sum[r]);
+}
+
+/* att_tile: attention of the (token, head) pairs pair0 .. pair0 + n - 1 (n <=
+ * QT; pairs t x group + g, token-major) of KV head kvh, which share its keys
+ * and values. Rows past n repeat the last pair and are not written. Scores in
+ * blocks of NKB keys, values NV vectors of 8 columns at a time; every output
+ * is computed with the same operations in the same order whatever QT, NKB,
+ * NV, the tile or the chunk. */
+static inline __attribute__((always_inline)) void att_tile(const struct att_ctx *a, int kvh, int64_t pair0, int n,
+                                                           float *sc, float *pad, const int QT, const int NKB,
+                                                           const int NV, const int FU) {
+    const struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int hd = c->head_dim, group = c->n_head / c->n_head_kv, l = a->layer;
+    const float *sink = s->m->layers[l].sinks; /* gpt-oss: a logit with no value */
+    const float *q[4];
+    float *out[4] = {NULL}, sum[4] = {0};
+    int p[4], lo[4], h[4], klo = INT32_MAX, khi = 0;
+    for (int r = 0; r < QT; r++) {
+        const int64_t pr = pair0 + (r < n ? r : n - 1);
+        const int t = (int)(pr / group);
+        h[r] = kvh * group + (int)(pr % group);
+        p[r] = a->pos0 + t;
+        lo[r] = c->layer_sliding[l] && p[r] - c->sliding_window + 1 > 0 ? p[r] - c->sliding_window + 1 : 0;
+        q[r] = s->q + (size_t)t * s->q_dim + (size_t)h[r] * hd;
+        out[r] = s->att + (size_t)t * s->q_dim + (size_t)h[r] * hd;
+        if (lo[r] < klo) klo = lo[r];
+        if (p[r] > khi) khi = p[r];
+    }
+    /* scores of positions j0 .. j0 + ns - 1 (whole key blocks) */
+    const int b0 = klo / ATT_KB, b1 = khi / ATT_KB, ns = (b1 - b0 + 1) * ATT_KB, j0 = b0 * ATT_KB;
+    int b = b0;
+    for (; b + NKB - 1 <= b1; b += NKB) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, NKB, FU);
+    for (; b <= b1; b++) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, 1, FU);
+    /* softmax numerators in place (masked positions: 0) and their sums, in
+     * 8 lanes by position mod 8, then sum8 */
+    for (int r = 0; r < QT; r++) {
+        float *row = sc + (size_t)r * ns;
+        for (int j = j0; j < lo[r]; j++) row[j - j0] = -INFINITY;
+        for (int j = p[r] + 1; j < j0 + ns; j++) row[j - j0] = -INFINITY;
+        v8f mv = splat8(-INFINITY);
+        for (int i = 0; i < ns; i += 8) {
+            const v8f x = ld8(row + i);
+            mv = sel8(x > mv, x, mv);
+        }
+        float mx = mv[0];
+        for (int i = 1; i < 8; i++) mx = mv[i] > mx ? mv[i] : mx;
+        if (sink && sink[h[r]] > mx) mx = sink[h[r]];
+        v8f sv = splat8(0.0f);
+        for (int i = 0; i < ns; i += 8) {
+            const v8f e = vexp(ld8(row + i) - mx);
+            st8(row + i, e);
+            sv += e;
+        }
+        sum[r] = sum8(sv) + (sink ? vexp(splat8(0.0f) + (sink[h[r]] - mx))[0] : 0.0f);
+    }
+    /* out = sum_j e_j v_j / sum over positions j0 .. khi (exact zeros past a
+     * row's own position) */
+    const float *vc = s->v_cache + (size_t)l * s->p.n_ctx * s->kv_dim + (size_t)kvh * hd;
+    int d = 0;
+    for (; d + 8 * NV <= hd; d += 8 * NV)
+        att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, NV, FU);
+    for (; d + 8 <= hd; d += 8) att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, 1, FU);
+    for (; d < hd; d++)
+        for (int r = 0; r < n; r++) {
+            float o = 0;
+            for (int j = j0; j <= khi; j++) o += sc[(size_t)r * ns + (size_t)(j - j0)] * vc[(size_t)j * s->kv_dim + d];
+            out[r][d] = o / sum[r];
+        }
+}
+
+/* att_items: work items [b, e) of the attention loop: item i is KV head i %
+ * n_kv of tile n_tiles - 1 - i / n_kv (the latest tokens, with the most
+ * positions to attend to, first: the threads finish together). */
+static inline __attribute__((always_inline)) void att_items(const struct att_ctx *a, int64_t b, int64_t e, int tid,
+                                                            const int NKB, const int NV, const int FU) {
+    const struct cpu *s = a->s;
+    const int nkv = s->m->cfg.n_head_kv;
+    float *sc = s->att_buf + (size_t)tid * att_stride(s);
+    float *pad = sc + (size_t)4 * (size_t)(s->p.n_ctx + ATT_KB);
+    for (int64_t it = b; it < e; it++) {
+        const int kvh = (int)(it % nkv);
+        const int64_t pair0 = (a->n_tiles - 1 - it / nkv) * a->qt;
+        const int n = (int)(a->n_pairs - pair0 < a->qt ? a->n_pairs - pair0 : a->qt);
+        if (a->qt == 4)
+            att_tile(a, kvh, pair0, n, sc, pad, 4, NKB, NV, FU);
+        else if (a->qt == 2)
+            att_tile(a, kvh, pair0, n, sc, pad, 2, NKB, NV, FU);
+        else
+            att_tile(a, kvh, pair0, n, sc, pad, 1, NKB, NV, FU);
+    }
+}
+
+static void att_generic(struct att_ctx *a, int64_t b, int64_t e, int tid) { att_items(a, b, e, tid, 2, 2, 0); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2,fma"))) static void att_avx2(struct att_ctx *a, int64_t b, int64_t e, int tid) {
-    att_body(a, b, e, tid);
+    att_items(a, b, e, tid, 2, 2, 1);
+}
+/* AVX-512VL: the same 8-lane operations with 32 registers, so wider tiles */
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) static void att_avx512(struct att_ctx *a, int64_t b, int64_t e,
+                                                                            int tid) {
+    att_items(a, b, e, tid, 4, 4, 1);
 }
 #endif
 
 static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     struct att_ctx *a = vctx;
+    if (a->s->avx512) {
+        att_avx512(a, b, e, tid);
+        return;
+    }
     if (a->s->avx2) {
         att_avx2(a, b, e, tid);
         return;
@@ -446,57 +718,126 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
     att_generic(vctx, b, e, tid);
 }
 
-/* attention: self-attention block of layer l for a chunk of n_tok tokens. */
+/* qkv_post: token t's q, k and v after the projections: QK norms, clipping,
+ * RoPE, then its keys and values into layer l's cache at position pos0 + t. */
+static void qkv_post(struct cpu *s, int l, int pos0, int t) {
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[l];
+    const int hd = c->head_dim;
+    float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
+    float *v = s->v + (size_t)t * s->kv_dim;
+    if (c->qk_norm == MOE_QK_NORM_FULL) {
+        rms_norm(q, q, L->q_norm, s->q_dim, c->norm_eps);
+        rms_norm(k, k, L->k_norm, s->kv_dim, c->norm_eps);
+    }
+    if (c->clip_qkv > 0) {
+        float cl = c->clip_qkv;
+        for (int64_t i = 0; i < s->q_dim; i++) q[i] = fminf(fmaxf(q[i], -cl), cl);
+        for (int64_t i = 0; i < s->kv_dim; i++) {
+            k[i] = fminf(fmaxf(k[i], -cl), cl);
+            v[i] = fminf(fmaxf(v[i], -cl), cl);
+        }
+    }
+    if (c->qk_norm == MOE_QK_NORM_HEAD) {
+        for (int h = 0; h < c->n_head; h++) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
+        for (int h = 0; h < c->n_head_kv; h++) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
+    }
+    const float *cs = s->rope_cos + (size_t)t * (c->rope.n_rot / 2);
+    const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
+    rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
+    rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
+    key_store(s, l, pos0 + t, k);
+    memcpy(s->v_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim, v, sizeof(float) * s->kv_dim);
+}
+
+struct qkv_ctx {
+    struct cpu *s;
+    int layer, pos0;
+};
+
+/* qkv_range: the attention block's first step for tokens [b, e), whole rows
+ * per thread (token_split): norm, one quantization of each input row, q, k
+ * and v, qkv_post. */
+static void qkv_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct qkv_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const struct moe_layer *L = &s->m->layers[a->layer];
+    const int64_t H = c->n_embd;
+    const size_t xs = s->aq_cap;
+    for (int64_t t0 = b; t0 < e; t0 += TOK_SUB) {
+        const int nt = (int)(e - t0 < TOK_SUB ? e - t0 : TOK_SUB);
+        uint8_t *xq = s->aq + (size_t)t0 * xs;
+        norm_rows(c, s->xn + t0 * H, s->x + t0 * H, L->attn_norm, L->attn_norm_b, nt);
+        for (int i = 0; i < nt; i++) moe_quantize_act(L->wq.type, s->xn + (t0 + i) * H, xq + (size_t)i * xs, H);
+        mat_rows(&L->wq, L->bq, xq, xs, nt, s->q + t0 * s->q_dim, s->q_dim);
+        mat_rows(&L->wk, L->bk, xq, xs, nt, s->k + t0 * s->kv_dim, s->kv_dim);
+        mat_rows(&L->wv, L->bv, xq, xs, nt, s->v + t0 * s->kv_dim, s->kv_dim);
+        for (int i = 0; i < nt; i++) qkv_post(s, a->layer, a->pos0, (int)t0 + i);
+    }
+}
+
+/* wo_range: the attention block's output for tokens [b, e), whole rows per
+ * thread (token_split): quantize the heads' outputs, wo, and the residual
+ * x += wo att. */
+static void wo_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct qkv_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const int64_t H = s->m->cfg.n_embd;
+    const struct moe_weight *wo = &s->m->layers[a->layer].wo;
+    const size_t xs = s->aq_cap;
+    for (int64_t t0 = b; t0 < e; t0 += TOK_SUB) {
+        const int nt = (int)(e - t0 < TOK_SUB ? e - t0 : TOK_SUB);
+        uint8_t *xq = s->aq + (size_t)t0 * xs;
+        for (int i = 0; i < nt; i++)
+            moe_quantize_act(wo->type, s->att + (t0 + i) * s->q_dim, xq + (size_t)i * xs, s->q_dim);
+        mat_rows(wo, s->m->layers[a->layer].bo, xq, xs, nt, s->tmp + t0 * H, H);
+        for (int64_t i = t0 * H; i < (t0 + nt) * H; i++) s->x[i] += s->tmp[i];
+    }
+}
+
+/* attention: self-attention block of layer l for a chunk of n_tok tokens,
+ * from the attention norm to the residual x += wo att. */
 static void attention(struct cpu *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
     const enum moe_qtype at = moe_act_type(L->wq.type);
-    if (int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at) {
-        /* q, k and v share one quantization of the input */
-        const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
-        matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
-        matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
-        matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+    const int shared_xq = int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at;
+    struct qkv_ctx qc = {s, l, pos0};
+    if (shared_xq && token_split(s, weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv), n_tok)) {
+        moe_pool_for(s->pool, n_tok, TOK_MIN, qkv_range, &qc);
     } else {
-        matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
-        matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
-        matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+        norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n_tok);
+        if (shared_xq) { /* q, k and v share one quantization of the input */
+            const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
+            matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
+            matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
+            matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+        } else {
+            matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
+            matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
+            matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
+        }
+        for (int t = 0; t < n_tok; t++) qkv_post(s, l, pos0, t);
     }
-    for (int t = 0; t < n_tok; t++) {
-        float *q = s->q + (size_t)t * s->q_dim, *k = s->k + (size_t)t * s->kv_dim;
-        float *v = s->v + (size_t)t * s->kv_dim;
-        if (c->qk_norm == MOE_QK_NORM_FULL) {
-            rms_norm(q, q, L->q_norm, s->q_dim, c->norm_eps);
-            rms_norm(k, k, L->k_norm, s->kv_dim, c->norm_eps);
-        }
-        if (c->clip_qkv > 0) {
-            float cl = c->clip_qkv;
-            for (int64_t i = 0; i < s->q_dim; i++) q[i] = fminf(fmaxf(q[i], -cl), cl);
-            for (int64_t i = 0; i < s->kv_dim; i++) {
-                k[i] = fminf(fmaxf(k[i], -cl), cl);
-                v[i] = fminf(fmaxf(v[i], -cl), cl);
-            }
-        }
-        if (c->qk_norm == MOE_QK_NORM_HEAD) {
-            for (int h = 0; h < c->n_head; h++) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
-            for (int h = 0; h < c->n_head_kv; h++) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
-        }
-        const float *cs = s->rope_cos + (size_t)t * (c->rope.n_rot / 2);
-        const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
-        rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
-        rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
-        size_t off = ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim;
-        memcpy(s->k_cache + off, k, sizeof(float) * s->kv_dim);
-        memcpy(s->v_cache + off, v, sizeof(float) * s->kv_dim);
+    /* tiles of up to 4 (token, head) pairs of one KV head; a chunk of the
+     * loop gets at least ~32K multiply-adds (scores and values over up to
+     * pos0 + n_tok positions), or short contexts would cost more in
+     * hand-offs than they gain */
+    const int64_t n_pairs = (int64_t)n_tok * (c->n_head / c->n_head_kv);
+    const int qt = n_pairs >= 4 ? 4 : n_pairs >= 2 ? 2 : 1;
+    struct att_ctx a = {s, l, pos0, n_tok, qt, n_pairs, (n_pairs + qt - 1) / qt};
+    const int64_t per_item = (int64_t)2 * hd * qt * (pos0 + n_tok);
+    moe_pool_for(s->pool, a.n_tiles * c->n_head_kv, (32768 + per_item - 1) / per_item, att_range, &a);
+    if (int_path(s, L->wo.type) && token_split(s, weight_bytes(&L->wo), n_tok)) {
+        moe_pool_for(s->pool, n_tok, TOK_MIN, wo_range, &qc);
+        return;
     }
-    struct att_ctx a = {s, l, pos0, n_tok};
-    /* (token, head) pairs; a chunk gets at least ~32K multiply-adds (scores
-     * and values over up to pos0 + n_tok positions), or short contexts
-     * would cost more in hand-offs than they gain */
-    const int64_t per_pair = (int64_t)2 * hd * (pos0 + n_tok);
-    moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, (32768 + per_pair - 1) / per_pair, att_range, &a);
     matmul(s, &L->wo, L->bo, s->att, s->q_dim, s->tmp, c->n_embd, n_tok);
+    for (int64_t i = 0; i < (int64_t)n_tok * c->n_embd; i++) s->x[i] += s->tmp[i];
 }
 
 /* ---- multi-head latent attention (DeepSeek-V2/V3) ------------------------
@@ -546,7 +887,7 @@ static void mla_score_range(void *vctx, int64_t b, int64_t e, int tid) {
     struct cpu *s = a->s;
     const struct moe_config *c = &s->m->cfg;
     const int nh = c->n_head, r = c->kv_lora_rank, rd = c->qk_rope_dim;
-    float *sc = s->att_buf + (size_t)tid * (size_t)s->p.n_ctx;
+    float *sc = s->att_buf + (size_t)tid * att_stride(s);
     const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_row;
     for (int64_t it = b; it < e; it++) {
         const int t = (int)(it / nh), h = (int)(it % nh), p = a->pos0 + t;
@@ -615,6 +956,72 @@ static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
     matmul(s, &L->wo, L->bo, s->att, (int64_t)c->n_head * c->v_head_dim, s->tmp, H, n_tok);
 }
 
+/* expert_out: a routed expert's output row y for token t in slot k, weighted
+ * by wi. With at most two slots it is added to acc[t] at once: acc starts at
+ * 0 and a sum of two terms does not depend on their order, so the experts may
+ * come in any order (and the row need not go through memory again). With more
+ * slots it waits in part[t][k], and cpu_residual adds the slots in order. */
+static void expert_out(struct cpu *s, int64_t t, int64_t k, const float *y, float wi) {
+    const int64_t H = s->m->cfg.n_embd, S = s->p.n_slots;
+    if (S <= 2) {
+        float *a = s->acc + t * H;
+        for (int64_t d = 0; d < H; d++) a[d] += y[d] * wi;
+        return;
+    }
+    float *dst = s->part + (t * S + k) * H;
+    for (int64_t d = 0; d < H; d++) dst[d] = y[d] * wi;
+    s->part_used[t * S + k] = 1;
+}
+
+struct ffn_ctx {
+    struct cpu *s;
+    const struct moe_ffn *f;
+    const float *x;       /* input rows, n_embd floats apart */
+    const int32_t *rows;  /* row i is x row rows[i] (NULL: row i) */
+    const int32_t *slots; /* routed expert: part[rows[i]][slots[i]] = w[i] y[i] (NULL: none) */
+    const float *w;
+    float *y; /* [n x n_embd] */
+};
+
+/* ffn_range: the SwiGLU FFN of rows [b, e) with integer kernels, whole rows
+ * per thread (token_split): quantize the input rows (gathered through
+ * rows[]), gate and up with SiLU, quantize, down; a routed expert's rows
+ * weighted into their slots of part. */
+static void ffn_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct ffn_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_weight *g = &a->f->gate, *u = &a->f->up, *d = &a->f->down;
+    const int64_t H = s->m->cfg.n_embd, F = g->n_out;
+    const size_t xs = s->aq_cap;
+    for (int64_t i0 = b; i0 < e; i0 += TOK_SUB) {
+        const int nt = (int)(e - i0 < TOK_SUB ? e - i0 : TOK_SUB);
+        uint8_t *xq = s->aq + (size_t)i0 * xs;
+        for (int i = 0; i < nt; i++) {
+            const int64_t r = a->rows ? a->rows[i0 + i] : i0 + i;
+            moe_quantize_act(g->type, a->x + r * H, xq + (size_t)i * xs, H);
+        }
+        moe_gate_up_act(g->type, H, g->data, u->data, F, xq, xs, nt, s->ge + i0 * F, (size_t)F);
+        for (int i = 0; i < nt; i++) moe_quantize_act(d->type, s->ge + (i0 + i) * F, xq + (size_t)i * xs, F);
+        mat_rows(d, NULL, xq, xs, nt, a->y + i0 * H, H);
+        for (int i = 0; a->slots && i < nt; i++)
+            expert_out(s, a->rows[i0 + i], a->slots[i0 + i], a->y + (i0 + i) * H, a->w[i0 + i]);
+    }
+}
+
+/* ffn_fused: 1 if f runs as SiLU(gate) x up with no biases and integer
+ * kernels for gate, up (one type) and down. */
+static int ffn_fused(const struct cpu *s, const struct moe_ffn *f, int expert) {
+    return !f->bias && !(expert && s->m->cfg.expert_act == MOE_ACT_SWIGLU_OAI) && f->gate.type == f->up.type &&
+           int_path(s, f->gate.type) && int_path(s, f->down.type);
+}
+
+/* ffn_token_split: 1 if f over n rows takes ffn_range. */
+static int ffn_token_split(const struct cpu *s, const struct moe_ffn *f, int n, int expert) {
+    return ffn_fused(s, f, expert) &&
+           token_split(s, weight_bytes(&f->gate) + weight_bytes(&f->up) + weight_bytes(&f->down), n);
+}
+
 /* ffn: y = down(act(gate x, up x)) for n rows of x (ld n_embd), with the
  * biases of f->bias if set. act: silu(g) * u, or for a routed expert of a
  * MOE_ACT_SWIGLU_OAI model gpt-oss's clamped form
@@ -626,6 +1033,11 @@ static void ffn(struct cpu *s, const struct moe_ffn *f, const float *x, float *y
     int64_t F = f->gate.n_out, H = c->n_embd;
     const float *b = f->bias;
     const int oai = expert && c->expert_act == MOE_ACT_SWIGLU_OAI;
+    if (ffn_token_split(s, f, n, expert)) {
+        struct ffn_ctx fc = {s, f, x, NULL, NULL, NULL, y};
+        moe_pool_for(s->pool, n, TOK_MIN, ffn_range, &fc);
+        return;
+    }
     if (!b && !oai && f->gate.type == f->up.type && int_path(s, f->gate.type)) {
         /* integer kernels: gate and up in one pass over their rows with SiLU
          * fused, split by rows across the threads */
@@ -720,22 +1132,41 @@ static enum moe_status cpu_attention(struct moe_backend *be, int layer, int pos0
         rope_tables(s, pos0, n, seq_len);
         s->rope_pos0 = pos0, s->rope_n = n, s->rope_len = seq_len;
     }
+    if (c->attn != MOE_ATTN_MLA) {
+        attention(s, layer, pos0, n); /* norm to residual */
+        return MOE_OK;
+    }
     norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n);
-    if (c->attn == MOE_ATTN_MLA)
-        attention_mla(s, layer, pos0, n);
-    else
-        attention(s, layer, pos0, n);
+    attention_mla(s, layer, pos0, n);
     for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->tmp[i];
     return MOE_OK;
 }
 
+struct rows_ctx {
+    struct cpu *s;
+    const struct moe_layer *L;
+};
+
+/* The fewest tokens per chunk of the per-token loops below (norms, sums):
+ * each token is a few hundred nanoseconds of work. */
+#define ROWS_MIN 32
+
+/* ffn_norm_range: tokens [b, e) of cpu_ffn_norm. */
+static void ffn_norm_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct rows_ctx *a = vctx;
+    struct cpu *s = a->s;
+    const struct moe_config *c = &s->m->cfg;
+    const int64_t H = c->n_embd;
+    norm_rows(c, s->xn + b * H, s->x + b * H, a->L->ffn_norm, a->L->ffn_norm_b, (int)(e - b));
+    memset(s->acc + b * H, 0, sizeof(float) * (size_t)((e - b) * H));
+    memset(s->part_used + b * s->p.n_slots, 0, (size_t)((e - b) * s->p.n_slots));
+}
+
 static enum moe_status cpu_ffn_norm(struct moe_backend *be, int layer, int n) {
     struct cpu *s = ctx(be);
-    const struct moe_config *c = &s->m->cfg;
-    const struct moe_layer *L = &s->m->layers[layer];
-    norm_rows(c, s->xn, s->x, L->ffn_norm, L->ffn_norm_b, n);
-    memset(s->acc, 0, sizeof(float) * (size_t)n * (size_t)c->n_embd);
-    memset(s->part_used, 0, (size_t)n * (size_t)s->p.n_slots);
+    struct rows_ctx a = {s, &s->m->layers[layer]};
+    moe_pool_for(s->pool, n, ROWS_MIN, ffn_norm_range, &a);
     s->shared_pending = 0;
     return MOE_OK;
 }
@@ -752,20 +1183,19 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
                                   const int32_t *slots, const float *w, int n_rows, float *out) {
     struct cpu *s = ctx(be);
     const int64_t H = s->m->cfg.n_embd;
-    const int S = s->p.n_slots;
     for (int done = 0; done < n_rows;) {
         int n = n_rows - done < s->p.n_batch ? n_rows - done : s->p.n_batch;
+        if (ffn_token_split(s, f, n, 1)) { /* gathered, computed and weighted (expert_out) in one loop */
+            struct ffn_ctx fc = {s, f, s->xn, rows + done, slots + done, w + done, s->ye};
+            moe_pool_for(s->pool, n, TOK_MIN, ffn_range, &fc);
+            if (out) memcpy(out + (size_t)done * H, s->ye, sizeof(float) * (size_t)n * (size_t)H);
+            done += n;
+            continue;
+        }
         for (int i = 0; i < n; i++)
             memcpy(s->xe + (size_t)i * H, s->xn + (size_t)rows[done + i] * H, sizeof(float) * (size_t)H);
         ffn(s, f, s->xe, s->ye, n, 1);
-        for (int i = 0; i < n; i++) {
-            const int t = rows[done + i], k = slots[done + i];
-            float *dst = s->part + ((size_t)t * S + (size_t)k) * H;
-            const float *src = s->ye + (size_t)i * H;
-            const float wi = w[done + i];
-            for (int64_t d = 0; d < H; d++) dst[d] = src[d] * wi;
-            s->part_used[(size_t)t * S + (size_t)k] = 1;
-        }
+        for (int i = 0; i < n; i++) expert_out(s, rows[done + i], slots[done + i], s->ye + (size_t)i * H, w[done + i]);
         if (out) memcpy(out + (size_t)done * H, s->ye, sizeof(float) * (size_t)n * (size_t)H);
         done += n;
     }
@@ -788,36 +1218,40 @@ static enum moe_status cpu_dense(struct moe_backend *be, int layer, int n) {
     return MOE_OK;
 }
 
-/* shared_add: acc += [sigmoid(shared gate) *] shared expert (after the
- * routed experts, as transformers adds it). */
-static void shared_add(struct cpu *s, int n) {
+/* residual_range: tokens [b, e) of cpu_residual: acc += the routed experts'
+ * weighted outputs in slot order, then [sigmoid(shared gate) *] the shared
+ * expert (after the routed ones, as transformers adds it), then x += acc. */
+static void residual_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct rows_ctx *r = vctx;
+    struct cpu *s = r->s;
     const int64_t H = s->m->cfg.n_embd;
-    for (int t = 0; t < n; t++) {
-        if (!s->m->cfg.shared_gated) {
-            for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += s->tmp[(size_t)t * H + d];
-            continue;
+    const int S = s->p.n_slots;
+    for (int64_t t = b; t < e; t++) {
+        float *a = s->acc + t * H, *x = s->x + t * H;
+        for (int k = 0; S > 2 && k < S; k++) { /* (two slots: already in acc, expert_out) */
+            if (!s->part_used[(size_t)t * S + (size_t)k]) continue;
+            const float *src = s->part + ((size_t)t * S + (size_t)k) * H;
+            for (int64_t d = 0; d < H; d++) a[d] += src[d];
         }
-        float g = 1.0f / (1.0f + expf(-s->sg[t]));
-        for (int64_t d = 0; d < H; d++) s->acc[(size_t)t * H + d] += g * s->tmp[(size_t)t * H + d];
+        if (s->shared_pending) {
+            const float *sh = s->tmp + t * H;
+            if (!s->m->cfg.shared_gated) {
+                for (int64_t d = 0; d < H; d++) a[d] += sh[d];
+            } else {
+                const float g = 1.0f / (1.0f + expf(-s->sg[t]));
+                for (int64_t d = 0; d < H; d++) a[d] += g * sh[d];
+            }
+        }
+        for (int64_t d = 0; d < H; d++) x[d] += a[d];
     }
 }
 
 static enum moe_status cpu_residual(struct moe_backend *be, int n) {
     struct cpu *s = ctx(be);
-    const struct moe_config *c = &s->m->cfg;
-    const int64_t H = c->n_embd;
-    const int S = s->p.n_slots;
-    for (int t = 0; t < n; t++) {
-        float *a = s->acc + (size_t)t * H;
-        for (int k = 0; k < S; k++) {
-            if (!s->part_used[(size_t)t * S + (size_t)k]) continue;
-            const float *src = s->part + ((size_t)t * S + (size_t)k) * H;
-            for (int64_t d = 0; d < H; d++) a[d] += src[d];
-        }
-    }
-    if (s->shared_pending) shared_add(s, n);
+    struct rows_ctx a = {s, NULL};
+    moe_pool_for(s->pool, n, ROWS_MIN, residual_range, &a);
     s->shared_pending = 0;
-    for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->acc[i];
     return MOE_OK;
 }
 
@@ -872,6 +1306,38 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
 static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
 
+/* touch: write every page of [p, p + bytes) once, so that the first forward
+ * pass does not take their page faults (large callocs are mapped lazily).
+ * Volatile: a memset of zeros after calloc is dropped by the compiler. */
+static void touch(void *p, size_t bytes) {
+    for (size_t i = 0; p && i < bytes; i += 4096) ((volatile char *)p)[i] = 0;
+}
+
+/* zalloc_touched: zalloc, every page touched. */
+static void *zalloc_touched(size_t n, size_t size) {
+    void *p = zalloc(n, size);
+    touch(p, (n ? n : 1) * size);
+    return p;
+}
+
+/* touch_kv: touch the KV cache of the first n_batch positions (what a first
+ * prompt chunk writes); later positions fault in as the sequence grows, so
+ * a long context costs memory only once it is used. */
+static void touch_kv(struct cpu *s) {
+    const struct moe_config *c = &s->m->cfg;
+    const size_t n = (size_t)(s->p.n_batch < s->p.n_ctx ? s->p.n_batch : s->p.n_ctx), ctx = (size_t)s->p.n_ctx;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (c->attn == MOE_ATTN_MLA) {
+            touch(s->k_cache + (size_t)l * ctx * (size_t)s->kv_row, sizeof(float) * n * (size_t)s->kv_row);
+            continue;
+        }
+        for (int h = 0; h < c->n_head_kv; h++) /* key blocks: [layer][KV head][position][head_dim] */
+            touch(s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * c->head_dim) * ctx,
+                  sizeof(float) * n * (size_t)c->head_dim);
+        touch(s->v_cache + (size_t)l * ctx * (size_t)s->kv_dim, sizeof(float) * n * (size_t)s->kv_dim);
+    }
+}
+
 static void cpu_free(struct moe_backend *be) {
     if (!be) return;
     struct cpu *s = be->ctx;
@@ -922,9 +1388,9 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     s->kv_bytes = moe_config_kv_cache_bytes(c, s->p.n_ctx); /* k_cache: kv_row, v_cache: kv_dim per position */
     size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_row;
     int ok = 1;
-#define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
-    ALLOC(s->k_cache, kv);
-    if (!mla) ALLOC(s->v_cache, kv);
+    ok &= (s->k_cache = zalloc(kv, sizeof *s->k_cache)) != NULL;
+    if (!mla) ok &= (s->v_cache = zalloc(kv, sizeof *s->v_cache)) != NULL;
+#define ALLOC(ptr, count) ok &= ((ptr) = zalloc_touched((size_t)(count), sizeof *(ptr))) != NULL
     ALLOC(s->x, B * H);
     ALLOC(s->xn, B * H);
     ALLOC(s->q, B * s->q_dim);
@@ -952,7 +1418,7 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
                  63) & ~(size_t)63;
     ALLOC(s->aq, B * (int64_t)s->aq_cap);
     ALLOC(s->row_buf, T * s->max_in);
-    ALLOC(s->att_buf, T * s->p.n_ctx);
+    ALLOC(s->att_buf, T * (int64_t)att_stride(s));
     ALLOC(s->inv_freq, c->rope.n_rot / 2);
     ALLOC(s->rope_cos, B * (c->rope.n_rot / 2));
     ALLOC(s->rope_sin, B * (c->rope.n_rot / 2));
@@ -962,11 +1428,13 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
         cpu_free(be);
         return MOE_ERR_NOMEM;
     }
+    touch_kv(s);
     moe_rope_inv_freq(c, s->inv_freq);
     const char *ie = getenv("MOE_CPU_INT");
     s->use_int = !(ie && strcmp(ie, "0") == 0);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     s->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    s->avx512 = s->avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 #endif
     *out = be;
     return MOE_OK;
