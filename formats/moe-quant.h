@@ -482,6 +482,8 @@ struct moe_quant_kernels {
     moe_dequant_fn dequant[MOE_QTYPE_LIMIT];
     moe_dotq_fn dotq[MOE_QTYPE_LIMIT][MOE_TILE_COUNT]; /* by weight type; NULL: no integer kernel */
     moe_quant_act_fn quant_act[MOE_QTYPE_LIMIT];       /* by activation type (q8_0, q8_k) */
+    moe_quant_act_fn quant_row[MOE_QTYPE_LIMIT];       /* moe_quantize_row's kernel where a type has one
+                                                          (q8_0): bytes identical to the reference */
     const char *int_name;                              /* "scalar", "avx2", "avx512vnni" */
 };
 /* Fill the table entries an ISA implements (leaves others untouched). */
