@@ -167,12 +167,12 @@ static int cancelled(const volatile sig_atomic_t *flag) { return flag && *flag; 
 
 /* How far (bytes) the hashing thread may read ahead of the quantizer, and its read size. */
 #define HASH_AHEAD ((uint64_t)512 << 20)
-#define HASH_CHUNK ((size_t)4 << 20)
+#define HASH_CHUNK ((size_t)8 << 20)
 
 /*
  * The provenance hashes (XXH3-64 of every source file) are computed by a
  * thread of their own while the pool quantizes, instead of a pass before it:
- * the thread reads each file once, in order, with large reads, so it also
+ * the thread reads each file once, in order, in large chunks, so it also
  * brings the pages the quantizer is about to touch into the page cache (which
  * the quantizer's mmap then finds), and the input is read from the disk once
  * instead of twice. It stays at most HASH_AHEAD bytes ahead of the input the
@@ -208,28 +208,33 @@ static int hasher_wait(struct hasher *h, uint64_t have) {
     return go;
 }
 
-/* hash_one: XXH3-64 of one file read in chunks; *total counts the bytes read. */
-static enum moe_status hash_one(struct hasher *h, const char *path, XXH3_state_t *s, char *buf,
-                                uint64_t *total, uint64_t *out) {
-    int fd;
-    if (moe_file_open_read(path, &fd)) return MOE_ERR_IO;
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+/* hash_one: XXH3-64 of one file, mapped and hashed chunk by chunk (no copy
+ * out of the page cache); the next chunk's read is started before a chunk is
+ * hashed, and each chunk is unmapped from this thread after use (its pages
+ * stay cached for the quantizer); *total counts the bytes hashed. */
+static enum moe_status hash_one(struct hasher *h, const char *path, XXH3_state_t *s, uint64_t *total, uint64_t *out) {
+    struct moe_mmap map;
+    enum moe_status st = moe_mmap_open(path, &map);
+    if (st) return st;
+    const char *p = map.data;
     XXH3_64bits_reset(s);
-    enum moe_status st = MOE_OK;
-    for (ssize_t n; !st;) {
+    for (size_t off = 0; !st && off < map.size; off += HASH_CHUNK) {
+        const size_t n = map.size - off < HASH_CHUNK ? map.size - off : HASH_CHUNK;
         if (!hasher_wait(h, *total) || cancelled(h->cancel)) {
             st = MOE_ERR_CANCELLED;
-        } else if ((n = read(fd, buf, HASH_CHUNK)) == 0) {
             break;
-        } else if (n < 0) {
-            if (errno != EINTR) st = MOE_ERR_IO;
-        } else {
-            XXH3_64bits_update(s, buf, (size_t)n);
-            *total += (uint64_t)n;
         }
+        if (off + n < map.size) { /* read ahead: the next chunk */
+            const size_t m = map.size - off - n < HASH_CHUNK ? map.size - off - n : HASH_CHUNK;
+            long pg = sysconf(_SC_PAGESIZE);
+            madvise((void *)((uintptr_t)(p + off + n) & ~((uintptr_t)pg - 1)), m, MADV_WILLNEED);
+        }
+        XXH3_64bits_update(s, p + off, n);
+        release(p + off, n);
+        *total += n;
     }
     if (!st) *out = XXH3_64bits_digest(s);
-    close(fd);
+    moe_mmap_close(&map);
     return st;
 }
 
@@ -237,14 +242,12 @@ static enum moe_status hash_one(struct hasher *h, const char *path, XXH3_state_t
 static void *hasher_main(void *arg) {
     struct hasher *h = arg;
     XXH3_state_t *s = XXH3_createState();
-    char *buf = malloc(HASH_CHUNK);
     uint64_t total = 0;
-    enum moe_status st = (s && buf) ? MOE_OK : MOE_ERR_NOMEM;
+    enum moe_status st = s ? MOE_OK : MOE_ERR_NOMEM;
     for (int i = 0; !st && i < h->n_files; i++) {
-        st = hash_one(h, hasher_path(h, i), s, buf, &total, &h->hash[i]);
+        st = hash_one(h, hasher_path(h, i), s, &total, &h->hash[i]);
         if (st && st != MOE_ERR_CANCELLED) MOE_LOGE("quantize: cannot hash %s", hasher_path(h, i));
     }
-    free(buf);
     XXH3_freeState(s);
     h->st = st;
     if (st) __atomic_store_n(&h->failed, 1, __ATOMIC_RELEASE);
@@ -531,7 +534,14 @@ static enum moe_status fill_blob(struct job *j, const struct moe_bundle_precisio
                                  char *blob) {
     const struct moe_weight *parts[3] = {&f->gate, &f->up, &f->down};
     enum moe_status st = MOE_OK;
-    memset(blob, 0, prec->raw_size); /* padding between parts */
+    /* zeros where no part lies (the padding before, between and after the
+     * parts); the parts themselves are written whole below */
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < prec->n_parts; k++) {
+        memset(blob + at, 0, (size_t)(prec->parts[k].offset - at));
+        at = prec->parts[k].offset + prec->parts[k].nbytes;
+    }
+    memset(blob + at, 0, (size_t)(prec->raw_size - at));
     for (int k = 0; k < 3 && !st; k++)
         st = quantize_matrix(j->pool, j->bufs, parts[k], (enum moe_qtype)prec->parts[k].type_id,
                              blob + prec->parts[k].offset);
