@@ -482,8 +482,8 @@ struct moe_quant_kernels {
     moe_dequant_fn dequant[MOE_QTYPE_LIMIT];
     moe_dotq_fn dotq[MOE_QTYPE_LIMIT][MOE_TILE_COUNT]; /* by weight type; NULL: no integer kernel */
     moe_quant_act_fn quant_act[MOE_QTYPE_LIMIT];       /* by activation type (q8_0, q8_k) */
-    moe_quant_act_fn quant_row[MOE_QTYPE_LIMIT];       /* moe_quantize_row's kernel where a type has one
-                                                          (q8_0): bytes identical to the reference */
+    moe_quant_act_fn quant_row[MOE_QTYPE_LIMIT];       /* moe_quantize_row's SIMD kernel, bytes identical
+                                                          to the reference (q8_0 q4_k q5_k); NULL: the reference */
     const char *int_name;                              /* "scalar", "avx2", "avx512vnni" */
 };
 /* Fill the table entries an ISA implements (leaves others untouched). */
@@ -495,6 +495,12 @@ void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k);
 void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k);
 /* The table of the ISA in use now (quant.c). */
 const struct moe_quant_kernels *moe_quant_kernels_now(void);
+/* The scalar reference quantizer of t (q8_0, q4_k, q5_k: the types with a
+ * quant_row kernel), nb blocks. A SIMD quantizer hands it the blocks whose
+ * bytes only the reference's own compiled code defines: a NaN's payload can
+ * reach a k-quant level, and which NaN an operation returns when both operands
+ * are NaNs depends on the operand order the compiler chose. */
+void moe_quant_ref_blocks(enum moe_qtype t, const float *x, void *y, int64_t nb);
 /* Tile shape sizes: rows and activations of each enum moe_tile. */
 static inline int moe_tile_rows(enum moe_tile s) { return s == MOE_TILE_4X1 ? 4 : 1; }
 static inline int moe_tile_cols(enum moe_tile s) { return s == MOE_TILE_1X2 ? 2 : s == MOE_TILE_1X4 ? 4 : 1; }

@@ -11,6 +11,7 @@
  * followed by 5 levels of reduction; see the tolerance in moe-quant.h).
  */
 #define MOE_QUANT_INTERNAL 1
+#include "moe-dtype.h"
 #include "moe-quant.h"
 
 /* Never fuse a*b+c: the results must match the reference rounding step by step
@@ -376,6 +377,54 @@ static TGT void quant_q8_0(const float *x, void *y, int64_t nb) {
     }
 }
 
+/* q4_k and q5_k: quant-kasym-simd.h with 8 lanes (one block of 256 at a time);
+ * a mask is a vector of all-ones or all-zeros lanes. */
+#define KQ_NL 8
+#define KQ_TGT TGT
+typedef __m256 kq_vf;
+typedef __m256i kq_vi;
+typedef __m256 kq_vm;
+INL kq_vf kq_load(const float *p) { return _mm256_loadu_ps(p); }
+INL kq_vf kq_set1(float f) { return _mm256_set1_ps(f); }
+INL kq_vf kq_add(kq_vf a, kq_vf b) { return _mm256_add_ps(a, b); }
+INL kq_vf kq_sub(kq_vf a, kq_vf b) { return _mm256_sub_ps(a, b); }
+INL kq_vf kq_mul(kq_vf a, kq_vf b) { return _mm256_mul_ps(a, b); }
+INL kq_vf kq_div(kq_vf a, kq_vf b) { return _mm256_div_ps(a, b); }
+INL kq_vf kq_sqrt(kq_vf a) { return _mm256_sqrt_ps(a); }
+INL kq_vf kq_abs(kq_vf a) { return abs8(a); }
+INL kq_vf kq_neg(kq_vf a) { return _mm256_xor_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))); }
+INL kq_vf kq_min_lt(kq_vf a, kq_vf b) { return _mm256_min_ps(a, b); } /* vminps: a < b ? a : b */
+INL kq_vf kq_max_gt(kq_vf a, kq_vf b) { return _mm256_max_ps(a, b); } /* vmaxps: a > b ? a : b */
+INL kq_vm kq_gt(kq_vf a, kq_vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+INL kq_vm kq_lt(kq_vf a, kq_vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+INL kq_vm kq_eq(kq_vf a, kq_vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+INL kq_vm kq_and(kq_vm a, kq_vm b) { return _mm256_and_ps(a, b); }
+INL int kq_any(kq_vm m) { return _mm256_movemask_ps(m) != 0; }
+INL kq_vf kq_sel(kq_vm m, kq_vf a, kq_vf b) { return _mm256_blendv_ps(b, a, m); }
+INL kq_vi kq_seli(kq_vm m, kq_vi a, kq_vi b) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(b), _mm256_castsi256_ps(a), m));
+}
+INL kq_vi kq_izero(void) { return _mm256_setzero_si256(); }
+INL kq_vi kq_round(kq_vf v) {
+    const __m256i t = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
+    return _mm256_sub_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
+}
+INL kq_vi kq_clamp(kq_vi l, int nmax) {
+    return _mm256_min_epi32(_mm256_max_epi32(l, _mm256_setzero_si256()), _mm256_set1_epi32(nmax));
+}
+INL kq_vf kq_cvt(kq_vi l) { return _mm256_cvtepi32_ps(l); }
+INL void kq_store(float *p, kq_vf v) { _mm256_storeu_ps(p, v); }
+INL void kq_storei(int32_t *p, kq_vi v) { _mm256_storeu_si256((__m256i *)p, v); }
+INL int kq_has_nan(const float *x) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < MOE_QK_K; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        m = _mm256_or_ps(m, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    return _mm256_movemask_ps(m) != 0;
+}
+#include "quant-kasym-simd.h"
+
 #define SET(T, N)                                                              \
     do {                                                                       \
         k->dot[MOE_QTYPE_##T] = dot_##N;                                       \
@@ -395,6 +444,8 @@ void moe_quant_kernels_avx2(struct moe_quant_kernels *k) {
     SET(Q6_K, q6_K);
     SET(Q8_K, q8_K);
     k->quant_row[MOE_QTYPE_Q8_0] = quant_q8_0;
+    k->quant_row[MOE_QTYPE_Q4_K] = quant_q4_K;
+    k->quant_row[MOE_QTYPE_Q5_K] = quant_q5_K;
 }
 
 #else /* not x86: no AVX2 kernels; quant.c never reports the ISA as supported */

@@ -10,6 +10,7 @@
  * attributes; only called after quant.c has checked __builtin_cpu_supports.
  */
 #define MOE_QUANT_INTERNAL 1
+#include "moe-dtype.h"
 #include "moe-quant.h"
 
 /* Never fuse a*b+c: the results must match the reference rounding step by step
@@ -418,6 +419,53 @@ static TGT void quant_q8_0(const float *x, void *y, int64_t nb) {
         q8_0_block(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), x, o);
 }
 
+/* q4_k and q5_k: quant-kasym-simd.h with 16 lanes (two blocks of 256 at a time). */
+#define KQ_NL 16
+#define KQ_TGT TGT
+typedef __m512 kq_vf;
+typedef __m512i kq_vi;
+typedef __mmask16 kq_vm;
+INL kq_vf kq_load(const float *p) { return _mm512_loadu_ps(p); }
+INL kq_vf kq_set1(float f) { return _mm512_set1_ps(f); }
+INL kq_vf kq_add(kq_vf a, kq_vf b) { return _mm512_add_ps(a, b); }
+INL kq_vf kq_sub(kq_vf a, kq_vf b) { return _mm512_sub_ps(a, b); }
+INL kq_vf kq_mul(kq_vf a, kq_vf b) { return _mm512_mul_ps(a, b); }
+INL kq_vf kq_div(kq_vf a, kq_vf b) { return _mm512_div_ps(a, b); }
+INL kq_vf kq_sqrt(kq_vf a) { return _mm512_sqrt_ps(a); }
+INL kq_vf kq_abs(kq_vf a) { return _mm512_abs_ps(a); }
+INL kq_vf kq_neg(kq_vf a) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0x80000000u)));
+}
+INL kq_vf kq_min_lt(kq_vf a, kq_vf b) { return _mm512_min_ps(a, b); } /* vminps: a < b ? a : b */
+INL kq_vf kq_max_gt(kq_vf a, kq_vf b) { return _mm512_max_ps(a, b); } /* vmaxps: a > b ? a : b */
+INL kq_vm kq_gt(kq_vf a, kq_vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+INL kq_vm kq_lt(kq_vf a, kq_vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+INL kq_vm kq_eq(kq_vf a, kq_vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+INL kq_vm kq_and(kq_vm a, kq_vm b) { return (kq_vm)(a & b); }
+INL int kq_any(kq_vm m) { return m != 0; }
+INL kq_vf kq_sel(kq_vm m, kq_vf a, kq_vf b) { return _mm512_mask_blend_ps(m, b, a); }
+INL kq_vi kq_seli(kq_vm m, kq_vi a, kq_vi b) { return _mm512_mask_blend_epi32(m, b, a); }
+INL kq_vi kq_izero(void) { return _mm512_setzero_si512(); }
+INL kq_vi kq_round(kq_vf v) {
+    const __m512i t = _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(12582912.0f)));
+    return _mm512_sub_epi32(_mm512_and_si512(t, _mm512_set1_epi32(0x007fffff)), _mm512_set1_epi32(0x00400000));
+}
+INL kq_vi kq_clamp(kq_vi l, int nmax) {
+    return _mm512_min_epi32(_mm512_max_epi32(l, _mm512_setzero_si512()), _mm512_set1_epi32(nmax));
+}
+INL kq_vf kq_cvt(kq_vi l) { return _mm512_cvtepi32_ps(l); }
+INL void kq_store(float *p, kq_vf v) { _mm512_storeu_ps(p, v); }
+INL void kq_storei(int32_t *p, kq_vi v) { _mm512_storeu_si512(p, v); }
+INL int kq_has_nan(const float *x) {
+    __mmask16 m = 0;
+    for (int i = 0; i < MOE_QK_K; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        m |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    return m != 0;
+}
+#include "quant-kasym-simd.h"
+
 #define SET(T, N)                                                              \
     do {                                                                       \
         k->dot[MOE_QTYPE_##T] = dot_##N;                                       \
@@ -437,6 +485,8 @@ void moe_quant_kernels_avx512(struct moe_quant_kernels *k) {
     SET(Q6_K, q6_K);
     SET(Q8_K, q8_K);
     k->quant_row[MOE_QTYPE_Q8_0] = quant_q8_0;
+    k->quant_row[MOE_QTYPE_Q4_K] = quant_q4_K;
+    k->quant_row[MOE_QTYPE_Q5_K] = quant_q5_K;
 }
 
 #else /* not x86: no AVX-512 kernels; quant.c never reports the ISA as supported */

@@ -1,16 +1,20 @@
 /*
  * test-quant-rows.c - moe_quantize_row's SIMD kernels (formats/quant-avx2.c and
- * quant-avx512.c: q8_0) against the scalar reference quantizers (quant.c).
+ * quant-avx512.c: q8_0; q4_k and q5_k from quant-kasym-simd.h) against the
+ * scalar reference quantizers (quant.c).
  *
  *   1. Every type, every ISA this CPU runs: moe_quantize_row's bytes equal the
  *      scalar ISA's (the reference, which test-quant checks against gguf and
  *      ggml) on N(0,1) rows at scales 1e-30..1e30 and row lengths of 1..67
  *      blocks, from unaligned source and destination pointers.
- *   2. q8_0 corner blocks, same comparison: zeros, -0.0, subnormals, scales at
- *      the f16 subnormal, rounding and overflow edges, +-3.4e38, infinities,
- *      a NaN at every position (and several, and NaN payloads of both signs,
- *      signalling ones too), exact halves (ties round away from zero), and
- *      blocks of random bit patterns (any float).
+ *   2. Corner blocks for q8_0, q4_k and q5_k, same comparison: zeros, -0.0,
+ *      subnormals, scales at the f16 subnormal, rounding and overflow edges,
+ *      +-3.4e38, infinities, a NaN at every position (and several, and NaN
+ *      payloads of both signs, signalling ones too), exact halves, random bit
+ *      patterns (any float); for the k-quants also constant sub-blocks (the
+ *      fit's early return) next to ordinary ones, sub-blocks of one sign, of
+ *      two values, with one outlier, and rows of 1..9 blocks (the AVX-512
+ *      kernel's two-block steps and its single last block).
  *   3. The reference's NaN rule, pinned by hand (what the SIMD kernels mirror):
  *      the running maximum restarts after a NaN, so with the last NaN at k the
  *      scale comes from |x| after k alone; a NaN scale is stored as f16 0x7e00
@@ -159,28 +163,62 @@ static float f_bits_finite(int b, int j) { /* random bits, exponents kept below 
     if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;
     return from_bits(u);
 }
+/* k-quant sub-block shapes (b counts sub-blocks of 32) */
+static float f_flat(int b, int j) { /* constant sub-blocks (hi == lo) between ordinary ones */
+    static const float c[] = {0.0f, -0.0f, 1.5f, -2.25f, 1e-20f, -7e3f};
+    return b % 3 == 1 ? rnd_normal() : c[b % 6];
+}
+static float f_one_sign(int b, int j) { /* all positive (lo clamps to 0) or all negative */
+    const float v = fabsf(rnd_normal()) + (float)(j % 3);
+    return b % 2 ? v : -v;
+}
+static float f_two_values(int b, int j) { return (j + b) % 2 ? 1.0f + (float)(b % 4) : -0.5f * (float)(b % 3); }
+static float f_outlier(int b, int j) { return j == (b * 11) % 32 ? 1000.0f * (b % 2 ? -1.0f : 1.0f) : rnd_normal() * 0.01f; }
+static float f_tiny_k(int b, int j) { return rnd_normal() * ldexpf(1.0f, -120 - b % 20); }
 
-static void test_q8_0_corners(void) {
+static void test_corners(void) {
     static const struct {
         const char *name;
         fill_fn fill;
-        int nb;
+        int nb; /* blocks of 32 */
+        int k_only;
     } cases[] = {
-        {"zeros and -0", f_zero, 9},        {"subnormals", f_subnormal, 33},   {"tiny scales", f_tiny, 40},
-        {"f16 scale edges", f_f16_edge, 36}, {"+-3.4e38", f_huge, 33},          {"infinities", f_inf, 64},
-        {"a NaN at each position", f_nan_each, 64}, {"NaN payloads", f_nan_many, 96},
-        {"NaN and inf", f_nan_inf, 64},      {"exact halves", f_ties, 72},      {"random bits", f_bits, 512},
-        {"random finite bits", f_bits_finite, 512},
+        {"zeros and -0", f_zero, 9, 0},
+        {"subnormals", f_subnormal, 33, 0},
+        {"tiny scales", f_tiny, 40, 0},
+        {"f16 scale edges", f_f16_edge, 36, 0},
+        {"+-3.4e38", f_huge, 33, 0},
+        {"infinities", f_inf, 64, 0},
+        {"a NaN at each position", f_nan_each, 64, 0},
+        {"NaN payloads", f_nan_many, 96, 0},
+        {"NaN and inf", f_nan_inf, 64, 0},
+        {"exact halves", f_ties, 72, 0},
+        {"random bits", f_bits, 512, 0},
+        {"random finite bits", f_bits_finite, 512, 0},
+        {"constant sub-blocks", f_flat, 72, 1},
+        {"one-sign sub-blocks", f_one_sign, 72, 1},
+        {"two-valued sub-blocks", f_two_values, 72, 1},
+        {"outliers", f_outlier, 72, 1},
+        {"tiny values", f_tiny_k, 160, 1},
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const int nb = cases[c].nb;
-        float *x = malloc(sizeof(float) * 32 * (size_t)nb);
-        for (int b = 0; b < nb; b++)
-            for (int j = 0; j < 32; j++) x[32 * b + j] = cases[c].fill(b, j);
-        same_on_every_isa(MOE_QTYPE_Q8_0, x, 32 * (int64_t)nb, cases[c].name);
-        /* and one block at a time (a kernel's first and only block) */
-        for (int b = 0; b < nb && b < 40; b++) same_on_every_isa(MOE_QTYPE_Q8_0, x + 32 * b, 32, cases[c].name);
-        free(x);
+    static const enum moe_qtype types[] = {MOE_QTYPE_Q8_0, MOE_QTYPE_Q4_K, MOE_QTYPE_Q5_K};
+    for (int ti = 0; ti < 3; ti++) {
+        const enum moe_qtype t = types[ti];
+        const int per = moe_qtype_block_size(t) / 32; /* blocks of 32 per block of t */
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            if (cases[c].k_only && t == MOE_QTYPE_Q8_0) continue;
+            const int nb = (cases[c].nb + per - 1) / per * per;
+            float *x = malloc(sizeof(float) * 32 * (size_t)nb);
+            for (int b = 0; b < nb; b++)
+                for (int j = 0; j < 32; j++) x[32 * b + j] = cases[c].fill(b, j);
+            same_on_every_isa(t, x, 32 * (int64_t)nb, cases[c].name);
+            /* and rows of 1..9 blocks of t from every start (a kernel's first, only and last blocks) */
+            const int bs = 32 * per;
+            for (int b = 0; b + 1 <= nb / per && b < 40; b++)
+                same_on_every_isa(t, x + (size_t)bs * b, (int64_t)bs * (1 + b % 9 < nb / per - b ? 1 + b % 9 : 1),
+                                  cases[c].name);
+            free(x);
+        }
     }
 }
 
@@ -236,7 +274,7 @@ int main(void) {
         if (moe_quant_isa_supported(ISAS[k])) printf(" %s", moe_quant_isa_str(ISAS[k]));
     printf("\n");
     test_random_rows();
-    test_q8_0_corners();
+    test_corners();
     test_nan_rule();
     printf("test-quant-rows: %d rows, %d SIMD comparisons; %s (%d failure%s)\n", g_rows, g_isa_rows,
            fails ? "FAILED" : "ok", fails, fails == 1 ? "" : "s");
