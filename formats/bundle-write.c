@@ -36,6 +36,8 @@ struct wtensor {
 struct moe_bundle_writer {
     char *final_path, *tmp_path;
     int fd;
+    int dfd;             /* the temp file again with O_DIRECT for large writes; -1: none */
+    int direct_off;      /* set (atomically) when a direct write failed: buffered from then on */
     int state;
     pthread_mutex_t mu;  /* guards cursor, state, tensors and entries during adds */
     uint64_t cursor;     /* next free 4096-aligned offset of the data region */
@@ -74,6 +76,7 @@ enum moe_status moe_bundle_writer_open(const char *final_path, struct moe_bundle
     size_t n = strlen(final_path);
     if (!w) goto nomem;
     w->fd = -1;
+    w->dfd = -1;
     if (pthread_mutex_init(&w->mu, NULL) != 0) {
         free(w);
         goto nomem;
@@ -92,6 +95,10 @@ enum moe_status moe_bundle_writer_open(const char *final_path, struct moe_bundle
         rc = MOE_ERR_IO;
         goto fail;
     }
+    /* Large blobs bypass the page cache (see direct_write); a file system
+     * without O_DIRECT just keeps every write buffered. */
+    const char *env = getenv("MOE_BUNDLE_DIRECT");
+    if (!(env && strcmp(env, "0") == 0)) w->dfd = open(w->tmp_path, O_WRONLY | O_CLOEXEC | O_DIRECT);
     w->cursor = PAGE;
     *out = w;
     return MOE_OK;
@@ -111,7 +118,8 @@ nomem:
 void moe_bundle_writer_abort(struct moe_bundle_writer *w) {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
-    w->fd = -1;
+    if (w->dfd >= 0) close(w->dfd);
+    w->fd = w->dfd = -1;
     if (w->state != W_FINISHED && w->tmp_path) unlink(w->tmp_path);
     moe_bundle_kv_free(w->meta);
     moe_bundle_kv_free(w->tuning);
@@ -185,10 +193,55 @@ static enum moe_status reserve_locked(struct moe_bundle_writer *w, uint64_t size
     return MOE_OK;
 }
 
+/* Writes at least this many bytes with O_DIRECT (smaller ones are buffered). */
+#define DIRECT_MIN (256u << 10)
+/* Bytes per write from the aligned bounce buffer. */
+#define DIRECT_CHUNK (4u << 20)
+
+/*
+ * Writes n bytes at off (a multiple of PAGE) through the O_DIRECT descriptor:
+ * the data go from memory to the disk without a page-cache copy, which was
+ * measured to cost more CPU than quantizing q8_0 (docs/benchmarks.md, issue
+ * 18), and a large bundle does not push other files out of the cache. The
+ * last partial page is padded with zeros: the cursor is page-aligned, so the
+ * padding lies before the next reservation and reads as zeros either way.
+ * Data not page-aligned in memory go through an aligned bounce buffer. 0 or
+ * errno (the caller then writes the same range buffered).
+ */
+static int direct_write(int dfd, const void *data, uint64_t n, uint64_t off) {
+    const uint8_t *p = data;
+    const uint64_t body = n & ~(uint64_t)(PAGE - 1);
+    const int aligned = ((uintptr_t)p & (PAGE - 1)) == 0;
+    uint8_t *bounce = NULL;
+    const size_t cap = !aligned && body > DIRECT_CHUNK ? DIRECT_CHUNK : !aligned ? (size_t)body : PAGE;
+    if (posix_memalign((void **)&bounce, PAGE, cap > PAGE ? cap : PAGE) != 0) return ENOMEM;
+    int err = 0;
+    if (aligned) {
+        err = bundle_pwrite_all(dfd, p, body, off);
+    } else {
+        for (uint64_t done = 0; !err && done < body; done += cap) {
+            const size_t k = body - done < cap ? (size_t)(body - done) : cap;
+            memcpy(bounce, p + done, k);
+            err = bundle_pwrite_all(dfd, bounce, k, off + done);
+        }
+    }
+    if (!err && n > body) {
+        memset(bounce, 0, PAGE);
+        memcpy(bounce, p + body, (size_t)(n - body));
+        err = bundle_pwrite_all(dfd, bounce, PAGE, off + body);
+    }
+    free(bounce);
+    return err;
+}
+
 /* Writes bytes reserved at off; on failure marks the writer failed. */
 static enum moe_status write_reserved(struct moe_bundle_writer *w, const void *data, uint64_t n,
                                       uint64_t off, const char *what) {
-    int err = bundle_pwrite_all(w->fd, data, n, off);
+    int err = 1;
+    if (w->dfd >= 0 && n >= DIRECT_MIN && !__atomic_load_n(&w->direct_off, __ATOMIC_RELAXED) &&
+        (err = direct_write(w->dfd, data, n, off)) != 0)
+        __atomic_store_n(&w->direct_off, 1, __ATOMIC_RELAXED); /* e.g. stricter alignment: buffered */
+    if (err) err = bundle_pwrite_all(w->fd, data, n, off);
     if (!err) return MOE_OK;
     pthread_mutex_lock(&w->mu);
     w->state = W_FAILED;

@@ -182,6 +182,12 @@ enum moe_status moe_bundle_precision_layout(struct moe_bundle_precision *p);
  * Streaming: each tensor and blob is written to the file when it is added (only
  * the directory, which is small, is kept in memory), so memory stays bounded by
  * the largest single blob (twice that while compressing).
+ * Tensors and stored blobs of 256 KiB or more are written with O_DIRECT where
+ * the file system allows it (no copy into the page cache, which costs more CPU
+ * than quantizing q8_0, and a large bundle does not evict other files); the
+ * last partial page is written padded with zeros, the bytes the format has
+ * there anyway, so the file is the same. MOE_BUNDLE_DIRECT=0 in the
+ * environment (read by moe_bundle_writer_open) keeps every write buffered.
  *
  * Atomicity: the writer writes `<final_path>.tmp.<pid>` in the same directory.
  * Nothing appears at final_path until moe_bundle_writer_finish() succeeds

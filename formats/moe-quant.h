@@ -18,6 +18,8 @@
  *     contraction) for q2_k, q3_k, q4_k, q5_k, q6_k and q8_k. This is an
  *     independent implementation of the same algorithms; tests/test-quant.c checks
  *     both claims against committed fixtures.
+ *   - moe_quantize_row's SIMD kernels (q8_0, q4_k, q5_k) give the scalar path's
+ *     bytes exactly (tests/test-quant-rows.c).
  *   - moe_vec_dot, scalar path: see its comment; the SIMD paths are tested
  *     against it with the tolerance stated there.
  *
@@ -272,7 +274,10 @@ double moe_qtype_bits_per_weight(enum moe_qtype t);
 
 /*
  * moe_quantize_row: quantize n floats at src into moe_qtype_row_bytes(t, n) bytes
- * at dst. Scalar reference code (the specification; no SIMD path). Returns
+ * at dst. The scalar reference code is the specification; q8_0, q4_k and q5_k
+ * also have AVX2 and AVX-512 kernels, used under those ISAs, that give the same
+ * bytes for every input (tests/test-quant-rows.c; blocks with a NaN in q4_k and
+ * q5_k go to the reference itself). Returns
  * MOE_ERR_INVALID (and logs) for an invalid type, NULL pointers, n < 0, or n not
  * a multiple of the block size; dst is untouched then. Non-finite inputs never
  * crash and give a well-formed block, but its values are unspecified (they match
@@ -284,8 +289,9 @@ double moe_qtype_bits_per_weight(enum moe_qtype t);
  *   q2_k 0.296  / 0.306-0.357   (0.37)     q3_k 0.151 / 0.151-0.190 (0.20)
  *   q4_k 0.071  / 0.070-0.086   (0.090)    q5_k 0.036 / 0.037-0.044 (0.046)
  *   q6_k 0.018  / 0.017-0.022   (0.024)    q8_k 0.0070 / 0.0061-0.0090 (0.0095)
- *   f16 0.00021, bf16 0.0017. The k-quant quantizers are slow (q4_k ~60 MB/s of
- *   f32 input per thread); they are meant for offline packing.
+ *   f16 0.00021, bf16 0.0017. The scalar k-quant quantizers are slow (q4_k ~60
+ *   MB/s of f32 input per thread; the SIMD q4_k/q5_k about 6x faster); they are
+ *   meant for offline packing.
  */
 enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, int64_t n);
 
@@ -561,6 +567,8 @@ struct moe_quant_kernels {
     moe_dequant_fn dequant[MOE_QTYPE_LIMIT];
     moe_dotq_fn dotq[MOE_QTYPE_LIMIT][MOE_TILE_COUNT]; /* by weight type; NULL: no integer kernel */
     moe_quant_act_fn quant_act[MOE_QTYPE_LIMIT];       /* by activation type (q8_0, q8_k) */
+    moe_quant_act_fn quant_row[MOE_QTYPE_LIMIT];       /* moe_quantize_row's SIMD kernel, bytes identical
+                                                          to the reference (q8_0 q4_k q5_k); NULL: the reference */
     const char *int_name;                              /* "scalar", "avx2", "avx512vnni" */
     int fast_r16;                                      /* dotq[Q4_K_R16] is a vector kernel */
 };
@@ -575,6 +583,12 @@ void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k);
 const struct moe_quant_kernels *moe_quant_kernels_now(void);
 /* q4_k_r16: row r's stored q4_k block from the group super-block g (quant-pack.c). */
 void moe_r16_unpack_block(const uint8_t *g, int r, uint8_t *block);
+/* The scalar reference quantizer of t (q8_0, q4_k, q5_k: the types with a
+ * quant_row kernel), nb blocks. A SIMD quantizer hands it the blocks whose
+ * bytes only the reference's own compiled code defines: a NaN's payload can
+ * reach a k-quant level, and which NaN an operation returns when both operands
+ * are NaNs depends on the operand order the compiler chose. */
+void moe_quant_ref_blocks(enum moe_qtype t, const float *x, void *y, int64_t nb);
 /* Tile shape sizes: rows and activations of each enum moe_tile. */
 static inline int moe_tile_rows(enum moe_tile s) { return s == MOE_TILE_4X1 ? 4 : 1; }
 static inline int moe_tile_cols(enum moe_tile s) { return s == MOE_TILE_1X2 ? 2 : s == MOE_TILE_1X4 ? 4 : 1; }

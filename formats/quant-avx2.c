@@ -11,6 +11,7 @@
  * followed by 5 levels of reduction; see the tolerance in moe-quant.h).
  */
 #define MOE_QUANT_INTERNAL 1
+#include "moe-dtype.h"
 #include "moe-quant.h"
 
 /* Never fuse a*b+c: the results must match the reference rounding step by step
@@ -312,6 +313,118 @@ static TGT float dot_bf16(const void *w, const float *x, int64_t n) { return dot
 static TGT void deq_f16(const void *w, float *y, int64_t n) { deq_plain(1, w, y, n); }
 static TGT void deq_bf16(const void *w, float *y, int64_t n) { deq_plain(2, w, y, n); }
 
+/* ---- weight quantizers (bytes identical to quant.c's reference) --------- */
+
+INL __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)), v); }
+
+/* roundf (half away from zero), exactly: t = trunc(v), plus sign(v) where
+ * |v - t| >= 0.5 (v - t is exact). NaN and infinity pass through, so that the
+ * truncating conversion gives INT32_MIN for them, as the reference's does. */
+INL __m256 round_half_away(__m256 v) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 up = _mm256_cmp_ps(abs8(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t, _mm256_and_ps(up, one));
+}
+
+/* The low byte of each int32 lane of a, b, c, d, in order (32 bytes). */
+INL __m256i low_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i m = _mm256_set1_epi32(0xff);
+    const __m256i ab = _mm256_packus_epi32(_mm256_and_si256(a, m), _mm256_and_si256(b, m));
+    const __m256i cd = _mm256_packus_epi32(_mm256_and_si256(c, m), _mm256_and_si256(d, m));
+    return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The reference's running maximum of |x|, amax = amax > a ? amax : a, which a
+ * NaN resets: only for blocks with a NaN (rare), so it is done as written. */
+static float q8_0_amax_nan(const float *x) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const float a = __builtin_fabsf(x[j]);
+        amax = amax > a ? amax : a;
+    }
+    return amax;
+}
+
+/* q8_0 as quantize_q8_0 in quant.c: d = amax/127 as f16 (a NaN d as 0x7e00,
+ * as moe_f32_to_f16 stores it), q = low byte of trunc-convert(roundf(x * (1/d))). */
+static TGT void quant_q8_0(const float *x, void *y, int64_t nb) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < nb; i++, x += 32, o += sizeof(moe_block_q8_0)) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+        const __m256 un = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v[0], v[0], _CMP_UNORD_Q), _mm256_cmp_ps(v[1], v[1], _CMP_UNORD_Q)),
+                                       _mm256_or_ps(_mm256_cmp_ps(v[2], v[2], _CMP_UNORD_Q), _mm256_cmp_ps(v[3], v[3], _CMP_UNORD_Q)));
+        float amax;
+        if (_mm256_movemask_ps(un)) {
+            amax = q8_0_amax_nan(x);
+        } else {
+            const __m256 m = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
+            __m128 t = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+            t = _mm_max_ss(t, _mm_shuffle_ps(t, t, 1));
+            amax = _mm_cvtss_f32(t);
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h = d != d ? (uint16_t)0x7e00u : (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(o, &h, 2);
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
+        _mm256_storeu_si256((__m256i *)(o + 2), low_bytes32(q[0], q[1], q[2], q[3]));
+    }
+}
+
+/* q4_k and q5_k: quant-kasym-simd.h with 8 lanes (one block of 256 at a time);
+ * a mask is a vector of all-ones or all-zeros lanes. */
+#define KQ_NL 8
+#define KQ_TGT TGT
+typedef __m256 kq_vf;
+typedef __m256i kq_vi;
+typedef __m256 kq_vm;
+INL kq_vf kq_load(const float *p) { return _mm256_loadu_ps(p); }
+INL kq_vf kq_set1(float f) { return _mm256_set1_ps(f); }
+INL kq_vf kq_add(kq_vf a, kq_vf b) { return _mm256_add_ps(a, b); }
+INL kq_vf kq_sub(kq_vf a, kq_vf b) { return _mm256_sub_ps(a, b); }
+INL kq_vf kq_mul(kq_vf a, kq_vf b) { return _mm256_mul_ps(a, b); }
+INL kq_vf kq_div(kq_vf a, kq_vf b) { return _mm256_div_ps(a, b); }
+INL kq_vf kq_sqrt(kq_vf a) { return _mm256_sqrt_ps(a); }
+INL kq_vf kq_abs(kq_vf a) { return abs8(a); }
+INL kq_vf kq_neg(kq_vf a) { return _mm256_xor_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))); }
+INL kq_vf kq_min_lt(kq_vf a, kq_vf b) { return _mm256_min_ps(a, b); } /* vminps: a < b ? a : b */
+INL kq_vf kq_max_gt(kq_vf a, kq_vf b) { return _mm256_max_ps(a, b); } /* vmaxps: a > b ? a : b */
+INL kq_vm kq_gt(kq_vf a, kq_vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+INL kq_vm kq_lt(kq_vf a, kq_vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+INL kq_vm kq_eq(kq_vf a, kq_vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+INL kq_vm kq_and(kq_vm a, kq_vm b) { return _mm256_and_ps(a, b); }
+INL int kq_any(kq_vm m) { return _mm256_movemask_ps(m) != 0; }
+INL kq_vf kq_sel(kq_vm m, kq_vf a, kq_vf b) { return _mm256_blendv_ps(b, a, m); }
+INL kq_vi kq_seli(kq_vm m, kq_vi a, kq_vi b) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(b), _mm256_castsi256_ps(a), m));
+}
+INL kq_vi kq_izero(void) { return _mm256_setzero_si256(); }
+INL kq_vi kq_round(kq_vf v) {
+    const __m256i t = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
+    return _mm256_sub_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
+}
+INL kq_vi kq_clamp(kq_vi l, int nmax) {
+    return _mm256_min_epi32(_mm256_max_epi32(l, _mm256_setzero_si256()), _mm256_set1_epi32(nmax));
+}
+INL kq_vf kq_cvt(kq_vi l) { return _mm256_cvtepi32_ps(l); }
+INL void kq_store(float *p, kq_vf v) { _mm256_storeu_ps(p, v); }
+INL void kq_storei(int32_t *p, kq_vi v) { _mm256_storeu_si256((__m256i *)p, v); }
+INL int kq_has_nan(const float *x) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < MOE_QK_K; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        m = _mm256_or_ps(m, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    return _mm256_movemask_ps(m) != 0;
+}
+#include "quant-kasym-simd.h"
+
 #define SET(T, N)                                                              \
     do {                                                                       \
         k->dot[MOE_QTYPE_##T] = dot_##N;                                       \
@@ -330,6 +443,9 @@ void moe_quant_kernels_avx2(struct moe_quant_kernels *k) {
     SET(Q5_K, q5_K);
     SET(Q6_K, q6_K);
     SET(Q8_K, q8_K);
+    k->quant_row[MOE_QTYPE_Q8_0] = quant_q8_0;
+    k->quant_row[MOE_QTYPE_Q4_K] = quant_q4_K;
+    k->quant_row[MOE_QTYPE_Q5_K] = quant_q5_K;
 }
 
 #else /* not x86: no AVX2 kernels; quant.c never reports the ISA as supported */

@@ -10,6 +10,7 @@
  * attributes; only called after quant.c has checked __builtin_cpu_supports.
  */
 #define MOE_QUANT_INTERNAL 1
+#include "moe-dtype.h"
 #include "moe-quant.h"
 
 /* Never fuse a*b+c: the results must match the reference rounding step by step
@@ -368,6 +369,103 @@ static TGT float dot_bf16(const void *w, const float *x, int64_t n) { return dot
 static TGT void deq_f16(const void *w, float *y, int64_t n) { deq_plain(1, w, y, n); }
 static TGT void deq_bf16(const void *w, float *y, int64_t n) { deq_plain(2, w, y, n); }
 
+/* ---- weight quantizers (bytes identical to quant.c's reference) --------- */
+
+/* roundf (half away from zero), exactly: t = trunc(v), plus sign(v) where
+ * |v - t| >= 0.5 (v - t is exact). NaN and infinity pass through, so that the
+ * truncating conversion gives INT32_MIN for them, as the reference's does. */
+INL __m512 round_half_away(__m512 v) {
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    const __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)),
+        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* The reference's running maximum of |x|, amax = amax > a ? amax : a, which a
+ * NaN resets: only for blocks with a NaN (rare), so it is done as written. */
+static float q8_0_amax_nan(const float *x) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const float a = __builtin_fabsf(x[j]);
+        amax = amax > a ? amax : a;
+    }
+    return amax;
+}
+
+/* One q8_0 block as quantize_q8_0 in quant.c from two vectors of 16: d =
+ * amax/127 as f16 (a NaN d as 0x7e00, as moe_f32_to_f16 stores it), q =
+ * low byte of trunc-convert(roundf(x * (1/d))). */
+INL void q8_0_block(__m512 x0, __m512 x1, const float *xs, uint8_t *o) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q);
+    const float amax = nan ? q8_0_amax_nan(xs)
+                           : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = d != d ? (uint16_t)0x7e00u : (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    memcpy(o, &h, 2);
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(x0, vid)));
+    const __m512i q1 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(x1, vid)));
+    _mm_storeu_si128((__m128i *)(o + 2), _mm512_cvtepi32_epi8(q0)); /* low bytes (vpmovdb truncates) */
+    _mm_storeu_si128((__m128i *)(o + 18), _mm512_cvtepi32_epi8(q1));
+}
+
+static TGT void quant_q8_0(const float *x, void *y, int64_t nb) {
+    uint8_t *o = y;
+    for (int64_t i = 0; i < nb; i++, x += 32, o += sizeof(moe_block_q8_0))
+        q8_0_block(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), x, o);
+}
+
+/* q4_k and q5_k: quant-kasym-simd.h with 16 lanes (two blocks of 256 at a time). */
+#define KQ_NL 16
+#define KQ_TGT TGT
+typedef __m512 kq_vf;
+typedef __m512i kq_vi;
+typedef __mmask16 kq_vm;
+INL kq_vf kq_load(const float *p) { return _mm512_loadu_ps(p); }
+INL kq_vf kq_set1(float f) { return _mm512_set1_ps(f); }
+INL kq_vf kq_add(kq_vf a, kq_vf b) { return _mm512_add_ps(a, b); }
+INL kq_vf kq_sub(kq_vf a, kq_vf b) { return _mm512_sub_ps(a, b); }
+INL kq_vf kq_mul(kq_vf a, kq_vf b) { return _mm512_mul_ps(a, b); }
+INL kq_vf kq_div(kq_vf a, kq_vf b) { return _mm512_div_ps(a, b); }
+INL kq_vf kq_sqrt(kq_vf a) { return _mm512_sqrt_ps(a); }
+INL kq_vf kq_abs(kq_vf a) { return _mm512_abs_ps(a); }
+INL kq_vf kq_neg(kq_vf a) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0x80000000u)));
+}
+INL kq_vf kq_min_lt(kq_vf a, kq_vf b) { return _mm512_min_ps(a, b); } /* vminps: a < b ? a : b */
+INL kq_vf kq_max_gt(kq_vf a, kq_vf b) { return _mm512_max_ps(a, b); } /* vmaxps: a > b ? a : b */
+INL kq_vm kq_gt(kq_vf a, kq_vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+INL kq_vm kq_lt(kq_vf a, kq_vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+INL kq_vm kq_eq(kq_vf a, kq_vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+INL kq_vm kq_and(kq_vm a, kq_vm b) { return (kq_vm)(a & b); }
+INL int kq_any(kq_vm m) { return m != 0; }
+INL kq_vf kq_sel(kq_vm m, kq_vf a, kq_vf b) { return _mm512_mask_blend_ps(m, b, a); }
+INL kq_vi kq_seli(kq_vm m, kq_vi a, kq_vi b) { return _mm512_mask_blend_epi32(m, b, a); }
+INL kq_vi kq_izero(void) { return _mm512_setzero_si512(); }
+INL kq_vi kq_round(kq_vf v) {
+    const __m512i t = _mm512_castps_si512(_mm512_add_ps(v, _mm512_set1_ps(12582912.0f)));
+    return _mm512_sub_epi32(_mm512_and_si512(t, _mm512_set1_epi32(0x007fffff)), _mm512_set1_epi32(0x00400000));
+}
+INL kq_vi kq_clamp(kq_vi l, int nmax) {
+    return _mm512_min_epi32(_mm512_max_epi32(l, _mm512_setzero_si512()), _mm512_set1_epi32(nmax));
+}
+INL kq_vf kq_cvt(kq_vi l) { return _mm512_cvtepi32_ps(l); }
+INL void kq_store(float *p, kq_vf v) { _mm512_storeu_ps(p, v); }
+INL void kq_storei(int32_t *p, kq_vi v) { _mm512_storeu_si512(p, v); }
+INL int kq_has_nan(const float *x) {
+    __mmask16 m = 0;
+    for (int i = 0; i < MOE_QK_K; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        m |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    return m != 0;
+}
+#include "quant-kasym-simd.h"
+
 #define SET(T, N)                                                              \
     do {                                                                       \
         k->dot[MOE_QTYPE_##T] = dot_##N;                                       \
@@ -386,6 +484,9 @@ void moe_quant_kernels_avx512(struct moe_quant_kernels *k) {
     SET(Q5_K, q5_K);
     SET(Q6_K, q6_K);
     SET(Q8_K, q8_K);
+    k->quant_row[MOE_QTYPE_Q8_0] = quant_q8_0;
+    k->quant_row[MOE_QTYPE_Q4_K] = quant_q4_K;
+    k->quant_row[MOE_QTYPE_Q5_K] = quant_q5_K;
 }
 
 #else /* not x86: no AVX-512 kernels; quant.c never reports the ISA as supported */

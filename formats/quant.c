@@ -771,11 +771,30 @@ static void quantize_q8_K(const float *x, uint8_t *y, int64_t nb) {
     }
 }
 
+static const struct moe_quant_kernels *kernels(void);
+
+/* The reference quantizer of a block type, nb blocks (moe-quant.h: the SIMD
+ * kernels' way back for blocks whose bytes the reference's compiled code alone
+ * defines, e.g. NaN payloads in k-quant levels). */
+void moe_quant_ref_blocks(enum moe_qtype t, const float *x, void *y, int64_t nb) {
+    switch (t) {
+    case MOE_QTYPE_Q8_0: quantize_q8_0(x, y, nb); break;
+    case MOE_QTYPE_Q4_K: quantize_q4_K(x, y, nb); break;
+    case MOE_QTYPE_Q5_K: quantize_q5_K(x, y, nb); break;
+    default: MOE_ASSERT(!"moe_quant_ref_blocks: a type without a SIMD quantizer"); break;
+    }
+}
+
 enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, int64_t n) {
     int64_t nb;
     enum moe_status st = check_row(__func__, t, src, dst, n, &nb);
     if (st != MOE_OK) return st;
     uint8_t *y = dst;
+    const moe_quant_act_fn fast = kernels()->quant_row[t]; /* SIMD, the same bytes (test-quant-rows) */
+    if (fast) {
+        fast(src, dst, nb);
+        return MOE_OK;
+    }
     switch (t) {
     case MOE_QTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
     case MOE_QTYPE_F16:

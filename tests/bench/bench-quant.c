@@ -11,7 +11,8 @@
  *      interleaved so that their ratio is robust on a noisy machine; plus
  *      moe_dequantize_row throughput; and a matrix times 8 activations
  *      (moe_vec_dot per row and token against one moe_mat_dot_act);
- *   3. moe_quantize_row (the scalar reference) in MB/s of f32 input.
+ *   3. moe_quantize_row in MB/s of f32 input, the scalar reference and the
+ *      best ISA here (SIMD kernels for q8_0, q4_k, q5_k; the same bytes).
  *
  * With --threads N, the matvec (float against int) also runs on N threads.
  *
@@ -430,30 +431,40 @@ int main(int argc, char **argv) {
     }
     moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
 
-    /* 3. quantize throughput (scalar reference) */
+    /* 3. quantize throughput: the scalar reference, then the best ISA here */
     if (do_quant) {
         const int64_t qrows = 256; /* 4 MiB of f32 */
         float *src = malloc((size_t)(qrows * n) * 4);
         uint8_t *dst = malloc(moe_qtype_row_bytes(MOE_QTYPE_F32, qrows * n));
         for (int64_t i = 0; i < qrows * n; i++) src[i] = rnd_normal() * 0.02f;
-        if (!csv) printf("\nmoe_quantize_row (scalar reference), %lld rows of %lld f32, best of %d\n%-5s %10s\n",
-                         (long long)qrows, (long long)n, reps, "type", "MB/s in");
+        moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
+        const enum moe_quant_isa qbest = moe_quant_get_isa();
+        if (!csv)
+            printf("\nmoe_quantize_row, %lld rows of %lld f32, best of %d (MB/s in)\n%-5s %10s %10s\n", (long long)qrows,
+                   (long long)n, reps, "type", "scalar", moe_quant_isa_str(qbest));
         snprintf(list, sizeof list, "%s", types);
         for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
             enum moe_qtype t;
             moe_qtype_from_name(tok, &t);
-            double bq = 1e30;
-            for (int r = 0; r < reps; r++) {
-                double t0 = now();
-                for (int64_t row = 0; row < qrows; row++)
-                    moe_quantize_row(t, src + row * n, dst + moe_qtype_row_bytes(t, n) * row, n);
-                double dt = now() - t0;
-                if (dt < bq) bq = dt;
+            double mbs[2];
+            for (int k = 0; k < 2; k++) {
+                moe_quant_set_isa(k == 0 ? MOE_QUANT_ISA_SCALAR : qbest);
+                double bq = 1e30;
+                for (int r = 0; r < reps; r++) {
+                    double t0 = now();
+                    for (int64_t row = 0; row < qrows; row++)
+                        moe_quantize_row(t, src + row * n, dst + moe_qtype_row_bytes(t, n) * row, n);
+                    double dt = now() - t0;
+                    if (dt < bq) bq = dt;
+                }
+                mbs[k] = (double)(qrows * n * 4) / bq / 1e6;
+                if (csv)
+                    printf("quantize,%s,%.4f,%s,,,,,,,,,%.1f\n", moe_qtype_name(t), moe_qtype_bits_per_weight(t),
+                           k == 0 ? "scalar" : moe_quant_isa_str(qbest), mbs[k]);
             }
-            const double mbs = (double)(qrows * n * 4) / bq / 1e6;
-            if (csv) printf("quantize,%s,%.4f,scalar,,,,,,,,,%.1f\n", moe_qtype_name(t), moe_qtype_bits_per_weight(t), mbs);
-            else printf("%-5s %10.1f\n", moe_qtype_name(t), mbs);
+            if (!csv) printf("%-5s %10.1f %10.1f\n", moe_qtype_name(t), mbs[0], mbs[1]);
         }
+        moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
         free(src), free(dst);
     }
     free(buf), free(x), free(y), free(tmp), free(xs), free(xq), free(out);

@@ -26,6 +26,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,36 +163,147 @@ static enum moe_status write_source_texts(struct moe_bundle_writer *w, const str
 /* cancelled: the caller's cancel flag is set. */
 static int cancelled(const volatile sig_atomic_t *flag) { return flag && *flag; }
 
-/* hash_file: XXH3-64 of a file, read in chunks (not mapped: memory stays flat);
- * stops with MOE_ERR_CANCELLED when the cancel flag is set. */
-static enum moe_status hash_file(const char *path, const volatile sig_atomic_t *cancel, uint64_t *out) {
-    int fd;
-    if (moe_file_open_read(path, &fd)) return MOE_ERR_IO;
-    XXH3_state_t *s = XXH3_createState();
-    char *buf = malloc(1 << 20);
-    enum moe_status st = (s && buf) ? MOE_OK : MOE_ERR_NOMEM;
-    if (!st) XXH3_64bits_reset(s);
-    for (ssize_t n; !st && (n = read(fd, buf, 1 << 20)) != 0;) {
-        if (cancelled(cancel)) {
+/* ---- hashing the source files alongside the quantization ---------------- */
+
+/* How far (bytes) the hashing thread may read ahead of the quantizer, and its read size. */
+#define HASH_AHEAD ((uint64_t)512 << 20)
+#define HASH_CHUNK ((size_t)8 << 20)
+
+/*
+ * The provenance hashes (XXH3-64 of every source file) are computed by a
+ * thread of their own while the pool quantizes, instead of a pass before it:
+ * the thread reads each file once, in order, in large chunks, so it also
+ * brings the pages the quantizer is about to touch into the page cache (which
+ * the quantizer's mmap then finds), and the input is read from the disk once
+ * instead of twice. It stays at most HASH_AHEAD bytes ahead of the input the
+ * quantizer has consumed, so a model larger than the memory is not read ahead
+ * only to be evicted before use.
+ */
+struct hasher {
+    pthread_t thread;
+    int running;
+    const struct moe_model *m;
+    const volatile sig_atomic_t *cancel;
+    int n_files;
+    uint64_t *hash;     /* [n_files] */
+    pthread_mutex_t mu; /* guards allowed and stop */
+    pthread_cond_t cv;
+    uint64_t allowed;   /* bytes it may have read */
+    int stop;           /* the job failed: give up */
+    enum moe_status st; /* its result, read after the join */
+    int failed;         /* set (atomically) when it failed, so the job stops early */
+};
+
+/* hasher_path: the i-th source file. */
+static const char *hasher_path(const struct hasher *h, int i) {
+    return h->m->gguf ? h->m->path : moe_safetensors_file_path(h->m->st, i);
+}
+
+/* hasher_wait: block until `have` bytes are below the allowance; 0 if told to stop. */
+static int hasher_wait(struct hasher *h, uint64_t have) {
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop && have >= h->allowed) pthread_cond_wait(&h->cv, &h->mu);
+    const int go = !h->stop;
+    pthread_mutex_unlock(&h->mu);
+    return go;
+}
+
+/* hash_one: XXH3-64 of one file, mapped and hashed chunk by chunk (no copy
+ * out of the page cache); the next chunk's read is started before a chunk is
+ * hashed, and each chunk is unmapped from this thread after use (its pages
+ * stay cached for the quantizer); *total counts the bytes hashed. */
+static enum moe_status hash_one(struct hasher *h, const char *path, XXH3_state_t *s, uint64_t *total, uint64_t *out) {
+    struct moe_mmap map;
+    enum moe_status st = moe_mmap_open(path, &map);
+    if (st) return st;
+    const char *p = map.data;
+    XXH3_64bits_reset(s);
+    for (size_t off = 0; !st && off < map.size; off += HASH_CHUNK) {
+        const size_t n = map.size - off < HASH_CHUNK ? map.size - off : HASH_CHUNK;
+        if (!hasher_wait(h, *total) || cancelled(h->cancel)) {
             st = MOE_ERR_CANCELLED;
-        } else if (n < 0) {
-            if (errno == EINTR) continue;
-            st = MOE_ERR_IO;
-        } else {
-            XXH3_64bits_update(s, buf, (size_t)n);
+            break;
         }
+        if (off + n < map.size) { /* read ahead: the next chunk */
+            const size_t m = map.size - off - n < HASH_CHUNK ? map.size - off - n : HASH_CHUNK;
+            long pg = sysconf(_SC_PAGESIZE);
+            madvise((void *)((uintptr_t)(p + off + n) & ~((uintptr_t)pg - 1)), m, MADV_WILLNEED);
+        }
+        XXH3_64bits_update(s, p + off, n);
+        release(p + off, n);
+        *total += n;
     }
     if (!st) *out = XXH3_64bits_digest(s);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    free(buf);
-    XXH3_freeState(s);
+    moe_mmap_close(&map);
     return st;
+}
+
+/* hasher_main: the thread: every file in order. */
+static void *hasher_main(void *arg) {
+    struct hasher *h = arg;
+    XXH3_state_t *s = XXH3_createState();
+    uint64_t total = 0;
+    enum moe_status st = s ? MOE_OK : MOE_ERR_NOMEM;
+    for (int i = 0; !st && i < h->n_files; i++) {
+        st = hash_one(h, hasher_path(h, i), s, &total, &h->hash[i]);
+        if (st && st != MOE_ERR_CANCELLED) MOE_LOGE("quantize: cannot hash %s", hasher_path(h, i));
+    }
+    XXH3_freeState(s);
+    h->st = st;
+    if (st) __atomic_store_n(&h->failed, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* hasher_start: start hashing the model's source files. */
+static enum moe_status hasher_start(struct hasher *h, const struct moe_model *m, const volatile sig_atomic_t *cancel) {
+    memset(h, 0, sizeof *h);
+    h->m = m;
+    h->cancel = cancel;
+    h->n_files = m->gguf ? 1 : moe_safetensors_n_files(m->st);
+    h->allowed = HASH_AHEAD;
+    if (!(h->hash = calloc((size_t)h->n_files, sizeof *h->hash))) return MOE_ERR_NOMEM;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    if (pthread_create(&h->thread, NULL, hasher_main, h) != 0) {
+        MOE_LOGE("quantize: cannot start the hashing thread");
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
+        return MOE_ERR_NOMEM;
+    }
+    h->running = 1;
+    return MOE_OK;
+}
+
+/* hasher_allow: the quantizer has consumed `consumed` input bytes. */
+static void hasher_allow(struct hasher *h, uint64_t consumed) {
+    if (!h->running) return;
+    pthread_mutex_lock(&h->mu);
+    h->allowed = consumed > UINT64_MAX - HASH_AHEAD ? UINT64_MAX : consumed + HASH_AHEAD;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* hasher_failed: the hashing thread gave up (its error is logged). */
+static int hasher_failed(struct hasher *h) { return __atomic_load_n(&h->failed, __ATOMIC_ACQUIRE); }
+
+/* hasher_finish: let a started hasher finish (or, with stop, make it give
+ * up) and join it; its result. The hashes stay (free h->hash). */
+static enum moe_status hasher_finish(struct hasher *h, int stop) {
+    pthread_mutex_lock(&h->mu);
+    h->allowed = UINT64_MAX;
+    h->stop = stop;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    h->running = 0;
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    return h->st;
 }
 
 /* write_provenance: source files and their hashes, tool, command line, time. */
 static enum moe_status write_provenance(struct moe_bundle_writer *w, const struct moe_model *m,
-                                        const struct moe_quantize_params *qp) {
+                                        const struct moe_quantize_params *qp, const uint64_t *hashes) {
     enum moe_status st;
     int nf = m->gguf ? 1 : moe_safetensors_n_files(m->st);
     const char **names = calloc((size_t)nf, sizeof *names);
@@ -203,14 +315,9 @@ static enum moe_status write_provenance(struct moe_bundle_writer *w, const struc
     }
     for (int i = 0; i < nf; i++) {
         const char *p = m->gguf ? m->path : moe_safetensors_file_path(m->st, i);
-        uint64_t h = 0;
-        if ((st = hash_file(p, qp->cancel, &h))) {
-            MOE_LOGE("quantize: cannot hash %s", p);
-            goto done;
-        }
         const char *slash = strrchr(p, '/');
         names[i] = slash ? slash + 1 : p;
-        snprintf(hex[i], sizeof hex[i], "%016llx", (unsigned long long)h);
+        snprintf(hex[i], sizeof hex[i], "%016llx", (unsigned long long)hashes[i]);
         hexp[i] = hex[i];
     }
     char when[64];
@@ -242,10 +349,24 @@ struct job {
     struct moe_pool *pool;
     float *bufs;
     uint64_t done, total; /* source bytes processed (progress) */
+    uint64_t consumed;    /* source bytes read (each once; paces the hasher) */
+    struct hasher hs;
     const char *fallbacks[MAX_FALLBACKS];
     char fallback_text[MAX_FALLBACKS][320];
     int n_fallbacks;
 };
+
+/* job_stop: why the job must stop now (cancelled, or the hasher failed), else MOE_OK. */
+static enum moe_status job_stop(struct job *j) {
+    if (cancelled(j->a->cancel)) return MOE_ERR_CANCELLED;
+    return hasher_failed(&j->hs) ? MOE_ERR_IO : MOE_OK;
+}
+
+/* consumed_add: count source bytes the quantizer is done with; the hasher may read further. */
+static void consumed_add(struct job *j, uint64_t bytes) {
+    j->consumed += bytes;
+    hasher_allow(&j->hs, j->consumed);
+}
 
 /* progress_add: count source bytes processed and tell the caller. */
 static void progress_add(struct job *j, uint64_t bytes) {
@@ -266,7 +387,7 @@ static void note_fallback(struct job *j, const char *what, enum moe_qtype want, 
 static enum moe_status write_dense(struct job *j) {
     enum moe_status st = MOE_OK;
     for (int i = 0; i < j->m->n_refs; i++) {
-        if (cancelled(j->a->cancel)) return MOE_ERR_CANCELLED;
+        if ((st = job_stop(j))) return st;
         const struct moe_tensor_ref *r = &j->m->refs[i];
         enum moe_qtype t = r->role == MOE_ROLE_MATRIX ? fit_type(j->a->dense, r->w.n_in) : MOE_QTYPE_F32;
         if (r->role == MOE_ROLE_MATRIX) note_fallback(j, r->name, j->a->dense, t, r->w.n_in);
@@ -283,6 +404,7 @@ static enum moe_status write_dense(struct job *j) {
             return st;
         }
         if (r->role != MOE_ROLE_VECTOR) release(r->w.data, weight_bytes(&r->w));
+        consumed_add(j, weight_bytes(&r->w));
         progress_add(j, weight_bytes(&r->w));
     }
     return st;
@@ -319,47 +441,166 @@ static enum moe_status expert_layout(struct job *j, struct moe_bundle_precision 
                                                (uint32_t)j->a->n_experts, prec);
 }
 
-/* write_experts: each routed expert at each precision, one blob each. */
+/* ---- writing expert blobs on a second thread ---------------------------- */
+
+/*
+ * An expert blob is written (checksum, optional zstd, the write itself) by a
+ * thread of its own while the pool quantizes the next blob into the other of
+ * two buffers: blob_submit hands one over once the previous one is written,
+ * so the buffer filled next is always free.
+ */
+struct blob_writer {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct moe_bundle_writer *w;
+    int zstd_level;
+    int full, quit;           /* a blob is handed over and not yet written; the thread must end */
+    uint32_t l, e, p;         /* the blob handed over */
+    const char *buf, *pname;
+    size_t n;
+    enum moe_status st;       /* the first failure */
+};
+
+/* blob_main: the writer thread: write what is handed over until told to quit. */
+static void *blob_main(void *arg) {
+    struct blob_writer *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->full && !b->quit) pthread_cond_wait(&b->cv, &b->mu);
+        if (!b->full) break;
+        pthread_mutex_unlock(&b->mu);
+        enum moe_status st = b->st ? b->st
+                                   : moe_bundle_writer_add_expert(b->w, b->l, b->e, b->p, b->buf, b->n, b->zstd_level);
+        if (st && !b->st) MOE_LOGE("quantize: layer %u expert %u (%s) failed", b->l, b->e, b->pname);
+        pthread_mutex_lock(&b->mu);
+        b->st = st;
+        b->full = 0;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* blob_idle: wait until the handed-over blob is written; the first failure. */
+static enum moe_status blob_idle(struct blob_writer *b) {
+    pthread_mutex_lock(&b->mu);
+    while (b->full) pthread_cond_wait(&b->cv, &b->mu);
+    enum moe_status st = b->st;
+    pthread_mutex_unlock(&b->mu);
+    return st;
+}
+
+/* blob_submit: hand a filled blob over (after the previous one is written). */
+static enum moe_status blob_submit(struct blob_writer *b, uint32_t l, uint32_t e, uint32_t p, const char *pname,
+                                   const char *buf, size_t n) {
+    enum moe_status st = blob_idle(b);
+    if (st) return st;
+    pthread_mutex_lock(&b->mu);
+    b->l = l, b->e = e, b->p = p, b->pname = pname, b->buf = buf, b->n = n;
+    b->full = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return MOE_OK;
+}
+
+/* blob_start / blob_finish: start the writer thread; wait for the last blob, stop and join it. */
+static enum moe_status blob_start(struct blob_writer *b, struct moe_bundle_writer *w, int zstd_level) {
+    memset(b, 0, sizeof *b);
+    b->w = w;
+    b->zstd_level = zstd_level;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    if (pthread_create(&b->thread, NULL, blob_main, b) == 0) return MOE_OK;
+    MOE_LOGE("quantize: cannot start the writing thread");
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    return MOE_ERR_NOMEM;
+}
+static enum moe_status blob_finish(struct blob_writer *b) {
+    enum moe_status st = blob_idle(b);
+    pthread_mutex_lock(&b->mu);
+    b->quit = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL);
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    return st;
+}
+
+/* fill_blob: one expert at precision p into blob (zeroed padding between parts). */
+static enum moe_status fill_blob(struct job *j, const struct moe_bundle_precision *prec, const struct moe_ffn *f,
+                                 char *blob) {
+    const struct moe_weight *parts[3] = {&f->gate, &f->up, &f->down};
+    enum moe_status st = MOE_OK;
+    /* zeros where no part lies (the padding before, between and after the
+     * parts); the parts themselves are written whole below */
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < prec->n_parts; k++) {
+        memset(blob + at, 0, (size_t)(prec->parts[k].offset - at));
+        at = prec->parts[k].offset + prec->parts[k].nbytes;
+    }
+    memset(blob + at, 0, (size_t)(prec->raw_size - at));
+    for (int k = 0; k < 3 && !st; k++)
+        st = quantize_matrix(j->pool, j->bufs, parts[k], (enum moe_qtype)prec->parts[k].type_id,
+                             blob + prec->parts[k].offset);
+    if (!st && prec->n_parts > 3) {
+        if (f->bias)
+            memcpy(blob + prec->parts[3].offset, f->bias, prec->parts[3].nbytes);
+        else
+            st = MOE_ERR_INVALID; /* the config promises biases the model did not bind */
+    }
+    return st;
+}
+
+/* write_experts: each routed expert at each precision, one blob each,
+ * quantized into one buffer while the other is written. */
 static enum moe_status write_experts(struct job *j, const struct moe_bundle_precision *prec) {
     const struct moe_config *c = &j->m->cfg;
     uint64_t max_raw = 0;
     for (int p = 0; p < j->a->n_experts; p++)
         if (prec[p].raw_size > max_raw) max_raw = prec[p].raw_size;
-    char *blob = malloc(max_raw ? max_raw : 1);
-    if (!blob) return MOE_ERR_NOMEM;
+    const size_t cap = max_raw ? (size_t)max_raw : 1;
+    char *blobs[2] = {NULL, NULL};
+    struct blob_writer bw;
     enum moe_status st = MOE_OK;
+    for (int l = 0; l < c->n_layer && !st; l++) /* before the writer thread runs */
+        if (!c->layer_moe[l]) st = moe_bundle_writer_set_layer_has_experts(j->w, (uint32_t)l, false);
+    if (st) return st;
+    /* page-aligned buffers: the bundle writer sends them to the disk without a copy */
+    if (posix_memalign((void **)&blobs[0], 4096, cap) != 0 || posix_memalign((void **)&blobs[1], 4096, cap) != 0) {
+        free(blobs[0]);
+        return MOE_ERR_NOMEM;
+    }
+    if ((st = blob_start(&bw, j->w, j->a->zstd_level))) goto done;
+    int cur = 0;
     for (int l = 0; l < c->n_layer && !st; l++) {
-        if (!c->layer_moe[l]) {
-            st = moe_bundle_writer_set_layer_has_experts(j->w, (uint32_t)l, false);
-            continue;
-        }
+        if (!c->layer_moe[l]) continue;
         for (int e = 0; e < c->n_expert && !st; e++) {
             struct moe_ffn ffn;
-            if (cancelled(j->a->cancel)) st = MOE_ERR_CANCELLED;
-            if (st || (st = moe_model_expert(j->m, l, e, -1, &ffn))) break;
+            if ((st = job_stop(j)) || (st = moe_model_expert(j->m, l, e, -1, &ffn))) break;
             const struct moe_ffn *f = &ffn;
             const struct moe_weight *parts[3] = {&f->gate, &f->up, &f->down};
+            const uint64_t in_bytes = weight_bytes(parts[0]) + weight_bytes(parts[1]) + weight_bytes(parts[2]);
             for (int p = 0; p < j->a->n_experts && !st; p++) {
-                memset(blob, 0, prec[p].raw_size); /* padding between parts */
-                for (int k = 0; k < 3 && !st; k++)
-                    st = quantize_matrix(j->pool, j->bufs, parts[k], (enum moe_qtype)prec[p].parts[k].type_id,
-                                         blob + prec[p].parts[k].offset);
-                if (!st && prec[p].n_parts > 3) {
-                    if (f->bias)
-                        memcpy(blob + prec[p].parts[3].offset, f->bias, prec[p].parts[3].nbytes);
-                    else
-                        st = MOE_ERR_INVALID; /* the config promises biases the model did not bind */
-                }
-                if (!st)
-                    st = moe_bundle_writer_add_expert(j->w, (uint32_t)l, (uint32_t)e, (uint32_t)p, blob,
-                                                      prec[p].raw_size, j->a->zstd_level);
+                st = fill_blob(j, &prec[p], f, blobs[cur]);
                 if (st) MOE_LOGE("quantize: layer %d expert %d (%s) failed", l, e, prec[p].name);
-                progress_add(j, weight_bytes(parts[0]) + weight_bytes(parts[1]) + weight_bytes(parts[2]));
+                if (!st)
+                    st = blob_submit(&bw, (uint32_t)l, (uint32_t)e, (uint32_t)p, prec[p].name, blobs[cur],
+                                     prec[p].raw_size);
+                cur ^= 1;
+                progress_add(j, in_bytes);
             }
             for (int k = 0; k < 3; k++) release(parts[k]->data, weight_bytes(parts[k]));
+            consumed_add(j, in_bytes);
         }
     }
-    free(blob);
+    enum moe_status st2 = blob_finish(&bw);
+    if (!st) st = st2;
+done:
+    free(blobs[0]);
+    free(blobs[1]);
     return st;
 }
 
@@ -429,10 +670,14 @@ static enum moe_status write_bundle(struct job *j, const char *in, struct moe_bu
     /* metadata: what the runtime needs to rebuild the model, recipe, provenance */
     if ((st = write_source_texts(j->w, j->m, in))) return st;
     if ((st = moe_bundle_writer_set_meta_str(j->w, "general.architecture", c->arch_name))) return st;
-    if ((st = write_provenance(j->w, j->m, a))) return st;
     if ((st = expert_layout(j, prec))) return st;
     j->total = input_bytes(j, a->n_experts);
-    if ((st = write_dense(j)) || (st = write_experts(j, prec))) return st;
+    if ((st = hasher_start(&j->hs, j->m, a->cancel))) return st;
+    if (!(st = write_dense(j))) st = write_experts(j, prec);
+    const enum moe_status hst = hasher_finish(&j->hs, st != MOE_OK);
+    if (!st && hst) st = hst;
+    if (st) return st;
+    if ((st = write_provenance(j->w, j->m, a, j->hs.hash))) return st;
     const char *names[MAX_PRECISIONS];
     for (int p = 0; p < a->n_experts; p++) names[p] = moe_qtype_name(a->experts[p]);
     if ((st = moe_bundle_writer_set_meta_str_array(j->w, "quant.experts", names, (size_t)a->n_experts)) ||
@@ -485,6 +730,7 @@ enum moe_status moe_quantize_model(const char *in, const char *out, const struct
     }
     moe_bundle_writer_free(j->w); /* unlinks the temporary file unless finished */
     free(j->bufs);
+    free(j->hs.hash);
     moe_pool_free(j->pool);
     moe_model_free(j->m);
     free(j);

@@ -11,15 +11,19 @@
  * as llama.cpp does (k-quants -> q4_0 / q8_0, then f16); a matrix already
  * stored in the requested type is copied block for block. Source pages are
  * released after use, so resident memory stays below about: the largest
- * non-expert matrix at the dense type + one expert blob at each precision +
- * threads x (a row of floats), whatever the model size.
+ * non-expert matrix at the dense type + two expert blobs at the largest
+ * precision (one is quantized while the other is written) + threads x (a row
+ * of floats), whatever the model size. The provenance hashes of the source
+ * files are computed by a thread that reads them alongside the quantization
+ * (a little ahead of it, so the quantizer finds its pages in the page cache).
  *
  * The bundle is written to a temporary file next to `out` and renamed only
  * when complete; a failed or cancelled call leaves nothing at `out`.
  *
  * Thread safety: one call uses its own thread pool and touches no global
  * state other than the logging callback (moe-status.h); calls with different
- * outputs may run concurrently. The callbacks run on the calling thread.
+ * outputs may run concurrently. The callbacks run on the calling thread; log
+ * messages may also come from the call's hashing and writing threads.
  */
 #ifndef MOE_QUANTIZE_H
 #define MOE_QUANTIZE_H
