@@ -72,17 +72,19 @@ extern "C" {
  *   30     bf16       1      2  16           bfloat16 (upper half of binary32)
  *   39     mxfp4     32     17  4.25         e8m0 e; 4-bit e2m1 q, w = kv[q] * 2^(e-128)
  *   36     q4_k_r16 256    144  4.5          q4_k rows interleaved in groups of 16
- *                                            (runtime only, see moe_repack)
+ *   37     q8_0_r16  32     34  8.5          q8_0 rows interleaved in groups of 16
+ *                                            (both runtime only, see moe_repack)
  *
  * q8_k is ggml's activation-side type for integer k-quant dot products; it is
  * here for that later use and is not meant for weights.
  *
- * q4_k_r16 is a layout, not a file type: a q4_k matrix whose rows were
- * rearranged in memory by moe_repack for faster integer products. It has q4_k's
- * sizes (moe_qtype_row_bytes etc. answer for it), but moe_qtype_valid() and
- * moe_qtype_from_name() reject it, so no file parser accepts it; only the
- * matrix functions below (moe_mat_dot_act, moe_gate_up_act) and
- * moe_unpack_row read it.
+ * q4_k_r16 and q8_0_r16 are layouts, not file types: q4_k / q8_0 matrices
+ * whose rows were rearranged in memory by moe_repack for faster integer
+ * products. They have their stored type's sizes (moe_qtype_row_bytes etc.
+ * answer for them), but moe_qtype_valid() and moe_qtype_from_name() reject
+ * them, so no file parser accepts them; only the matrix functions below
+ * (moe_mat_dot_act, moe_gate_up_act), moe_unpack_row and moe_dequantize_row_of
+ * read them.
  */
 enum moe_qtype {
     MOE_QTYPE_F32 = 0,
@@ -97,6 +99,7 @@ enum moe_qtype {
     MOE_QTYPE_Q8_K = 15,
     MOE_QTYPE_BF16 = 30,
     MOE_QTYPE_Q4_K_R16 = 36, /* runtime layout of q4_k (moe_repack); never in a file */
+    MOE_QTYPE_Q8_0_R16 = 37, /* runtime layout of q8_0 (moe_repack); never in a file */
     MOE_QTYPE_MXFP4 = 39,
 };
 /* One past the largest value: a bound for tables indexed by type. */
@@ -508,18 +511,28 @@ enum moe_status moe_gate_up_act(enum moe_qtype wt, int64_t n, const void *gate, 
  *     256   qs        32 columns x 16 rows x 4 bytes: column c of row r
  *                     (its qs[4c .. 4c+3]) at 256 + 64 c + 4 r
  *
+ *   q8_0_r16: a group of 16 rows, block i (544 bytes = 16 q8_0 blocks) at
+ *   (group * n_blocks + i) * 544:
+ *     0     d[16]     f16, row r's d
+ *     32    qs        8 columns x 16 rows x 4 bytes: column c of row r (its
+ *                     qs[4c .. 4c+3], each byte XOR 0x80, i.e. q + 128 as an
+ *                     unsigned byte) at 32 + 64 c + 4 r
+ *   (vpdpbusd multiplies unsigned by signed bytes: the weights go in offset
+ *   by 128, and 128 times the activation's sum is taken off again.)
+ *
  * So a group occupies exactly the bytes of its 16 rows, and rows r0.. of a
  * repacked matrix start at data + r0 * row_bytes when r0 is a multiple of 16.
  */
 
 /* moe_repack_type: the layout moe_repack gives a matrix of type t with n_out
- * rows of n_in, on this CPU now: q4_k_r16 for q4_k with n_out a multiple of 16
- * when the kernel table in use has a vector kernel for it (AVX-512 VNNI
- * vpdpbusd, or AVX2 vpmaddubsw); otherwise t itself (no repacking worth
- * doing: the scalar table). */
+ * rows of n_in, on this CPU now: q4_k_r16 for q4_k and q8_0_r16 for q8_0,
+ * with n_out a multiple of 16, when the kernel table in use has a vector
+ * kernel for the layout (q4_k_r16: AVX-512 VNNI vpdpbusd or AVX2
+ * vpmaddubsw; q8_0_r16: AVX-512 VNNI only); otherwise t itself (no
+ * repacking worth doing). */
 enum moe_qtype moe_repack_type(enum moe_qtype t, int64_t n_out, int64_t n_in);
 
-/* moe_qtype_group_rows: rows per interleaved group (16 for q4_k_r16), 1 for
+/* moe_qtype_group_rows: rows per interleaved group (16 for the _r16 layouts), 1 for
  * the stored types, 0 if t is neither. Row ranges handed to moe_mat_dot_act
  * and moe_gate_up_act must start and end on a group boundary. */
 int moe_qtype_group_rows(enum moe_qtype t);
@@ -542,8 +555,8 @@ enum moe_status moe_unpack_row(enum moe_qtype t, int64_t n_in, const void *data,
  * moe_dequantize_row gives the stored row. Errors as moe_unpack_row. */
 enum moe_status moe_dequantize_row_of(enum moe_qtype t, int64_t n_in, const void *data, int64_t row, float *dst);
 
-/* moe_stored_type: the file type a layout holds (q4_k for q4_k_r16), t for
- * the others. */
+/* moe_stored_type: the file type a layout holds (q4_k for q4_k_r16, q8_0
+ * for q8_0_r16), t for the others. */
 enum moe_qtype moe_stored_type(enum moe_qtype t);
 
 /* moe_quant_int_isa_name: the integer-dot kernels in use now: "scalar", "avx2"
@@ -570,7 +583,7 @@ struct moe_quant_kernels {
     moe_quant_act_fn quant_row[MOE_QTYPE_LIMIT];       /* moe_quantize_row's SIMD kernel, bytes identical
                                                           to the reference (q8_0 q4_k q5_k); NULL: the reference */
     const char *int_name;                              /* "scalar", "avx2", "avx512vnni" */
-    int fast_r16;                                      /* dotq[Q4_K_R16] is a vector kernel */
+    unsigned char fast_layout[MOE_QTYPE_LIMIT];        /* by layout: dotq[] is a vector kernel */
 };
 /* Fill the table entries an ISA implements (leaves others untouched). */
 void moe_quant_kernels_avx2(struct moe_quant_kernels *k);
@@ -581,8 +594,9 @@ void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k);
 void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k);
 /* The table of the ISA in use now (quant.c). */
 const struct moe_quant_kernels *moe_quant_kernels_now(void);
-/* q4_k_r16: row r's stored q4_k block from the group super-block g (quant-pack.c). */
-void moe_r16_unpack_block(const uint8_t *g, int r, uint8_t *block);
+/* _r16 layouts: row r's stored block (q4_k or q8_0) from the group block g
+ * of layout t (quant-pack.c). */
+void moe_r16_unpack_block(enum moe_qtype t, const uint8_t *g, int r, uint8_t *block);
 /* The scalar reference quantizer of t (q8_0, q4_k, q5_k: the types with a
  * quant_row kernel), nb blocks. A SIMD quantizer hands it the blocks whose
  * bytes only the reference's own compiled code defines: a NaN's payload can

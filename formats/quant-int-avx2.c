@@ -523,7 +523,7 @@ void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k) {
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X1] = a_q4_K_r16_1x1;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = a_q4_K_r16_1x2;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = a_q4_K_r16_1x4;
-    k->fast_r16 = 1;
+    k->fast_layout[MOE_QTYPE_Q4_K_R16] = 1;
     k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
     k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
     k->int_name = "avx2";

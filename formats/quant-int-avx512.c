@@ -443,6 +443,59 @@ static TGT void v_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x,
     r16_tile(4, w[0], x, nb, o);
 }
 
+/* ==== q8_0_r16: 16 interleaved q8_0 rows against q8_0 ==================== */
+
+/*
+ * One group of 16 rows (layout in moe-quant.h) against C activations: out[r *
+ * C + c]. The weights are stored as q + 128 (unsigned), so column c (4 bytes
+ * of every row) goes through one vpdpbusd against the 4 activation bytes
+ * broadcast, giving sum (q + 128) x; a second vpdpbusd of 128 against the same
+ * bytes gives 128 sum x, taken off at the end of the block (exact: |sums| <
+ * 2^23). Per block the 16 rows' d come in one vcvtph2ps and the float part is
+ * one FMA per activation for all 16 rows.
+ */
+INL void q8r16_tile(const int C, const uint8_t *w, const uint8_t *const *x, int64_t nb, float *out) {
+    __m512 f[4];
+    for (int c = 0; c < 4; c++) f[c] = _mm512_setzero_ps();
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *g = w + i * 16 * Q80;
+        __m512i acc[4], bias[4];
+        for (int c = 0; c < 4; c++) acc[c] = bias[c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int col = 0; col < 8; col++) {
+            const __m512i v = ld64(g + 32 + 64 * col);
+            _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+                const __m512i xb = _mm512_set1_epi32(i32at(x[c] + Q80 * i + 2 + 4 * col));
+                acc[c] = _mm512_dpbusd_epi32(acc[c], v, xb);
+                bias[c] = _mm512_dpbusd_epi32(bias[c], k80, xb);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(ld32(g));
+        _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+            const __m512 dx = _mm512_set1_ps(h2f(x[c] + Q80 * i));
+            f[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[c], bias[c])), f[c]);
+        }
+    }
+    if (C == 1) {
+        _mm512_storeu_ps(out, f[0]);
+        return;
+    }
+    float t[16];
+    for (int c = 0; c < C; c++) {
+        _mm512_storeu_ps(t, f[c]);
+        for (int r = 0; r < 16; r++) out[r * C + c] = t[r];
+    }
+}
+static TGT void v_q8_0_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    q8r16_tile(1, w[0], x, nb, o);
+}
+static TGT void v_q8_0_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    q8r16_tile(2, w[0], x, nb, o);
+}
+static TGT void v_q8_0_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
+    q8r16_tile(4, w[0], x, nb, o);
+}
+
 /* ==== activation quantizers ============================================= */
 
 /* roundf (half away from zero), exactly: t = trunc(v), plus sign(v) where
@@ -540,7 +593,11 @@ void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k) {
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X1] = v_q4_K_r16_1x1;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = v_q4_K_r16_1x2;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = v_q4_K_r16_1x4;
-    k->fast_r16 = 1;
+    k->fast_layout[MOE_QTYPE_Q4_K_R16] = 1;
+    k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X1] = v_q8_0_r16_1x1;
+    k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X2] = v_q8_0_r16_1x2;
+    k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X4] = v_q8_0_r16_1x4;
+    k->fast_layout[MOE_QTYPE_Q8_0_R16] = 1;
     k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
     k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
     k->int_name = "avx512vnni";

@@ -209,32 +209,48 @@ REF_TILES(q4_K)
 REF_TILES(q5_K)
 REF_TILES(q6_K)
 
-/* q4_k_r16 (moe-quant.h): one group of 16 rows against C activations; each
- * row super-block is read back into a stored q4_k block and goes through the
- * q4_k reference, so the results are ref_q4_K's on the unpacked rows. */
-static void ref_q4_K_r16_tile(int C, const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *out) {
+/* The _r16 layouts (moe-quant.h): one group of 16 rows against C activations;
+ * each row's block is read back into a stored block and goes through the
+ * stored type's reference, so the results are ref_q4_K's / ref_q8_0's on the
+ * unpacked rows, bit for bit. */
+static void ref_r16_tile(enum moe_qtype layout, int C, const uint8_t *const *w, const uint8_t *const *x, int64_t nb,
+                         float *out) {
+    const int q8 = layout == MOE_QTYPE_Q8_0_R16;
+    const size_t bb = q8 ? sizeof(moe_block_q8_0) : sizeof(moe_block_q4_K);
+    const size_t ab = q8 ? sizeof(moe_block_q8_0) : sizeof(moe_block_q8_K);
     double acc[16 * 4] = {0};
     uint8_t blk[sizeof(moe_block_q4_K)];
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *g = w[0] + (size_t)i * 16 * sizeof(moe_block_q4_K);
+        const uint8_t *g = w[0] + (size_t)i * 16 * bb;
         for (int r = 0; r < 16; r++) {
-            moe_r16_unpack_block(g, r, blk);
-            for (int c = 0; c < C; c++)
-                acc[r * C + c] += ref_k_asym_block(blk, blk + offsetof(moe_block_q4_K, qs), NULL,
-                                                   x[c] + (size_t)i * sizeof(moe_block_q8_K));
+            moe_r16_unpack_block(layout, g, r, blk);
+            for (int c = 0; c < C; c++) {
+                const uint8_t *xb = x[c] + (size_t)i * ab;
+                if (q8) {
+                    const int8_t *qw = (const int8_t *)(blk + 2), *qx = (const int8_t *)(xb + 2);
+                    int32_t isum = 0;
+                    for (int j = 0; j < 32; j++) isum += qw[j] * qx[j];
+                    acc[r * C + c] += (double)(rd_f16(blk) * rd_f16(xb)) * (double)isum;
+                } else {
+                    acc[r * C + c] += ref_k_asym_block(blk, blk + offsetof(moe_block_q4_K, qs), NULL, xb);
+                }
+            }
         }
     }
     for (int k = 0; k < 16 * C; k++) out[k] = (float)acc[k];
 }
-static void ref_q4_K_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    ref_q4_K_r16_tile(1, w, x, nb, o);
-}
-static void ref_q4_K_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    ref_q4_K_r16_tile(2, w, x, nb, o);
-}
-static void ref_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    ref_q4_K_r16_tile(4, w, x, nb, o);
-}
+#define REF_R16(T, L)                                                                                    \
+    static void ref_##T##_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        ref_r16_tile(L, 1, w, x, nb, o);                                                                  \
+    }                                                                                                     \
+    static void ref_##T##_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        ref_r16_tile(L, 2, w, x, nb, o);                                                                  \
+    }                                                                                                     \
+    static void ref_##T##_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        ref_r16_tile(L, 4, w, x, nb, o);                                                                  \
+    }
+REF_R16(q4_K, MOE_QTYPE_Q4_K_R16)
+REF_R16(q8_0, MOE_QTYPE_Q8_0_R16)
 
 #define SET_TILES(k, TYPE, P, T)                                                  \
     do {                                                                         \
@@ -252,11 +268,14 @@ void moe_quant_int_kernels_scalar(struct moe_quant_kernels *k) {
     SET_TILES(k, Q4_K, ref, q4_K);
     SET_TILES(k, Q5_K, ref, q5_K);
     SET_TILES(k, Q6_K, ref, q6_K);
-    /* q4_k_r16: the tiles are 16 rows (a group) x 1, 2, 4 activations */
+    /* the _r16 layouts: the tiles are 16 rows (a group) x 1, 2, 4 activations */
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X1] = ref_q4_K_r16_1x1;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = ref_q4_K_r16_1x2;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = ref_q4_K_r16_1x4;
-    k->fast_r16 = 0;
+    k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X1] = ref_q8_0_r16_1x1;
+    k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X2] = ref_q8_0_r16_1x2;
+    k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X4] = ref_q8_0_r16_1x4;
+    memset(k->fast_layout, 0, sizeof k->fast_layout);
     k->int_name = "scalar";
 }
 
@@ -265,6 +284,7 @@ void moe_quant_int_kernels_scalar(struct moe_quant_kernels *k) {
 enum moe_qtype moe_act_type(enum moe_qtype wt) {
     switch (wt) {
     case MOE_QTYPE_Q8_0:
+    case MOE_QTYPE_Q8_0_R16:
     case MOE_QTYPE_Q4_0: return MOE_QTYPE_Q8_0;
     case MOE_QTYPE_Q2_K:
     case MOE_QTYPE_Q3_K:

@@ -1,7 +1,7 @@
 /*
- * quant-pack.c - row-interleaved runtime layouts (moe_repack): the q4_k_r16
- * layout described in moe-quant.h, written from and read back into stored
- * q4_k rows. Plain byte moves; the kernels that read the layout live with the
+ * quant-pack.c - row-interleaved runtime layouts (moe_repack): q4_k_r16 and
+ * q8_0_r16, described in moe-quant.h, written from and read back into stored
+ * rows. Plain byte moves; the kernels that read the layouts live with the
  * other integer kernels (quant-int*.c).
  */
 #define MOE_QUANT_INTERNAL 1
@@ -9,48 +9,72 @@
 
 #include <string.h>
 
-/* Bytes of one group super-block and the offsets of its parts (moe-quant.h). */
-enum {
-    R16_ROWS = 16,
-    R16_SB = R16_ROWS * (int)sizeof(moe_block_q4_K), /* 2304 */
-    R16_D = 0,
-    R16_DMIN = 32,
-    R16_S = 64, /* S0, S1, S2: 64 bytes each */
-    R16_QS = 256,
-};
+enum { R16_ROWS = 16 };
+
+/* A layout's stored type, or MOE_QTYPE_F32 (0) for a type that is none. */
+static enum moe_qtype layout_of(enum moe_qtype stored) {
+    return stored == MOE_QTYPE_Q4_K ? MOE_QTYPE_Q4_K_R16 : stored == MOE_QTYPE_Q8_0 ? MOE_QTYPE_Q8_0_R16 : MOE_QTYPE_F32;
+}
 
 int moe_qtype_group_rows(enum moe_qtype t) {
-    if (t == MOE_QTYPE_Q4_K_R16) return R16_ROWS;
+    if (t == MOE_QTYPE_Q4_K_R16 || t == MOE_QTYPE_Q8_0_R16) return R16_ROWS;
     return moe_qtype_valid(t) ? 1 : 0;
 }
 
-enum moe_qtype moe_stored_type(enum moe_qtype t) { return t == MOE_QTYPE_Q4_K_R16 ? MOE_QTYPE_Q4_K : t; }
+enum moe_qtype moe_stored_type(enum moe_qtype t) {
+    return t == MOE_QTYPE_Q4_K_R16 ? MOE_QTYPE_Q4_K : t == MOE_QTYPE_Q8_0_R16 ? MOE_QTYPE_Q8_0 : t;
+}
 
 enum moe_qtype moe_repack_type(enum moe_qtype t, int64_t n_out, int64_t n_in) {
-    if (t == MOE_QTYPE_Q4_K && n_out > 0 && n_out % R16_ROWS == 0 && n_in > 0 && n_in % MOE_QK_K == 0 &&
-        moe_quant_kernels_now()->fast_r16)
-        return MOE_QTYPE_Q4_K_R16;
+    const enum moe_qtype l = layout_of(t);
+    if (l != MOE_QTYPE_F32 && n_out > 0 && n_out % R16_ROWS == 0 && n_in > 0 && n_in % moe_qtype_block_size(t) == 0 &&
+        moe_quant_kernels_now()->fast_layout[l])
+        return l;
     return t;
 }
 
-/* One super-block of 16 stored q4_k rows (row r's block at rows[r]) into the
- * group layout at g. */
-static void pack_sb(const uint8_t *const *rows, uint8_t *g) {
-    for (int r = 0; r < R16_ROWS; r++) {
-        const uint8_t *b = rows[r];
-        memcpy(g + R16_D + 2 * r, b + offsetof(moe_block_q4_K, d), 2);
-        memcpy(g + R16_DMIN + 2 * r, b + offsetof(moe_block_q4_K, dmin), 2);
-        for (int k = 0; k < 3; k++) memcpy(g + R16_S + 64 * k + 4 * r, b + offsetof(moe_block_q4_K, scales) + 4 * k, 4);
-        for (int c = 0; c < 32; c++) memcpy(g + R16_QS + 64 * c + 4 * r, b + offsetof(moe_block_q4_K, qs) + 4 * c, 4);
+/* Where the parts of one stored block go in a group block of 16 (layouts in
+ * moe-quant.h): `n` runs of `len` bytes, run k from src offset so + k * len
+ * to group offset go + k * 64 + len * r (4-byte columns and the f16 fields). */
+struct run {
+    int so, go, len, n;
+};
+static int runs_of(enum moe_qtype layout, struct run *r) {
+    if (layout == MOE_QTYPE_Q4_K_R16) {
+        r[0] = (struct run){offsetof(moe_block_q4_K, d), 0, 2, 1};
+        r[1] = (struct run){offsetof(moe_block_q4_K, dmin), 32, 2, 1};
+        r[2] = (struct run){offsetof(moe_block_q4_K, scales), 64, 4, 3};
+        r[3] = (struct run){offsetof(moe_block_q4_K, qs), 256, 4, 32};
+        return 4;
+    }
+    r[0] = (struct run){offsetof(moe_block_q8_0, d), 0, 2, 1};
+    r[1] = (struct run){offsetof(moe_block_q8_0, qs), 32, 4, 8};
+    return 2;
+}
+
+/* The bytes of a layout's quants are stored XOR this (q8_0_r16: q + 128). */
+static uint8_t flip_of(enum moe_qtype layout) { return layout == MOE_QTYPE_Q8_0_R16 ? 0x80 : 0; }
+
+/* One stored block of row r (at b) into / out of the group block g. */
+static void move_block(enum moe_qtype layout, uint8_t *g, int r, uint8_t *b, int into_group) {
+    struct run rs[4];
+    const int n = runs_of(layout, rs);
+    for (int i = 0; i < n; i++) {
+        const int quants = i == n - 1; /* the last run holds the quants */
+        for (int k = 0; k < rs[i].n; k++) {
+            uint8_t *gp = g + rs[i].go + (rs[i].len == 2 ? 2 * r : 64 * k + 4 * r), *bp = b + rs[i].so + rs[i].len * k;
+            if (into_group) memcpy(gp, bp, (size_t)rs[i].len);
+            else memcpy(bp, gp, (size_t)rs[i].len);
+            if (quants && flip_of(layout)) {
+                uint8_t *q = into_group ? gp : bp;
+                for (int j = 0; j < rs[i].len; j++) q[j] ^= flip_of(layout);
+            }
+        }
     }
 }
 
-/* The inverse for one row: row r of the group super-block g into block b. */
-void moe_r16_unpack_block(const uint8_t *g, int r, uint8_t *b) {
-    memcpy(b + offsetof(moe_block_q4_K, d), g + R16_D + 2 * r, 2);
-    memcpy(b + offsetof(moe_block_q4_K, dmin), g + R16_DMIN + 2 * r, 2);
-    for (int k = 0; k < 3; k++) memcpy(b + offsetof(moe_block_q4_K, scales) + 4 * k, g + R16_S + 64 * k + 4 * r, 4);
-    for (int c = 0; c < 32; c++) memcpy(b + offsetof(moe_block_q4_K, qs) + 4 * c, g + R16_QS + 64 * c + 4 * r, 4);
+void moe_r16_unpack_block(enum moe_qtype t, const uint8_t *g, int r, uint8_t *block) {
+    move_block(t, (uint8_t *)(uintptr_t)g, r, block, 0); /* reads g only */
 }
 
 enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, const void *src,
@@ -60,7 +84,7 @@ enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, i
         MOE_LOGE("invalid matrix: type %s, %lld x %lld", moe_qtype_name(t), (long long)n_out, (long long)n_in);
         return MOE_ERR_INVALID;
     }
-    if (to != t && !(t == MOE_QTYPE_Q4_K && to == MOE_QTYPE_Q4_K_R16 && n_out % R16_ROWS == 0)) {
+    if (to != t && !(to == layout_of(t) && n_out % R16_ROWS == 0)) {
         MOE_LOGE("a %s matrix of %lld rows cannot take the layout %s", moe_qtype_name(t), (long long)n_out,
                  moe_qtype_name(to));
         return MOE_ERR_INVALID;
@@ -74,17 +98,16 @@ enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, i
         memcpy(dst, src, (size_t)n_out * rb);
         return MOE_OK;
     }
-    const int64_t nb = n_in / MOE_QK_K;
+    const size_t bb = moe_qtype_block_bytes(t), gb = R16_ROWS * bb;
+    const int64_t nb = n_in / moe_qtype_block_size(t);
     const uint8_t *s = src;
     uint8_t *d = dst;
-    for (int64_t g = 0; g < n_out / R16_ROWS; g++) {
-        const uint8_t *rows[R16_ROWS];
-        for (int r = 0; r < R16_ROWS; r++) rows[r] = s + (size_t)(g * R16_ROWS + r) * rb;
-        for (int64_t i = 0; i < nb; i++) {
-            pack_sb(rows, d + (size_t)(g * nb + i) * R16_SB);
-            for (int r = 0; r < R16_ROWS; r++) rows[r] += sizeof(moe_block_q4_K);
+    for (int64_t g = 0; g < n_out / R16_ROWS; g++)
+        for (int r = 0; r < R16_ROWS; r++) {
+            const uint8_t *row = s + (size_t)(g * R16_ROWS + r) * rb;
+            for (int64_t i = 0; i < nb; i++)
+                move_block(to, d + (size_t)(g * nb + i) * gb, r, (uint8_t *)(uintptr_t)(row + i * bb), 1);
         }
-    }
     return MOE_OK;
 }
 
@@ -104,14 +127,15 @@ enum moe_status moe_unpack_row(enum moe_qtype t, int64_t n_in, const void *data,
     const size_t rb = moe_qtype_row_bytes(t, n_in);
     enum moe_status st = check_row_of(__func__, t, n_in, data, row, dst);
     if (st || n_in == 0) return st;
-    if (t != MOE_QTYPE_Q4_K_R16) {
+    if (moe_qtype_group_rows(t) == 1) {
         memcpy(dst, (const uint8_t *)data + (size_t)row * rb, rb);
         return MOE_OK;
     }
-    const int64_t nb = n_in / MOE_QK_K, g = row / R16_ROWS;
-    const uint8_t *src = (const uint8_t *)data + (size_t)(g * nb) * R16_SB;
+    const size_t bb = moe_qtype_block_bytes(t), gb = R16_ROWS * bb;
+    const int64_t nb = n_in / moe_qtype_block_size(t), g = row / R16_ROWS;
+    const uint8_t *src = (const uint8_t *)data + (size_t)(g * nb) * gb;
     uint8_t *d = dst;
-    for (int64_t i = 0; i < nb; i++) moe_r16_unpack_block(src + (size_t)i * R16_SB, (int)(row % R16_ROWS), d + i * sizeof(moe_block_q4_K));
+    for (int64_t i = 0; i < nb; i++) moe_r16_unpack_block(t, src + (size_t)i * gb, (int)(row % R16_ROWS), d + i * bb);
     return MOE_OK;
 }
 
@@ -119,14 +143,17 @@ enum moe_status moe_dequantize_row_of(enum moe_qtype t, int64_t n_in, const void
     const size_t rb = moe_qtype_row_bytes(t, n_in);
     enum moe_status st = check_row_of(__func__, t, n_in, data, row, dst);
     if (st) return st;
-    if (t != MOE_QTYPE_Q4_K_R16) return moe_dequantize_row(t, (const uint8_t *)data + (size_t)row * rb, dst, n_in);
-    /* a super-block at a time through a stored block on the stack */
-    const int64_t nb = n_in / MOE_QK_K, g = row / R16_ROWS;
-    const uint8_t *src = (const uint8_t *)data + (size_t)(g * nb) * R16_SB;
+    if (moe_qtype_group_rows(t) == 1) return moe_dequantize_row(t, (const uint8_t *)data + (size_t)row * rb, dst, n_in);
+    /* a block at a time through a stored block on the stack */
+    const enum moe_qtype s = moe_stored_type(t);
+    const size_t bb = moe_qtype_block_bytes(t), gb = R16_ROWS * bb;
+    const int bs = moe_qtype_block_size(t);
+    const int64_t nb = n_in / bs, g = row / R16_ROWS;
+    const uint8_t *src = (const uint8_t *)data + (size_t)(g * nb) * gb;
     uint8_t blk[sizeof(moe_block_q4_K)];
     for (int64_t i = 0; i < nb; i++) {
-        moe_r16_unpack_block(src + (size_t)i * R16_SB, (int)(row % R16_ROWS), blk);
-        moe_dequantize_row(MOE_QTYPE_Q4_K, blk, dst + i * MOE_QK_K, MOE_QK_K);
+        moe_r16_unpack_block(t, src + (size_t)i * gb, (int)(row % R16_ROWS), blk);
+        moe_dequantize_row(s, blk, dst + i * bs, bs);
     }
     return MOE_OK;
 }

@@ -119,7 +119,8 @@ static const struct qtype_info g_info[MOE_QTYPE_LIMIT] = {
     [MOE_QTYPE_Q8_K] = {"q8_k", MOE_QK_K, sizeof(moe_block_q8_K)},
     [MOE_QTYPE_BF16] = {"bf16", 1, 2},
     [MOE_QTYPE_MXFP4] = {"mxfp4", MOE_QK_MXFP4, sizeof(moe_block_mxfp4)},
-    [MOE_QTYPE_Q4_K_R16] = {"q4_k_r16", MOE_QK_K, sizeof(moe_block_q4_K)}, /* a layout (moe_repack) */
+    [MOE_QTYPE_Q4_K_R16] = {"q4_k_r16", MOE_QK_K, sizeof(moe_block_q4_K)}, /* layouts (moe_repack) */
+    [MOE_QTYPE_Q8_0_R16] = {"q8_0_r16", MOE_QK8_0, sizeof(moe_block_q8_0)},
 };
 
 /* Returns the table entry of t, or NULL if t is not a supported type. */
@@ -128,7 +129,9 @@ static const struct qtype_info *info_of(enum moe_qtype t) {
     return &g_info[t];
 }
 
-int moe_qtype_valid(enum moe_qtype t) { return info_of(t) != NULL && t != MOE_QTYPE_Q4_K_R16; }
+int moe_qtype_valid(enum moe_qtype t) {
+    return info_of(t) != NULL && t != MOE_QTYPE_Q4_K_R16 && t != MOE_QTYPE_Q8_0_R16;
+}
 
 const char *moe_qtype_name(enum moe_qtype t) {
     const struct qtype_info *in = info_of(t);
@@ -812,7 +815,8 @@ enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, 
     case MOE_QTYPE_Q6_K: quantize_q6_K(src, y, nb); break;
     case MOE_QTYPE_Q8_K: quantize_q8_K(src, y, nb); break;
     case MOE_QTYPE_MXFP4: quantize_mxfp4(src, y, nb); break;
-    case MOE_QTYPE_Q4_K_R16: break; /* a layout: check_row refused it */
+    case MOE_QTYPE_Q4_K_R16:
+    case MOE_QTYPE_Q8_0_R16: break; /* layouts: check_row refused them */
     }
     return MOE_OK;
 }

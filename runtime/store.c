@@ -102,8 +102,9 @@ struct moe_store {
     pthread_t *threads;
     int n_threads, started;
     void **staging;          /* [n_threads] for compressed blobs and device-only slots */
-    uint8_t pack[MOE_BUNDLE_MAX_PRECISIONS]; /* per precision: bit k = part k is repacked to
-                                              * q4_k_r16 after each read (params.repack) */
+    uint8_t pack[MOE_BUNDLE_MAX_PRECISIONS][3]; /* per precision and part (gate, up, down): the
+                                                 * layout it is repacked to after each read, 0 =
+                                                 * none (params.repack) */
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* any state change: queue, slot ready, users released */
     struct req *q;
@@ -230,13 +231,13 @@ static enum moe_status load_staged(struct moe_store *st, struct slot *s, const s
  * names, interleaved in place through the loader's staging buffer (which
  * holds a whole blob: staging_size). */
 static enum moe_status pack_copy(const struct moe_store *st, int prec, void *host, size_t raw, void *staging) {
-    if (!st->pack[prec]) return MOE_OK;
+    if (!st->pack[prec][0] && !st->pack[prec][1] && !st->pack[prec][2]) return MOE_OK;
     const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
     memcpy(staging, host, raw);
-    for (uint32_t k = 0; k < d->n_parts; k++) {
-        if (!(st->pack[prec] >> k & 1)) continue;
+    for (uint32_t k = 0; k < 3 && k < d->n_parts; k++) {
+        if (!st->pack[prec][k]) continue;
         const struct moe_bundle_part *q = &d->parts[k];
-        enum moe_status rc = moe_repack((enum moe_qtype)q->type_id, MOE_QTYPE_Q4_K_R16, (int64_t)q->rows,
+        enum moe_status rc = moe_repack((enum moe_qtype)q->type_id, (enum moe_qtype)st->pack[prec][k], (int64_t)q->rows,
                                         (int64_t)q->cols, (const char *)staging + q->offset, (char *)host + q->offset);
         if (rc) return rc;
     }
@@ -538,8 +539,8 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
             if (!d) break;
             for (uint32_t q = 0; q < 3 && q < d->n_parts; q++) {
                 const enum moe_qtype t = (enum moe_qtype)d->parts[q].type_id;
-                if (moe_repack_type(t, (int64_t)d->parts[q].rows, (int64_t)d->parts[q].cols) == MOE_QTYPE_Q4_K_R16)
-                    st->pack[pi] |= (uint8_t)(1u << q);
+                const enum moe_qtype to = moe_repack_type(t, (int64_t)d->parts[q].rows, (int64_t)d->parts[q].cols);
+                if (to != t) st->pack[pi][q] = (uint8_t)to;
             }
         }
     if ((rc = moe_tuning_read(moe_bundle_tuning(st->bundle), st->L > 0 ? st->L : 1, st->E, &st->tun)) ||
@@ -1005,7 +1006,7 @@ static void view_of(const struct moe_store *st, const struct slot *s, int prec, 
     struct moe_weight *w[3] = {&f->gate, &f->up, &f->down};
     for (int k = 0; k < 3; k++)
         *w[k] = (struct moe_weight){(const char *)s->buf.data + d->parts[k].offset,
-                                    st->pack[prec] >> k & 1 ? MOE_QTYPE_Q4_K_R16 : (enum moe_qtype)d->parts[k].type_id,
+                                    st->pack[prec][k] ? (enum moe_qtype)st->pack[prec][k] : (enum moe_qtype)d->parts[k].type_id,
                                     (int64_t)d->parts[k].rows, (int64_t)d->parts[k].cols};
     /* gpt-oss blobs: an f32 row of gate | up | down biases (checked by the model loader) */
     f->bias = d->n_parts > 3 ? (const float *)(const void *)((const char *)s->buf.data + d->parts[3].offset) : NULL;

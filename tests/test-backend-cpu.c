@@ -136,23 +136,33 @@ static void compare(const char *prec, const float *in, const float *fl, const fl
     CHECK(agree >= rows - 4, "%s: argmax differs at %d of %d positions", prec, rows - agree, rows);
 }
 
-/* repacked: the q4_k model after moe_model_repack (the CPU's interleaved
- * layout, moe-quant.h) against the same model before (li: integer path, lf:
+/* repacked: the model after moe_model_repack (the CPU's interleaved
+ * layouts, moe-quant.h) against the same model before (li: integer path, lf:
  * float path): split-independent bits again; the float path reads the same
- * weights back (KL below 1e-6: only its one-token products change kernel);
- * the integer path's kernels differ only in float rounding (KL below 1e-6,
- * same argmax; here the logits even come out bit-identical, because the
- * 8-bit quantization of the next product's input absorbs last-bit changes of
- * the expert outputs, which differ). With the scalar kernels nothing is
- * repacked and the logits must be the same bits. */
-static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids, const float *li, const float *lf,
-                     int V) {
+ * weights back (KL below 1e-6: only its one-token products change kernel).
+ * The integer path's kernels differ from the stored rows' only in float
+ * rounding, but the logits are not smooth in that: a last-bit change can
+ * flip the 8-bit rounding of a later product's input, or a near-tie in the
+ * router (measured here: layer 3 at 2 of 72 positions, logits up to 1.2
+ * apart there). So the bound is on quality, as for the integer path in
+ * compare(): KL to the BF16 checkpoint (ref) at most 1.25 x the stored
+ * layout's + 1e-4, the argmax the stored layout's at 70 of 72 positions.
+ * Where nothing is repacked (the scalar kernels) the logits must be the same
+ * bits. */
+static void repacked(struct moe_model *m, const char *prec, const char *bundle, const int32_t *ids, const float *li,
+                     const float *lf, const float *ref, int V) {
     const int rows = N_PROMPT + N_GEN;
     const size_t n = (size_t)rows * V;
     size_t bytes = 0;
+    int ml = 0;
+    while (ml < m->cfg.n_layer && !m->cfg.layer_moe[ml]) ml++;
+    struct moe_ffn f0;
+    CHECK(moe_model_expert(m, ml, 0, -1, &f0) == MOE_OK, "expert view");
+    /* whether this CPU's kernels take the experts' type in a layout (q4_k: AVX2
+     * or AVX-512; q8_0: AVX-512 VNNI) */
+    const int vnni = moe_repack_type(f0.gate.type, f0.gate.n_out, f0.gate.n_in) != f0.gate.type;
     CHECK(moe_model_repack(m, 1, &bytes) == MOE_OK, "moe_model_repack");
-    const int vnni = strcmp(moe_quant_int_isa_name(), "scalar") != 0; /* a vector kernel for the layout */
-    CHECK(vnni ? bytes > 0 : bytes == 0, "repacked %zu bytes under %s", bytes, moe_quant_int_isa_name());
+    CHECK(vnni ? bytes > 0 : 1, "%s: repacked %zu bytes under %s", prec, bytes, moe_quant_int_isa_name());
     float *r1 = calloc(n, sizeof *r1), *r2 = calloc(n, sizeof *r2), *r3 = calloc(n, sizeof *r3), *rf = calloc(n, sizeof *rf);
     if (r1 && r2 && r3 && rf) {
         CHECK(run(m, ids, 1, 64, r1) && run(m, ids, 2, 64, r2) && run(m, ids, 2, 7, r3), "repacked runs");
@@ -165,10 +175,11 @@ static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids
         const int agree = same_argmax(li, r1, V);
         double dmax = 0;
         for (size_t i = 0; i < n; i++) dmax = fmax(dmax, fabs((double)li[i] - r1[i]));
-        printf("  q4_k repacked (%.2f MB): KL to the stored layout's logits %.3g (largest difference %.3g), same "
-               "argmax %d/%d; float path KL %.3g\n", (double)bytes / 1e6, kl, dmax, agree, rows, klf);
+        printf("  %s repacked (%.2f MB): KL to the checkpoint %.3g (stored layout %.3g); to the stored layout's "
+               "logits %.3g (largest difference %.3g), same argmax %d/%d; float path KL %.3g\n", prec,
+               (double)bytes / 1e6, mean_kl(ref, r1, V), mean_kl(ref, li, V), kl, dmax, agree, rows, klf);
         CHECK(klf < 1e-6, "repacked: the float path reads different weights (KL %.3g)", klf);
-        if (!vnni) CHECK(memcmp(r1, li, n * sizeof *r1) == 0, "nothing repacked, yet the logits moved");
+        if (bytes == 0) CHECK(memcmp(r1, li, n * sizeof *r1) == 0, "nothing repacked, yet the logits moved");
         /* the expert store repacks the copies it reads (params.repack): with every
          * expert kept, and with 5 copies kept (misses read again), the logits and
          * every expert output are those of the resident repacked model, bit for
@@ -180,13 +191,13 @@ static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids
         CHECK(run(m, ids, 2, 7, r3), "resident run with expert outputs");
         g_eo = NULL;
         struct moe_model_params mp = moe_model_default_params();
-        mp.expert_precision = "q4_k";
+        mp.expert_precision = prec;
         mp.lazy_experts = 1;
         struct moe_model *lm = NULL;
         CHECK(moe_model_load(bundle, &mp, &lm) == MOE_OK && moe_model_repack(lm, 1, NULL) == MOE_OK, "lazy load");
         for (int cap = 32; lm && cap >= 5; cap -= 27) {
             struct moe_store_params sp = moe_store_default_params();
-            sp.repack = 1, sp.dynamic = 0, sp.high_cap = cap, sp.low_cap = 0, sp.high = "q4_k";
+            sp.repack = 1, sp.dynamic = 0, sp.high_cap = cap, sp.low_cap = 0, sp.high = prec;
             g_eo = eo[1];
             CHECK(run_store(lm, ids, 2, 7, r2, &sp), "store run, %d copies", cap);
             g_eo = NULL;
@@ -196,7 +207,7 @@ static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids
         }
         /* the store without repack on the same model: the stored rows' kernels */
         struct moe_store_params sp = moe_store_default_params();
-        sp.dynamic = 0, sp.high_cap = 32, sp.low_cap = 0, sp.high = "q4_k";
+        sp.dynamic = 0, sp.high_cap = 32, sp.low_cap = 0, sp.high = prec;
         g_eo = eo[2];
         CHECK(lm && run_store(lm, ids, 2, 7, r2, &sp), "store run without repack");
         g_eo = NULL;
@@ -204,7 +215,9 @@ static void repacked(struct moe_model *m, const char *bundle, const int32_t *ids
               vnni ? "equal" : "differ from", moe_quant_int_isa_name());
         for (int k = 0; k < 3; k++) free(eo[k]);
         moe_model_free(lm);
-        CHECK(kl < 1e-6 && agree >= rows - 1, "repacked: KL %.3g, argmax differs at %d positions", kl, rows - agree);
+        const double kr = mean_kl(ref, r1, V), ks = mean_kl(ref, li, V);
+        CHECK(kr <= 1.25 * ks + 1e-4 && agree >= rows - 2, "%s repacked: KL to the checkpoint %.3g (stored layout "
+              "%.3g), argmax differs at %d positions", prec, kr, ks, rows - agree);
     }
     free(r1), free(r2), free(r3), free(rf);
 }
@@ -267,7 +280,7 @@ int main(int argc, char **argv) {
                   precs[pi]);
             CHECK(memcmp(l2, l3, n69 * sizeof *l2) == 0, "%s: a full context of 69 and one of 128 give different logits",
                   precs[pi]);
-            if (pi == 1) repacked(m, bundle, ids, l1, lf, V);
+            repacked(m, precs[pi], bundle, ids, l1, lf, ref, V);
         }
         free(l1), free(l2), free(l3), free(lf);
         moe_model_free(m);

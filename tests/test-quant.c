@@ -87,7 +87,8 @@ static double err_bound(enum moe_qtype t) {
     case MOE_QTYPE_Q6_K: return 0.024;
     case MOE_QTYPE_Q8_K: return 0.0095;
     case MOE_QTYPE_MXFP4: return 0.14;
-    case MOE_QTYPE_Q4_K_R16: return 0.0; /* a layout, not quantized on its own (test-repack) */
+    case MOE_QTYPE_Q4_K_R16:
+    case MOE_QTYPE_Q8_0_R16: return 0.0; /* layouts, not quantized on their own (test-repack) */
     }
     return 0.0;
 }
@@ -209,7 +210,7 @@ static void test_table(void) {
           "huge row fits");
     QCHECK(moe_qtype_row_bytes(MOE_QTYPE_F32, INT64_MAX) == 0, "overflowing row");
     for (int bad = -1; bad < 40; bad++) {
-        if (moe_qtype_valid((enum moe_qtype)bad) || bad == MOE_QTYPE_Q4_K_R16) continue; /* the layout: test-repack */
+        if (moe_qtype_valid((enum moe_qtype)bad) || moe_qtype_group_rows((enum moe_qtype)bad) > 1) continue; /* layouts: test-repack */
         QCHECK(moe_qtype_block_size((enum moe_qtype)bad) == 0 && moe_qtype_block_bytes((enum moe_qtype)bad) == 0 &&
                   moe_qtype_row_bytes((enum moe_qtype)bad, 256) == 0 &&
                   moe_qtype_bits_per_weight((enum moe_qtype)bad) == 0 &&

@@ -1,6 +1,7 @@
 /*
- * test-repack.c - the row-interleaved runtime layout q4_k_r16 (moe_repack,
- * formats/quant-pack.c) and its integer kernels (quant-int*.c).
+ * test-repack.c - the row-interleaved runtime layouts q4_k_r16 and q8_0_r16
+ * (moe_repack, formats/quant-pack.c) and their integer kernels (quant-int*.c),
+ * each of the following for both.
  *
  *   1. Layout: moe_repack then moe_unpack_row gives every stored row back byte
  *      for byte (and moe_dequantize_row_of its floats); repacking to the type itself is a copy; the size functions
@@ -32,7 +33,8 @@
 #include "moe-test.h"
 
 static const enum moe_quant_isa ISAS[] = {MOE_QUANT_ISA_SCALAR, MOE_QUANT_ISA_AVX2, MOE_QUANT_ISA_AVX512};
-static const enum moe_qtype Q4K = MOE_QTYPE_Q4_K, R16 = MOE_QTYPE_Q4_K_R16;
+/* The stored type and its layout under test (q4_k / q4_k_r16, then q8_0 / q8_0_r16). */
+static enum moe_qtype ST, LY;
 
 static uint64_t g_rng = 0x243f6a8885a308d3ull;
 static uint64_t rnd64(void) {
@@ -56,22 +58,22 @@ static void count_log(enum moe_log_level level, const char *msg, void *user) {
 /* A q4_k matrix of nw rows of n: quantized N(0,1) rows, with every 7th row
  * random bytes (sane f16 scales) so that all scale and min bits occur. */
 static uint8_t *make_matrix(int64_t nw, int64_t n) {
-    const size_t rb = moe_qtype_row_bytes(Q4K, n);
+    const size_t rb = moe_qtype_row_bytes(ST, n);
     uint8_t *w = malloc((size_t)nw * rb);
     float *x = malloc((size_t)n * sizeof *x);
     for (int64_t r = 0; r < nw; r++) {
         uint8_t *row = w + (size_t)r * rb;
         if (r % 7 == 3) {
             for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)rnd64();
-            for (size_t o = 0; o < rb; o += sizeof(moe_block_q4_K)) {
+            for (size_t o = 0; o < rb; o += moe_qtype_block_bytes(ST)) { /* d (and q4_k's dmin) first */
                 const uint16_t d = moe_f32_to_f16(rnd_normal() * 0.01f), m = moe_f32_to_f16(rnd_normal() * 0.01f);
                 memcpy(row + o, &d, 2);
-                memcpy(row + o + 2, &m, 2);
+                if (ST == MOE_QTYPE_Q4_K) memcpy(row + o + 2, &m, 2);
             }
             continue;
         }
         for (int64_t i = 0; i < n; i++) x[i] = rnd_normal();
-        CHECK(moe_quantize_row(Q4K, x, row, n) == MOE_OK, "quantize row");
+        CHECK(moe_quantize_row(ST, x, row, n) == MOE_OK, "quantize row");
     }
     free(x);
     return w;
@@ -81,6 +83,18 @@ static uint8_t *make_matrix(int64_t nw, int64_t n) {
  * SIMD tolerance is relative to (moe-quant.h). */
 static double magnitude(const uint8_t *row, const uint8_t *xq, int64_t n) {
     double m = 0;
+    if (ST == MOE_QTYPE_Q8_0) {
+        for (int64_t i = 0; i < n / 32; i++) {
+            const uint8_t *b = row + i * sizeof(moe_block_q8_0), *xb = xq + i * sizeof(moe_block_q8_0);
+            uint16_t hd, hx;
+            memcpy(&hd, b, 2);
+            memcpy(&hx, xb, 2);
+            for (int j = 0; j < 32; j++)
+                m += fabs((double)moe_f16_to_f32(hd) * ((const int8_t *)(b + 2))[j]) *
+                     fabs((double)moe_f16_to_f32(hx) * ((const int8_t *)(xb + 2))[j]);
+        }
+        return m;
+    }
     for (int64_t i = 0; i < n / 256; i++) {
         const uint8_t *b = row + i * sizeof(moe_block_q4_K), *xb = xq + i * sizeof(moe_block_q8_K);
         uint16_t hd, hm;
@@ -106,42 +120,46 @@ static void test_layout(void) {
     static const int64_t shapes[][2] = {{16, 256}, {32, 512}, {48, 2048}};
     for (int s = 0; s < 3; s++) {
         const int64_t nw = shapes[s][0], n = shapes[s][1];
-        const size_t rb = moe_qtype_row_bytes(Q4K, n);
+        const size_t rb = moe_qtype_row_bytes(ST, n);
         uint8_t *w = make_matrix(nw, n), *p = malloc((size_t)nw * rb), *c = malloc((size_t)nw * rb);
         uint8_t *row = malloc(rb);
         float *f1 = malloc((size_t)n * 4), *f2 = malloc((size_t)n * 4);
-        CHECK(moe_repack(Q4K, R16, nw, n, w, p) == MOE_OK, "repack %lld x %lld", (long long)nw, (long long)n);
+        CHECK(moe_repack(ST, LY, nw, n, w, p) == MOE_OK, "repack %lld x %lld", (long long)nw, (long long)n);
         CHECK(memcmp(w, p, (size_t)nw * rb) != 0, "the layout differs from the rows");
         for (int64_t r = 0; r < nw; r++) {
-            CHECK(moe_unpack_row(R16, n, p, r, row) == MOE_OK && memcmp(row, w + (size_t)r * rb, rb) == 0,
+            CHECK(moe_unpack_row(LY, n, p, r, row) == MOE_OK && memcmp(row, w + (size_t)r * rb, rb) == 0,
                   "row %lld of %lld x %lld comes back", (long long)r, (long long)nw, (long long)n);
-            CHECK(moe_unpack_row(Q4K, n, w, r, row) == MOE_OK && memcmp(row, w + (size_t)r * rb, rb) == 0,
+            CHECK(moe_unpack_row(ST, n, w, r, row) == MOE_OK && memcmp(row, w + (size_t)r * rb, rb) == 0,
                   "stored row %lld", (long long)r);
-            CHECK(moe_dequantize_row_of(R16, n, p, r, f1) == MOE_OK &&
-                      moe_dequantize_row(Q4K, w + (size_t)r * rb, f2, n) == MOE_OK && memcmp(f1, f2, (size_t)n * 4) == 0,
+            CHECK(moe_dequantize_row_of(LY, n, p, r, f1) == MOE_OK &&
+                      moe_dequantize_row(ST, w + (size_t)r * rb, f2, n) == MOE_OK && memcmp(f1, f2, (size_t)n * 4) == 0,
                   "row %lld of the layout dequantizes as the stored row", (long long)r);
         }
-        CHECK(moe_repack(Q4K, Q4K, nw, n, w, c) == MOE_OK && memcmp(w, c, (size_t)nw * rb) == 0, "same type: a copy");
+        CHECK(moe_repack(ST, ST, nw, n, w, c) == MOE_OK && memcmp(w, c, (size_t)nw * rb) == 0, "same type: a copy");
         free(w), free(p), free(c), free(row), free(f1), free(f2);
     }
-    CHECK(moe_qtype_row_bytes(R16, 512) == 288 && moe_qtype_block_size(R16) == 256 &&
-              moe_qtype_block_bytes(R16) == 144 && moe_act_row_bytes(R16, 512) == moe_act_row_bytes(Q4K, 512),
-          "sizes as q4_k");
-    CHECK(moe_qtype_group_rows(R16) == 16 && moe_qtype_group_rows(Q4K) == 1 && moe_qtype_group_rows((enum moe_qtype)3) == 0,
+    CHECK(moe_qtype_row_bytes(LY, 512) == moe_qtype_row_bytes(ST, 512) && moe_qtype_block_size(LY) == moe_qtype_block_size(ST) &&
+              moe_qtype_block_bytes(LY) == moe_qtype_block_bytes(ST) && moe_act_row_bytes(LY, 512) == moe_act_row_bytes(ST, 512),
+          "%s: sizes as %s", moe_qtype_name(LY), moe_qtype_name(ST));
+    CHECK(moe_qtype_group_rows(LY) == 16 && moe_qtype_group_rows(ST) == 1 && moe_qtype_group_rows((enum moe_qtype)3) == 0,
           "group rows");
-    CHECK(moe_stored_type(R16) == Q4K && moe_stored_type(MOE_QTYPE_Q8_0) == MOE_QTYPE_Q8_0, "stored type");
-    CHECK(!moe_qtype_valid(R16), "not a file type");
-    CHECK(strcmp(moe_qtype_name(R16), "q4_k_r16") == 0, "name");
+    CHECK(moe_stored_type(LY) == ST && moe_stored_type(MOE_QTYPE_Q6_K) == MOE_QTYPE_Q6_K, "stored type");
+    CHECK(!moe_qtype_valid(LY), "not a file type");
+    char name[32];
+    snprintf(name, sizeof name, "%s_r16", moe_qtype_name(ST));
+    CHECK(strcmp(moe_qtype_name(LY), name) == 0, "name %s", moe_qtype_name(LY));
 }
 
 static void test_repack_type(void) {
     for (int a = 0; a < 3; a++) {
         if (!moe_quant_isa_supported(ISAS[a])) continue;
         moe_quant_set_isa(ISAS[a]);
-        const int vec = strcmp(moe_quant_int_isa_name(), "scalar") != 0;
-        CHECK(moe_repack_type(Q4K, 64, 512) == (vec ? R16 : Q4K), "[%s] q4_k 64 x 512", moe_quant_int_isa_name());
-        CHECK(moe_repack_type(Q4K, 40, 512) == Q4K, "[%s] 40 rows stay", moe_quant_int_isa_name());
-        CHECK(moe_repack_type(MOE_QTYPE_Q8_0, 64, 512) == MOE_QTYPE_Q8_0, "q8_0 stays");
+        /* q4_k_r16 on AVX2 and AVX-512; q8_0_r16 needs VNNI (vpdpbusd: the
+         * unsigned x signed products of q + 128 do not fit vpmaddubsw's int16) */
+        const char *isa = moe_quant_int_isa_name();
+        const int vec = ST == MOE_QTYPE_Q4_K ? strcmp(isa, "scalar") != 0 : strcmp(isa, "avx512vnni") == 0;
+        CHECK(moe_repack_type(ST, 64, 512) == (vec ? LY : ST), "[%s] %s 64 x 512", isa, moe_qtype_name(ST));
+        CHECK(moe_repack_type(ST, 40, 512) == ST, "[%s] 40 rows stay", isa);
         CHECK(moe_repack_type(MOE_QTYPE_Q6_K, 64, 512) == MOE_QTYPE_Q6_K, "q6_k stays");
     }
     moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
@@ -149,20 +167,20 @@ static void test_repack_type(void) {
 
 /* Products of a repacked matrix against nx activations on every ISA. */
 static void check_products(int64_t nw, int64_t n, int nx, double *worst) {
-    const size_t rb = moe_qtype_row_bytes(Q4K, n), ab = moe_act_row_bytes(Q4K, n);
+    const size_t rb = moe_qtype_row_bytes(ST, n), ab = moe_act_row_bytes(ST, n);
     uint8_t *w = make_matrix(nw, n), *p = malloc((size_t)nw * rb), *xq = malloc((size_t)nx * ab);
     float *x = malloc((size_t)n * sizeof *x), *ref = malloc((size_t)nw * nx * sizeof *ref);
     float *out = malloc((size_t)nw * nx * sizeof *out), *out2 = malloc((size_t)nw * nx * sizeof *out2);
     double *mag = malloc((size_t)nw * nx * sizeof *mag);
-    CHECK(moe_repack(Q4K, R16, nw, n, w, p) == MOE_OK, "repack");
+    CHECK(moe_repack(ST, LY, nw, n, w, p) == MOE_OK, "repack");
     moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
     for (int c = 0; c < nx; c++) {
         for (int64_t i = 0; i < n; i++) x[i] = rnd_normal() * (i % 61 == 0 ? 20.0f : 1.0f);
-        CHECK(moe_quantize_act(Q4K, x, xq + (size_t)c * ab, n) == MOE_OK, "quantize act");
+        CHECK(moe_quantize_act(ST, x, xq + (size_t)c * ab, n) == MOE_OK, "quantize act");
     }
     for (int64_t r = 0; r < nw; r++)
         for (int c = 0; c < nx; c++) {
-            ref[r * nx + c] = moe_vec_dot_act(Q4K, w + (size_t)r * rb, xq + (size_t)c * ab, n);
+            ref[r * nx + c] = moe_vec_dot_act(ST, w + (size_t)r * rb, xq + (size_t)c * ab, n);
             mag[r * nx + c] = magnitude(w + (size_t)r * rb, xq + (size_t)c * ab, n);
         }
     for (int a = 0; a < 3; a++) {
@@ -171,7 +189,7 @@ static void check_products(int64_t nw, int64_t n, int nx, double *worst) {
         const char *isa = moe_quant_int_isa_name();
         for (int layout = 0; layout < 2; layout++) { /* out[r * nx + c] or out[c * nw + r] */
             const size_t osw = layout ? 1 : (size_t)nx, osx = layout ? (size_t)nw : 1;
-            CHECK(moe_mat_dot_act(R16, n, p, rb, nw, xq, ab, nx, out, osw, osx) == MOE_OK, "mat_dot r16");
+            CHECK(moe_mat_dot_act(LY, n, p, rb, nw, xq, ab, nx, out, osw, osx) == MOE_OK, "mat_dot r16");
             int bad = 0;
             for (int64_t r = 0; r < nw && !bad; r++)
                 for (int c = 0; c < nx && !bad; c++) {
@@ -192,8 +210,8 @@ static void check_products(int64_t nw, int64_t n, int nx, double *worst) {
         }
         /* a slice of groups, as a thread gets it, gives the same bits */
         if (nw >= 32) {
-            CHECK(moe_mat_dot_act(R16, n, p, rb, nw, xq, ab, nx, out, (size_t)nx, 1) == MOE_OK, "whole");
-            CHECK(moe_mat_dot_act(R16, n, p + 16 * rb, rb, nw - 16, xq, ab, nx, out2, (size_t)nx, 1) == MOE_OK, "slice");
+            CHECK(moe_mat_dot_act(LY, n, p, rb, nw, xq, ab, nx, out, (size_t)nx, 1) == MOE_OK, "whole");
+            CHECK(moe_mat_dot_act(LY, n, p + 16 * rb, rb, nw - 16, xq, ab, nx, out2, (size_t)nx, 1) == MOE_OK, "slice");
             CHECK(memcmp(out + 16 * nx, out2, (size_t)(nw - 16) * nx * sizeof *out) == 0,
                   "[%s] rows 16.. alone give the bits of the whole product", isa);
         }
@@ -201,10 +219,10 @@ static void check_products(int64_t nw, int64_t n, int nx, double *worst) {
         if (nw <= 512) {
             uint8_t *u = make_matrix(nw, n), *pu = malloc((size_t)nw * rb);
             float *h = malloc((size_t)nw * nx * sizeof *h), *uo = malloc((size_t)nw * nx * sizeof *uo);
-            CHECK(moe_repack(Q4K, R16, nw, n, u, pu) == MOE_OK, "repack up");
-            CHECK(moe_gate_up_act(R16, n, p, pu, nw, xq, ab, nx, h, (size_t)nw) == MOE_OK, "gate_up r16");
-            CHECK(moe_mat_dot_act(R16, n, p, rb, nw, xq, ab, nx, out, 1, (size_t)nw) == MOE_OK, "g");
-            CHECK(moe_mat_dot_act(R16, n, pu, rb, nw, xq, ab, nx, uo, 1, (size_t)nw) == MOE_OK, "u");
+            CHECK(moe_repack(ST, LY, nw, n, u, pu) == MOE_OK, "repack up");
+            CHECK(moe_gate_up_act(LY, n, p, pu, nw, xq, ab, nx, h, (size_t)nw) == MOE_OK, "gate_up r16");
+            CHECK(moe_mat_dot_act(LY, n, p, rb, nw, xq, ab, nx, out, 1, (size_t)nw) == MOE_OK, "g");
+            CHECK(moe_mat_dot_act(LY, n, pu, rb, nw, xq, ab, nx, uo, 1, (size_t)nw) == MOE_OK, "u");
             int bad = 0;
             for (int64_t i = 0; i < nw * nx && !bad; i++) {
                 const float g = out[i], want = g / (1.0f + expf(-g)) * uo[i];
@@ -226,8 +244,8 @@ static void test_products(void) {
     for (int a = 1; a < 3; a++)
         if (moe_quant_isa_supported(ISAS[a])) {
             moe_quant_set_isa(ISAS[a]);
-            printf("  r16 [%s]: worst |diff| / M against the stored rows %.2e (tolerance (n/32 + 10) 2^-24)\n",
-                   moe_quant_int_isa_name(), worst[a]);
+            printf("  %s [%s]: worst |diff| / M against the stored rows %.2e (tolerance (n/32 + 10) 2^-24)\n",
+                   moe_qtype_name(LY), moe_quant_int_isa_name(), worst[a]);
         }
     moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
 }
@@ -237,36 +255,36 @@ static void test_errors(void) {
     g_logs = 0;
     int expected = 0;
     const int64_t n = 512;
-    const size_t rb = moe_qtype_row_bytes(Q4K, n);
-    uint8_t *w = make_matrix(32, n), *p = malloc(32 * rb), *xq = calloc(1, moe_act_row_bytes(Q4K, n));
+    const size_t rb = moe_qtype_row_bytes(ST, n);
+    uint8_t *w = make_matrix(32, n), *p = malloc(32 * rb), *xq = calloc(1, moe_act_row_bytes(ST, n));
     float out[64], x[512] = {0}, y[512];
-    CHECK(moe_repack(Q4K, R16, 32, n, w, p) == MOE_OK, "repack");
-    CHECK(moe_mat_dot_act(R16, n, p, rb, 24, xq, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "24 rows");
+    CHECK(moe_repack(ST, LY, 32, n, w, p) == MOE_OK, "repack");
+    CHECK(moe_mat_dot_act(LY, n, p, rb, 24, xq, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "24 rows");
     expected++;
-    CHECK(moe_mat_dot_act(R16, n, p, rb + 1, 16, xq, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "stride");
+    CHECK(moe_mat_dot_act(LY, n, p, rb + 1, 16, xq, 0, 1, out, 1, 1) == MOE_ERR_INVALID, "stride");
     expected++;
-    CHECK(moe_gate_up_act(R16, n, p, p, 8, xq, 0, 1, out, 8) == MOE_ERR_INVALID, "gate_up 8 rows");
+    CHECK(moe_gate_up_act(LY, n, p, p, 8, xq, 0, 1, out, 8) == MOE_ERR_INVALID, "gate_up 8 rows");
     expected++;
-    CHECK(isnan(moe_vec_dot_act(R16, p, xq, n)), "row dot on the layout");
+    CHECK(isnan(moe_vec_dot_act(LY, p, xq, n)), "row dot on the layout");
     expected++;
-    CHECK(moe_repack(Q4K, R16, 24, n, w, p) == MOE_ERR_INVALID, "24 rows repack");
+    CHECK(moe_repack(ST, LY, 24, n, w, p) == MOE_ERR_INVALID, "24 rows repack");
     expected++;
-    CHECK(moe_repack(MOE_QTYPE_Q8_0, R16, 32, n, w, p) == MOE_ERR_INVALID, "q8_0 to r16");
+    CHECK(moe_repack(MOE_QTYPE_Q6_K, LY, 32, n, w, p) == MOE_ERR_INVALID, "q6_k to the layout");
     expected++;
-    CHECK(moe_repack(R16, Q4K, 32, n, p, w) == MOE_ERR_INVALID, "from the layout");
+    CHECK(moe_repack(LY, ST, 32, n, p, w) == MOE_ERR_INVALID, "from the layout");
     expected++;
-    CHECK(moe_repack(Q4K, R16, 32, n, NULL, p) == MOE_ERR_INVALID, "NULL src");
+    CHECK(moe_repack(ST, LY, 32, n, NULL, p) == MOE_ERR_INVALID, "NULL src");
     expected++;
-    CHECK(moe_unpack_row(R16, n, p, -1, y) == MOE_ERR_INVALID, "row -1");
+    CHECK(moe_unpack_row(LY, n, p, -1, y) == MOE_ERR_INVALID, "row -1");
     expected++;
     CHECK(moe_unpack_row((enum moe_qtype)3, n, p, 0, y) == MOE_ERR_INVALID, "bad type");
     expected++;
-    CHECK(moe_dequantize_row(R16, p, y, n) == MOE_ERR_INVALID, "dequantize the layout");
+    CHECK(moe_dequantize_row(LY, p, y, n) == MOE_ERR_INVALID, "dequantize the layout");
     expected++;
-    CHECK(moe_quantize_row(R16, x, p, n) == MOE_ERR_INVALID, "quantize to the layout");
+    CHECK(moe_quantize_row(LY, x, p, n) == MOE_ERR_INVALID, "quantize to the layout");
     expected++;
-    enum moe_qtype t = Q4K;
-    CHECK(moe_qtype_from_name("q4_k_r16", &t) == MOE_ERR_INVALID && t == Q4K, "not a name to ask for");
+    enum moe_qtype t = ST;
+    CHECK(moe_qtype_from_name(moe_qtype_name(LY), &t) == MOE_ERR_INVALID && t == ST, "not a name to ask for");
     expected++;
     CHECK(g_logs == expected, "every error logged (%d logs, %d errors)", g_logs, expected);
     moe_log_set(NULL, NULL);
@@ -277,10 +295,14 @@ int main(void) {
     printf("ISAs: avx2 %s, avx512 %s; integer kernels in use: %s\n",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX2) ? "yes" : "no (untested)",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX512) ? "yes" : "no (untested)", moe_quant_int_isa_name());
-    test_layout();
-    test_repack_type();
-    test_products();
-    test_errors();
+    static const enum moe_qtype pairs[][2] = {{MOE_QTYPE_Q4_K, MOE_QTYPE_Q4_K_R16}, {MOE_QTYPE_Q8_0, MOE_QTYPE_Q8_0_R16}};
+    for (int k = 0; k < 2; k++) {
+        ST = pairs[k][0], LY = pairs[k][1];
+        test_layout();
+        test_repack_type();
+        test_products();
+        test_errors();
+    }
     printf("test-repack: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;
 }
