@@ -336,7 +336,8 @@ enum moe_status moe_model_expert(const struct moe_model *m, int layer, int exper
 
 /* moe_model_repack: give the model's matrices the layout the CPU's integer
  * kernels read fastest (moe_repack_type / moe_repack, moe-quant.h: today
- * q4_k matrices of whole 16-row groups, under AVX2 or AVX-512): the attention
+ * q4_k matrices of whole 16-row groups under AVX2 or AVX-512, and q8_0 ones
+ * under AVX-512 VNNI): the attention
  * and dense/shared FFN weights and the LM head, and with `experts` set the
  * routed experts bound now (all of them unless loaded with lazy_experts).
  * The copies live in one buffer the model owns (the mapped file's pages are

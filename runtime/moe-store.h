@@ -72,8 +72,8 @@ struct moe_store_params {
     int path_order;         /* 1 or 2: the dictionary keyed on 1 or 2 previous layers (1) */
     int warm;               /* 1: fill the caches in Twiddler's placement order at start (1) */
     int n_loaders;          /* loader threads (2) */
-    int repack;             /* 1: on the CPU backend, the q4_k matrices of each copy read are
-                             * interleaved into q4_k_r16 (moe_repack) for its faster kernels,
+    int repack;             /* 1: on the CPU backend, the q4_k / q8_0 matrices of each copy read
+                             * are interleaved (moe_repack_type) for its faster kernels,
                              * as moe_model_repack does for resident weights; 0 (default): the
                              * stored rows as read */
 };

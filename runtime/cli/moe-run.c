@@ -73,8 +73,8 @@ static const struct moe_opt k_runtime[] = {
     {"ctx", 'c', MOE_OPT_REQUIRED, "N", "context length / KV cache size (default: min(model max, 4096))"},
     {"batch", 'b', MOE_OPT_REQUIRED, "N", "prompt tokens per forward chunk (default 256)"},
     {"no-repack", O_NO_REPACK, MOE_OPT_NONE, NULL,
-     "CPU: keep q4_k weights in their stored row layout (by default\nthey are interleaved by 16 rows at load, for the AVX2 and\n"
-     "AVX-512 kernels; costs one copy of those weights in RAM)"},
+     "CPU: keep q4_k and q8_0 weights in their stored row layout (by\ndefault they are interleaved by 16 rows at load for the AVX2\n"
+     "and AVX-512 kernels; costs one copy of those weights in RAM)"},
     {"verbose", 'v', MOE_OPT_NONE, NULL, "more log output"},
     {"help", 'h', MOE_OPT_NONE, NULL, "this help"},
     {NULL, 0, 0, NULL, NULL},
