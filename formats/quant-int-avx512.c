@@ -355,6 +355,30 @@ INL int32_t i32at(const uint8_t *p) {
     return v;
 }
 
+/* A group tile's outputs: lane r of f[c] to out[r * C + c]. */
+INL void out16(const int C, const __m512 *f, float *out) {
+    if (C == 1) {
+        _mm512_storeu_ps(out, f[0]);
+        return;
+    }
+    float t[16];
+    for (int c = 0; c < C; c++) {
+        _mm512_storeu_ps(t, f[c]);
+        for (int r = 0; r < 16; r++) out[r * C + c] = t[r];
+    }
+}
+/* The tile shapes of a group kernel FN(C, w, x, nb, out): 16 rows x 1, 2, 4. */
+#define GROUP_SHAPES(T, FN)                                                                          \
+    static TGT void v_##T##_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        FN(1, w[0], x, nb, o);                                                                        \
+    }                                                                                                 \
+    static TGT void v_##T##_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        FN(2, w[0], x, nb, o);                                                                        \
+    }                                                                                                 \
+    static TGT void v_##T##_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) { \
+        FN(4, w[0], x, nb, o);                                                                        \
+    }
+
 /*
  * One group of 16 rows (layout in moe-quant.h) against C activations: out[r *
  * C + c]. Per super-block: the scales and mins of the 16 rows are unpacked
@@ -423,25 +447,9 @@ INL void r16_tile(const int C, const uint8_t *w, const uint8_t *const *x, int64_
             f[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(ms), f[c]);
         }
     }
-    if (C == 1) {
-        _mm512_storeu_ps(out, f[0]);
-        return;
-    }
-    float t[16];
-    for (int c = 0; c < C; c++) {
-        _mm512_storeu_ps(t, f[c]);
-        for (int r = 0; r < 16; r++) out[r * C + c] = t[r];
-    }
+    out16(C, f, out);
 }
-static TGT void v_q4_K_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    r16_tile(1, w[0], x, nb, o);
-}
-static TGT void v_q4_K_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    r16_tile(2, w[0], x, nb, o);
-}
-static TGT void v_q4_K_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    r16_tile(4, w[0], x, nb, o);
-}
+GROUP_SHAPES(q4_K_r16, r16_tile)
 
 /* ==== q8_0_r16: 16 interleaved q8_0 rows against q8_0 ==================== */
 
@@ -476,25 +484,9 @@ INL void q8r16_tile(const int C, const uint8_t *w, const uint8_t *const *x, int6
             f[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[c], bias[c])), f[c]);
         }
     }
-    if (C == 1) {
-        _mm512_storeu_ps(out, f[0]);
-        return;
-    }
-    float t[16];
-    for (int c = 0; c < C; c++) {
-        _mm512_storeu_ps(t, f[c]);
-        for (int r = 0; r < 16; r++) out[r * C + c] = t[r];
-    }
+    out16(C, f, out);
 }
-static TGT void v_q8_0_r16_1x1(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    q8r16_tile(1, w[0], x, nb, o);
-}
-static TGT void v_q8_0_r16_1x2(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    q8r16_tile(2, w[0], x, nb, o);
-}
-static TGT void v_q8_0_r16_1x4(const uint8_t *const *w, const uint8_t *const *x, int64_t nb, float *o) {
-    q8r16_tile(4, w[0], x, nb, o);
-}
+GROUP_SHAPES(q8_0_r16, q8r16_tile)
 
 /* ==== activation quantizers ============================================= */
 
