@@ -290,16 +290,6 @@ SHAPES(q6_K)
 
 /* ==== activation quantizers ============================================= */
 
-/* roundf (half away from zero) exactly; see quant-int-avx512.c. */
-INL __m256 round_away(__m256 v) {
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
-    const __m256 up = _mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    const __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
-    return _mm256_add_ps(t, _mm256_and_ps(up, one));
-}
-
 /* The low bytes of 32 int32 lanes (four vectors), in order. */
 INL __m256i low_bytes(__m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i m = _mm256_set1_epi32(0xff);
@@ -316,23 +306,6 @@ INL float hmax256(__m256 v) {
 }
 
 INL __m256 absv(__m256 v) { return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)), v); }
-
-static TGT void act_q8_0(const float *x, void *y, int64_t nb) {
-    uint8_t *o = y;
-    for (int64_t i = 0; i < nb; i++, x += 32, o += Q80) {
-        __m256 v[4];
-        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
-        const float amax = hmax256(_mm256_max_ps(_mm256_max_ps(absv(v[0]), absv(v[1])), _mm256_max_ps(absv(v[2]), absv(v[3]))));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-        memcpy(o, &h, 2);
-        const __m256 vid = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++) q[k] = _mm256_cvttps_epi32(round_away(_mm256_mul_ps(v[k], vid)));
-        _mm256_storeu_si256((__m256i *)(o + 2), low_bytes(q[0], q[1], q[2], q[3]));
-    }
-}
 
 static TGT void act_q8_K(const float *x, void *y, int64_t nb) {
     uint8_t *o = y;
@@ -524,7 +497,6 @@ void moe_quant_int_kernels_avx2(struct moe_quant_kernels *k) {
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X2] = a_q4_K_r16_1x2;
     k->dotq[MOE_QTYPE_Q4_K_R16][MOE_TILE_1X4] = a_q4_K_r16_1x4;
     k->fast_layout[MOE_QTYPE_Q4_K_R16] = 1;
-    k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
     k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
     k->int_name = "avx2";
 }

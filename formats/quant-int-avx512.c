@@ -490,37 +490,6 @@ GROUP_SHAPES(q8_0_r16, q8r16_tile)
 
 /* ==== activation quantizers ============================================= */
 
-/* roundf (half away from zero), exactly: t = trunc(v), plus sign(v) where
- * |v - t| >= 0.5 (v - t is exact). Infinities and NaNs pass through, so that
- * the truncating conversion gives INT32_MIN for them, as the reference does. */
-INL __m512 round_away(__m512 v) {
-    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_abs_ps(_mm512_sub_ps(v, t));
-    const __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)),
-        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
-    return _mm512_mask_add_ps(t, up, t, one);
-}
-
-/* q8_0 as quantize_q8_0 in quant.c: d = amax/127, q = roundf(x * (1/d)). */
-static TGT void act_q8_0(const float *x, void *y, int64_t nb) {
-    uint8_t *o = y;
-    for (int64_t i = 0; i < nb; i++, x += 32, o += Q80) {
-        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-        memcpy(o, &h, 2);
-        const __m512 vid = _mm512_set1_ps(id);
-        const __m512i q0 = _mm512_cvttps_epi32(round_away(_mm512_mul_ps(x0, vid)));
-        const __m512i q1 = _mm512_cvttps_epi32(round_away(_mm512_mul_ps(x1, vid)));
-        _mm_storeu_si128((__m128i *)(o + 2), _mm512_cvtepi32_epi8(q0)); /* low bytes, as the reference */
-        _mm_storeu_si128((__m128i *)(o + 18), _mm512_cvtepi32_epi8(q1));
-    }
-}
-
 /* q8_k as quantize_q8_K in quant.c: max = the first element of largest
  * magnitude, q = round-to-nearest-even(x * (-127/max)) capped at 127, d = 1/iscale,
  * bsums of each 16. */
@@ -590,7 +559,6 @@ void moe_quant_int_kernels_avx512vnni(struct moe_quant_kernels *k) {
     k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X2] = v_q8_0_r16_1x2;
     k->dotq[MOE_QTYPE_Q8_0_R16][MOE_TILE_1X4] = v_q8_0_r16_1x4;
     k->fast_layout[MOE_QTYPE_Q8_0_R16] = 1;
-    k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
     k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
     k->int_name = "avx512vnni";
 }

@@ -1082,6 +1082,10 @@ static void init_once(void) {
     if (g_supported[MOE_QUANT_ISA_AVX512] && __builtin_cpu_supports("avx512vnni"))
         moe_quant_int_kernels_avx512vnni(&g_kernels[MOE_QUANT_ISA_AVX512]);
 #endif
+    /* q8_0 activations are q8_0 rows (moe_quantize_act's bytes are
+     * moe_quantize_row's): one SIMD quantizer serves both */
+    for (int i = 0; i < 3; i++)
+        if (g_kernels[i].quant_row[MOE_QTYPE_Q8_0]) g_kernels[i].quant_act[MOE_QTYPE_Q8_0] = g_kernels[i].quant_row[MOE_QTYPE_Q8_0];
     int isa = g_supported[MOE_QUANT_ISA_AVX512] ? MOE_QUANT_ISA_AVX512
               : g_supported[MOE_QUANT_ISA_AVX2] ? MOE_QUANT_ISA_AVX2
                                                 : MOE_QUANT_ISA_SCALAR;
