@@ -627,19 +627,6 @@ static void encode_directory(const struct moe_bundle_writer *w, struct wbuf *d) 
     }
 }
 
-/* fsyncs the directory holding path (after a rename). 0 or errno. */
-static int fsync_parent(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? bundle_dupn(path, slash == path ? 1 : (size_t)(slash - path)) : bundle_dupn(".", 1);
-    if (!dir) return ENOMEM;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
-    if (fd < 0 || fsync(fd) != 0) err = errno;
-    if (err == EINVAL) err = 0; /* file systems that cannot sync directories */
-    if (fd >= 0) close(fd);
-    free(dir);
-    return err;
-}
-
 /* Writes directory, tuning and header page, then commits the file. */
 enum moe_status moe_bundle_writer_finish(struct moe_bundle_writer *w) {
     enum moe_status rc;
@@ -688,7 +675,7 @@ enum moe_status moe_bundle_writer_finish(struct moe_bundle_writer *w) {
         goto done;
     }
     w->state = W_FINISHED;
-    if ((err = fsync_parent(w->final_path)) != 0) {
+    if ((err = moe_fsync_parent(w->final_path)) != 0) {
         MOE_LOGE("%s: written, but syncing its directory failed (%s): the rename may not survive "
                  "a power loss",
                  w->final_path, strerror(err));
