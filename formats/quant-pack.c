@@ -55,27 +55,23 @@ static int runs_of(enum moe_qtype layout, struct run *r) {
 /* The bytes of a layout's quants are stored XOR this (q8_0_r16: q + 128). */
 static uint8_t flip_of(enum moe_qtype layout) { return layout == MOE_QTYPE_Q8_0_R16 ? 0x80 : 0; }
 
-/* One stored block of row r (at b) into / out of the group block g. */
-static void move_block(enum moe_qtype layout, uint8_t *g, int r, uint8_t *b, int into_group) {
+/* One stored block of row r between b and the group block g: into the group
+ * (pack) or out of it; the quants XOR the layout's flip either way. */
+static void move_block(enum moe_qtype layout, const uint8_t *from, uint8_t *to, int r, int pack) {
     struct run rs[4];
     const int n = runs_of(layout, rs);
-    for (int i = 0; i < n; i++) {
-        const int quants = i == n - 1; /* the last run holds the quants */
+    for (int i = 0; i < n; i++)
         for (int k = 0; k < rs[i].n; k++) {
-            uint8_t *gp = g + rs[i].go + (rs[i].len == 2 ? 2 * r : 64 * k + 4 * r), *bp = b + rs[i].so + rs[i].len * k;
-            if (into_group) memcpy(gp, bp, (size_t)rs[i].len);
-            else memcpy(bp, gp, (size_t)rs[i].len);
-            if (quants && flip_of(layout)) {
-                uint8_t *q = into_group ? gp : bp;
-                for (int j = 0; j < rs[i].len; j++) q[j] ^= flip_of(layout);
-            }
+            const size_t go = (size_t)(rs[i].go + (rs[i].len == 2 ? 2 * r : 64 * k + 4 * r));
+            const size_t bo = (size_t)(rs[i].so + rs[i].len * k);
+            uint8_t *d = to + (pack ? go : bo);
+            memcpy(d, from + (pack ? bo : go), (size_t)rs[i].len);
+            if (i == n - 1) /* the last run holds the quants */
+                for (int j = 0; j < rs[i].len; j++) d[j] ^= flip_of(layout);
         }
-    }
 }
 
-void moe_r16_unpack_block(enum moe_qtype t, const uint8_t *g, int r, uint8_t *block) {
-    move_block(t, (uint8_t *)(uintptr_t)g, r, block, 0); /* reads g only */
-}
+void moe_r16_unpack_block(enum moe_qtype t, const uint8_t *g, int r, uint8_t *block) { move_block(t, g, block, r, 0); }
 
 enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, const void *src,
                            void *dst) {
@@ -106,7 +102,7 @@ enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, i
         for (int r = 0; r < R16_ROWS; r++) {
             const uint8_t *row = s + (size_t)(g * R16_ROWS + r) * rb;
             for (int64_t i = 0; i < nb; i++)
-                move_block(to, d + (size_t)(g * nb + i) * gb, r, (uint8_t *)(uintptr_t)(row + i * bb), 1);
+                move_block(to, row + i * bb, d + (size_t)(g * nb + i) * gb, r, 1);
         }
     return MOE_OK;
 }

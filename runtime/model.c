@@ -1353,7 +1353,8 @@ static int64_t repack_list(struct moe_model *m, int experts, struct moe_weight *
 /* A share of moe_model_repack's copies for one thread: weights i = t, t + n, ... */
 struct repack_job {
     struct moe_weight **w;
-    uint8_t **dst; /* [n_w] where each goes, NULL = stays */
+    uint8_t **dst;        /* [n_w] where each goes, NULL = stays */
+    enum moe_qtype *to;   /* [n_w] its layout */
     int64_t n_w;
     int t, n;
     enum moe_status st;
@@ -1362,9 +1363,7 @@ struct repack_job {
 static void *repack_thread(void *arg) {
     struct repack_job *j = arg;
     for (int64_t i = j->t; i < j->n_w && !j->st; i += j->n)
-        if (j->dst[i])
-            j->st = moe_repack(j->w[i]->type, moe_repack_type(j->w[i]->type, j->w[i]->n_out, j->w[i]->n_in),
-                               j->w[i]->n_out, j->w[i]->n_in, j->w[i]->data, j->dst[i]);
+        if (j->dst[i]) j->st = moe_repack(j->w[i]->type, j->to[i], j->w[i]->n_out, j->w[i]->n_in, j->w[i]->data, j->dst[i]);
     return NULL;
 }
 
@@ -1377,17 +1376,20 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
     const int64_t n = repack_list(m, experts, NULL);
     struct moe_weight **w = malloc(sizeof *w * (size_t)(n + 1));
     uint8_t **dst = calloc((size_t)n + 1, sizeof *dst);
-    if (!w || !dst) {
-        free(w), free(dst);
+    enum moe_qtype *to = malloc(sizeof *to * (size_t)(n + 1));
+    if (!w || !dst || !to) {
+        free(w), free(dst), free(to);
         return MOE_ERR_NOMEM;
     }
     repack_list(m, experts, w);
     size_t total = 0; /* each copy 64-byte aligned in one buffer; dst holds offsets + 1 first */
-    for (int64_t i = 0; i < n; i++)
-        if (w[i]->data && moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in) != w[i]->type) {
+    for (int64_t i = 0; i < n; i++) {
+        to[i] = w[i]->data ? moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in) : w[i]->type;
+        if (to[i] != w[i]->type) {
             dst[i] = (uint8_t *)(uintptr_t)(total + 1);
             total += ((size_t)w[i]->n_out * moe_qtype_row_bytes(w[i]->type, w[i]->n_in) + 63) & ~(size_t)63;
         }
+    }
     void *buf = NULL;
     enum moe_status st = MOE_OK;
     const size_t huge = (size_t)2 << 20;
@@ -1404,7 +1406,7 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
         st = own(m->impl, buf);
     }
     if (total == 0 || st) {
-        free(w), free(dst);
+        free(w), free(dst), free(to);
         return st;
     }
     for (int64_t i = 0; i < n; i++)
@@ -1417,7 +1419,7 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
     pthread_t th[8];
     int started = 0;
     for (int t = 0; t < nt; t++) {
-        jobs[t] = (struct repack_job){w, dst, n, t, nt, MOE_OK};
+        jobs[t] = (struct repack_job){w, dst, to, n, t, nt, MOE_OK};
         if (t > 0 && pthread_create(&th[t], NULL, repack_thread, &jobs[t]) != 0) break; /* fewer threads then */
         started = t + 1;
     }
@@ -1429,10 +1431,10 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
     if (!st) /* only now: the views change type and place together */
         for (int64_t i = 0; i < n; i++)
             if (dst[i]) {
-                w[i]->type = moe_repack_type(w[i]->type, w[i]->n_out, w[i]->n_in);
+                w[i]->type = to[i];
                 w[i]->data = dst[i];
             }
-    free(w), free(dst);
+    free(w), free(dst), free(to);
     if (bytes && !st) *bytes = total;
     return st;
 }
