@@ -115,16 +115,12 @@ static inline __attribute__((always_inline)) void dot4(const float *a, const flo
     out[0] = sum8(s0), out[1] = sum8(s1), out[2] = sum8(s2), out[3] = sum8(s3);
 }
 
-/* weight_row: row o of w as float32; `buf` holds n_in floats of scratch.
- * Rows of aligned F32 tensors are used in place. */
+/* weight_row: row o of w (any type or layout) as float32; `buf` holds n_in
+ * floats of scratch. Rows of aligned F32 tensors are used in place. */
 static const float *weight_row(const struct moe_weight *w, int64_t o, float *buf) {
-    if (moe_qtype_group_rows(w->type) > 1) { /* a repacked layout (moe_repack) */
-        moe_dequantize_row_of(w->type, w->n_in, w->data, o, buf);
-        return buf;
-    }
     const char *src = (const char *)w->data + (size_t)o * moe_qtype_row_bytes(w->type, w->n_in);
     if (w->type == MOE_QTYPE_F32 && ((uintptr_t)src & 3u) == 0) return (const float *)(const void *)src;
-    moe_dequantize_row(w->type, src, buf, w->n_in);
+    moe_dequantize_row_of(w->type, w->n_in, w->data, o, buf);
     return buf;
 }
 
