@@ -4,13 +4,33 @@
 #ifndef MOE_TEST_H
 #define MOE_TEST_H
 
+#include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 
 static int fails;
 static int checks __attribute__((unused));
+
+/* Deterministic random numbers (xorshift64*): the same sequence for the same
+ * seed on every machine. A test may set moe_test_rng to its own seed first. */
+static uint64_t moe_test_rng __attribute__((unused)) = 0x9e3779b97f4a7c15ull;
+static inline uint64_t moe_test_rnd64(void) {
+    moe_test_rng ^= moe_test_rng >> 12;
+    moe_test_rng ^= moe_test_rng << 25;
+    moe_test_rng ^= moe_test_rng >> 27;
+    return moe_test_rng * 0x2545f4914f6cdd1dull;
+}
+/* moe_test_rnd_unit: uniform in [0, 1) with 53 bits. */
+static inline double moe_test_rnd_unit(void) { return (double)(moe_test_rnd64() >> 11) * 0x1p-53; }
+/* moe_test_rnd_normal: N(0, 1) by Box-Muller (two uniforms a value). */
+static inline float moe_test_rnd_normal(void) {
+    double u = moe_test_rnd_unit(), v = moe_test_rnd_unit();
+    if (u < 1e-300) u = 1e-300;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
 
 #define CHECK(cond, ...)                                                     \
     do {                                                                     \

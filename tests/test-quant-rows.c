@@ -38,19 +38,6 @@ static const enum moe_qtype ALL[] = {MOE_QTYPE_F32,  MOE_QTYPE_F16,  MOE_QTYPE_B
 
 /* ---- deterministic random numbers ---------------------------------------- */
 
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static uint64_t rnd64(void) {
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return g_rng * 0x2545f4914f6cdd1dull;
-}
-static double rnd_unit(void) { return (double)(rnd64() >> 11) * 0x1p-53; }
-static float rnd_normal(void) {
-    double u = rnd_unit(), v = rnd_unit();
-    if (u < 1e-300) u = 1e-300;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 static float from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
@@ -111,7 +98,7 @@ static void test_random_rows(void) {
         for (int s = 0; s < 5; s++)
             for (int nb = 1; nb <= 67; nb += (t == MOE_QTYPE_Q8_0 ? 1 : 11)) {
                 const int64_t n = (int64_t)nb * bs;
-                for (int64_t i = 0; i < n; i++) x[i] = rnd_normal() * scales[s];
+                for (int64_t i = 0; i < n; i++) x[i] = moe_test_rnd_normal() * scales[s];
                 char what[64];
                 snprintf(what, sizeof what, "N(0,1) x %g", (double)scales[s]);
                 same_on_every_isa(t, x, n, what);
@@ -135,19 +122,19 @@ static float f_f16_edge(int b, int j) { /* amax / 127 around 65504 (f16 max) and
                                  2048.5f * 127.0f, 0.000061035156f * 127.0f};
     return j == 31 - b % 32 ? amax[b % 6] * (b % 2 ? -1.0f : 1.0f) : (float)(j - 16) * 1234.5f;
 }
-static float f_huge(int b, int j) { return j == b % 32 ? (b % 2 ? -3.4e38f : 3.4e38f) : rnd_normal() * 1e37f; }
+static float f_huge(int b, int j) { return j == b % 32 ? (b % 2 ? -3.4e38f : 3.4e38f) : moe_test_rnd_normal() * 1e37f; }
 static float f_inf(int b, int j) {
     if (j == b % 32) return b % 2 ? -INFINITY : INFINITY;
-    return j == (b * 7) % 32 && b % 3 == 0 ? -INFINITY : rnd_normal();
+    return j == (b * 7) % 32 && b % 3 == 0 ? -INFINITY : moe_test_rnd_normal();
 }
-static float f_nan_each(int b, int j) { return j == b % 32 ? NAN : rnd_normal() * (float)(j + 1); }
+static float f_nan_each(int b, int j) { return j == b % 32 ? NAN : moe_test_rnd_normal() * (float)(j + 1); }
 static float f_nan_many(int b, int j) {
     static const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7fc12345u, 0xff800001u, 0x7f800001u, 0x7fffffffu};
     if ((j * 5 + b) % 11 == 0) return from_bits(nans[(b + j) % 6]);
     if (b % 4 == 0 && j == 31) return from_bits(nans[b % 6]); /* NaN last: the scale is NaN */
-    return rnd_normal() * 100.0f;
+    return moe_test_rnd_normal() * 100.0f;
 }
-static float f_nan_inf(int b, int j) { return j == b % 32 ? NAN : j == (b + 5) % 32 ? INFINITY : rnd_normal(); }
+static float f_nan_inf(int b, int j) { return j == b % 32 ? NAN : j == (b + 5) % 32 ? INFINITY : moe_test_rnd_normal(); }
 static float f_ties(int b, int j) { /* d = amax/127 a power of two: x/d lands on exact halves */
     const float d = ldexpf(1.0f, b % 9 - 4);
     if (j == 0) return 127.0f * d * (b % 2 ? -1.0f : 1.0f);
@@ -155,26 +142,26 @@ static float f_ties(int b, int j) { /* d = amax/127 a power of two: x/d lands on
 }
 static float f_bits(int b, int j) {
     (void)b, (void)j;
-    return from_bits((uint32_t)rnd64());
+    return from_bits((uint32_t)moe_test_rnd64());
 }
 static float f_bits_finite(int b, int j) { /* random bits, exponents kept below 255 (no NaN or inf) */
     (void)b, (void)j;
-    uint32_t u = (uint32_t)rnd64();
+    uint32_t u = (uint32_t)moe_test_rnd64();
     if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;
     return from_bits(u);
 }
 /* k-quant sub-block shapes (b counts sub-blocks of 32) */
 static float f_flat(int b, int j) { /* constant sub-blocks (hi == lo) between ordinary ones */
     static const float c[] = {0.0f, -0.0f, 1.5f, -2.25f, 1e-20f, -7e3f};
-    return b % 3 == 1 ? rnd_normal() : c[b % 6];
+    return b % 3 == 1 ? moe_test_rnd_normal() : c[b % 6];
 }
 static float f_one_sign(int b, int j) { /* all positive (lo clamps to 0) or all negative */
-    const float v = fabsf(rnd_normal()) + (float)(j % 3);
+    const float v = fabsf(moe_test_rnd_normal()) + (float)(j % 3);
     return b % 2 ? v : -v;
 }
 static float f_two_values(int b, int j) { return (j + b) % 2 ? 1.0f + (float)(b % 4) : -0.5f * (float)(b % 3); }
-static float f_outlier(int b, int j) { return j == (b * 11) % 32 ? 1000.0f * (b % 2 ? -1.0f : 1.0f) : rnd_normal() * 0.01f; }
-static float f_tiny_k(int b, int j) { return rnd_normal() * ldexpf(1.0f, -120 - b % 20); }
+static float f_outlier(int b, int j) { return j == (b * 11) % 32 ? 1000.0f * (b % 2 ? -1.0f : 1.0f) : moe_test_rnd_normal() * 0.01f; }
+static float f_tiny_k(int b, int j) { return moe_test_rnd_normal() * ldexpf(1.0f, -120 - b % 20); }
 
 static void test_corners(void) {
     static const struct {
@@ -269,6 +256,7 @@ static void test_nan_rule(void) {
 }
 
 int main(void) {
+    moe_test_rng = 0x243f6a8885a308d3ull; /* this test's sequence */
     printf("ISAs here:");
     for (int k = 0; k < 3; k++)
         if (moe_quant_isa_supported(ISAS[k])) printf(" %s", moe_quant_isa_str(ISAS[k]));

@@ -95,21 +95,8 @@ static double err_bound(enum moe_qtype t) {
 
 /* ---- deterministic random numbers --------------------------------------- */
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd64(void) {
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return g_rng * 0x2545f4914f6cdd1dull;
-}
-static double rnd_unit(void) { return (double)(rnd64() >> 11) * 0x1p-53; }
-static float rnd_normal(void) {
-    double u = rnd_unit(), v = rnd_unit();
-    if (u < 1e-300) u = 1e-300;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 static void fill_normal(float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = rnd_normal() * scale;
+    for (int64_t i = 0; i < n; i++) x[i] = moe_test_rnd_normal() * scale;
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -669,7 +656,7 @@ static void test_malformed(void) {
     /* non-finite and extreme inputs: well-formed output, no crash, on every path */
     static const float specials[] = {NAN, INFINITY, -INFINITY, 3.4e38f, -3.4e38f, 1e-45f, -0.0f, 65520.0f};
     for (int s = 0; s < 8; s++) {
-        for (int i = 0; i < 1024; i++) x[i] = (i % 7 == s % 7) ? specials[s] : rnd_normal();
+        for (int i = 0; i < 1024; i++) x[i] = (i % 7 == s % 7) ? specials[s] : moe_test_rnd_normal();
         if (s == 7) fill_normal(x, 1024, 1e30f); /* every scale overflows f16 */
         for (int ti = 0; ti < NTYPES; ti++) {
             const enum moe_qtype t = ALL[ti];
@@ -692,7 +679,7 @@ static void test_malformed(void) {
     }
     /* garbage blocks (any bytes, NaN/inf scales included): same floats on every ISA */
     for (int rep = 0; rep < 50; rep++) {
-        for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)rnd64();
+        for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)moe_test_rnd64();
         for (int ti = 0; ti < NTYPES; ti++) {
             const enum moe_qtype t = ALL[ti];
             const int64_t n = moe_qtype_row_bytes(t, 512) <= sizeof q ? 512 : 256;
@@ -788,14 +775,14 @@ static double int_tolerance(int64_t n, double m) { return ((double)n / 32.0 + 10
 /* A row of random bytes with sane f16 scales (N(0, 0.01^2)). */
 static void garbage_row(enum moe_qtype t, int64_t n, uint8_t *q) {
     const size_t rb = moe_qtype_row_bytes(t, n), bb = moe_qtype_block_bytes(t);
-    for (size_t i = 0; i < rb; i++) q[i] = (uint8_t)rnd64();
+    for (size_t i = 0; i < rb; i++) q[i] = (uint8_t)moe_test_rnd64();
     int doff, moff;
     scale_fields(t, &doff, &moff);
     for (size_t o = 0; o < rb; o += bb) {
-        uint16_t h = moe_f32_to_f16(rnd_normal() * 0.01f);
+        uint16_t h = moe_f32_to_f16(moe_test_rnd_normal() * 0.01f);
         memcpy(q + o + doff, &h, 2);
         if (moff >= 0) {
-            h = moe_f32_to_f16(rnd_normal() * 0.01f);
+            h = moe_f32_to_f16(moe_test_rnd_normal() * 0.01f);
             memcpy(q + o + moff, &h, 2);
         }
     }
@@ -1218,7 +1205,7 @@ static void test_act_malformed(void) {
         out[0] = 7.0f;
         QCHECK(moe_mat_dot_act(t, 0, w, 0, 1, q, 0, 1, out, 1, 1) == MOE_OK && out[0] == 0.0f, "n = 0 gives 0");
         /* garbage weights with NaN/inf scales and garbage activations: no crash on any path */
-        for (size_t i = 0; i < sizeof w; i++) w[i] = (uint8_t)rnd64(), q[i] = (uint8_t)rnd64();
+        for (size_t i = 0; i < sizeof w; i++) w[i] = (uint8_t)moe_test_rnd64(), q[i] = (uint8_t)moe_test_rnd64();
         for (int a = 0; a < 3; a++) {
             if (!moe_quant_isa_supported(ISAS[a])) continue;
             moe_quant_set_isa(ISAS[a]);
@@ -1239,7 +1226,7 @@ static void test_act_malformed(void) {
     /* non-finite activations: well-formed blocks (quants in range), no crash */
     static const float specials[] = {NAN, INFINITY, -INFINITY, 3.4e38f};
     for (int s = 0; s < 4; s++) {
-        for (int i = 0; i < 512; i++) x[i] = i % 5 == s ? specials[s] : rnd_normal();
+        for (int i = 0; i < 512; i++) x[i] = i % 5 == s ? specials[s] : moe_test_rnd_normal();
         for (int a = 0; a < 3; a++) {
             if (!moe_quant_isa_supported(ISAS[a])) continue;
             moe_quant_set_isa(ISAS[a]);

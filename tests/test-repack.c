@@ -36,18 +36,6 @@ static const enum moe_quant_isa ISAS[] = {MOE_QUANT_ISA_SCALAR, MOE_QUANT_ISA_AV
 /* The stored type and its layout under test (q4_k / q4_k_r16, then q8_0 / q8_0_r16). */
 static enum moe_qtype ST, LY;
 
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static uint64_t rnd64(void) {
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return g_rng * 0x2545f4914f6cdd1dull;
-}
-static float rnd_normal(void) {
-    double u = (double)(rnd64() >> 11) * 0x1p-53, v = (double)(rnd64() >> 11) * 0x1p-53;
-    if (u < 1e-300) u = 1e-300;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 
 static int g_logs;
 static void count_log(enum moe_log_level level, const char *msg, void *user) {
@@ -64,15 +52,15 @@ static uint8_t *make_matrix(int64_t nw, int64_t n) {
     for (int64_t r = 0; r < nw; r++) {
         uint8_t *row = w + (size_t)r * rb;
         if (r % 7 == 3) {
-            for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)rnd64();
+            for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)moe_test_rnd64();
             for (size_t o = 0; o < rb; o += moe_qtype_block_bytes(ST)) { /* d (and q4_k's dmin) first */
-                const uint16_t d = moe_f32_to_f16(rnd_normal() * 0.01f), m = moe_f32_to_f16(rnd_normal() * 0.01f);
+                const uint16_t d = moe_f32_to_f16(moe_test_rnd_normal() * 0.01f), m = moe_f32_to_f16(moe_test_rnd_normal() * 0.01f);
                 memcpy(row + o, &d, 2);
                 if (ST == MOE_QTYPE_Q4_K) memcpy(row + o + 2, &m, 2);
             }
             continue;
         }
-        for (int64_t i = 0; i < n; i++) x[i] = rnd_normal();
+        for (int64_t i = 0; i < n; i++) x[i] = moe_test_rnd_normal();
         CHECK(moe_quantize_row(ST, x, row, n) == MOE_OK, "quantize row");
     }
     free(x);
@@ -175,7 +163,7 @@ static void check_products(int64_t nw, int64_t n, int nx, double *worst) {
     CHECK(moe_repack(ST, LY, nw, n, w, p) == MOE_OK, "repack");
     moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
     for (int c = 0; c < nx; c++) {
-        for (int64_t i = 0; i < n; i++) x[i] = rnd_normal() * (i % 61 == 0 ? 20.0f : 1.0f);
+        for (int64_t i = 0; i < n; i++) x[i] = moe_test_rnd_normal() * (i % 61 == 0 ? 20.0f : 1.0f);
         CHECK(moe_quantize_act(ST, x, xq + (size_t)c * ab, n) == MOE_OK, "quantize act");
     }
     for (int64_t r = 0; r < nw; r++)
@@ -292,6 +280,7 @@ static void test_errors(void) {
 }
 
 int main(void) {
+    moe_test_rng = 0x243f6a8885a308d3ull; /* this test's sequence */
     printf("ISAs: avx2 %s, avx512 %s; integer kernels in use: %s\n",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX2) ? "yes" : "no (untested)",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX512) ? "yes" : "no (untested)", moe_quant_int_isa_name());
