@@ -27,6 +27,7 @@
 #include "moe-bundle.h"
 #include "moe-hw.h"
 #include "moe-mmap.h"
+#include "moe-quant.h"
 #include "moe-test.h"
 #include "moe-tuning.h"
 
@@ -129,6 +130,17 @@ static void apply_round_trip(void) {
           "moe-run --no-plan");
     cJSON *c = read_json("c.json");
     CHECK(c && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(c, "store")), "--no-plan: every expert resident");
+    /* every expert resident on the CPU: moe-run repacks the q8_0 matrices where
+     * the kernels have a layout for them (AVX-512 VNNI), and --no-repack not */
+    const int packs = moe_repack_type(MOE_QTYPE_Q8_0, 256, 256) != MOE_QTYPE_Q8_0;
+    CHECK(c && (packs ? num(c, "repacked_bytes", NULL) > 0 : num(c, "repacked_bytes", NULL) == 0),
+          "repacked_bytes %g (a layout for q8_0 here: %d)", c ? num(c, "repacked_bytes", NULL) : -1.0, packs);
+    CHECK(moe_test_sh("'%s' -m '%s' %s --no-plan --no-repack --stats-json '%s/d.json' >/dev/null 2>&1", moe_run, bundle,
+                      run, work) == 0,
+          "moe-run --no-repack");
+    cJSON *d = read_json("d.json");
+    CHECK(d && num(d, "repacked_bytes", NULL) == 0, "--no-repack: nothing repacked");
+    cJSON_Delete(d);
     cJSON_Delete(a);
     cJSON_Delete(b);
     cJSON_Delete(c);

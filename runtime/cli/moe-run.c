@@ -461,7 +461,7 @@ static cJSON *gpu_json(const struct moe_session *sess) {
 
 /* stats_json: speed, peak memory, the store's and big-little's counts. */
 static cJSON *stats_json(const struct moe_session *sess, const struct moe_session_params *sp, size_t n_prompt,
-                         double t_prompt, int n_gen, double t_gen) {
+                         double t_prompt, int n_gen, double t_gen, size_t repacked) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     cJSON *o = cJSON_CreateObject();
@@ -472,6 +472,7 @@ static cJSON *stats_json(const struct moe_session *sess, const struct moe_sessio
     cJSON_AddNumberToObject(o, "decode_s", t_gen);
     cJSON_AddNumberToObject(o, "tokens_per_s_decode", n_gen > 0 && t_gen > 0 ? (double)n_gen / t_gen : 0.0);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)ru.ru_maxrss * 1024);
+    cJSON_AddNumberToObject(o, "repacked_bytes", (double)repacked); /* moe_model_repack's copy (0: none) */
     const struct moe_store *st = moe_session_store(sess);
     if (st) {
         struct moe_store_stats ss;
@@ -492,8 +493,8 @@ static cJSON *stats_json(const struct moe_session *sess, const struct moe_sessio
 /* write_stats: stats_json written to an exclusive temporary file beside path
  * and renamed over it. */
 static int write_stats(const char *path, const struct moe_session *sess, const struct moe_session_params *sp,
-                       size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
-    cJSON *o = stats_json(sess, sp, n_prompt, t_prompt, n_gen, t_gen);
+                       size_t repacked, size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
+    cJSON *o = stats_json(sess, sp, n_prompt, t_prompt, n_gen, t_gen, repacked);
     char *text = o ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
     struct moe_tmp_file t;
@@ -661,6 +662,7 @@ struct run {
     struct moe_tmp_file lt;
     double t_prompt, t_gen;
     int n_gen;
+    size_t repacked; /* bytes moe_model_repack copied */
 };
 
 static void run_free(struct run *r) {
@@ -688,12 +690,11 @@ static int load_model(const struct args *a, struct run *r) {
     if (r->model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
     if (!a->no_repack && a->gpu.device < 0) { /* the CPU backend: its fastest layouts (experts: unless the store holds them,
                                                 * which then repacks its copies: make_session) */
-        size_t bytes;
         const double t0 = moe_now_s();
-        if (moe_model_repack(r->model, !a->use_store, &bytes) != MOE_OK) return 1;
-        if (bytes && a->verbose)
-            fprintf(stderr, "moe-run: repacked %.1f MB of weights for the CPU kernels in %.2f s\n", (double)bytes / 1e6,
-                    moe_now_s() - t0);
+        if (moe_model_repack(r->model, !a->use_store, &r->repacked) != MOE_OK) return 1;
+        if (r->repacked && a->verbose)
+            fprintf(stderr, "moe-run: repacked %.1f MB of weights for the CPU kernels in %.2f s\n",
+                    (double)r->repacked / 1e6, moe_now_s() - t0);
     }
     return check_outputs(r->model, a) ? 0 : 2; /* never overwrite the model or the prompt file */
 }
@@ -850,7 +851,7 @@ static int finish(const struct args *a, struct run *r) {
                 r->sp.n_expert_used, b.tokens ? 100.0 * (double)b.fallbacks / (double)b.tokens : 0.0);
     }
     /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
-    if (a->stats_json && !write_stats(a->stats_json, r->sess, &r->sp, r->n_ids, tp, r->n_gen > 1 ? r->n_gen - 1 : 0, tg))
+    if (a->stats_json && !write_stats(a->stats_json, r->sess, &r->sp, r->repacked, r->n_ids, tp, r->n_gen > 1 ? r->n_gen - 1 : 0, tg))
         return 0;
     return !a->trace_out || write_trace(r->sess, r->model, a->model, a->trace_out);
 }
