@@ -289,6 +289,8 @@ SHAPES(q5_K)
 SHAPES(q6_K)
 
 /* ==== activation quantizers ============================================= */
+/* (q8_k here; q8_0 activations use the q8_0 weight quantizer of quant-avx*.c,
+ * whose bytes they are: see init_once in quant.c) */
 
 /* The low bytes of 32 int32 lanes (four vectors), in order. */
 INL __m256i low_bytes(__m256i a, __m256i b, __m256i c, __m256i d) {

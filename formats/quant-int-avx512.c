@@ -489,6 +489,8 @@ INL void q8r16_tile(const int C, const uint8_t *w, const uint8_t *const *x, int6
 GROUP_SHAPES(q8_0_r16, q8r16_tile)
 
 /* ==== activation quantizers ============================================= */
+/* (q8_k here; q8_0 activations use the q8_0 weight quantizer of quant-avx*.c,
+ * whose bytes they are: see init_once in quant.c) */
 
 /* q8_k as quantize_q8_K in quant.c: max = the first element of largest
  * magnitude, q = round-to-nearest-even(x * (-127/max)) capped at 127, d = 1/iscale,
