@@ -136,6 +136,47 @@ static void compare(const char *prec, const float *in, const float *fl, const fl
     CHECK(agree >= rows - 4, "%s: argmax differs at %d of %d positions", prec, rows - agree, rows);
 }
 
+/* per_expert: run with an expert observer, which makes the session call
+ * expert() once per expert instead of expert_batch. */
+static int per_expert(struct moe_model *m, const int32_t *ids, int threads, int batch, float *logits) {
+    const size_t neo = (size_t)m->cfg.n_layer * m->cfg.n_expert * (N_PROMPT + N_GEN) * m->cfg.n_embd;
+    g_eo_experts = m->cfg.n_expert, g_eo_embd = (int)m->cfg.n_embd;
+    g_eo = calloc(neo, sizeof *g_eo);
+    const int ok = g_eo && run(m, ids, threads, batch, logits);
+    free(g_eo);
+    g_eo = NULL;
+    return ok;
+}
+
+/* batched: the CPU backend's expert_batch (a layer's experts in shared
+ * parallel loops) gives the bits of expert() per expert: with 1 and 2
+ * threads, with chunks of 7 (every expert's rows in the shared loops) and 64
+ * (some experts take the token split), and with the experts of one layer at
+ * different precisions if `mix` (a batch mixes types and activation
+ * formats; not after moe_model_repack, as a switch binds the stored rows).
+ * a and b: scratch logits. */
+static void batched(struct moe_model *m, const int32_t *ids, float *a, float *b, int mix) {
+    const size_t n = (size_t)(N_PROMPT + N_GEN) * m->cfg.n_vocab;
+    for (int mixed = 0; mixed <= mix; mixed++) {
+        /* (the bundle stores two precisions: odd experts take the other one) */
+        for (int l = 0; mixed && l < m->cfg.n_layer; l++)
+            for (int e = 1; e < m->cfg.n_expert; e += 2)
+                CHECK(moe_model_set_expert_precision(m, l, e, 1 - moe_model_get_expert_precision(m, l, e)) == MOE_OK,
+                      "expert %d.%d at the other precision", l, e);
+        for (int t = 1; t <= 2; t++)
+            for (int batch = 7; batch <= 64; batch += 57) {
+                CHECK(run(m, ids, t, batch, a) && per_expert(m, ids, t, batch, b), "batched runs");
+                CHECK(memcmp(a, b, n * sizeof *a) == 0,
+                      "expert_batch and expert() per expert give different logits (%d threads, chunks of %d%s)", t,
+                      batch, mixed ? ", mixed precisions" : "");
+            }
+        for (int l = 0; mixed && l < m->cfg.n_layer; l++)
+            for (int e = 1; e < m->cfg.n_expert; e += 2)
+                CHECK(moe_model_set_expert_precision(m, l, e, 1 - moe_model_get_expert_precision(m, l, e)) == MOE_OK,
+                      "expert %d.%d back", l, e);
+    }
+}
+
 /* repacked: the model after moe_model_repack (the CPU's interleaved
  * layouts, moe-quant.h) against the same model before (li: integer path, lf:
  * float path): split-independent bits again; the float path reads the same
@@ -170,6 +211,7 @@ static void repacked(struct moe_model *m, const char *prec, const char *bundle, 
         CHECK(run(m, ids, 1, 64, r1) && run(m, ids, 2, 64, r2) && run(m, ids, 2, 7, r3), "repacked runs");
         CHECK(memcmp(r1, r2, n * sizeof *r1) == 0, "repacked: 1 and 2 threads give different logits");
         CHECK(memcmp(r2, r3, n * sizeof *r2) == 0, "repacked: chunks of 64 and 7 give different logits");
+        batched(m, ids, r2, r3, 0); /* (loops over 16-row groups) */
         setenv("MOE_CPU_INT", "0", 1);
         CHECK(run(m, ids, 2, 64, rf), "repacked float run");
         unsetenv("MOE_CPU_INT");
@@ -282,6 +324,7 @@ int main(int argc, char **argv) {
                   precs[pi]);
             CHECK(memcmp(l2, l3, n69 * sizeof *l2) == 0, "%s: a full context of 69 and one of 128 give different logits",
                   precs[pi]);
+            batched(m, ids, l2, l3, 1);
             repacked(m, precs[pi], bundle, ids, l1, lf, ref, V);
         }
         free(l1), free(l2), free(l3), free(lf);

@@ -15,7 +15,9 @@
  * every type take the float path: for measuring what the 8-bit activations
  * change (test-backend-cpu).
  * Work is split across a thread pool by output rows (matmuls, every expert's
- * rows across all threads), by tokens for steps with small weights and many
+ * rows across all threads; the small products of a decoded token share
+ * loops: q, k and v one, a layer's routed experts one for gate/up and one for
+ * down, expert_batch), by tokens for steps with small weights and many
  * tokens (see "token splits"), and by tiles of (token, head) pairs that share
  * a KV head (attention: scores against keys stored transposed in blocks, a
  * vectorised softmax, then the values). No memory is allocated after
@@ -354,6 +356,81 @@ static void gu_range(void *vctx, int64_t b, int64_t e, int tid) {
     const size_t rb = moe_qtype_row_bytes(g->type, g->n_in);
     moe_gate_up_act(g->type, g->n_in, (const uint8_t *)g->data + (size_t)b * rb, (const uint8_t *)u->data + (size_t)b * rb,
                     e - b, c->xq, c->xs, c->n_tok, c->h + b, (size_t)g->n_out);
+}
+
+/* ---- several matrices in one parallel loop -------------------------------
+ *
+ * A decoded token's small products (q, k and v; the routed experts of a
+ * layer) each cost a few microseconds. One loop over the rows of all of them
+ * keeps every thread busy across matrix boundaries and pays one hand-off
+ * instead of one per matrix. Each matrix computes its rows with the same
+ * kernel calls as matmul_xq / gu_range, so the results are the same bits. */
+
+/* One matrix of a multi-matrix loop: y[t] = W xq[t] (+ bias), or with up set
+ * the SwiGLU input silu(gate xq[t]) * (up xq[t]) into y (moe_gate_up_act). */
+struct mat_job {
+    const struct moe_weight *w, *up;
+    const float *bias;
+    const uint8_t *xq;
+    size_t xs;
+    int n_tok;
+    float *y;
+    int64_t ldy;
+    int64_t unit;  /* rows per loop item: moe_qtype_group_rows */
+    int64_t first; /* this matrix's first item in the loop */
+};
+
+struct multi_ctx {
+    const struct mat_job *jobs;
+    int n;
+};
+
+/* job_rows: rows [b, e) of job j (whole groups). */
+static void job_rows(const struct mat_job *j, int64_t b, int64_t e) {
+    const struct moe_weight *w = j->w;
+    const size_t rb = moe_qtype_row_bytes(w->type, w->n_in);
+    if (j->up) {
+        moe_gate_up_act(w->type, w->n_in, (const uint8_t *)w->data + (size_t)b * rb,
+                        (const uint8_t *)j->up->data + (size_t)b * rb, e - b, j->xq, j->xs, j->n_tok, j->y + b,
+                        (size_t)j->ldy);
+        return;
+    }
+    moe_mat_dot_act(w->type, w->n_in, (const uint8_t *)w->data + (size_t)b * rb, rb, e - b, j->xq, j->xs, j->n_tok,
+                    j->y + b, 1, (size_t)j->ldy);
+    if (j->bias)
+        for (int t = 0; t < j->n_tok; t++)
+            for (int64_t o = b; o < e; o++) j->y[(size_t)t * (size_t)j->ldy + (size_t)o] += j->bias[o];
+}
+
+/* multi_range: items [b, e) of the jobs' concatenated row groups. */
+static void multi_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct multi_ctx *c = vctx;
+    int j = 0;
+    while (j + 1 < c->n && c->jobs[j + 1].first <= b) j++;
+    for (; b < e && j < c->n; j++) {
+        const struct mat_job *m = &c->jobs[j];
+        const int64_t end = j + 1 < c->n ? c->jobs[j + 1].first : e;
+        const int64_t ee = e < end ? e : end;
+        if (ee > b) job_rows(m, (b - m->first) * m->unit, (ee - m->first) * m->unit);
+        b = ee;
+    }
+}
+
+/* run_jobs: the n jobs in one parallel loop; sets each job's unit and first. */
+static void run_jobs(struct cpu *s, struct mat_job *jobs, int n) {
+    int64_t items = 0, work = 0;
+    for (int i = 0; i < n; i++) {
+        struct mat_job *j = &jobs[i];
+        j->unit = moe_qtype_group_rows(j->w->type);
+        j->first = items;
+        items += j->w->n_out / j->unit;
+        work += j->w->n_out * j->w->n_in * (int64_t)j->n_tok * (j->up ? 2 : 1);
+    }
+    if (items == 0) return;
+    const int64_t per_item = work / items > 0 ? work / items : 1;
+    struct multi_ctx c = {jobs, n};
+    moe_pool_for(s->pool, items, (INT_MIN_WORK + per_item - 1) / per_item, multi_range, &c);
 }
 
 /* rms_norm: y = x / sqrt(mean(x^2) + eps) * w, as transformers' RMSNorm.
@@ -809,9 +886,11 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
         norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n_tok);
         if (shared_xq) { /* q, k and v share one quantization of the input */
             const size_t xs = act_quantize(s, L->wq.type, s->xn, c->n_embd, c->n_embd, n_tok);
-            matmul_xq(s, &L->wq, L->bq, s->aq, xs, s->q, s->q_dim, n_tok);
-            matmul_xq(s, &L->wk, L->bk, s->aq, xs, s->k, s->kv_dim, n_tok);
-            matmul_xq(s, &L->wv, L->bv, s->aq, xs, s->v, s->kv_dim, n_tok);
+            struct mat_job jobs[3] = {
+                {.w = &L->wq, .bias = L->bq, .xq = s->aq, .xs = xs, .n_tok = n_tok, .y = s->q, .ldy = s->q_dim},
+                {.w = &L->wk, .bias = L->bk, .xq = s->aq, .xs = xs, .n_tok = n_tok, .y = s->k, .ldy = s->kv_dim},
+                {.w = &L->wv, .bias = L->bv, .xq = s->aq, .xs = xs, .n_tok = n_tok, .y = s->v, .ldy = s->kv_dim}};
+            run_jobs(s, jobs, 3); /* one loop over the rows of all three */
         } else {
             matmul(s, &L->wq, L->bq, s->xn, c->n_embd, s->q, s->q_dim, n_tok);
             matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
@@ -1198,6 +1277,103 @@ static enum moe_status cpu_expert(struct moe_backend *be, const struct moe_ffn *
     return MOE_OK;
 }
 
+/* The most works cpu_expert_batch runs in one loop (a layer's routed
+ * experts; more run in several loops). */
+#define BATCH_MAX_WORKS 64
+
+struct eq_ctx {
+    struct cpu *s;
+    const struct moe_expert_work *works;
+    const int64_t *row0; /* [n + 1] each work's first gathered row */
+    int n;
+    int down; /* 0: gather and quantize xn rows for gate/up; 1: quantize ge rows for down */
+};
+
+/* eq_range: gathered rows [b, e) of a batch: quantize each for its work's weights
+ * into aq (row r at r * aq_cap). */
+static void eq_range(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct eq_ctx *c = vctx;
+    struct cpu *s = c->s;
+    const int64_t H = s->m->cfg.n_embd;
+    int w = 0;
+    for (int64_t r = b; r < e; r++) {
+        while (c->row0[w + 1] <= r) w++;
+        const struct moe_expert_work *wk = &c->works[w];
+        const int64_t i = r - c->row0[w];
+        uint8_t *dst = s->aq + (size_t)r * s->aq_cap;
+        if (!c->down) {
+            moe_quantize_act(wk->f.gate.type, s->xn + (size_t)wk->rows[i] * (size_t)H, dst, H);
+        } else {
+            const int64_t F = wk->f.gate.n_out;
+            moe_quantize_act(wk->f.down.type, s->ge + (size_t)c->row0[w] * (size_t)s->max_ff + (size_t)(i * F), dst, F);
+        }
+    }
+}
+
+/* expert_group: works [0, n) of a layer step, all fused (ffn_fused) and with
+ * no token split, their rows together at most n_batch: gathered and quantized
+ * in one loop, every gate/up pair in one loop, the SwiGLU outputs quantized in
+ * one loop, every down in one loop. Each row goes through the same kernel
+ * calls as cpu_expert's row path, so the outputs are the same bits. */
+static void expert_group(struct cpu *s, const struct moe_expert_work *works, int n) {
+    const int64_t H = s->m->cfg.n_embd;
+    int64_t row0[BATCH_MAX_WORKS + 1];
+    struct mat_job jobs[BATCH_MAX_WORKS];
+    row0[0] = 0;
+    for (int i = 0; i < n; i++) row0[i + 1] = row0[i] + works[i].n_rows;
+    const int64_t rows = row0[n];
+    struct eq_ctx q = {s, works, row0, n, 0};
+    const int64_t qmin = (16384 + H - 1) / H;
+    moe_pool_for(s->pool, rows, qmin, eq_range, &q);
+    /* h of work i: rows row0[i].. of ge, n_ff floats each (ge holds n_batch rows of max_ff) */
+    for (int i = 0; i < n; i++)
+        jobs[i] = (struct mat_job){.w = &works[i].f.gate, .up = &works[i].f.up, .xq = s->aq + (size_t)row0[i] * s->aq_cap,
+                                   .xs = s->aq_cap, .n_tok = works[i].n_rows,
+                                   .y = s->ge + (size_t)row0[i] * (size_t)s->max_ff, .ldy = works[i].f.gate.n_out};
+    run_jobs(s, jobs, n);
+    q.down = 1;
+    moe_pool_for(s->pool, rows, (16384 + s->max_ff - 1) / s->max_ff, eq_range, &q);
+    for (int i = 0; i < n; i++)
+        jobs[i] = (struct mat_job){.w = &works[i].f.down, .xq = s->aq + (size_t)row0[i] * s->aq_cap, .xs = s->aq_cap,
+                                   .n_tok = works[i].n_rows, .y = s->ye + (size_t)row0[i] * (size_t)H, .ldy = H};
+    run_jobs(s, jobs, n);
+    for (int i = 0; i < n; i++) {
+        const struct moe_expert_work *wk = &works[i];
+        const float *y = s->ye + (size_t)row0[i] * (size_t)H;
+        for (int r = 0; r < wk->n_rows; r++) expert_out(s, wk->rows[r], wk->slots[r], y + (size_t)r * (size_t)H, wk->w[r]);
+        if (wk->out) memcpy(wk->out, y, sizeof(float) * (size_t)wk->n_rows * (size_t)H);
+    }
+}
+
+/* groupable: 1 if work w can join expert_group. */
+static int groupable(const struct cpu *s, const struct moe_expert_work *w) {
+    return w->n_rows > 0 && w->n_rows <= s->p.n_batch && ffn_fused(s, &w->f, 1) && !ffn_token_split(s, &w->f, w->n_rows, 1);
+}
+
+/* cpu_expert_batch: the works of a layer step (the CPU computes host works
+ * the same way: all its memory is host memory). Runs of groupable works
+ * whose rows fit n_batch go through expert_group; the others through
+ * cpu_expert. */
+static enum moe_status cpu_expert_batch(struct moe_backend *be, const struct moe_expert_work *works, int n) {
+    struct cpu *s = ctx(be);
+    for (int i = 0; i < n;) {
+        if (!groupable(s, &works[i])) {
+            const struct moe_expert_work *w = &works[i++];
+            enum moe_status st = cpu_expert(be, &w->f, w->rows, w->slots, w->w, w->n_rows, w->out);
+            if (st) return st;
+            continue;
+        }
+        int j = i;
+        int64_t rows = 0;
+        while (j < n && j - i < BATCH_MAX_WORKS && groupable(s, &works[j]) && rows + works[j].n_rows <= s->p.n_batch)
+            rows += works[j++].n_rows;
+        expert_group(s, works + i, j - i);
+        i = j;
+    }
+    return MOE_OK;
+}
+
 static enum moe_status cpu_dense(struct moe_backend *be, int layer, int n) {
     struct cpu *s = ctx(be);
     const struct moe_config *c = &s->m->cfg;
@@ -1295,6 +1471,7 @@ static const struct moe_backend_iface k_cpu_iface = {
     .ffn_rows = cpu_ffn_rows,
     .lm_head_rows = cpu_lm_head_rows,
     .kv_cache_bytes = cpu_kv_cache_bytes,
+    .expert_batch = cpu_expert_batch,
 };
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
