@@ -13,7 +13,9 @@
  * from the stored rows, several tokens convert each row once to float32.
  * MOE_CPU_INT=0 in the environment (read when a backend is created) makes
  * every type take the float path: for measuring what the 8-bit activations
- * change (test-backend-cpu).
+ * change (test-backend-cpu). A small model's decode steps run on every
+ * thread or on the caller alone, whichever measures faster (moe-adapt.h;
+ * MOE_CPU_ADAPT=0: always every thread).
  * Work is split across a thread pool by output rows (matmuls, every expert's
  * rows across all threads; the small products of a decoded token share
  * loops: q, k and v one, a layer's routed experts one for gate/up and one for
@@ -27,8 +29,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "moe-backend.h"
+#include "moe-adapt.h"
 #include "moe-threadpool.h"
 
 /* The backend's state: one session's KV cache and scratch. */
@@ -65,6 +69,8 @@ struct cpu {
     int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
     int avx512;                 /* ... and AVX-512 F and VL (attention's wider tiles) */
     int use_int;                /* integer products for the types that have them (MOE_CPU_INT) */
+    struct moe_adapt adapt;     /* one-token steps: every thread or the caller alone (MOE_CPU_ADAPT) */
+    struct timespec step_t0;    /* the start of a measured step */
 };
 
 /* ---- small kernels ---------------------------------------------------- */
@@ -1171,8 +1177,19 @@ static enum moe_status cpu_buffer_write(struct moe_backend *be, struct moe_buffe
     return MOE_OK;
 }
 
+/* elapsed_ns: nanoseconds since t0 (monotonic clock). */
+static int64_t elapsed_ns(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)(t.tv_sec - t0->tv_sec) * 1000000000 + (t.tv_nsec - t0->tv_nsec);
+}
+
 static enum moe_status cpu_embed(struct moe_backend *be, const int32_t *tokens, int n) {
     struct cpu *s = ctx(be);
+    /* a step starts: every thread, or (a small model's decode step, where one
+     * thread measured faster) the caller alone; moe-adapt.h */
+    moe_pool_set_solo(s->pool, moe_adapt_begin(&s->adapt, n));
+    if (s->adapt.measured) clock_gettime(CLOCK_MONOTONIC, &s->step_t0);
     const int64_t H = s->m->cfg.n_embd;
     for (int t = 0; t < n; t++) {
         const float *row = weight_row(&s->m->tok_embd, tokens[t], s->row_buf);
@@ -1438,7 +1455,9 @@ static enum moe_status cpu_lm_head_rows(struct moe_backend *be, const float *x, 
 
 static enum moe_status cpu_lm_head(struct moe_backend *be, int row0, int n, float *logits) {
     struct cpu *s = ctx(be);
-    return cpu_lm_head_rows(be, s->x + (size_t)row0 * (size_t)s->m->cfg.n_embd, n, logits);
+    enum moe_status st = cpu_lm_head_rows(be, s->x + (size_t)row0 * (size_t)s->m->cfg.n_embd, n, logits);
+    if (s->adapt.measured && n == 1) moe_adapt_end(&s->adapt, elapsed_ns(&s->step_t0)); /* the step's end */
+    return st;
 }
 
 static enum moe_status cpu_ffn_rows(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n) {
@@ -1514,6 +1533,9 @@ static void touch_kv(struct cpu *s) {
 static void cpu_free(struct moe_backend *be) {
     if (!be) return;
     struct cpu *s = be->ctx;
+    if (s && s->adapt.choice >= 0)
+        MOE_LOGD("decode steps: %s at the last measurement, %llu changes of mode",
+                 s->adapt.choice ? "the caller alone" : "every thread", (unsigned long long)s->adapt.switches);
     if (s) {
         moe_pool_free(s->pool);
         float *bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->acc, s->part,
@@ -1605,6 +1627,8 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     moe_rope_inv_freq(c, s->inv_freq);
     const char *ie = getenv("MOE_CPU_INT");
     s->use_int = !(ie && strcmp(ie, "0") == 0);
+    const char *ae = getenv("MOE_CPU_ADAPT");
+    moe_adapt_init(&s->adapt, s->p.n_threads > 1 && !(ae && strcmp(ae, "0") == 0));
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     s->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     s->avx512 = s->avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");

@@ -37,4 +37,9 @@ int moe_pool_n_threads(const struct moe_pool *p);
  * split further (small loops run on fewer threads). */
 void moe_pool_for(struct moe_pool *p, int64_t n, int64_t min_chunk, moe_range_fn fn, void *ctx);
 
+/* moe_pool_set_solo: solo != 0 runs every later loop on the caller alone
+ * (fn(ctx, 0, n, 0)) until it is set back to 0; the workers sleep after
+ * their spin. For moe-adapt.h's choice; the caller's thread only. */
+void moe_pool_set_solo(struct moe_pool *p, int solo);
+
 #endif

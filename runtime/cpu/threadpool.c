@@ -49,6 +49,7 @@ struct moe_pool {
     void *ctx;
     int64_t n, chunk;
     uint32_t gen; /* the caller's copy of the generation */
+    int solo;     /* moe_pool_set_solo */
     /* shared words, each on its own cache line */
     _Alignas(64) _Atomic uint64_t claim; /* gen << 32 | count << 16 | next */
     _Alignas(64) _Atomic uint32_t done;  /* chunks finished (the caller's futex) */
@@ -204,7 +205,7 @@ int moe_pool_n_threads(const struct moe_pool *p) { return p->n_threads; }
 void moe_pool_for(struct moe_pool *p, int64_t n, int64_t min_chunk, moe_range_fn fn, void *ctx) {
     if (n <= 0) return;
     if (min_chunk < 1) min_chunk = 1;
-    if (p->n_threads <= 1 || n < 2 * min_chunk) {
+    if (p->n_threads <= 1 || p->solo || n < 2 * min_chunk) {
         fn(ctx, 0, n, 0);
         return;
     }
@@ -238,3 +239,5 @@ void moe_pool_for(struct moe_pool *p, int64_t n, int64_t min_chunk, moe_range_fn
         }
     }
 }
+
+void moe_pool_set_solo(struct moe_pool *p, int solo) { p->solo = solo != 0; }
