@@ -23,9 +23,12 @@ Steps (each skipped when its output exists in the work dir):
      one after the other (the order alternates between rounds): decode
      tokens/s (moe-run: 64 tokens after an 8-token prompt; llama-bench -n 64)
      and prompt tokens/s for 256 and 512 tokens (one batch: moe-run -b 512,
-     llama-bench's default batch 2048 / ubatch 512).
+     llama-bench's default batch 2048 / ubatch 512); for the models of
+     --threads-inproc also moe-run's decode with 2 threads against 1 in one
+     process (tests/bench/bench-decode: a warm-up, then rounds alternating
+     the thread counts; llama-bench likewise warms up in its process).
 Prints the median of each figure over the rounds, the ratio moe-run /
-llama.cpp, and for decode the share of the bandwidth bound: active weight
+llama.cpp (of the medians, and the median of the per-round ratios), and for decode the share of the bandwidth bound: active weight
 bytes per token (attention, router, the top-k experts, LM head, at the stored
 types) over the measured streaming read of the same thread count.
 """
@@ -65,7 +68,7 @@ def run(cmd, **kw):
 
 def build_ours(build):
     run(["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DMOE_CUDA=OFF"])
-    run(["cmake", "--build", build, "-j2", "--target", "moe-run", "moe-prep", "bench-quant"])
+    run(["cmake", "--build", build, "-j2", "--target", "moe-run", "moe-prep", "bench-quant", "bench-decode"])
 
 
 def build_llama(work):
@@ -134,6 +137,16 @@ def ours_run(build, bundle, tokens, n_predict, threads, batch):
     return s["tokens_per_s_prompt"], s.get("tokens_per_s_decode", 0.0)
 
 
+def ours_threads(build, bundle, n_predict):
+    """bench-decode -t 1,2 in one process (rounds alternate the thread
+    counts): the median of its per-round ratios 2 threads / 1 thread."""
+    out = run([os.path.join(build, "tests", "bench-decode"), bundle, "-t", "1,2", "-n", str(n_predict), "-r", "10"])
+    for line in out.splitlines():
+        if line.startswith("t2:") and "ratio" in line:
+            return float(line.split("median")[2].split(",")[0])
+    raise SystemExit("bench-decode printed no ratio:\n" + out)
+
+
 def llama_run(bindir, gguf, threads, p, n):
     """llama-bench's mean tokens/s of one test (-p p -n n), one repetition."""
     out = run([os.path.join(bindir, "llama-bench"), "-m", gguf, "-t", str(threads), "-p", str(p), "-n", str(n),
@@ -152,6 +165,9 @@ def main():
     ap.add_argument("--prompts", default="256,512")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads-inproc", default="tiny",
+                    help="models whose moe-run 2-thread/1-thread decode ratio is also measured in one process "
+                         "(bench-decode) every round (default tiny; '' for none)")
     ap.add_argument("--no-quantize-rate", action="store_true",
                     help="do not quantize again where both outputs exist (no quantizer timing)")
     ap.add_argument("--quantize-only", action="store_true", help="time the quantizers, print their rates, stop")
@@ -212,6 +228,8 @@ def main():
 
     rng = random.Random(1)
     res = {}  # (model, type, threads, test) -> {"ours": [...], "llama": [...]}
+    inproc = {}  # (model, type) -> [bench-decode 2t/1t ratio per round]
+    inproc_models = [x for x in a.threads_inproc.split(",") if x]
     bw = {1: [], 2: []}
     for r in range(a.reps):
         g = stream_gbs(a.build)
@@ -239,6 +257,8 @@ def main():
                             for p in prompts:
                                 pp = llama_run(bindir, og, th, p, 0)
                                 res.setdefault((name, t, th, f"pp{p}"), {}).setdefault("llama", []).append(pp)
+                if name in inproc_models and 1 in threads and 2 in threads:
+                    inproc.setdefault((name, t), []).append(ours_threads(a.build, ob, a.decode))
         log(f"round {r + 1}/{a.reps} done")
 
     med = statistics.median
@@ -254,8 +274,15 @@ def main():
             bound = med(bw[th]) * 1e9 / active_bytes(model_dims(models[name]), t)
             extra = f"{bound:8.1f} {100 * o / bound:5.0f}% {100 * l / bound:6.0f}%"
         print(f"{name:<18} {t:<5} {th:>3} {test:<7} {o:9.1f} {l:9.1f} {o / l:5.2f}x {extra}")
-        print(f"    best of {len(v['ours'])}: moe-run {bo:.1f}, llama.cpp {bl:.1f}, ratio {bo / bl:.2f}x; all rounds: "
+        paired = med([x / y for x, y in zip(v["ours"], v["llama"])])
+        print(f"    per-round ratio median {paired:.2f}x; best of {len(v['ours'])}: moe-run {bo:.1f}, llama.cpp {bl:.1f}, "
+              f"ratio {bo / bl:.2f}x; all rounds: "
               f"moe-run {', '.join(f'{x:.1f}' for x in v['ours'])}; llama.cpp {', '.join(f'{x:.1f}' for x in v['llama'])}")
+    for (name, t), v in inproc.items():
+        l1, l2 = res.get((name, t, 1, "decode"), {}).get("llama"), res.get((name, t, 2, "decode"), {}).get("llama")
+        lr = f"; llama-bench 2/1 threads {med(l2) / med(l1):.2f}x (medians above)" if l1 and l2 else ""
+        print(f"{name} {t}: moe-run decode 2 threads / 1 thread in one process (bench-decode -r 10, per-round median): "
+              f"median of rounds {med(v):.2f}x, all rounds {', '.join(f'{x:.2f}' for x in v)}{lr}")
     print_qrate()
 
 
