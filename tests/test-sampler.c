@@ -152,7 +152,7 @@ static int same_as_ref(const struct moe_sampler_params *p, const float *logits, 
 static void test_against_reference(void) {
     static const int sizes[] = {1, 2, 3, 5, 17, 63, 64, 65, 130, 1000, 4099, 32000};
     static const float temps[] = {0.3f, 0.8f, 1.0f, 1.7f};
-    static const float tops[] = {1.0f, 0.95f, 0.9f, 0.5f, 0.1f, 0.999f, 0.99999f, 0.25f};
+    static const float tops[] = {1.0f, 0.95f, 0.9f, 0.5f, 0.1f, 0.999f, 0.99999f, 0.25f, 0.9999999f};
     moe_test_rng = 12345;
     int cases = 0, bad = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
@@ -167,7 +167,7 @@ static void test_against_reference(void) {
             for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
                 for (size_t pi = 0; pi < sizeof tops / sizeof *tops; pi++) {
                     if (ks[ki] == 0 && tops[pi] == 1.0f) continue; /* plain temperature: id order */
-                    if (big && (pi % 2 || ki == 4)) continue;
+                    if (big && (pi % 2 || (ki == 4 && n > 10000))) continue;
                     const struct moe_sampler_params p = {temps[(shape + ki + pi) % 4], ks[ki], tops[pi],
                                                          moe_test_rnd64()};
                     cases++;
@@ -314,6 +314,7 @@ static void test_plain_distribution(void) {
     }
 }
 
+/* argmax_ref: the scalar loop moe_argmax was. */
 static int32_t argmax_ref(const float *v, int n) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -321,6 +322,7 @@ static int32_t argmax_ref(const float *v, int n) {
     return best;
 }
 
+/* first_bad_ref: the scalar loop moe_logits_first_bad was. */
 static int64_t first_bad_ref(const float *v, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(v[i])) return (int64_t)i;

@@ -29,17 +29,20 @@
 
 enum { ROWS = 8 };
 
+/* cpu_s: the process's CPU time in seconds. */
 static double cpu_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* cmp_double: ascending doubles, for qsort. */
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+/* unit, normal: a fixed xorshift64* sequence, uniform in [0, 1) and N(0, 1). */
 static uint64_t rng = 0x12345678abcdefull;
 static double unit(void) {
     rng ^= rng >> 12;
@@ -68,6 +71,8 @@ static void fill(float *v, int n, int shape) {
     }
 }
 
+/* argmax_scalar, first_bad_scalar: the loops moe_argmax and
+ * moe_logits_first_bad were. */
 static int32_t argmax_scalar(const float *v, int n) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -103,6 +108,7 @@ static double time_calls(int what, int calls, struct moe_sampler *s, struct ref_
     return (cpu_s() - t0) * 1e6 / calls;
 }
 
+/* usage: the command line, exit status 2. */
 static int usage(void) {
     fprintf(stderr, "usage: bench-sampler [-r REPS]\nexample: bench-sampler -r 5\n");
     return 2;
