@@ -1200,6 +1200,7 @@ static enum moe_status cpu_embed(struct moe_backend *be, const int32_t *tokens, 
 
 static enum moe_status cpu_set_x(struct moe_backend *be, const float *x, int n) {
     struct cpu *s = ctx(be);
+    moe_pool_set_solo(s->pool, moe_adapt_begin(&s->adapt, 0)); /* a step from a given stream: parallel, unmeasured */
     memcpy(s->x, x, sizeof(float) * (size_t)n * (size_t)s->m->cfg.n_embd);
     return MOE_OK;
 }

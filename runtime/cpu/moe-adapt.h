@@ -60,8 +60,8 @@ struct moe_adapt {
 void moe_adapt_init(struct moe_adapt *a, int enabled);
 
 /* moe_adapt_begin: a step of n tokens starts; returns 1 if it runs on the
- * caller alone. Steps of more than one token always run parallel and are
- * not measured. */
+ * caller alone. Steps of n != 1 tokens (prompts; 0 for a step that is not a
+ * decode step at all) always run parallel and are not measured. */
 int moe_adapt_begin(struct moe_adapt *a, int n);
 
 /* moe_adapt_end: the step begun last took ns nanoseconds (ignored unless
