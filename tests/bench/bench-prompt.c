@@ -4,10 +4,12 @@
  * a fresh sequence (moe_session_reset between them), as llama-bench -p N
  * times its prompts. Prints every pass and the median and best tokens/s, and
  * the process's CPU time per pass (all threads; on a shared machine the
- * least CPU time of a 1-thread run is the steadiest figure).
+ * least CPU time of a 1-thread run is the steadiest figure). The model is
+ * repacked for the CPU's kernels first, as moe-run does (--no-repack: the
+ * stored layouts).
  * Not a test: figures go to docs/benchmarks.md with the command.
  *
- *   bench-prompt MODEL [-p N] [-t THREADS] [-b BATCH] [-c CTX] [-r REPS] [--seed S]
+ *   bench-prompt MODEL [-p N] [-t THREADS] [-b BATCH] [-c CTX] [-r REPS] [--seed S] [--no-repack]
  *   bench-prompt /tmp/kb/tiny-q4_k.moeb -p 512 -t 2 -b 512 -c 1024 -r 10
  */
 #include <stdio.h>
@@ -30,7 +32,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench-prompt MODEL [-p N] [-t THREADS] [-b BATCH] [-c CTX] [-r REPS] [--seed S]\n"
+    fprintf(stderr, "usage: bench-prompt MODEL [-p N] [-t THREADS] [-b BATCH] [-c CTX] [-r REPS] [--seed S] "
+                    "[--no-repack]\n"
                     "example: bench-prompt /tmp/kb/tiny-q4_k.moeb -p 512 -t 2 -b 512 -c 1024 -r 10\n");
     return 2;
 }
@@ -40,7 +43,12 @@ int main(int argc, char **argv) {
     const char *path = argv[1];
     int n = 512, threads = 1, batch = 512, ctx = 1024, reps = 5;
     unsigned seed = 1;
+    int repack = 1;
     for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-repack")) {
+            repack = 0;
+            continue;
+        }
         if (i + 1 >= argc) return usage();
         const char *o = argv[i], *v = argv[++i];
         int x = atoi(v);
@@ -59,6 +67,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot load %s\n", path);
         return 1;
     }
+    size_t packed = 0;
+    if (repack && moe_model_repack(m, 1, &packed) != MOE_OK) {
+        moe_model_free(m);
+        return 1;
+    }
+    printf("%s: %zu bytes repacked\n", path, packed);
     struct moe_session_params sp = moe_session_default_params();
     sp.n_ctx = ctx;
     sp.n_batch = batch;
