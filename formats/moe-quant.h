@@ -603,6 +603,10 @@ void moe_r16_unpack_block(enum moe_qtype t, const uint8_t *g, int r, uint8_t *bl
  * reach a k-quant level, and which NaN an operation returns when both operands
  * are NaNs depends on the operand order the compiler chose. */
 void moe_quant_ref_blocks(enum moe_qtype t, const float *x, void *y, int64_t nb);
+/* q4_k / q5_k: from the 8 sub-block fits (scales, mins) of a block, its d,
+ * dmin and 12 packed 6-bit scale/min bytes at hdr (quant.c; the SIMD
+ * quantizers share it, so the header bytes are the reference's). */
+void moe_k_asym_header(const float *scales, const float *mins, uint8_t *hdr);
 /* Tile shape sizes: rows and activations of each enum moe_tile. */
 static inline int moe_tile_rows(enum moe_tile s) { return s == MOE_TILE_4X1 ? 4 : 1; }
 static inline int moe_tile_cols(enum moe_tile s) { return s == MOE_TILE_1X2 ? 2 : s == MOE_TILE_1X4 ? 4 : 1; }

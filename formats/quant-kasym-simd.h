@@ -28,15 +28,6 @@
 #error "define the lane operations before including quant-kasym-simd.h"
 #endif
 
-/* quant.c's round_nearest: the nearest integer, ties to even, for |v| < 2^22
- * (and the same deterministic value outside). */
-static inline int kq_round_scalar(float v) {
-    float t = v + 12582912.0f;
-    int32_t i;
-    memcpy(&i, &t, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 /*
  * fit_scale_min of quant.c (n = 32, squared error) for KQ_NL sub-blocks at
  * once: x[i] and w[i] hold element i of every lane's sub-block and its weight.
@@ -110,32 +101,11 @@ static KQ_TGT void kq_fit(const kq_vf *x, const kq_vf *w, kq_vi *L, kq_vf *scale
  * levels again with the quantized scale and min of each sub-block. */
 static KQ_TGT void kq_finish(const float *x, uint8_t *hdr, uint8_t *L, int nmax, const float *scales,
                              const float *mins) {
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; j++) {
-        if (scales[j] > max_scale) max_scale = scales[j];
-        if (mins[j] > max_min) max_min = mins[j];
-    }
-    uint8_t *s = hdr + 4;
-    memset(s, 0, MOE_K_SCALE_SIZE);
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    for (int j = 0; j < 8; j++) {
-        uint8_t ls = (uint8_t)kq_round_scalar(inv_scale * scales[j]);
-        uint8_t lm = (uint8_t)kq_round_scalar(inv_min * mins[j]);
-        ls = ls > 63 ? 63 : ls;
-        lm = lm > 63 ? 63 : lm;
-        if (j < 4) { /* put_scale_min of quant.c */
-            s[j] = ls;
-            s[j + 4] = lm;
-        } else {
-            s[j + 4] = (uint8_t)((ls & 15) | ((lm & 15) << 4));
-            s[j - 4] = (uint8_t)(s[j - 4] | ((ls >> 4) << 6));
-            s[j] = (uint8_t)(s[j] | ((lm >> 4) << 6));
-        }
-    }
-    const uint16_t hd = moe_f32_to_f16(max_scale / 63.0f), hm = moe_f32_to_f16(max_min / 63.0f);
-    memcpy(hdr, &hd, 2);
-    memcpy(hdr + 2, &hm, 2);
+    moe_k_asym_header(scales, mins, hdr); /* the same code as the reference */
+    const uint8_t *s = hdr + 4;
+    uint16_t hd, hm;
+    memcpy(&hd, hdr, 2);
+    memcpy(&hm, hdr + 2, 2);
     const float d = _cvtsh_ss(hd), dmin = _cvtsh_ss(hm);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;

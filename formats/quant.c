@@ -623,18 +623,11 @@ static void put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *s) {
  * recomputed with the quantized values. hdr points at the block's d field (d,
  * dmin, scales[12] follow, as in both layouts).
  */
-static void quantize_k_asym(const float *x, uint8_t *hdr, uint8_t *L, int nmax, float rmin,
-                            int nstep) {
-    uint8_t Laux[32];
-    float w[32], mins[8], scales[8];
+/* moe_k_asym_header (moe-quant.h): d, dmin and the packed 6-bit scales and
+ * mins of a q4_k/q5_k block from its 8 fits, against their maxima. */
+void moe_k_asym_header(const float *scales, const float *mins, uint8_t *hdr) {
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; j++) {
-        const float *xs = x + 32 * j;
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-        const float av_x = sqrtf(sum_x2 / 32.0f);
-        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-        scales[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, 0);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -649,6 +642,22 @@ static void quantize_k_asym(const float *x, uint8_t *hdr, uint8_t *L, int nmax, 
     }
     wr16(hdr, moe_f32_to_f16(max_scale / 63.0f));
     wr16(hdr + 2, moe_f32_to_f16(max_min / 63.0f));
+}
+
+static void quantize_k_asym(const float *x, uint8_t *hdr, uint8_t *L, int nmax, float rmin,
+                            int nstep) {
+    uint8_t Laux[32];
+    float w[32], mins[8], scales[8];
+    for (int j = 0; j < 8; j++) {
+        const float *xs = x + 32 * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        const float av_x = sqrtf(sum_x2 / 32.0f);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+        scales[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, 0);
+    }
+    moe_k_asym_header(scales, mins, hdr);
+    const uint8_t *s = hdr + 4;
     const float d = f16v(hdr), dmin = f16v(hdr + 2);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
