@@ -192,6 +192,12 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
 /* moe_backend_cpu_threads: the threads of a CPU backend (caller included). */
 int moe_backend_cpu_threads(const struct moe_backend *be);
 
+/* moe_backend_cpu_adapt: a CPU backend's decode-mode chooser (runtime/cpu/
+ * moe-adapt.h: every thread or the caller alone), for -v output and tests;
+ * NULL for another backend. */
+struct moe_adapt;
+const struct moe_adapt *moe_backend_cpu_adapt(const struct moe_backend *be);
+
 /* moe_backend_free: be->iface->free(be); NULL is a no-op. */
 void moe_backend_free(struct moe_backend *be);
 

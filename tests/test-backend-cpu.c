@@ -25,6 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "moe-adapt.h"
+#include "moe-backend.h"
 #include "moe-mmap.h"
 #include "moe-quant.h"
 #include "moe-session.h"
@@ -177,6 +179,49 @@ static void batched(struct moe_model *m, const int32_t *ids, float *a, float *b,
     }
 }
 
+/* adapt_state: the decode-mode chooser of a session with `threads` threads
+ * after a prompt and n_dec decode steps (logits wanted or not). */
+static struct moe_adapt adapt_state(struct moe_model *m, const int32_t *ids, int threads, int n_dec, int logits_wanted) {
+    struct moe_adapt a;
+    memset(&a, 0, sizeof a);
+    a.state = MOE_ADAPT_WARMUP;
+    struct moe_session_params sp = moe_session_default_params();
+    sp.n_ctx = 128, sp.n_threads = threads;
+    struct moe_session *s = NULL;
+    float *lg = malloc(sizeof *lg * (size_t)m->cfg.n_vocab);
+    int ok = lg && moe_session_create(m, &sp, &s) == MOE_OK && moe_session_forward(s, ids, 8, lg, 0) == MOE_OK;
+    for (int i = 0; ok && i < n_dec; i++) ok = moe_session_forward(s, &ids[8 + i], 1, logits_wanted ? lg : NULL, 0) == MOE_OK;
+    CHECK(ok, "adapt runs (%d threads)", threads);
+    const struct moe_adapt *p = s ? moe_backend_cpu_adapt(moe_session_backend(s)) : NULL;
+    CHECK(p != NULL, "a CPU backend has a decode-mode chooser");
+    if (p) a = *p;
+    moe_session_free(s);
+    free(lg);
+    return a;
+}
+
+/* adapt_wiring: the CPU backend feeds its decode steps to moe-adapt.h
+ * (test-adapt tests the decisions): with 2 threads, 40 decode steps leave
+ * the warm-up and report every measured step (embedding to logits), ending
+ * in a steady run, or off if the warm-up's step was slow (a loaded machine,
+ * a sanitizer build); steps whose logits nobody wants turn it off; 1
+ * thread and MOE_CPU_ADAPT=0 never measure. */
+static void adapt_wiring(struct moe_model *m, const int32_t *ids) {
+    struct moe_adapt a = adapt_state(m, ids, 2, 40, 1);
+    CHECK(a.state == MOE_ADAPT_STEADY || (a.state == MOE_ADAPT_OFF && a.choice < 0),
+          "2 threads, 40 steps: state %d, choice %d", a.state, a.choice);
+    CHECK(a.dropped == 0, "2 threads: %d measured steps never reported", a.dropped);
+    a = adapt_state(m, ids, 2, 40, 0);
+    CHECK(a.state == MOE_ADAPT_OFF && a.choice < 0 && a.dropped > MOE_ADAPT_SAMPLES,
+          "2 threads, no logits: state %d (want off), %d unreported", a.state, a.dropped);
+    a = adapt_state(m, ids, 1, 40, 1);
+    CHECK(a.state == MOE_ADAPT_OFF && a.choice < 0, "1 thread measures (state %d)", a.state);
+    setenv("MOE_CPU_ADAPT", "0", 1);
+    a = adapt_state(m, ids, 2, 40, 1);
+    unsetenv("MOE_CPU_ADAPT");
+    CHECK(a.state == MOE_ADAPT_OFF && a.choice < 0, "MOE_CPU_ADAPT=0 measures (state %d)", a.state);
+}
+
 /* repacked: the model after moe_model_repack (the CPU's interleaved
  * layouts, moe-quant.h) against the same model before (li: integer path, lf:
  * float path): split-independent bits again; the float path reads the same
@@ -325,6 +370,7 @@ int main(int argc, char **argv) {
             CHECK(memcmp(l2, l3, n69 * sizeof *l2) == 0, "%s: a full context of 69 and one of 128 give different logits",
                   precs[pi]);
             batched(m, ids, l2, l3, 1);
+            if (pi == 0) adapt_wiring(m, ids);
             repacked(m, precs[pi], bundle, ids, l1, lf, ref, V);
         }
         free(l1), free(l2), free(l3), free(lf);

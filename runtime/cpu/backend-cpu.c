@@ -1638,6 +1638,10 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     return MOE_OK;
 }
 
+const struct moe_adapt *moe_backend_cpu_adapt(const struct moe_backend *be) {
+    return be && be->iface == &k_cpu_iface ? &((const struct cpu *)be->ctx)->adapt : NULL;
+}
+
 int moe_backend_cpu_threads(const struct moe_backend *be) {
     return be && be->iface == &k_cpu_iface ? ((const struct cpu *)be->ctx)->p.n_threads : 0;
 }
