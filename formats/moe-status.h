@@ -28,6 +28,7 @@ enum moe_status {
     MOE_ERR_SHAPE = -7,       /* a tensor has the wrong shape or dtype */
     MOE_ERR_RANGE = -8,       /* an index or size is out of range */
     MOE_ERR_CANCELLED = -9,   /* the caller asked the call to stop (a cancel flag) */
+    MOE_ERR_BACKEND = -10,    /* the backend failed: a device, driver or kernel error (a CUDA call) */
 };
 
 /* moe_status_str: a short English name for a status code; never NULL. */

@@ -16,6 +16,7 @@ const char *moe_status_str(enum moe_status s) {
     case MOE_ERR_SHAPE: return "wrong shape";
     case MOE_ERR_RANGE: return "out of range";
     case MOE_ERR_CANCELLED: return "cancelled";
+    case MOE_ERR_BACKEND: return "backend error";
     }
     return "unknown status";
 }

@@ -38,6 +38,10 @@
 
 #include "moe-status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct moe_sampler_params {
     float temperature; /* 0: greedy (argmax, lowest id on ties); else > 0 and finite */
     int top_k;         /* 0: no top-k filter; else >= 1 */
@@ -72,4 +76,7 @@ int64_t moe_logits_first_bad(const float *v, size_t n);
  * scalar loop "v[i] > v[best]"). 0 when n < 1. */
 int32_t moe_argmax(const float *v, int n);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -81,8 +81,8 @@ struct moe_session_params {
                          * NULL = every expert resident, as mapped (borrowed for
                          * the call) */
     int record_trace;   /* 1: keep the routing of every token run (moe_session_trace) */
-    moe_backend_new_fn backend_new; /* the backend to run on (moe-backend.h); NULL = the CPU
-                         * reference backend. The CUDA backend: moe_backend_cuda_new_fn */
+    moe_backend_new_fn backend_new; /* a backend made by the caller (tests, a backend outside
+                         * the registry); NULL = the registry's, by `device` */
     void *backend_user; /* passed to backend_new (borrowed for the call) */
     /* MoBiLE big-little decoding (off when little_k is 0): every one-token
      * step (a decode step, or any chunk of one token) runs first with
@@ -99,6 +99,10 @@ struct moe_session_params {
                          * >= gamma; 0 = never fall back; 1 = always */
     int bl_prefetch_layers; /* hint the big pass's experts this many MoE layers ahead
                          * (0 = no hints; default 2) */
+    const char *device; /* the backend to run on, a registered name and device
+                         * (moe-backend.h): "cpu" (NULL), "cuda", "cuda:1", "auto" */
+    const void *device_options; /* that backend's own options (struct moe_gpu_params *
+                         * for "cuda", borrowed for the call); NULL = its defaults */
 };
 
 struct moe_session_params moe_session_default_params(void);

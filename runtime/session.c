@@ -259,24 +259,13 @@ static enum moe_status trace_grow(struct moe_session *s, int n) {
 /* has_batch: the backend takes a layer step's experts in one call, and no
  * observer needs their outputs one by one. */
 static int has_batch(const struct moe_session *s) {
-    const struct moe_backend_iface *bi = s->be->iface;
-    return bi->version >= 3 && bi->expert_batch && !s->p.on_expert;
+    return moe_backend_supports(s->be, MOE_BACKEND_FEAT_EXPERT_BATCH) && !s->p.on_expert;
 }
 
 /* run_works: n expert works on the backend: one expert_batch call where it
  * has one, else expert() for each (host works need expert_batch). */
 static enum moe_status run_works(struct moe_session *s, const struct moe_expert_work *w, int n) {
-    const struct moe_backend_iface *bi = s->be->iface;
-    if (bi->version >= 3 && bi->expert_batch) return bi->expert_batch(s->be, w, n);
-    for (int i = 0; i < n; i++) {
-        if (w[i].host) {
-            MOE_LOGE("backend \"%s\" cannot run experts on the host", bi->name);
-            return MOE_ERR_UNSUPPORTED;
-        }
-        enum moe_status st = bi->expert(s->be, &w[i].f, w[i].rows, w[i].slots, w[i].w, w[i].n_rows, w[i].out);
-        if (st) return st;
-    }
-    return MOE_OK;
+    return moe_backend_expert_batch(s->be, w, n);
 }
 
 /* store_step_batched: a decode step's experts from the store in as few
@@ -325,17 +314,16 @@ static void bl_hint(struct moe_session *s, int ml, int ahead) {
  * n_tok rows at pos0: router, observers, the store's plan, the experts. */
 static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
-    const struct moe_backend_iface *bi = s->be->iface;
     const int E = c->n_expert, K = s->k_cur, Kmax = s->p.n_expert_used;
     const int64_t H = c->n_embd;
     enum moe_status st;
-    if ((st = bi->router(s->be, l, n_tok, s->router_logits))) return st;
+    if ((st = moe_backend_router(s->be, l, n_tok, s->router_logits))) return st;
     route(s, l, K, s->router_logits, n_tok, s->sel, s->sel_w);
     if (s->bl_phase == 1) /* the big pass's experts, should it run: the same logits' top Kmax */
         route(s, l, Kmax, s->router_logits, 1, s->bl_pred + (size_t)s->moe_of[l] * Kmax,
               s->bl_pred_w + (size_t)s->moe_of[l] * Kmax);
     if (s->p.on_route) {
-        if ((st = bi->get_xn(s->be, s->xh, n_tok))) return st;
+        if ((st = moe_backend_get_xn(s->be, s->xh, n_tok))) return st;
         struct moe_route_event ev = {l, pos0, n_tok, E, K, s->xh, s->router_logits, s->sel, s->sel_w};
         s->p.on_route(&ev, s->p.route_user);
     }
@@ -354,7 +342,7 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
                 if (!c->layer_moe[j]) continue;
                 int32_t psel[64];
                 float pw[64];
-                if ((st = bi->router(s->be, j, 1, s->pred_logits))) return st;
+                if ((st = moe_backend_router(s->be, j, 1, s->pred_logits))) return st;
                 route(s, j, K, s->pred_logits, 1, psel, pw);
                 if (moe_store_prefetch_hint(s->store, j, psel, pw, K, ahead) > 0) break; /* HOBBIT: go further
                                                                    * only while the predictions are cached */
@@ -365,7 +353,7 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
             bl_hint(s, s->moe_of[l] + s->p.bl_prefetch_layers, s->p.bl_prefetch_layers); /* MoBiLE, D layers ahead */
         if (n_tok == 1 && has_batch(s)) {
             if ((st = store_step_batched(s, plan))) return st;
-            return bi->dense(s->be, l, n_tok);
+            return moe_backend_dense(s->be, l, n_tok);
         }
         for (int i = 0; i < plan->n_items; i++) {
             const struct moe_store_item *it = &plan->items[i];
@@ -407,7 +395,7 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
                 used += n;
                 continue;
             }
-            if ((st = bi->expert(s->be, &f, rows, slots, rw, n, s->p.on_expert ? s->eout : NULL))) return st;
+            if ((st = moe_backend_expert(s->be, &f, rows, slots, rw, n, s->p.on_expert ? s->eout : NULL))) return st;
             if (s->p.on_expert) {
                 struct moe_expert_event ev = {l, e, pos0, n, rows, rw, s->eout};
                 s->p.on_expert(&ev, s->p.expert_user);
@@ -416,7 +404,7 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
         if (batch && (st = run_works(s, s->works, n_works))) return st;
     }
     (void)H;
-    return bi->dense(s->be, l, n_tok);
+    return moe_backend_dense(s->be, l, n_tok);
 }
 
 static void session_free_parts(struct moe_session *s) {
@@ -445,6 +433,27 @@ static void session_free_parts(struct moe_session *s) {
 
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
 static void *zalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
+/* make_backend: s->be from backend_new when the caller gives one, else from
+ * the registry by the device spec (NULL: the CPU backend). */
+static enum moe_status make_backend(struct moe_session *s, const struct moe_model *model,
+                                    const struct moe_backend_params *bp) {
+    if (s->p.backend_new) {
+        enum moe_status st = s->p.backend_new(model, bp, s->p.backend_user, &s->be);
+        if (!st && (st = moe_backend_check(s->be))) {
+            moe_backend_free(s->be);
+            s->be = NULL;
+        }
+        return st;
+    }
+    char name[32], err[200];
+    int index = 0;
+    if (moe_backend_parse_device(s->p.device ? s->p.device : "cpu", name, sizeof name, &index, err, sizeof err)) {
+        MOE_LOGE("%s", err);
+        return MOE_ERR_INVALID;
+    }
+    return moe_backend_init_by_name(name, index, model, bp, s->p.device_options, &s->be);
+}
 
 enum moe_status moe_session_create(const struct moe_model *model, const struct moe_session_params *params,
                                    struct moe_session **out) {
@@ -475,18 +484,10 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     s->k_cur = s->k_plain = s->p.n_expert_used;
     const int64_t B = s->p.n_batch, H = c->n_embd, K = s->p.n_expert_used;
     struct moe_backend_params bp = {s->p.n_ctx, s->p.n_batch, s->p.n_threads, (int)K};
-    enum moe_status st = s->p.backend_new ? s->p.backend_new(model, &bp, s->p.backend_user, &s->be)
-                                          : moe_backend_cpu_new(model, &bp, &s->be);
+    enum moe_status st = make_backend(s, model, &bp);
     if (st) {
         free(s);
         return st;
-    }
-    if (s->be->iface->version < 1 || s->be->iface->version > MOE_BACKEND_VERSION) {
-        MOE_LOGE("backend \"%s\" implements interface version %u; this runtime knows 1 to %d", s->be->iface->name,
-                 s->be->iface->version, MOE_BACKEND_VERSION);
-        session_free_parts(s);
-        free(s);
-        return MOE_ERR_UNSUPPORTED;
     }
     if (moe_backend_cpu_threads(s->be) > 0) s->p.n_threads = moe_backend_cpu_threads(s->be);
     int ok = 1;
@@ -574,31 +575,30 @@ rows:
 static enum moe_status layers_chunk(struct moe_session *s, int l0, const int32_t *tokens, int n_tok, int seq_len,
                                     float *logits, int row_from) {
     const struct moe_config *c = &s->m->cfg;
-    const struct moe_backend_iface *bi = s->be->iface;
     const int pos0 = s->pos;
     enum moe_status st;
     if ((st = begin_chunk(s, n_tok))) return st;
     for (int t = 0; t < n_tok; t++) s->history[pos0 + t] = tokens[t];
     for (int l = l0; l < c->n_layer; l++) {
         if (s->p.on_layer) {
-            if ((st = bi->get_x(s->be, s->xh, n_tok))) return st;
+            if ((st = moe_backend_get_x(s->be, s->xh, n_tok))) return st;
             struct moe_layer_event ev = {l, pos0, n_tok, s->xh};
             s->p.on_layer(&ev, s->p.layer_user);
         }
-        if ((st = bi->attention(s->be, l, pos0, n_tok, seq_len))) return st;
-        if ((st = bi->ffn_norm(s->be, l, n_tok))) return st;
+        if ((st = moe_backend_attention(s->be, l, pos0, n_tok, seq_len))) return st;
+        if ((st = moe_backend_ffn_norm(s->be, l, n_tok))) return st;
         if (c->layer_moe[l]) st = moe_layer(s, l, pos0, n_tok);
-        else st = bi->dense(s->be, l, n_tok);
-        if (st || (st = bi->residual(s->be, n_tok))) return st;
+        else st = moe_backend_dense(s->be, l, n_tok);
+        if (st || (st = moe_backend_residual(s->be, n_tok))) return st;
     }
     if (s->p.on_layer) {
-        if ((st = bi->get_x(s->be, s->xh, n_tok))) return st;
+        if ((st = moe_backend_get_x(s->be, s->xh, n_tok))) return st;
         struct moe_layer_event ev = {c->n_layer, pos0, n_tok, s->xh};
         s->p.on_layer(&ev, s->p.layer_user);
     }
     s->pos += n_tok;
     if (row_from >= n_tok) return MOE_OK;
-    return bi->lm_head(s->be, row_from, n_tok - row_from, logits);
+    return moe_backend_lm_head(s->be, row_from, n_tok - row_from, logits);
 }
 
 /* top_prob: the largest probability of softmax(logits), in double. */
@@ -616,12 +616,11 @@ static double top_prob(const float *l, int V) {
  * pass's), prefetching from the little pass's router. The accepted pass's
  * logits go to dst (NULL: not wanted). */
 static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int seq_len, float *dst) {
-    const struct moe_backend_iface *bi = s->be->iface;
     float *lg = dst ? dst : s->bl_logits;
     enum moe_status st;
     double t0 = moe_now_s();
     s->k_cur = s->p.little_k, s->bl_phase = 1;
-    st = bi->embed(s->be, tok, 1);
+    st = moe_backend_embed(s->be, tok, 1);
     if (!st) st = layers_chunk(s, 0, tok, 1, seq_len, lg, 0);
     s->k_cur = s->k_plain, s->bl_phase = 0;
     if (st) return st;
@@ -635,7 +634,7 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     if (s->store) /* the first MoE layers' experts, before the big pass starts */
         for (int ml = 0; ml < s->n_moe && ml < s->p.bl_prefetch_layers; ml++) bl_hint(s, ml, ml + 1);
     s->bl_phase = 2, s->redo = 1, s->k_cur = s->p.n_expert_used;
-    st = bi->embed(s->be, tok, 1);
+    st = moe_backend_embed(s->be, tok, 1);
     if (!st) st = layers_chunk(s, 0, tok, 1, seq_len, lg, 0);
     s->bl_phase = 0, s->redo = 0, s->k_cur = s->k_plain;
     s->bl.big_s += moe_now_s() - t1;
@@ -656,7 +655,7 @@ static enum moe_status run_tokens(struct moe_session *s, const int32_t *tokens, 
         if (chunk == 1 && s->p.little_k > 0) {
             if ((st = big_little(s, tokens + done, seq_len, dst))) return st;
         } else {
-            if ((st = s->be->iface->embed(s->be, tokens + done, chunk))) return st;
+            if ((st = moe_backend_embed(s->be, tokens + done, chunk))) return st;
             if ((st = layers_chunk(s, 0, tokens + done, chunk, seq_len, dst, from))) return st;
         }
         done += chunk;
@@ -726,7 +725,7 @@ enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const
         int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
         int from = row_from > done ? row_from - done : 0;
         float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
-        if ((st = s->be->iface->set_x(s->be, x + (size_t)done * H, chunk))) return st;
+        if ((st = moe_backend_set_x(s->be, x + (size_t)done * H, chunk))) return st;
         if ((st = layers_chunk(s, layer, tokens + done, chunk, seq_len, dst, from))) return st;
         done += chunk;
     }
@@ -739,7 +738,7 @@ enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n
     enum moe_status st;
     for (int done = 0; done < n;) {
         int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
-        if ((st = s->be->iface->lm_head_rows(s->be, x + (size_t)done * H, chunk, logits + (size_t)done * V)))
+        if ((st = moe_backend_lm_head_rows(s->be, x + (size_t)done * H, chunk, logits + (size_t)done * V)))
             return st;
         done += chunk;
     }
@@ -759,7 +758,7 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
     enum moe_status st;
     for (int done = 0; done < n;) {
         int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
-        if ((st = s->be->iface->ffn_rows(s->be, f, x + (size_t)done * H, y + (size_t)done * H, chunk))) return st;
+        if ((st = moe_backend_ffn_rows(s->be, f, x + (size_t)done * H, y + (size_t)done * H, chunk))) return st;
         done += chunk;
     }
     return MOE_OK;
@@ -780,8 +779,7 @@ enum moe_status moe_session_set_experts(struct moe_session *s, int k) {
 void moe_session_big_little_stats(const struct moe_session *s, struct moe_big_little_stats *out) { *out = s->bl; }
 
 size_t moe_session_kv_bytes(const struct moe_session *s) {
-    const struct moe_backend_iface *bi = s->be->iface;
-    return bi->version >= 2 && bi->kv_cache_bytes ? bi->kv_cache_bytes(s->be) : 0;
+    return moe_backend_kv_cache_bytes(s->be);
 }
 
 enum moe_status moe_session_trace(const struct moe_session *s, struct moe_session_trace *out) {

@@ -2,25 +2,38 @@
 # check-include-graph.sh SRC_DIR - the folders' include graph follows the
 # layering of docs/architecture.md and has no cycle:
 #
-#   formats <- datasets <- runtime (+ cpu/, cuda/) <- tools/common
+#   formats <- datasets
+#           <- runtime's rooms, in this order: tokenizer <- model <- backend
+#              (the seam and the registry) <- offload (store, cache core,
+#              tuning, GPU tiers, Twiddler) <- cpu, cuda (the backends)
+#              <- runtime (session, sampler, hardware meter)
+#           <- tools/common
 #           <- the stage folders (tools/quantize, profile, calibrate, plan)
 #           <- the CLIs (tools/moe-prep.c, runtime/cli, and every *-cmd.c:
 #              a subcommand's CLI half lives beside its stage's library)
 #
 # Every #include "x.h" of every .c/.h/.cu file is resolved to the folder that
 # holds x.h; an edge from a lower layer to a higher one, an include between
-# two stage folders, or a cycle (found with tsort) fails with the offending
-# file and include. Exit 0 when the graph is clean.
+# two stage folders or between the two backends, or a cycle (found with
+# tsort) fails with the offending file and include. Exit 0 when the graph is
+# clean.
 set -u
 cd "$1" || exit 2
-folders="formats datasets runtime runtime/cpu runtime/cuda runtime/cli tools tools/common tools/quantize tools/profile tools/calibrate tools/plan"
+folders="formats datasets runtime/tokenizer runtime/model runtime/backend runtime/offload runtime/cpu runtime/cuda
+runtime runtime/cli tools tools/common tools/quantize tools/profile tools/calibrate tools/plan"
 rank() {
     case "$1" in
-    formats) echo 0 ;; datasets) echo 1 ;; runtime|runtime/cpu|runtime/cuda) echo 2 ;;
-    tools/common) echo 3 ;; tools/quantize|tools/profile|tools/calibrate|tools/plan) echo 4 ;;
-    tools|runtime/cli) echo 5 ;; *) echo 9 ;;
+    formats) echo 0 ;; datasets) echo 10 ;;
+    runtime/tokenizer) echo 20 ;; runtime/model) echo 21 ;; runtime/backend) echo 22 ;; runtime/offload) echo 23 ;;
+    runtime/cpu|runtime/cuda) echo 24 ;; runtime) echo 25 ;;
+    tools/common) echo 30 ;; tools/quantize|tools/profile|tools/calibrate|tools/plan) echo 40 ;;
+    tools|runtime/cli) echo 50 ;; *) echo 99 ;;
     esac
 }
+# every folder that holds sources must be in the list above (a new room is placed in the layering)
+for f in $(find runtime formats datasets tools -name '*.[ch]' -o -name '*.cu' | sed 's|/[^/]*$||' | sort -u); do
+    case " $(echo $folders) " in *" $f "*) ;; *) echo "folder $f is not in check-include-graph.sh's layering"; exit 1 ;; esac
+done
 map=$(mktemp) edges=$(mktemp)
 trap 'rm -f "$map" "$edges"' EXIT
 for d in $folders; do
@@ -37,11 +50,13 @@ for d in $folders; do
             if [ -z "$to" ] || [ "$to" = "$d" ]; then continue; fi
             echo "$to $d" >>"$edges"
             rf=$(rank "$d") rt=$(rank "$to")
-            case "$f" in *-cmd.c) rf=5 ;; esac # a subcommand's CLI half: the CLI layer
+            case "$f" in *-cmd.c) rf=50 ;; esac # a subcommand's CLI half: the CLI layer
             if [ "$rt" -gt "$rf" ]; then
                 echo "layering: $f (layer $rf) includes $inc from $to (layer $rt)"; bad=1
-            elif [ "$rt" -eq 4 ] && [ "$rf" -eq 4 ]; then
+            elif [ "$rt" -eq 40 ] && [ "$rf" -eq 40 ]; then
                 echo "stage includes another stage: $f includes $inc from $to"; bad=1
+            elif [ "$rt" -eq 24 ] && [ "$rf" -eq 24 ]; then
+                echo "backend includes another backend: $f includes $inc from $to"; bad=1
             fi
         done
     done

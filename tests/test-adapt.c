@@ -14,7 +14,7 @@
  */
 #include <string.h>
 
-#include "moe-adapt.h"
+#include "adapt-impl.h"
 #include "moe-test.h"
 
 /* step: one one-token step that takes par_ns in parallel and solo_ns alone;

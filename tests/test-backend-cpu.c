@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "moe-adapt.h"
+#include "adapt-impl.h"
 #include "moe-backend.h"
 #include "moe-mmap.h"
 #include "moe-quant.h"

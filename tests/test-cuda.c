@@ -39,6 +39,7 @@
 #include <sys/wait.h>
 
 #include "moe-cuda.h"
+#include "moe-options.h"
 #include "moe-quant.h"
 #include "moe-session.h"
 #include "moe-test.h"

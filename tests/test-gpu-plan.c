@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "moe-gpu.h"
+#include "moe-options.h"
 #include "moe-host-tier.h"
 #include "moe-test.h"
 

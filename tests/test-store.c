@@ -31,6 +31,7 @@
 #include "cache-sim.h"
 #include "moe-bundle.h"
 #include "moe-mmap.h"
+#include "moe-options.h"
 #include "moe-session.h"
 #include "moe-test.h"
 

@@ -23,15 +23,13 @@
 #include "moe-mmap.h"
 #include "moe-model.h"
 #include "moe-opt.h"
+#include "moe-options.h"
 #include "moe-sampler.h"
 #include "moe-store.h"
 #include "moe-tuning.h"
 #include "profile-h5.h"
 #include "moe-session.h"
 #include "moe-tokenizer.h"
-#ifdef MOE_HAVE_CUDA
-#include "moe-cuda.h"
-#endif
 
 /* Option keys: a letter for options with a short form, these for the rest. */
 enum {
@@ -287,6 +285,20 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     }
 }
 
+/* device_built: --device names a backend this build has (the registry's
+ * answer, moe-backend.h); else says how to get it. */
+static int device_built(const char *spec) {
+    char name[32], err[200];
+    int index;
+    if (moe_backend_parse_device(spec, name, sizeof name, &index, err, sizeof err) != MOE_OK) {
+        fprintf(stderr, "moe-run: %s\n", err);
+        return 0;
+    }
+    if (strcmp(name, "auto") == 0 || moe_backend_reg_by_name(name)) return 1;
+    fprintf(stderr, "moe-run: --device %s: this build has no %s backend (rebuild with -DMOE_CUDA=ON)\n", spec, name);
+    return 0;
+}
+
 /* parse_args: returns 0 ok, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, struct args *a) {
     memset(a, 0, sizeof *a);
@@ -308,12 +320,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
         return 2;
     }
     a->use_store = moe_store_params_active(&a->store);
-#ifndef MOE_HAVE_CUDA
-    if (a->gpu.device >= 0) {
-        fprintf(stderr, "moe-run: --device cuda needs a build with -DMOE_CUDA=ON\n");
-        return 2;
-    }
-#endif
+    if (!device_built(a->gpu.device_spec)) return 2;
     if (!a->model) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
@@ -450,15 +457,6 @@ static cJSON *big_little_json(const struct moe_session *sess, const struct moe_s
     return o;
 }
 
-#ifdef MOE_HAVE_CUDA
-/* gpu_json: the CUDA backend's counts, or NULL on a CPU run. */
-static cJSON *gpu_json(const struct moe_session *sess) {
-    struct moe_cuda_stats cs;
-    if (!moe_session_backend(sess) || moe_backend_cuda_stats(moe_session_backend(sess), &cs) != MOE_OK) return NULL;
-    return moe_cuda_stats_to_json(&cs);
-}
-#endif
-
 /* stats_json: speed, peak memory, the store's and big-little's counts. */
 static cJSON *stats_json(const struct moe_session *sess, const struct moe_session_params *sp, size_t n_prompt,
                          double t_prompt, int n_gen, double t_gen, size_t repacked) {
@@ -483,10 +481,9 @@ static cJSON *stats_json(const struct moe_session *sess, const struct moe_sessio
         cJSON_AddNullToObject(o, "store");
     }
     cJSON_AddItemToObject(o, "big_little", big_little_json(sess, sp));
-#ifdef MOE_HAVE_CUDA
-    cJSON *g = gpu_json(sess);
+    cJSON_AddStringToObject(o, "backend", moe_backend_name(moe_session_backend(sess)));
+    cJSON *g = moe_backend_stats_json(moe_session_backend(sess)); /* the backend's own counters (a GPU's) */
     if (g) cJSON_AddItemToObject(o, "gpu", g);
-#endif
     return o;
 }
 
@@ -688,15 +685,20 @@ static int load_model(const struct args *a, struct run *r) {
     char what[256];
     moe_model_precision_summary(r->model, what, sizeof what);
     if (r->model->bundle) fprintf(stderr, "moe-run: experts: %s\n", what);
-    if (!a->no_repack && a->gpu.device < 0) { /* the CPU backend: its fastest layouts (experts: unless the store holds them,
-                                                * which then repacks its copies: make_session) */
-        const double t0 = moe_now_s();
-        if (moe_model_repack(r->model, !a->use_store, &r->repacked) != MOE_OK) return 1;
-        if (r->repacked && a->verbose)
-            fprintf(stderr, "moe-run: repacked %.1f MB of weights for the CPU kernels in %.2f s\n",
-                    (double)r->repacked / 1e6, moe_now_s() - t0);
-    }
     return check_outputs(r->model, a) ? 0 : 2; /* never overwrite the model or the prompt file */
+}
+
+/* repack: the backend's fastest weight layouts, where it reads the CPU's
+ * interleaved ones (experts too, unless the store holds them: it then
+ * repacks its own copies). 1 ok. */
+static int repack(const struct args *a, struct run *r) {
+    if (a->no_repack || !moe_backend_supports(moe_session_backend(r->sess), MOE_BACKEND_FEAT_CPU_LAYOUTS)) return 1;
+    const double t0 = moe_now_s();
+    if (moe_model_repack(r->model, !a->use_store, &r->repacked) != MOE_OK) return 0;
+    if (r->repacked && a->verbose)
+        fprintf(stderr, "moe-run: repacked %.1f MB of weights for the CPU kernels in %.2f s\n",
+                (double)r->repacked / 1e6, moe_now_s() - t0);
+    return 1;
 }
 
 /* prompt_ids: the prompt as token ids (--tokens, or -p / -f tokenized). 0 ok,
@@ -723,14 +725,10 @@ static int make_session(struct args *a, struct run *r) {
     struct moe_session_params *sp = &r->sp;
     *sp = moe_session_default_params();
     if (a->use_store) sp->store = &a->store;
-    a->store.repack = !a->no_repack && a->gpu.device < 0;
+    a->store.repack = !a->no_repack; /* the store repacks only for a backend that reads the CPU's layouts */
     sp->record_trace = a->trace_out != NULL;
-#ifdef MOE_HAVE_CUDA
-    if (a->gpu.device >= 0) {
-        sp->backend_new = moe_backend_cuda_new_fn;
-        sp->backend_user = &a->gpu;
-    }
-#endif
+    sp->device = a->gpu.device_spec;
+    sp->device_options = &a->gpu;
     if (!big_little_params(a, r->model, sp)) return 0;
     sp->n_threads = a->n_threads;
     sp->n_ctx = a->n_ctx;
@@ -874,7 +872,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "moe-run: the prompt is empty after tokenization\n");
         status = 1;
     } else if (!status) {
-        status = make_session(&a, &r) && run_prompt(&a, &r) && generate(&a, &r) && finish(&a, &r) ? 0 : 1;
+        status = make_session(&a, &r) && repack(&a, &r) && run_prompt(&a, &r) && generate(&a, &r) && finish(&a, &r) ? 0 : 1;
     }
     run_free(&r);
     return status;

@@ -2,7 +2,7 @@
  * adapt.c - the decode-mode chooser of moe-adapt.h: a state machine over
  * measured step times (warm-up, measure both modes, steady run, again).
  */
-#include "moe-adapt.h"
+#include "adapt-impl.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -29,10 +29,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "moe-backend.h"
-#include "moe-adapt.h"
+#include "adapt-impl.h"
 #include "moe-threadpool.h"
 
 /* The backend's state: one session's KV cache and scratch. */
@@ -1470,6 +1472,13 @@ static size_t cpu_kv_cache_bytes(struct moe_backend *be) { return ctx(be)->kv_by
 
 static void cpu_free(struct moe_backend *be);
 
+/* cpu_supports: the CPU backend reads the interleaved layouts and works in
+ * host memory; expert_batch it has (the session reads it from the member). */
+static int cpu_supports(const struct moe_backend *be, enum moe_backend_feature f) {
+    return f == MOE_BACKEND_FEAT_CPU_LAYOUTS || f == MOE_BACKEND_FEAT_HOST_MEMORY ||
+           f == MOE_BACKEND_FEAT_EXPERT_BATCH;
+}
+
 static const struct moe_backend_iface k_cpu_iface = {
     .version = MOE_BACKEND_VERSION,
     .name = "cpu",
@@ -1492,6 +1501,7 @@ static const struct moe_backend_iface k_cpu_iface = {
     .lm_head_rows = cpu_lm_head_rows,
     .kv_cache_bytes = cpu_kv_cache_bytes,
     .expert_batch = cpu_expert_batch,
+    .supports = cpu_supports,
 };
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -1646,6 +1656,25 @@ int moe_backend_cpu_threads(const struct moe_backend *be) {
     return be && be->iface == &k_cpu_iface ? ((const struct cpu *)be->ctx)->p.n_threads : 0;
 }
 
-void moe_backend_free(struct moe_backend *be) {
-    if (be) be->iface->free(be);
+/* The registry's row (backend.c): one device, the host. */
+static int cpu_device_count(void) { return 1; }
+
+static int cpu_describe(int index, char *buf, size_t size) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return index == 0 && snprintf(buf, size, "host CPU, %ld threads, %s kernels", n, moe_quant_isa_name()) > 0 ? 0 : -1;
 }
+
+static enum moe_status cpu_init(const struct moe_model *model, const struct moe_backend_params *p, int index,
+                                const void *options, struct moe_backend **out) {
+    (void)options;
+    if (index != 0) {
+        MOE_LOGE("the CPU backend has one device, cpu:0 (asked for cpu:%d)", index);
+        return MOE_ERR_BACKEND;
+    }
+    return moe_backend_cpu_new(model, p, out);
+}
+
+const struct moe_backend_reg moe_backend_reg_cpu = {
+    "cpu", "the reference backend: host memory, a thread pool, AVX2 / AVX-512 kernels", cpu_device_count,
+    cpu_describe, cpu_init,
+};

@@ -409,7 +409,7 @@ enum moe_status rope_tables(cuda *s, int pos0, int n, int seq_len) {
 enum moe_status worker_run(cuda *s, host_job &j) {
     const int64_t H = s->H;
     const int n = (int)j.rows.size();
-    if (cudaEventSynchronize(s->xn_ev) != cudaSuccess) return MOE_ERR_IO;
+    if (cudaEventSynchronize(s->xn_ev) != cudaSuccess) return MOE_ERR_BACKEND;
     for (int done = 0; done < n;) {
         const int c = n - done < s->p.n_batch ? n - done : s->p.n_batch;
         for (int i = 0; i < c; i++)
@@ -551,7 +551,7 @@ enum moe_status cu_buffer_alloc(moe_backend *be, size_t size, moe_buffer *out) {
         MOE_LOGE("CUDA backend: cannot create events");
         moe_buffer tmp = {b->base, b->host, b->size, b};
         cu_buffer_free(be, &tmp);
-        return MOE_ERR_IO;
+        return MOE_ERR_BACKEND;
     }
     CU(cudaEventRecord(b->ready, s->xs));
     {
@@ -940,7 +940,7 @@ enum moe_status measure_prec(cuda *s, int p, moe_lat_entry *e) {
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     const int smax = s->p.n_batch < 256 ? s->p.n_batch : 256;
-    st = MOE_ERR_IO;
+    st = MOE_ERR_BACKEND;
     if (cudaMalloc((void **)&dbuf, bytes) != cudaSuccess || cudaHostAlloc((void **)&hbuf, bytes, cudaHostAllocPortable) ||
         cudaMalloc((void **)&xd, sizeof(float) * (size_t)smax * (size_t)s->H) != cudaSuccess) {
         cudaGetLastError();
@@ -1081,10 +1081,23 @@ size_t cu_kv_cache_bytes(moe_backend *be) {
 
 void cu_free(moe_backend *be);
 
+// cu_supports: device memory fed by staging, experts placed by Twiddler; the
+// CPU's interleaved layouts are not read here (weights stay in stored blocks).
+int cu_supports(const moe_backend *be, enum moe_backend_feature f) {
+    return f == MOE_BACKEND_FEAT_EXPERT_BATCH || f == MOE_BACKEND_FEAT_PLACE || f == MOE_BACKEND_FEAT_STAGE;
+}
+
+// cu_stats_json: moe_backend_cuda_stats as JSON (moe-run's --stats-json "backend").
+cJSON *cu_stats_json(const moe_backend *be) {
+    moe_cuda_stats cs;
+    return moe_backend_cuda_stats(be, &cs) == MOE_OK ? moe_cuda_stats_to_json(&cs) : nullptr;
+}
+
 const moe_backend_iface k_cuda_iface = {
     MOE_BACKEND_VERSION, "cuda", cu_free, cu_buffer_alloc, cu_buffer_free, cu_buffer_write, cu_embed, cu_set_x,
     cu_get_x, cu_get_xn, cu_attention, cu_ffn_norm, cu_router, cu_expert, cu_dense, cu_residual, cu_lm_head,
     cu_ffn_rows, cu_lm_head_rows, cu_kv_cache_bytes, cu_expert_batch, cu_place, cu_stage_begin, cu_stage_end,
+    cu_supports, cu_stats_json,
 };
 
 void cu_free(moe_backend *be) {
@@ -1356,7 +1369,7 @@ extern "C" enum moe_status moe_backend_cuda_new(const moe_model *model, const mo
     const int n_dev = moe_cuda_device_count();
     if (g->device < 0 || g->device >= n_dev) {
         MOE_LOGE("CUDA device %d requested; %d found", g->device, n_dev);
-        return MOE_ERR_UNSUPPORTED;
+        return MOE_ERR_BACKEND;
     }
     enum moe_status st = supported(&model->cfg);
     if (st) return st;
@@ -1383,6 +1396,22 @@ extern "C" enum moe_status moe_backend_cuda_new_fn(const moe_model *model, const
                                                    moe_backend **out) {
     return moe_backend_cuda_new(model, p, (const moe_gpu_params *)user, out);
 }
+
+// The registry's row (runtime/backend/backend.c): options are a moe_gpu_params
+// (NULL: the defaults); the device index comes from the registry's spec.
+static int cuda_reg_describe(int index, char *buf, size_t size) { return moe_cuda_describe(index, buf, size); }
+
+static enum moe_status cuda_reg_init(const moe_model *model, const moe_backend_params *p, int index,
+                                     const void *options, moe_backend **out) {
+    moe_gpu_params g = options ? *(const moe_gpu_params *)options : moe_gpu_default_params();
+    g.device = index;
+    return moe_backend_cuda_new(model, p, &g, out);
+}
+
+extern "C" const moe_backend_reg moe_backend_reg_cuda = {
+    "cuda", "NVIDIA GPUs (CUDA, cuBLAS): experts in device memory, pinned host tier, unified memory on Jetson",
+    moe_cuda_device_count, cuda_reg_describe, cuda_reg_init,
+};
 
 extern "C" enum moe_status moe_backend_cuda_stats(const moe_backend *be, moe_cuda_stats *out) {
     if (!be || be->iface != &k_cuda_iface) return MOE_ERR_INVALID;

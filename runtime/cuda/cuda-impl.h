@@ -17,13 +17,13 @@
 #include "moe-quant.h"
 #include "moe-status.h"
 
-/* CU: a CUDA call that must succeed; logs the call and the error and returns MOE_ERR_IO. */
+/* CU: a CUDA call that must succeed; logs the call and the error and returns MOE_ERR_BACKEND. */
 #define CU(call)                                                                                     \
     do {                                                                                             \
         cudaError_t cu_err_ = (call);                                                                \
         if (cu_err_ != cudaSuccess) {                                                                \
             MOE_LOGE("%s: %s (%s:%d)", #call, cudaGetErrorString(cu_err_), __FILE__, __LINE__);      \
-            return MOE_ERR_IO;                                                                       \
+            return MOE_ERR_BACKEND;                                                                       \
         }                                                                                            \
     } while (0)
 
@@ -32,7 +32,7 @@
         cublasStatus_t cb_err_ = (call);                                                             \
         if (cb_err_ != CUBLAS_STATUS_SUCCESS) {                                                      \
             MOE_LOGE("%s: cuBLAS status %d (%s:%d)", #call, (int)cb_err_, __FILE__, __LINE__);       \
-            return MOE_ERR_IO;                                                                       \
+            return MOE_ERR_BACKEND;                                                                       \
         }                                                                                            \
     } while (0)
 

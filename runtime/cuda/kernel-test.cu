@@ -118,7 +118,7 @@ extern "C" enum moe_status moe_cuda_test_matmul(int dev, enum moe_qtype t, const
     gemm_ctx g;
     if (path && (moe_blas_create(&h) != CUBLAS_STATUS_SUCCESS || (st = gemm_bufs(m, h, path == 2, n_in, n_out, n_tok, &g)))) {
         if (h) moe_blas_destroy(h);
-        return st ? st : MOE_ERR_IO;
+        return st ? st : MOE_ERR_BACKEND;
     }
     st = run_jobs(m, {job_of(wd, t, n_out, n_in, xd, n_in, n_tok, yd, n_out, bd, Y_STORE)}, path ? &g : nullptr);
     if (!st) st = finish(y, yd, sizeof(float) * (size_t)(n_tok * n_out));
@@ -143,7 +143,7 @@ extern "C" enum moe_status moe_cuda_test_ffn(int dev, const struct moe_ffn *f, c
     gemm_ctx g;
     if (path && (moe_blas_create(&h) != CUBLAS_STATUS_SUCCESS || (st = gemm_bufs(m, h, path == 2, std::max(F, H), std::max(F, H), n, &g)))) {
         if (h) moe_blas_destroy(h);
-        return st ? st : MOE_ERR_IO;
+        return st ? st : MOE_ERR_BACKEND;
     }
     gemv_job gu = job_of(gd, f->gate.type, F, H, xd, H, n, hd, F, nullptr, Y_SWIGLU);
     gu.w2 = ud;

@@ -83,7 +83,7 @@ struct cJSON *moe_cuda_stats_to_json(const struct moe_cuda_stats *s);
 /* ---- kernels one by one, for the parity tests and the benchmarks ------------
  * Each runs one kernel on device `dev` with host inputs and outputs (copied
  * in and out; not fast). Return MOE_OK, MOE_ERR_UNSUPPORTED (no device or an
- * unsupported type), MOE_ERR_NOMEM or MOE_ERR_IO (a CUDA error, logged). */
+ * unsupported type), MOE_ERR_NOMEM or MOE_ERR_BACKEND (a CUDA error, logged). */
 
 /* moe_cuda_test_dequant: y [n_out x n_in] = the rows of w as float32. */
 enum moe_status moe_cuda_test_dequant(int dev, enum moe_qtype t, const void *w, int64_t n_out, int64_t n_in, float *y);

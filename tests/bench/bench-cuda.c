@@ -31,6 +31,7 @@
 
 #include "moe-cuda.h"
 #include "moe-gpu.h"
+#include "moe-options.h"
 #include "moe-session.h"
 #include "moe-store.h"
 

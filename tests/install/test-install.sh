@@ -16,6 +16,24 @@ done
 libdir=$(find "$prefix" -name moe.pc -path '*/pkgconfig/*' -exec dirname {} \; | head -n 1)
 [ -n "$libdir" ] || { echo "moe.pc not installed"; exit 1; }
 if find "$prefix/include" -name '*-impl.h' | grep -q .; then echo "a private *-impl.h was installed"; exit 1; fi
+for f in moe-opt.h moe-options.h moe-cuda.h moe-adapt.h; do
+    [ ! -e "$prefix/include/moe/$f" ] || { echo "installed a header that is not public: $f"; exit 1; }
+done
+# every installed header: says what it is for in its first comment, has
+# extern "C" guards, and compiles on its own (C11, and C++ when there is a
+# C++ compiler)
+cxx=$(command -v c++ || command -v g++ || true)
+for h in "$prefix"/include/moe/*.h; do
+    b=$(basename "$h")
+    sed -n 2p "$h" | grep -q "^ \* $b - " || { echo "$b: the first comment does not begin \" * $b - what it is for\""; exit 1; }
+    grep -q 'extern "C"' "$h" || { echo "$b: no extern \"C\" guard"; exit 1; }
+    printf '#include <moe/%s>\nint moe_header_alone;\n' "$b" >"$tmp/alone.c"
+    "$cc" -std=c11 -Wall -Werror -fsyntax-only -I"$prefix/include" "$tmp/alone.c" || { echo "$b does not compile alone (C)"; exit 1; }
+    if [ -n "$cxx" ]; then
+        cp "$tmp/alone.c" "$tmp/alone.cpp"
+        "$cxx" -std=c++17 -fsyntax-only -I"$prefix/include" "$tmp/alone.cpp" || { echo "$b does not compile alone (C++)"; exit 1; }
+    fi
+done
 export PKG_CONFIG_PATH="$libdir"
 flags=$(pkg-config --cflags --libs --static moe)
 case $flags in *"$prefix"*) ;; *) echo "moe.pc does not point into the prefix: $flags"; exit 1 ;; esac

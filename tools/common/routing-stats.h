@@ -19,27 +19,7 @@
 #include <stdint.h>
 
 #include "moe-status.h"
-
-/* A routing trace: for each token of each sequence, in order, and each MoE
- * layer, the K selected experts (largest gate weight first) and their gate
- * weights as the model applied them. Arrays are borrowed. */
-struct moe_trace {
-    int n_layers;            /* MoE layers (dense layers are not in the trace) */
-    int n_experts;
-    int k;                   /* experts per token */
-    int n_seq;
-    const int64_t *seq_start; /* [n_seq + 1] token offsets; seq_start[n_seq] = n_tokens */
-    const int16_t *experts;   /* [n_tokens x n_layers x k] */
-    const float *weights;     /* [n_tokens x n_layers x k] */
-};
-
-/* moe_trace_n_tokens: tokens in the trace. */
-static inline int64_t moe_trace_n_tokens(const struct moe_trace *t) { return t->seq_start[t->n_seq]; }
-
-/* moe_trace_check: every expert id in range, every gate weight a finite
- * number >= 0, and sequences in order; the error (MOE_ERR_RANGE for ids and
- * weights) names the token and layer. */
-enum moe_status moe_trace_check(const struct moe_trace *t);
+#include "moe-trace.h" /* struct moe_trace, moe_trace_check, moe_hobbit_scores */
 
 /* ---- popularity (Twiddler) ---- */
 
@@ -56,11 +36,6 @@ void moe_placement_order(const int64_t *counts, int n_layers, int n_experts, int
 double moe_placement_hit_rate(const struct moe_trace *t, const int32_t *order, int n_resident);
 
 /* ---- HOBBIT scores ---- */
-
-/* moe_hobbit_scores: s of every selected slot, in trace order
- * ([n_tokens x n_layers x k]): with the K gate weights normalised to sum 1,
- * s_0 = 0 and s_i = g_0 + ... + g_{i-1}. */
-void moe_hobbit_scores(const struct moe_trace *t, float *s);
 
 /* The three-way split of loads that thresholds give. */
 struct moe_hobbit_split {

@@ -15,6 +15,7 @@
 #include "eval.h"
 #include "moe-dataset.h"
 #include "moe-mmap.h"
+#include "moe-options.h"
 #include "moe-opt.h"
 #include "moe-prep.h"
 #include "moe-session.h"

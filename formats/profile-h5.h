@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "moe-status.h"
-#include "routing-stats.h"
+#include "moe-trace.h"
 
 #define MOE_PROFILE_FORMAT "moe-profile"
 #define MOE_PROFILE_VERSION 1

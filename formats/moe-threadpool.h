@@ -18,6 +18,10 @@
 
 #include "moe-status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct moe_pool;
 
 /* fn processes items [begin, end); tid in [0, n_threads) identifies the thread
@@ -42,4 +46,7 @@ void moe_pool_for(struct moe_pool *p, int64_t n, int64_t min_chunk, moe_range_fn
  * their spin. For moe-adapt.h's choice; the caller's thread only. */
 void moe_pool_set_solo(struct moe_pool *p, int solo);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

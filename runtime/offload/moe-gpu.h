@@ -28,14 +28,14 @@
 #include "moe-status.h"
 #include "moe-twiddler.h"
 
-struct moe_opt; /* moe-opt.h */
-
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 struct moe_gpu_params {
-    int device;             /* -1: the CPU backend (default); >= 0: CUDA device index (--device cuda[:N]) */
+    int device;             /* -1: the CPU backend (default); >= 0: the device index (--device cuda[:N]) */
+    char device_spec[48];   /* --device as given: a registered backend and device, "cpu" (default), "cuda",
+                             * "cuda:1", "auto" (moe_session_params.device) */
     int uma;                /* -1: auto (on for integrated GPUs); 1: forced (--uma) */
     int64_t host_mem;       /* bytes of pinned host tier (--host-mem; 0 = none) */
     enum moe_cpu_experts cpu_experts; /* --cpu-experts (auto) */
@@ -45,27 +45,6 @@ struct moe_gpu_params {
 
 /* moe_gpu_default_params: CPU backend, auto UMA, no host tier, auto CPU experts, f16 GEMMs. */
 struct moe_gpu_params moe_gpu_default_params(void);
-
-/* moe_gpu_option_table: the GPU options as a moe_opt table (moe-opt.h),
- * terminated by a NULL name; static, never freed. A CLI passes it to
- * moe_opt_parse next to its own table and hands each option to
- * moe_gpu_parse_option. */
-const struct moe_opt *moe_gpu_option_table(void);
-
-/* moe_gpu_options_help: the help text of the options below, made from the
- * table once (thread-safe); static, never freed. */
-const char *moe_gpu_options_help(void);
-
-/* moe_gpu_option_takes_value: 1 an option with a value, 0 a flag, -1 not a GPU
- * option (names with or without the leading "--"). */
-int moe_gpu_option_takes_value(const char *name);
-
-/* moe_gpu_parse_option: apply option `name` (with or without "--"; value v,
- * NULL for a flag) to *p.
- * MOE_ERR_NOT_FOUND: not a GPU option; MOE_ERR_INVALID: bad value; both with
- * a message in err. Nothing is logged. */
-enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name, const char *v, char *err,
-                                     size_t err_size);
 
 /* ---- memory bookkeeping ------------------------------------------------ */
 

@@ -178,38 +178,6 @@ int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *expe
 /* moe_store_count_tokens: n tokens were run (decode != 0: one-token steps). */
 void moe_store_count_tokens(struct moe_store *st, int n, int decode);
 
-/* moe_store_option_table: the engine options as an option table (moe-opt.h;
- * names without "--"), for moe_opt_parse in the CLIs that take them (moe-run,
- * eval, plan). Static: valid for the life of the program. */
-struct moe_opt;
-const struct moe_opt *moe_store_option_table(void);
-
-/* moe_store_options_help: the help text of the engine options below (a heading
- * and the table's help; static, thread-safe). */
-const char *moe_store_options_help(void);
-
-/* moe_store_option_takes_value: 1 if `name` (e.g. "--expert-mem" or
- * "expert-mem") is an engine option with a value, 0 a flag, -1 not an
- * engine option. */
-int moe_store_option_takes_value(const char *name);
-
-/* moe_store_parse_option: apply option `name` ("--expert-mem" or
- * "expert-mem") with value v (NULL for a flag) to *p; "--expert-mem" takes bytes ("512M") or a share ("25%").
- * MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a bad value;
- * both with a message for the user in err. Nothing is logged. */
-enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
-                                       size_t err_size);
-
-/* moe_store_stats_to_json: s as one cJSON object (counts, ratios, bytes and
- * stall time per token, prefetch precision and recall, peak resident bytes;
- * ratios with nothing to divide by are null). The caller owns it
- * (cJSON_Delete); NULL when out of memory. */
-struct cJSON;
-struct cJSON *moe_store_stats_to_json(const struct moe_store_stats *s);
-
-/* moe_store_stats_json: moe_store_stats_to_json printed to f on one line. */
-void moe_store_stats_json(const struct moe_store_stats *s, FILE *f);
-
 /* moe_store_get_stats: the counters so far. */
 void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out);
 

@@ -32,14 +32,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
 #include <xxhash.h>
 
 #include "moe-bundle.h"
 #include "moe-store.h"
 
 #include "moe-base.h"
-#include "moe-opt.h"
 #include "moe-tuning.h"
 
 enum slot_state { S_EMPTY, S_QUEUED, S_LOADING, S_READY, S_FAILED };
@@ -211,19 +209,18 @@ static enum moe_status check_sum(const struct moe_store *st, const struct moe_bu
  * key names the content: g * precisions + prec. */
 static enum moe_status load_staged(struct moe_store *st, struct slot *s, const struct moe_bundle_blob *b, int32_t g,
                                    int prec, void *staging) {
-    const struct moe_backend_iface *bi = st->be->iface;
     const uint64_t key = (uint64_t)g * (uint64_t)st->m->n_expert_prec + (uint64_t)prec;
     const size_t room = round4k(b->raw_size > b->stored_size ? b->raw_size : b->stored_size);
     void *h = NULL;
     int ready = 0;
-    enum moe_status rc = bi->stage_begin(st->be, key, room, &h, &ready);
+    enum moe_status rc = moe_backend_stage_begin(st->be, key, room, &h, &ready);
     if (rc) return rc;
     if (!ready && b->compression == MOE_BUNDLE_COMP_NONE) {
         if (!(rc = read_stored(st, b, h, room))) rc = check_sum(st, b, h);
     } else if (!ready) {
         if (!(rc = read_stored(st, b, staging, st->staging_size))) rc = moe_bundle_blob_decode(st->bundle, b, staging, h, room);
     }
-    enum moe_status rc2 = bi->stage_end(st->be, key, h, rc == MOE_OK, &s->buf, (size_t)b->raw_size);
+    enum moe_status rc2 = moe_backend_stage_end(st->be, key, h, rc == MOE_OK, &s->buf, (size_t)b->raw_size);
     return rc ? rc : rc2;
 }
 
@@ -250,13 +247,13 @@ static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int
     enum moe_status rc = blob(st, g, prec, &b);
     if (rc) return rc;
     void *host = s->buf.host;
-    if (!host && st->be->iface->version >= 3 && st->be->iface->stage_begin) return load_staged(st, s, &b, g, prec, staging);
+    if (!host && moe_backend_supports(st->be, MOE_BACKEND_FEAT_STAGE)) return load_staged(st, s, &b, g, prec, staging);
     const int direct_ok = host != NULL && b.compression == MOE_BUNDLE_COMP_NONE;
     void *dst = direct_ok ? host : staging;
     if ((rc = read_stored(st, &b, dst, direct_ok ? s->cap : st->staging_size))) return rc;
     if (b.compression == MOE_BUNDLE_COMP_NONE) {
         if ((rc = check_sum(st, &b, dst))) return rc;
-        if (!host) rc = st->be->iface->buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
+        if (!host) rc = moe_backend_buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
         return rc ? rc : host ? pack_copy(st, prec, host, (size_t)b.raw_size, staging) : MOE_OK;
     }
     if (host) {
@@ -266,7 +263,7 @@ static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int
     /* device-only slot: decode after the stored bytes in staging, then copy */
     char *raw = (char *)staging + round4k(b.stored_size);
     if ((rc = moe_bundle_blob_decode(st->bundle, &b, staging, raw, (size_t)b.raw_size))) return rc;
-    return st->be->iface->buffer_write(st->be, &s->buf, 0, raw, (size_t)b.raw_size);
+    return moe_backend_buffer_write(st->be, &s->buf, 0, raw, (size_t)b.raw_size);
 }
 
 /* enqueue: a read of slot i's current content (lock held). */
@@ -533,7 +530,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     pthread_cond_init(&st->cv, NULL);
     st->cc = moe_cache_default_config();
     enum moe_status rc;
-    if (p->repack && be->iface->name && strcmp(be->iface->name, "cpu") == 0) /* layouts the CPU kernels read faster */
+    if (p->repack && moe_backend_supports(be, MOE_BACKEND_FEAT_CPU_LAYOUTS)) /* layouts the CPU kernels read faster */
         for (uint32_t pi = 0; pi < MOE_BUNDLE_MAX_PRECISIONS; pi++) {
             const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, pi);
             if (!d) break;
@@ -615,7 +612,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         s->kind = i < H ? 1 : i < H + Lc ? 0 : 2;
         s->cap = s->kind == 1 ? hread : s->kind == 0 ? lread : scratch;
         s->g = s->pend_g = -1;
-        if ((rc = be->iface->buffer_alloc(be, s->cap, &s->buf))) goto fail;
+        if ((rc = moe_backend_buffer_alloc(be, s->cap, &s->buf))) goto fail;
         st->stats.slot_bytes += (int64_t)s->cap;
         if (s->kind == 1) st->free_hi[st->n_free_hi++] = i;
         else if (s->kind == 0) st->free_lo[st->n_free_lo++] = i;
@@ -728,7 +725,7 @@ void moe_store_free(struct moe_store *st) {
     pthread_mutex_unlock(&st->mu);
     for (int i = 0; i < st->started; i++) pthread_join(st->threads[i], NULL);
     for (int i = 0; st->slots && i < st->n_slots; i++)
-        if (st->slots[i].buf.data) st->be->iface->buffer_free(st->be, &st->slots[i].buf);
+        if (st->slots[i].buf.data) moe_backend_buffer_free(st->be, &st->slots[i].buf);
     for (int i = 0; st->staging && i < st->n_threads; i++) free(st->staging[i]);
     if (st->fd >= 0) close(st->fd);
     moe_cache_free(st->cache);
@@ -905,7 +902,7 @@ static void place_items(struct moe_store *st, int layer, int ni) {
         n++;
     }
     if (n == 0) return;
-    st->be->iface->place(st->be, st->layer_of[layer], n, tok, prec, res, host);
+    moe_backend_place(st->be, st->layer_of[layer], n, tok, prec, res, host);
     pthread_mutex_lock(&st->mu);
     for (int j = 0; j < n; j++) {
         const int i = idx[j];
@@ -990,7 +987,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
         }
     }
     pthread_mutex_unlock(&st->mu);
-    if (st->be->iface->version >= 3 && st->be->iface->place) place_items(st, layer, ni);
+    if (moe_backend_supports(st->be, MOE_BACKEND_FEAT_PLACE)) place_items(st, layer, ni);
     st->plan.n_items = ni;
     st->plan.items = st->items;
     st->plan.rows = st->rows;
@@ -1109,220 +1106,6 @@ void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out
     pthread_mutex_unlock((pthread_mutex_t *)&st->mu);
 }
 
-/* ---- command-line options (shared by moe-run and moe-prep eval) ------ */
-
-/* The engine options: one table for the parser (moe_opt_parse) and --help. */
-static const struct moe_opt k_store_opts[] = {
-    {"expert-mem", 0, MOE_OPT_REQUIRED, "SIZE",
-     "keep at most SIZE bytes of expert copies in memory (e.g. 512M,\n2G), or a share of every expert's high copy (e.g. 25%);\nmissed experts are read from the bundle"},
-    {"cache-experts", 0, MOE_OPT_REQUIRED, "H,L", "keep H high- and L low-precision copies (as fit-cache)"},
-    {"io", 0, MOE_OPT_REQUIRED, "MODE", "direct (O_DIRECT, default) | buffered | mmap"},
-    {"policy", 0, MOE_OPT_REQUIRED, "NAME",
-     "lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler |\nhobbit (default: hobbit with the bundle's fitted weights,\nelse lru)"},
-    {"high", 0, MOE_OPT_REQUIRED, "P", "precision of high copies (default: each expert's bit-width-\nmap precision)"},
-    {"low", 0, MOE_OPT_REQUIRED, "P", "precision of low copies (default: the smallest stored)"},
-    {"dynamic", 0, MOE_OPT_REQUIRED, "on|off|auto",
-     "HOBBIT dynamic precision: experts ranked below T1 of the gate\nmass load low copies on a miss (auto: on when the budget\ncannot hold every high copy)"},
-    {"skip", 0, MOE_OPT_NONE, NULL, "skip experts past T2 that are not cached (HOBBIT; off by\ndefault)"},
-    {"t1", 0, MOE_OPT_REQUIRED, "X", "threshold T1 (default: the bundle's hobbit.t1)"},
-    {"t2", 0, MOE_OPT_REQUIRED, "Y", "threshold T2 (default: the bundle's hobbit.t2)"},
-    {"low-share", 0, MOE_OPT_REQUIRED, "X", "share of --expert-mem for low copies (default 0.25)"},
-    {"prefetch", 0, MOE_OPT_REQUIRED, "on|off",
-     "stacked gating 1 layer ahead + path dictionary, 2 experts\n(default off: on small caches it evicts more than it saves)"},
-    {"prefetch-layers", 0, MOE_OPT_REQUIRED, "P", "stacked gating up to P layers ahead (default 0)"},
-    {"prefetch-paths", 0, MOE_OPT_REQUIRED, "M",
-     "EdgeMoE: preload the M most probable experts of the next\nlayer from the path dictionary in the tuning (default 0)"},
-    {"path-order", 0, MOE_OPT_REQUIRED, "N", "path dictionary keyed on 1 or 2 previous layers (default 1)"},
-    {"warm", 0, MOE_OPT_REQUIRED, "on|off", "start with the most popular experts loaded (default on)"},
-    {"loaders", 0, MOE_OPT_REQUIRED, "N", "I/O threads (default 2)"},
-    {NULL, 0, 0, NULL, NULL},
-};
-
-const struct moe_opt *moe_store_option_table(void) { return k_store_opts; }
-
-static char *g_store_help;
-static pthread_once_t g_store_help_once = PTHREAD_ONCE_INIT;
-
-static void make_store_help(void) {
-    struct moe_buf b = {0};
-    char *t = moe_opt_help_text(k_store_opts);
-    if (moe_buf_printf(&b, "expert memory (bundles; default: every expert resident, as mapped):\n%s", t ? t : "") ==
-        MOE_OK)
-        g_store_help = moe_buf_take(&b);
-    moe_buf_free(&b);
-    free(t);
-}
-
-const char *moe_store_options_help(void) {
-    pthread_once(&g_store_help_once, make_store_help);
-    return g_store_help ? g_store_help : "";
-}
-
-/* opt_int: a strict integer in [lo, hi]. */
-static int opt_int(const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return 0;
-    *out = (int)v;
-    return 1;
-}
-
-static int opt_double(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return 0;
-    *out = v;
-    return 1;
-}
-
-/* opt_onoff: on / off (and auto when allowed: -1). */
-static int opt_onoff(const char *s, int allow_auto, int *out) {
-    if (!strcmp(s, "on") || !strcmp(s, "1")) return *out = 1, 1;
-    if (!strcmp(s, "off") || !strcmp(s, "0")) return *out = 0, 1;
-    if (allow_auto && !strcmp(s, "auto")) return *out = -1, 1;
-    return 0;
-}
-
-/* bare: an option's name without its leading "--" (both spellings are accepted). */
-static const char *bare(const char *name) { return strncmp(name, "--", 2) ? name : name + 2; }
-
-int moe_store_option_takes_value(const char *name) {
-    for (const struct moe_opt *o = k_store_opts; o->name; o++)
-        if (!strcmp(bare(name), o->name)) return o->arg != MOE_OPT_NONE;
-    return -1;
-}
-
-enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
-                                       size_t err_size) {
-    const char *o = bare(name);
-    int ok = 1, x;
-    if (!strcmp(o, "skip")) {
-        p->skip = 1;
-    } else if (!v) {
-        ok = 0;
-    } else if (!strcmp(o, "expert-mem")) {
-        int64_t b;
-        char *end;
-        errno = 0;
-        const double pct = strtod(v, &end);
-        if (end != v && end[0] == '%' && end[1] == 0) { /* a share: "25%" */
-            ok = !errno && pct > 0 && pct <= 100;
-            if (ok) p->expert_mem_share = pct / 100.0, p->expert_mem = 0, p->high_cap = p->low_cap = 0;
-        } else {
-            ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
-            if (ok) p->expert_mem = b, p->expert_mem_share = 0;
-        }
-    } else if (!strcmp(o, "cache-experts")) {
-        int h, l, n = 0;
-        ok = sscanf(v, "%d,%d%n", &h, &l, &n) == 2 && v[n] == 0 && h >= 0 && l >= 0 && h + l > 0;
-        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0, p->expert_mem_share = 0;
-    } else if (!strcmp(o, "io")) {
-        if (!strcmp(v, "direct")) p->io = MOE_IO_DIRECT;
-        else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
-        else if (!strcmp(v, "mmap")) p->io = MOE_IO_MMAP;
-        else ok = 0;
-    } else if (!strcmp(o, "policy")) {
-        enum moe_cache_policy pol;
-        ok = moe_cache_policy_parse(v, &pol) == MOE_OK && pol != MOE_CACHE_BELADY;
-        if (ok) p->policy = (int)pol;
-    } else if (!strcmp(o, "high")) {
-        p->high = v;
-    } else if (!strcmp(o, "low")) {
-        p->low = v;
-    } else if (!strcmp(o, "dynamic")) {
-        ok = opt_onoff(v, 1, &p->dynamic);
-    } else if (!strcmp(o, "t1")) {
-        ok = opt_double(v, 0, 1, &p->t1);
-    } else if (!strcmp(o, "t2")) {
-        ok = opt_double(v, 0, 1, &p->t2);
-    } else if (!strcmp(o, "low-share")) {
-        ok = opt_double(v, 0, 0.95, &p->low_share);
-    } else if (!strcmp(o, "prefetch")) {
-        ok = opt_onoff(v, 0, &x);
-        if (ok && !x) p->prefetch_layers = p->prefetch_paths = 0;
-        if (ok && x && !p->prefetch_layers && !p->prefetch_paths) p->prefetch_layers = 1, p->prefetch_paths = 2;
-    } else if (!strcmp(o, "prefetch-layers")) {
-        ok = opt_int(v, 0, 8, &p->prefetch_layers);
-    } else if (!strcmp(o, "prefetch-paths")) {
-        ok = opt_int(v, 0, 64, &p->prefetch_paths);
-    } else if (!strcmp(o, "path-order")) {
-        ok = opt_int(v, 1, 2, &p->path_order);
-    } else if (!strcmp(o, "warm")) {
-        ok = opt_onoff(v, 0, &p->warm);
-    } else if (!strcmp(o, "loaders")) {
-        ok = opt_int(v, 1, 64, &p->n_loaders);
-    } else {
-        snprintf(err, err_size, "unknown option --%s", o);
-        return MOE_ERR_NOT_FOUND;
-    }
-    if (!ok) {
-        snprintf(err, err_size, "bad value for --%s: \"%s\" (see --help)", o, v ? v : "");
-        return MOE_ERR_INVALID;
-    }
-    return MOE_OK;
-}
-
 int moe_store_params_active(const struct moe_store_params *p) {
     return p && (p->expert_mem > 0 || p->expert_mem_share > 0 || p->high_cap > 0 || p->low_cap > 0);
-}
-
-/* add_num: a number, or null when not finite (JSON has no NaN). */
-static void add_num(cJSON *o, const char *key, double v) {
-    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
-    else cJSON_AddNullToObject(o, key);
-}
-
-cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
-    const double tok = s->tokens > 0 ? (double)s->tokens : NAN, served = (double)(s->accesses - s->skips);
-    const double dec = s->decode_tokens > 0 ? (double)s->decode_tokens : NAN;
-    static const char *const io[] = {"direct", "buffered", "mmap"};
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON_AddStringToObject(o, "policy", moe_cache_policy_name((enum moe_cache_policy)s->policy));
-    cJSON_AddStringToObject(o, "io", io[s->io]);
-    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
-    const struct {
-        const char *key;
-        double v;
-    } counts[] = {
-        {"high_cap", s->high_cap}, {"low_cap", s->low_cap},
-        {"high_copy_bytes", (double)s->high_copy_bytes}, {"low_copy_bytes", (double)s->low_copy_bytes},
-        {"t1", s->t1}, {"t2", s->t2},
-        {"tokens", (double)s->tokens}, {"decode_tokens", (double)s->decode_tokens},
-        {"accesses", (double)s->accesses}, {"hits_high", (double)s->hits_high}, {"hits_low", (double)s->hits_low},
-        {"misses_high", (double)s->misses_high}, {"misses_low", (double)s->misses_low}, {"skips", (double)s->skips},
-        {"loads", (double)s->loads}, {"load_bytes", (double)s->load_bytes},
-        {"prefetch_loads", (double)s->prefetch_loads}, {"prefetch_used", (double)s->prefetch_used},
-        {"prefetch_cancelled", (double)s->prefetch_cancelled}, {"scratch_loads", (double)s->scratch_loads},
-        {"hit_ratio", served > 0 ? (double)(s->hits_high + s->hits_low) / served : NAN},
-        {"hit_ratio_high", s->hits_high + s->misses_high > 0
-                               ? (double)s->hits_high / (double)(s->hits_high + s->misses_high) : NAN},
-        {"hit_ratio_low", s->hits_low + s->misses_low > 0
-                              ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN},
-        {"loads_per_token", (double)s->loads / tok},
-        {"bytes_read_per_token", (double)s->load_bytes / tok},
-        {"loads_per_decode_token", (double)s->loads_decode / dec},
-        {"bytes_read_per_decode_token", (double)s->load_bytes_decode / dec},
-        {"stall_s", s->stall_s},
-        {"stall_s_per_token", s->stall_s / tok},
-        {"stall_s_per_decode_token", s->stall_s_decode / dec},
-        {"prefetch_precision", s->prefetch_loads > 0 ? (double)s->prefetch_used / (double)s->prefetch_loads : NAN},
-        {"prefetch_recall", s->prefetch_used + s->misses_high + s->misses_low > 0
-                                ? (double)s->prefetch_used / (double)(s->prefetch_used + s->misses_high + s->misses_low)
-                                : NAN},
-        {"peak_resident_bytes", (double)s->peak_resident_bytes}, {"slot_bytes", (double)s->slot_bytes},
-        {"host_runs", (double)s->host_runs},
-    };
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
-    return o;
-}
-
-void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
-    cJSON *o = moe_store_stats_to_json(s);
-    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
-    fputs(t ? t : "null", f);
-    cJSON_free(t);
-    cJSON_Delete(o);
 }

@@ -14,7 +14,16 @@
  * session refuses a backend whose version is newer than it knows, and calls
  * a member only when the backend's version has it. Members are only ever
  * appended. Version 2 added kv_cache_bytes; version 3 expert_batch, place,
- * stage_begin and stage_end (each may be NULL).
+ * stage_begin and stage_end; version 4 supports and stats_json (each may be
+ * NULL). Callers never test the version or a NULL slot themselves: they call
+ * the wrappers below (moe_backend_attention(), ...), one per member, which do
+ * (as SQLite's os.c does for its VFS).
+ *
+ * The registry (backend.c, the runtime's only CUDA #ifdef) lists the
+ * backends compiled into this build; programs pick one by name
+ * (moe_backend_init_by_name: "cpu", "cuda", "cuda:1") or the best present
+ * (moe_backend_init_best) and never know which were built. Adding a backend
+ * is a folder under runtime/ (its iface and constructor) and one row there.
  *
  * Attention kinds: `attention` runs the layer's attention whatever its kind
  * (moe_config.attn): grouped-query attention with K and V in the cache, or
@@ -50,7 +59,7 @@
 extern "C" {
 #endif
 
-#define MOE_BACKEND_VERSION 3
+#define MOE_BACKEND_VERSION 4
 
 /* Memory owned by a backend. */
 struct moe_buffer {
@@ -62,6 +71,17 @@ struct moe_buffer {
 };
 
 struct moe_backend;
+struct cJSON;
+
+/* What a caller may ask a backend about (supports). */
+enum moe_backend_feature {
+    MOE_BACKEND_FEAT_CPU_LAYOUTS = 0,  /* reads the CPU's interleaved weight layouts (q4_k_r16, q8_0_r16:
+                                        * moe_model_repack, and the store's repack of expert copies) */
+    MOE_BACKEND_FEAT_HOST_MEMORY = 1,  /* its buffers are host memory: the model's mapping is used in place */
+    MOE_BACKEND_FEAT_EXPERT_BATCH = 2, /* expert_batch (a layer step's experts in one call) */
+    MOE_BACKEND_FEAT_PLACE = 3,        /* place: experts may run on the host beside it (Twiddler) */
+    MOE_BACKEND_FEAT_STAGE = 4,        /* stage_begin / stage_end: device memory fed through host staging */
+};
 
 /* One routed expert's work in a layer step (expert_batch). */
 struct moe_expert_work {
@@ -162,6 +182,14 @@ struct moe_backend_iface {
     enum moe_status (*stage_begin)(struct moe_backend *be, uint64_t key, size_t room, void **host, int *ready);
     enum moe_status (*stage_end)(struct moe_backend *be, uint64_t key, void *host, int ok, struct moe_buffer *dst,
                                  size_t n);
+
+    /* -- version 4 -- */
+    /* supports: 1 if the backend has feature f (a member-based feature is
+     * also answered from the members; NULL: only those). */
+    int (*supports)(const struct moe_backend *be, enum moe_backend_feature f);
+    /* stats_json: the backend's own counters since creation as one cJSON
+     * object the caller owns (moe-run's --stats-json "backend"), or NULL. */
+    struct cJSON *(*stats_json)(const struct moe_backend *be);
 };
 
 struct moe_backend {
@@ -178,9 +206,117 @@ struct moe_backend_params {
 };
 
 /* A backend constructor, for moe_session_params.backend_new (NULL there: the
- * CPU backend). `user` is moe_session_params.backend_user. */
+ * registry's choice, moe_session_params.device). `user` is
+ * moe_session_params.backend_user. */
 typedef enum moe_status (*moe_backend_new_fn)(const struct moe_model *model, const struct moe_backend_params *p,
                                               void *user, struct moe_backend **out);
+
+/* ---- the registry ---------------------------------------------------------- */
+
+/* One backend compiled into this build. */
+struct moe_backend_reg {
+    const char *name;        /* "cpu", "cuda" */
+    const char *description; /* one line for help and listings */
+    /* device_count: devices of this kind usable now (0: compiled in, none present) */
+    int (*device_count)(void);
+    /* describe: "name, N MiB, ..." of device `index` into buf; 0 on success */
+    int (*describe)(int index, char *buf, size_t size);
+    /* init: a backend on device `index` for `model` (borrowed: it must outlive
+     * the backend); `options` are the kind's own (struct moe_gpu_params * for
+     * "cuda"; NULL: its defaults). */
+    enum moe_status (*init)(const struct moe_model *model, const struct moe_backend_params *p, int index,
+                            const void *options, struct moe_backend **out);
+};
+
+/* moe_backend_reg_count / moe_backend_reg_get: the registered backends, the
+ * CPU one first; get returns NULL outside [0, count). */
+int moe_backend_reg_count(void);
+const struct moe_backend_reg *moe_backend_reg_get(int i);
+
+/* moe_backend_reg_by_name: the registered backend `name` ("cpu", "cuda"), or NULL. */
+const struct moe_backend_reg *moe_backend_reg_by_name(const char *name);
+
+/* moe_backend_kind_known: 1 if `name` is a backend this project has, whether
+ * or not this build includes it ("cuda" in a build without -DMOE_CUDA=ON). */
+int moe_backend_kind_known(const char *name);
+
+/* moe_backend_parse_device: split a device spec "name[:N]" ("cpu", "cuda",
+ * "cuda:1", "auto") into its name (into name[name_size]) and index (0 when
+ * absent). MOE_ERR_INVALID (message in err) for an unknown kind, a bad index
+ * or a name too long; a known kind this build lacks is accepted here and
+ * refused by moe_backend_init_by_name. Nothing is logged. */
+enum moe_status moe_backend_parse_device(const char *spec, char *name, size_t name_size, int *index, char *err,
+                                         size_t err_size);
+
+/* moe_backend_init_by_name: a backend of kind `name` on device `index`
+ * ("auto": moe_backend_init_best). Errors, each logged once with what to do:
+ * MOE_ERR_UNSUPPORTED (a kind this build lacks, e.g. "cuda" without
+ * -DMOE_CUDA=ON), MOE_ERR_INVALID (an unknown name), MOE_ERR_BACKEND (no such
+ * device), and whatever the backend's init returns (MOE_ERR_NOMEM,
+ * MOE_ERR_UNSUPPORTED for a model it cannot run, MOE_ERR_BACKEND). The
+ * result's interface version is checked (1..MOE_BACKEND_VERSION). */
+enum moe_status moe_backend_init_by_name(const char *name, int index, const struct moe_model *model,
+                                         const struct moe_backend_params *p, const void *options,
+                                         struct moe_backend **out);
+
+/* moe_backend_init_best: the first registered backend other than the CPU's
+ * that has a device, on its device 0; the CPU backend when none has. */
+enum moe_status moe_backend_init_best(const struct moe_model *model, const struct moe_backend_params *p,
+                                      const void *options, struct moe_backend **out);
+
+/* moe_backend_check: the backend's interface version is one this runtime
+ * knows (1..MOE_BACKEND_VERSION) and its required members are set;
+ * MOE_ERR_UNSUPPORTED (logged) otherwise. Used for backends made by a
+ * moe_backend_new_fn outside the registry. */
+enum moe_status moe_backend_check(const struct moe_backend *be);
+
+/* moe_backend_name: the backend's name ("cpu", "cuda"); "?" for NULL. */
+const char *moe_backend_name(const struct moe_backend *be);
+
+/* moe_backend_supports: 1 if be has feature f (see enum moe_backend_feature). */
+int moe_backend_supports(const struct moe_backend *be, enum moe_backend_feature f);
+
+/* ---- one wrapper per member ------------------------------------------------
+ * Each checks the backend's version and the member's slot and calls it; a
+ * member the backend lacks returns MOE_ERR_UNSUPPORTED (logged with the
+ * backend's name) or, where stated, a neutral value. Arguments as in struct
+ * moe_backend_iface above. */
+enum moe_status moe_backend_buffer_alloc(struct moe_backend *be, size_t size, struct moe_buffer *out);
+void moe_backend_buffer_free(struct moe_backend *be, struct moe_buffer *buf);
+enum moe_status moe_backend_buffer_write(struct moe_backend *be, struct moe_buffer *dst, size_t off, const void *src,
+                                         size_t n);
+enum moe_status moe_backend_embed(struct moe_backend *be, const int32_t *tokens, int n);
+enum moe_status moe_backend_set_x(struct moe_backend *be, const float *x, int n);
+enum moe_status moe_backend_get_x(struct moe_backend *be, float *x, int n);
+enum moe_status moe_backend_get_xn(struct moe_backend *be, float *xn, int n);
+enum moe_status moe_backend_attention(struct moe_backend *be, int layer, int pos0, int n, int seq_len);
+enum moe_status moe_backend_ffn_norm(struct moe_backend *be, int layer, int n);
+enum moe_status moe_backend_router(struct moe_backend *be, int layer, int n, float *logits);
+enum moe_status moe_backend_expert(struct moe_backend *be, const struct moe_ffn *f, const int32_t *rows,
+                                   const int32_t *slots, const float *w, int n_rows, float *out);
+enum moe_status moe_backend_dense(struct moe_backend *be, int layer, int n);
+enum moe_status moe_backend_residual(struct moe_backend *be, int n);
+enum moe_status moe_backend_lm_head(struct moe_backend *be, int row0, int n, float *logits);
+enum moe_status moe_backend_ffn_rows(struct moe_backend *be, const struct moe_ffn *f, const float *x, float *y, int n);
+enum moe_status moe_backend_lm_head_rows(struct moe_backend *be, const float *x, int n, float *logits);
+/* moe_backend_kv_cache_bytes: 0 when the backend does not say. */
+size_t moe_backend_kv_cache_bytes(struct moe_backend *be);
+/* moe_backend_expert_batch: expert_batch where the backend has it, else
+ * expert() per work (MOE_ERR_UNSUPPORTED for a host work then). */
+enum moe_status moe_backend_expert_batch(struct moe_backend *be, const struct moe_expert_work *works, int n);
+/* moe_backend_place: place() where the backend has it; else every host[i] = 0. */
+void moe_backend_place(struct moe_backend *be, int layer, int n, const int32_t *tokens, const int32_t *prec,
+                       const uint8_t *resident, uint8_t *host);
+enum moe_status moe_backend_stage_begin(struct moe_backend *be, uint64_t key, size_t room, void **host, int *ready);
+enum moe_status moe_backend_stage_end(struct moe_backend *be, uint64_t key, void *host, int ok,
+                                      struct moe_buffer *dst, size_t n);
+/* moe_backend_stats_json: the backend's counters (caller owns), or NULL. */
+struct cJSON *moe_backend_stats_json(const struct moe_backend *be);
+
+/* moe_backend_free: be->iface->free(be); NULL is a no-op. */
+void moe_backend_free(struct moe_backend *be);
+
+/* ---- the backends of this build (registry rows) ---------------------------- */
 
 /* moe_backend_cpu_new: the CPU reference backend for `model` (borrowed: it
  * must outlive the backend): KV cache and scratch in host memory, a thread
@@ -189,17 +325,19 @@ typedef enum moe_status (*moe_backend_new_fn)(const struct moe_model *model, con
 enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct moe_backend_params *p,
                                     struct moe_backend **out);
 
-/* moe_backend_cpu_threads: the threads of a CPU backend (caller included). */
+/* moe_backend_cpu_threads: the threads of a CPU backend (caller included); 0 for another backend. */
 int moe_backend_cpu_threads(const struct moe_backend *be);
 
 /* moe_backend_cpu_adapt: a CPU backend's decode-mode chooser (runtime/cpu/
- * moe-adapt.h: every thread or the caller alone), for -v output and tests;
+ * adapt-impl.h: every thread or the caller alone), for -v output and tests;
  * NULL for another backend. */
 struct moe_adapt;
 const struct moe_adapt *moe_backend_cpu_adapt(const struct moe_backend *be);
 
-/* moe_backend_free: be->iface->free(be); NULL is a no-op. */
-void moe_backend_free(struct moe_backend *be);
+/* The registry's rows: defined by each backend's folder (runtime/cpu/,
+ * runtime/cuda/), listed by backend.c. */
+extern const struct moe_backend_reg moe_backend_reg_cpu;
+extern const struct moe_backend_reg moe_backend_reg_cuda; /* only in builds with -DMOE_CUDA=ON */
 
 #ifdef __cplusplus
 }

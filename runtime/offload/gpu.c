@@ -1,113 +1,23 @@
 /*
- * gpu.c - GPU engine options and memory bookkeeping (moe-gpu.h); plain C.
+ * gpu.c - the GPU backend's options and memory bookkeeping (moe-gpu.h); plain C.
+ * Their command-line form is runtime/cli/options.c.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "moe-base.h"
 #include "moe-gpu.h"
-#include "moe-opt.h"
-#include "moe-store.h"
 
 struct moe_gpu_params moe_gpu_default_params(void) {
     struct moe_gpu_params p;
     memset(&p, 0, sizeof p);
     p.device = -1;
+    strcpy(p.device_spec, "cpu");
     p.uma = -1;
     p.cpu_experts = MOE_CPU_EXPERTS_AUTO;
     return p;
-}
-
-/* The GPU options: one table for the parser (moe_opt_parse) and --help. */
-static const struct moe_opt k_gpu_opts[] = {
-    {"device", 0, MOE_OPT_REQUIRED, "D", "cpu (default) | cuda | cuda:N: where the model runs"},
-    {"host-mem", 0, MOE_OPT_REQUIRED, "SIZE",
-     "pinned host tier for expert copies between storage and\n--expert-mem's GPU slots (e.g. 8G; default 0: none)"},
-    {"cpu-experts", 0, MOE_OPT_REQUIRED, "M",
-     "auto | never | always: run experts that are not on the GPU on\nthe CPU (Twiddler: auto decides per expert from "
-     "latencies\nmeasured at start and cached in ~/.cache/moe; default auto)"},
-    {"uma", 0, MOE_OPT_NONE, NULL,
-     "unified memory: expert slots in mapped host memory, no copies\n(automatic on integrated GPUs such as Jetson)"},
-    {"gemm", 0, MOE_OPT_REQUIRED, "P", "f16 (default) | f32: precision of prompt GEMMs"},
-    {"recalibrate", 0, MOE_OPT_NONE, NULL, "measure the latency table again"},
-    {NULL, 0, MOE_OPT_NONE, NULL, NULL},
-};
-
-const struct moe_opt *moe_gpu_option_table(void) { return k_gpu_opts; }
-
-static char *g_gpu_help;
-static pthread_once_t g_gpu_help_once = PTHREAD_ONCE_INIT;
-
-/* make_gpu_help: the section title and the table's help, built once. */
-static void make_gpu_help(void) {
-    struct moe_buf b = {0};
-    char *t = moe_opt_help_text(k_gpu_opts);
-    if (moe_buf_printf(&b, "GPU (builds with -DMOE_CUDA=ON):\n%s", t ? t : "") == MOE_OK) g_gpu_help = moe_buf_take(&b);
-    moe_buf_free(&b);
-    free(t);
-}
-
-const char *moe_gpu_options_help(void) {
-    pthread_once(&g_gpu_help_once, make_gpu_help);
-    return g_gpu_help ? g_gpu_help : "";
-}
-
-/* bare: an option's name without its leading "--" (both spellings are accepted). */
-static const char *bare(const char *name) { return strncmp(name, "--", 2) ? name : name + 2; }
-
-int moe_gpu_option_takes_value(const char *name) {
-    for (const struct moe_opt *o = k_gpu_opts; o->name; o++)
-        if (!strcmp(bare(name), o->name)) return o->arg != MOE_OPT_NONE;
-    return -1;
-}
-
-/* parse_device: "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N (0..63). */
-static int parse_device(const char *v, int *out) {
-    if (!strcmp(v, "cpu")) return *out = -1, 1;
-    if (!strcmp(v, "cuda") || !strcmp(v, "gpu")) return *out = 0, 1;
-    if (strncmp(v, "cuda:", 5) != 0) return 0;
-    char *end;
-    errno = 0;
-    long n = strtol(v + 5, &end, 10);
-    if (errno || end == v + 5 || *end || n < 0 || n > 63) return 0;
-    *out = (int)n;
-    return 1;
-}
-
-enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name, const char *v, char *err,
-                                     size_t err_size) {
-    int ok = 1;
-    name = bare(name);
-    if (!strcmp(name, "uma")) {
-        p->uma = 1;
-    } else if (!strcmp(name, "recalibrate")) {
-        p->recalibrate = 1;
-    } else if (moe_gpu_option_takes_value(name) < 0) {
-        snprintf(err, err_size, "unknown option --%s", name);
-        return MOE_ERR_NOT_FOUND;
-    } else if (!v) {
-        ok = 0;
-    } else if (!strcmp(name, "device")) {
-        ok = parse_device(v, &p->device);
-    } else if (!strcmp(name, "host-mem")) {
-        int64_t b;
-        ok = moe_store_parse_size(v, &b) == MOE_OK;
-        if (ok) p->host_mem = b;
-    } else if (!strcmp(name, "cpu-experts")) {
-        ok = moe_cpu_experts_parse(v, &p->cpu_experts) == MOE_OK;
-    } else if (!strcmp(name, "gemm")) {
-        if (!strcmp(v, "f16")) p->gemm_f32 = 0;
-        else if (!strcmp(v, "f32")) p->gemm_f32 = 1;
-        else ok = 0;
-    }
-    if (!ok) {
-        snprintf(err, err_size, "bad value for --%s: \"%s\" (see --help)", name, v ? v : "");
-        return MOE_ERR_INVALID;
-    }
-    return MOE_OK;
 }
 
 /* ---- the ledger --------------------------------------------------------- */

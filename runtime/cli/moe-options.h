@@ -1,0 +1,82 @@
+/*
+ * moe-options.h - the engine's command-line options, shared by the CLIs
+ * (moe-run, and moe-prep's eval, profile, plan, sensitivity, bitwidth, hw):
+ * the expert store's options (--expert-mem, --policy, ...), the device's
+ * (--device and the GPU backend's), their help text, and the store's
+ * counters as JSON for --stats-json / --json. The CLI layer (runtime/cli/,
+ * library moe_cli_options): the runtime library itself parses no argv.
+ * Tables and help texts are static and thread-safe; the parsers only write
+ * the params they are given and log nothing (messages go to err).
+ */
+#ifndef MOE_OPTIONS_H
+#define MOE_OPTIONS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "moe-gpu.h"
+#include "moe-status.h"
+#include "moe-store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_opt; /* moe-opt.h */
+struct cJSON;
+
+/* moe_store_option_table: the engine options as an option table (moe-opt.h;
+ * names without "--"), for moe_opt_parse in the CLIs that take them (moe-run,
+ * eval, plan). Static: valid for the life of the program. */
+const struct moe_opt *moe_store_option_table(void);
+
+/* moe_store_options_help: the help text of the engine options below (a heading
+ * and the table's help; static, thread-safe). */
+const char *moe_store_options_help(void);
+
+/* moe_store_option_takes_value: 1 if `name` (e.g. "--expert-mem" or
+ * "expert-mem") is an engine option with a value, 0 a flag, -1 not an
+ * engine option. */
+int moe_store_option_takes_value(const char *name);
+
+/* moe_store_parse_option: apply option `name` ("--expert-mem" or
+ * "expert-mem") with value v (NULL for a flag) to *p; "--expert-mem" takes bytes ("512M") or a share ("25%").
+ * MOE_ERR_NOT_FOUND: not an engine option; MOE_ERR_INVALID: a bad value;
+ * both with a message for the user in err. Nothing is logged. */
+enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
+                                       size_t err_size);
+
+/* moe_store_stats_to_json: s as one cJSON object (counts, ratios, bytes and
+ * stall time per token, prefetch precision and recall, peak resident bytes;
+ * ratios with nothing to divide by are null). The caller owns it
+ * (cJSON_Delete); NULL when out of memory. */
+struct cJSON *moe_store_stats_to_json(const struct moe_store_stats *s);
+
+/* moe_store_stats_json: moe_store_stats_to_json printed to f on one line. */
+void moe_store_stats_json(const struct moe_store_stats *s, FILE *f);
+
+/* moe_gpu_option_table: the GPU options as a moe_opt table (moe-opt.h),
+ * terminated by a NULL name; static, never freed. A CLI passes it to
+ * moe_opt_parse next to its own table and hands each option to
+ * moe_gpu_parse_option. */
+const struct moe_opt *moe_gpu_option_table(void);
+
+/* moe_gpu_options_help: the help text of the options below, made from the
+ * table once (thread-safe); static, never freed. */
+const char *moe_gpu_options_help(void);
+
+/* moe_gpu_option_takes_value: 1 an option with a value, 0 a flag, -1 not a GPU
+ * option (names with or without the leading "--"). */
+int moe_gpu_option_takes_value(const char *name);
+
+/* moe_gpu_parse_option: apply option `name` (with or without "--"; value v,
+ * NULL for a flag) to *p.
+ * MOE_ERR_NOT_FOUND: not a GPU option; MOE_ERR_INVALID: bad value; both with
+ * a message in err. Nothing is logged. */
+enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name, const char *v, char *err,
+                                     size_t err_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,326 @@
+/*
+ * options.c - the engine's command-line options (moe-options.h): the expert
+ * store's and the device's option tables, their help and parsing, and the
+ * store's counters as JSON. The CLI layer: moe-run and moe-prep's commands
+ * link it; the runtime library holds no argv code.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "moe-backend.h"
+#include "moe-base.h"
+#include "moe-opt.h"
+#include "moe-options.h"
+
+/* bare: an option's name without its leading "--" (both spellings are accepted). */
+static const char *bare(const char *name) { return strncmp(name, "--", 2) ? name : name + 2; }
+
+/* ---- command-line options (shared by moe-run and moe-prep eval) ------ */
+
+/* The engine options: one table for the parser (moe_opt_parse) and --help. */
+static const struct moe_opt k_store_opts[] = {
+    {"expert-mem", 0, MOE_OPT_REQUIRED, "SIZE",
+     "keep at most SIZE bytes of expert copies in memory (e.g. 512M,\n2G), or a share of every expert's high copy (e.g. 25%);\nmissed experts are read from the bundle"},
+    {"cache-experts", 0, MOE_OPT_REQUIRED, "H,L", "keep H high- and L low-precision copies (as fit-cache)"},
+    {"io", 0, MOE_OPT_REQUIRED, "MODE", "direct (O_DIRECT, default) | buffered | mmap"},
+    {"policy", 0, MOE_OPT_REQUIRED, "NAME",
+     "lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler |\nhobbit (default: hobbit with the bundle's fitted weights,\nelse lru)"},
+    {"high", 0, MOE_OPT_REQUIRED, "P", "precision of high copies (default: each expert's bit-width-\nmap precision)"},
+    {"low", 0, MOE_OPT_REQUIRED, "P", "precision of low copies (default: the smallest stored)"},
+    {"dynamic", 0, MOE_OPT_REQUIRED, "on|off|auto",
+     "HOBBIT dynamic precision: experts ranked below T1 of the gate\nmass load low copies on a miss (auto: on when the budget\ncannot hold every high copy)"},
+    {"skip", 0, MOE_OPT_NONE, NULL, "skip experts past T2 that are not cached (HOBBIT; off by\ndefault)"},
+    {"t1", 0, MOE_OPT_REQUIRED, "X", "threshold T1 (default: the bundle's hobbit.t1)"},
+    {"t2", 0, MOE_OPT_REQUIRED, "Y", "threshold T2 (default: the bundle's hobbit.t2)"},
+    {"low-share", 0, MOE_OPT_REQUIRED, "X", "share of --expert-mem for low copies (default 0.25)"},
+    {"prefetch", 0, MOE_OPT_REQUIRED, "on|off",
+     "stacked gating 1 layer ahead + path dictionary, 2 experts\n(default off: on small caches it evicts more than it saves)"},
+    {"prefetch-layers", 0, MOE_OPT_REQUIRED, "P", "stacked gating up to P layers ahead (default 0)"},
+    {"prefetch-paths", 0, MOE_OPT_REQUIRED, "M",
+     "EdgeMoE: preload the M most probable experts of the next\nlayer from the path dictionary in the tuning (default 0)"},
+    {"path-order", 0, MOE_OPT_REQUIRED, "N", "path dictionary keyed on 1 or 2 previous layers (default 1)"},
+    {"warm", 0, MOE_OPT_REQUIRED, "on|off", "start with the most popular experts loaded (default on)"},
+    {"loaders", 0, MOE_OPT_REQUIRED, "N", "I/O threads (default 2)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+const struct moe_opt *moe_store_option_table(void) { return k_store_opts; }
+
+static char *g_store_help;
+static pthread_once_t g_store_help_once = PTHREAD_ONCE_INIT;
+
+static void make_store_help(void) {
+    struct moe_buf b = {0};
+    char *t = moe_opt_help_text(k_store_opts);
+    if (moe_buf_printf(&b, "expert memory (bundles; default: every expert resident, as mapped):\n%s", t ? t : "") ==
+        MOE_OK)
+        g_store_help = moe_buf_take(&b);
+    moe_buf_free(&b);
+    free(t);
+}
+
+const char *moe_store_options_help(void) {
+    pthread_once(&g_store_help_once, make_store_help);
+    return g_store_help ? g_store_help : "";
+}
+
+/* opt_int: a strict integer in [lo, hi]. */
+static int opt_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int opt_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return 0;
+    *out = v;
+    return 1;
+}
+
+/* opt_onoff: on / off (and auto when allowed: -1). */
+static int opt_onoff(const char *s, int allow_auto, int *out) {
+    if (!strcmp(s, "on") || !strcmp(s, "1")) return *out = 1, 1;
+    if (!strcmp(s, "off") || !strcmp(s, "0")) return *out = 0, 1;
+    if (allow_auto && !strcmp(s, "auto")) return *out = -1, 1;
+    return 0;
+}
+
+int moe_store_option_takes_value(const char *name) {
+    for (const struct moe_opt *o = k_store_opts; o->name; o++)
+        if (!strcmp(bare(name), o->name)) return o->arg != MOE_OPT_NONE;
+    return -1;
+}
+
+enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *name, const char *v, char *err,
+                                       size_t err_size) {
+    const char *o = bare(name);
+    int ok = 1, x;
+    if (!strcmp(o, "skip")) {
+        p->skip = 1;
+    } else if (!v) {
+        ok = 0;
+    } else if (!strcmp(o, "expert-mem")) {
+        int64_t b;
+        char *end;
+        errno = 0;
+        const double pct = strtod(v, &end);
+        if (end != v && end[0] == '%' && end[1] == 0) { /* a share: "25%" */
+            ok = !errno && pct > 0 && pct <= 100;
+            if (ok) p->expert_mem_share = pct / 100.0, p->expert_mem = 0, p->high_cap = p->low_cap = 0;
+        } else {
+            ok = moe_store_parse_size(v, &b) == MOE_OK && b > 0;
+            if (ok) p->expert_mem = b, p->expert_mem_share = 0;
+        }
+    } else if (!strcmp(o, "cache-experts")) {
+        int h, l, n = 0;
+        ok = sscanf(v, "%d,%d%n", &h, &l, &n) == 2 && v[n] == 0 && h >= 0 && l >= 0 && h + l > 0;
+        if (ok) p->high_cap = h, p->low_cap = l, p->expert_mem = 0, p->expert_mem_share = 0;
+    } else if (!strcmp(o, "io")) {
+        if (!strcmp(v, "direct")) p->io = MOE_IO_DIRECT;
+        else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
+        else if (!strcmp(v, "mmap")) p->io = MOE_IO_MMAP;
+        else ok = 0;
+    } else if (!strcmp(o, "policy")) {
+        enum moe_cache_policy pol;
+        ok = moe_cache_policy_parse(v, &pol) == MOE_OK && pol != MOE_CACHE_BELADY;
+        if (ok) p->policy = (int)pol;
+    } else if (!strcmp(o, "high")) {
+        p->high = v;
+    } else if (!strcmp(o, "low")) {
+        p->low = v;
+    } else if (!strcmp(o, "dynamic")) {
+        ok = opt_onoff(v, 1, &p->dynamic);
+    } else if (!strcmp(o, "t1")) {
+        ok = opt_double(v, 0, 1, &p->t1);
+    } else if (!strcmp(o, "t2")) {
+        ok = opt_double(v, 0, 1, &p->t2);
+    } else if (!strcmp(o, "low-share")) {
+        ok = opt_double(v, 0, 0.95, &p->low_share);
+    } else if (!strcmp(o, "prefetch")) {
+        ok = opt_onoff(v, 0, &x);
+        if (ok && !x) p->prefetch_layers = p->prefetch_paths = 0;
+        if (ok && x && !p->prefetch_layers && !p->prefetch_paths) p->prefetch_layers = 1, p->prefetch_paths = 2;
+    } else if (!strcmp(o, "prefetch-layers")) {
+        ok = opt_int(v, 0, 8, &p->prefetch_layers);
+    } else if (!strcmp(o, "prefetch-paths")) {
+        ok = opt_int(v, 0, 64, &p->prefetch_paths);
+    } else if (!strcmp(o, "path-order")) {
+        ok = opt_int(v, 1, 2, &p->path_order);
+    } else if (!strcmp(o, "warm")) {
+        ok = opt_onoff(v, 0, &p->warm);
+    } else if (!strcmp(o, "loaders")) {
+        ok = opt_int(v, 1, 64, &p->n_loaders);
+    } else {
+        snprintf(err, err_size, "unknown option --%s", o);
+        return MOE_ERR_NOT_FOUND;
+    }
+    if (!ok) {
+        snprintf(err, err_size, "bad value for --%s: \"%s\" (see --help)", o, v ? v : "");
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* ---- the device (backend) options ------------------------------------- */
+
+/* The GPU options: one table for the parser (moe_opt_parse) and --help. */
+static const struct moe_opt k_gpu_opts[] = {
+    {"device", 0, MOE_OPT_REQUIRED, "D",
+     "cpu (default) | cuda | cuda:N | auto: the backend the model\nruns on (auto: a GPU when one is present, else the CPU)"},
+    {"host-mem", 0, MOE_OPT_REQUIRED, "SIZE",
+     "pinned host tier for expert copies between storage and\n--expert-mem's GPU slots (e.g. 8G; default 0: none)"},
+    {"cpu-experts", 0, MOE_OPT_REQUIRED, "M",
+     "auto | never | always: run experts that are not on the GPU on\nthe CPU (Twiddler: auto decides per expert from "
+     "latencies\nmeasured at start and cached in ~/.cache/moe; default auto)"},
+    {"uma", 0, MOE_OPT_NONE, NULL,
+     "unified memory: expert slots in mapped host memory, no copies\n(automatic on integrated GPUs such as Jetson)"},
+    {"gemm", 0, MOE_OPT_REQUIRED, "P", "f16 (default) | f32: precision of prompt GEMMs"},
+    {"recalibrate", 0, MOE_OPT_NONE, NULL, "measure the latency table again"},
+    {NULL, 0, MOE_OPT_NONE, NULL, NULL},
+};
+
+const struct moe_opt *moe_gpu_option_table(void) { return k_gpu_opts; }
+
+static char *g_gpu_help;
+static pthread_once_t g_gpu_help_once = PTHREAD_ONCE_INIT;
+
+/* make_gpu_help: the section title and the table's help, built once. */
+static void make_gpu_help(void) {
+    struct moe_buf b = {0};
+    char *t = moe_opt_help_text(k_gpu_opts);
+    if (moe_buf_printf(&b, "GPU (builds with -DMOE_CUDA=ON):\n%s", t ? t : "") == MOE_OK) g_gpu_help = moe_buf_take(&b);
+    moe_buf_free(&b);
+    free(t);
+}
+
+const char *moe_gpu_options_help(void) {
+    pthread_once(&g_gpu_help_once, make_gpu_help);
+    return g_gpu_help ? g_gpu_help : "";
+}
+
+
+int moe_gpu_option_takes_value(const char *name) {
+    for (const struct moe_opt *o = k_gpu_opts; o->name; o++)
+        if (!strcmp(bare(name), o->name)) return o->arg != MOE_OPT_NONE;
+    return -1;
+}
+
+/* parse_device: a device spec checked against the registry (moe-backend.h):
+ * p->device_spec keeps it ("gpu" is read as "cuda"), p->device its index
+ * (-1 for the CPU backend). 0 with a message in err when it names none. */
+static int parse_device(struct moe_gpu_params *p, const char *v, char *err, size_t err_size) {
+    char name[32];
+    int index;
+    if (!strcmp(v, "gpu")) v = "cuda";
+    if (moe_backend_parse_device(v, name, sizeof name, &index, err, err_size) != MOE_OK) return 0;
+    if (strlen(v) >= sizeof p->device_spec) return 0;
+    strcpy(p->device_spec, v);
+    p->device = strcmp(name, "cpu") == 0 ? -1 : index;
+    return 1;
+}
+
+enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name, const char *v, char *err,
+                                     size_t err_size) {
+    int ok = 1;
+    name = bare(name);
+    if (!strcmp(name, "uma")) {
+        p->uma = 1;
+    } else if (!strcmp(name, "recalibrate")) {
+        p->recalibrate = 1;
+    } else if (moe_gpu_option_takes_value(name) < 0) {
+        snprintf(err, err_size, "unknown option --%s", name);
+        return MOE_ERR_NOT_FOUND;
+    } else if (!v) {
+        ok = 0;
+    } else if (!strcmp(name, "device")) {
+        if (!parse_device(p, v, err, err_size)) return MOE_ERR_INVALID;
+    } else if (!strcmp(name, "host-mem")) {
+        int64_t b;
+        ok = moe_store_parse_size(v, &b) == MOE_OK;
+        if (ok) p->host_mem = b;
+    } else if (!strcmp(name, "cpu-experts")) {
+        ok = moe_cpu_experts_parse(v, &p->cpu_experts) == MOE_OK;
+    } else if (!strcmp(name, "gemm")) {
+        if (!strcmp(v, "f16")) p->gemm_f32 = 0;
+        else if (!strcmp(v, "f32")) p->gemm_f32 = 1;
+        else ok = 0;
+    }
+    if (!ok) {
+        snprintf(err, err_size, "bad value for --%s: \"%s\" (see --help)", name, v ? v : "");
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
+/* ---- the store's counters as JSON ---------------------------------------- */
+
+/* add_num: a number, or null when not finite (JSON has no NaN). */
+static void add_num(cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
+    const double tok = s->tokens > 0 ? (double)s->tokens : NAN, served = (double)(s->accesses - s->skips);
+    const double dec = s->decode_tokens > 0 ? (double)s->decode_tokens : NAN;
+    static const char *const io[] = {"direct", "buffered", "mmap"};
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "policy", moe_cache_policy_name((enum moe_cache_policy)s->policy));
+    cJSON_AddStringToObject(o, "io", io[s->io]);
+    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
+    const struct {
+        const char *key;
+        double v;
+    } counts[] = {
+        {"high_cap", s->high_cap}, {"low_cap", s->low_cap},
+        {"high_copy_bytes", (double)s->high_copy_bytes}, {"low_copy_bytes", (double)s->low_copy_bytes},
+        {"t1", s->t1}, {"t2", s->t2},
+        {"tokens", (double)s->tokens}, {"decode_tokens", (double)s->decode_tokens},
+        {"accesses", (double)s->accesses}, {"hits_high", (double)s->hits_high}, {"hits_low", (double)s->hits_low},
+        {"misses_high", (double)s->misses_high}, {"misses_low", (double)s->misses_low}, {"skips", (double)s->skips},
+        {"loads", (double)s->loads}, {"load_bytes", (double)s->load_bytes},
+        {"prefetch_loads", (double)s->prefetch_loads}, {"prefetch_used", (double)s->prefetch_used},
+        {"prefetch_cancelled", (double)s->prefetch_cancelled}, {"scratch_loads", (double)s->scratch_loads},
+        {"hit_ratio", served > 0 ? (double)(s->hits_high + s->hits_low) / served : NAN},
+        {"hit_ratio_high", s->hits_high + s->misses_high > 0
+                               ? (double)s->hits_high / (double)(s->hits_high + s->misses_high) : NAN},
+        {"hit_ratio_low", s->hits_low + s->misses_low > 0
+                              ? (double)s->hits_low / (double)(s->hits_low + s->misses_low) : NAN},
+        {"loads_per_token", (double)s->loads / tok},
+        {"bytes_read_per_token", (double)s->load_bytes / tok},
+        {"loads_per_decode_token", (double)s->loads_decode / dec},
+        {"bytes_read_per_decode_token", (double)s->load_bytes_decode / dec},
+        {"stall_s", s->stall_s},
+        {"stall_s_per_token", s->stall_s / tok},
+        {"stall_s_per_decode_token", s->stall_s_decode / dec},
+        {"prefetch_precision", s->prefetch_loads > 0 ? (double)s->prefetch_used / (double)s->prefetch_loads : NAN},
+        {"prefetch_recall", s->prefetch_used + s->misses_high + s->misses_low > 0
+                                ? (double)s->prefetch_used / (double)(s->prefetch_used + s->misses_high + s->misses_low)
+                                : NAN},
+        {"peak_resident_bytes", (double)s->peak_resident_bytes}, {"slot_bytes", (double)s->slot_bytes},
+        {"host_runs", (double)s->host_runs},
+    };
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
+    return o;
+}
+
+void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
+    cJSON *o = moe_store_stats_to_json(s);
+    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
+    fputs(t ? t : "null", f);
+    cJSON_free(t);
+    cJSON_Delete(o);
+}
