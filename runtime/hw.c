@@ -571,8 +571,13 @@ static enum moe_status time_steps(const struct moe_model *m, const struct moe_se
     return st;
 }
 
-enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int64_t store_limit,
-                                     struct moe_hw_model *out) {
+void moe_hw_device_key(char *key, size_t n, const char *device) {
+    const size_t len = strlen(key);
+    if (device && *device && strcmp(device, "cpu") != 0 && len < n) snprintf(key + len, n - len, "@%s", device);
+}
+
+enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int64_t store_limit, const char *device,
+                                     const void *device_options, struct moe_hw_model *out) {
     memset(out, 0, sizeof *out);
     const struct moe_config *c = &m->cfg;
     if (!m->bundle) {
@@ -581,8 +586,11 @@ enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int
     }
     enum moe_status st = moe_hw_model_key(moe_bundle_path(m->bundle), out->key, sizeof out->key);
     if (st) return st;
+    moe_hw_device_key(out->key, sizeof out->key, device);
     struct moe_session_params sp = moe_session_default_params();
     sp.n_threads = threads;
+    sp.device = device;
+    sp.device_options = device_options;
     sp.n_ctx = 64;
     sp.n_batch = 32;
     struct moe_session *s = NULL;
@@ -655,7 +663,8 @@ enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int
     return MOE_OK;
 }
 
-enum moe_status moe_hw_measure_bundle(const char *path, int threads, struct moe_hw *hw) {
+enum moe_status moe_hw_measure_bundle(const char *path, int threads, const char *device, const void *device_options,
+                                      struct moe_hw *hw) {
     struct moe_model_params mp = moe_model_default_params();
     mp.lazy_experts = 1;
     struct moe_model *m = NULL;
@@ -679,7 +688,7 @@ enum moe_status moe_hw_measure_bundle(const char *path, int threads, struct moe_
     struct moe_hw_storage s;
     struct moe_hw_model mm;
     if (!(st = moe_hw_measure_memory(&hw->mem_bw)) && !(st = moe_hw_measure_storage(path, block, 0, 2, &s)) &&
-        !(st = moe_hw_measure_model(m, threads, 0, &mm))) {
+        !(st = moe_hw_measure_model(m, threads, 0, device, device_options, &mm))) {
         moe_hw_put_storage(hw, &s);
         moe_hw_put_model(hw, &mm);
     }

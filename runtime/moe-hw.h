@@ -146,7 +146,9 @@ enum moe_status moe_hw_measure_storage(const char *path, int64_t block_bytes, in
 enum moe_status moe_hw_measure_memory(double *bw);
 
 /* moe_hw_measure_model: a bundle model's times on `threads` CPU threads (0:
- * all): every stored precision's expert FFN for 1, 2, 4, ... 32 routed
+ * all), on the backend `device` (moe_session_params.device: NULL or "cpu",
+ * "cuda:1", ...; device_options its options, borrowed; the entry's key then
+ * carries "@device", moe_hw_device_key): every stored precision's expert FFN for 1, 2, 4, ... 32 routed
  * tokens (rotating over up to 16 experts so the weights come from memory as
  * in a decode step, not from the CPU's caches), fitted to a + b n; one
  * decode step with every expert resident, and with every expert in a store
@@ -154,15 +156,20 @@ enum moe_status moe_hw_measure_memory(double *bw);
  * fixed_s and store_step_s. The model should be loaded with lazy_experts
  * (its pages are read as measured). MOE_ERR_INVALID (logged) for a
  * checkpoint directory. */
-enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int64_t store_limit,
-                                     struct moe_hw_model *out);
+enum moe_status moe_hw_measure_model(const struct moe_model *m, int threads, int64_t store_limit, const char *device,
+                                     const void *device_options, struct moe_hw_model *out);
+
+/* moe_hw_device_key: append "@device" to a model key (key[n]) unless device
+ * is NULL, empty or "cpu", so one table keeps a model's entries per backend. */
+void moe_hw_device_key(char *key, size_t n, const char *device);
 
 /* moe_hw_measure_bundle: everything for one bundle file into hw (entries
  * replaced): memory bandwidth, its file system's reads (blocks up to the
  * largest stored expert copy, 2 readers as the store's loaders), the model
- * (loaded lazily for the measurement) on `threads` threads. Seconds to a
- * minute; errors logged. */
-enum moe_status moe_hw_measure_bundle(const char *path, int threads, struct moe_hw *hw);
+ * (loaded lazily for the measurement) on `threads` threads and the backend
+ * `device` (as moe_hw_measure_model). Seconds to a minute; errors logged. */
+enum moe_status moe_hw_measure_bundle(const char *path, int threads, const char *device, const void *device_options,
+                                      struct moe_hw *hw);
 
 /* moe_hw_print: the table as text on f: the entries for device and for
  * model_key at `threads` (NULL / 0: all). */

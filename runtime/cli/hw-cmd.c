@@ -11,7 +11,8 @@
 #include "hw-cmd.h"
 #include "moe-hw.h"
 
-int moe_hw_command(const char *bundle, int threads, const char *table, int show, const char *who) {
+int moe_hw_command(const char *bundle, int threads, const char *device, const void *device_options, const char *table,
+                   int show, const char *who) {
     char path[1024], mkey[256], dev[32];
     if (!table) {
         if (moe_hw_default_path(path, sizeof path)) {
@@ -29,11 +30,12 @@ int moe_hw_command(const char *bundle, int threads, const char *table, int show,
         memset(hw, 0, sizeof *hw);
     }
     if (moe_hw_model_key(bundle, mkey, sizeof mkey) || moe_hw_storage_key(bundle, dev, sizeof dev)) goto done;
+    moe_hw_device_key(mkey, sizeof mkey, device);
     if (!threads) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (!show) {
-        fprintf(stderr, "%s: measuring storage, memory and %s on %d threads (keep the machine otherwise idle)\n",
-                who, bundle, threads);
-        if (moe_hw_measure_bundle(bundle, threads, hw)) {
+        fprintf(stderr, "%s: measuring storage, memory and %s on %d threads, backend %s (keep the machine otherwise "
+                        "idle)\n", who, bundle, threads, device ? device : "cpu");
+        if (moe_hw_measure_bundle(bundle, threads, device, device_options, hw)) {
             fprintf(stderr, "%s: the measurement failed (see the message above)\n", who);
             goto done;
         }

@@ -76,6 +76,18 @@ int moe_gpu_option_takes_value(const char *name);
 enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name, const char *v, char *err,
                                      size_t err_size);
 
+/* moe_device_option: option `name` (with or without "--"; value v) applied
+ * to *g when it is a device option (moe_gpu_option_table: --device and the GPU
+ * backend's). Returns -1 not a device option, 0 applied, 2 a bad value
+ * (printed to stderr as "PROG: message"). */
+int moe_device_option(const char *prog, struct moe_gpu_params *g, const char *name, const char *v);
+
+/* moe_device_built: 1 if the device spec ("cpu", "cuda:1", "auto"; NULL =
+ * cpu) names a backend this build has (the registry); else prints what to
+ * do ("PROG: --device cuda: this build has no cuda backend (rebuild with
+ * -DMOE_CUDA=ON)") and returns 0. */
+int moe_device_built(const char *prog, const char *spec);
+
 #ifdef __cplusplus
 }
 #endif

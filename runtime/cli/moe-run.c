@@ -285,20 +285,6 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     }
 }
 
-/* device_built: --device names a backend this build has (the registry's
- * answer, moe-backend.h); else says how to get it. */
-static int device_built(const char *spec) {
-    char name[32], err[200];
-    int index;
-    if (moe_backend_parse_device(spec, name, sizeof name, &index, err, sizeof err) != MOE_OK) {
-        fprintf(stderr, "moe-run: %s\n", err);
-        return 0;
-    }
-    if (strcmp(name, "auto") == 0 || moe_backend_reg_by_name(name)) return 1;
-    fprintf(stderr, "moe-run: --device %s: this build has no %s backend (rebuild with -DMOE_CUDA=ON)\n", spec, name);
-    return 0;
-}
-
 /* parse_args: returns 0 ok, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, struct args *a) {
     memset(a, 0, sizeof *a);
@@ -320,7 +306,7 @@ static int parse_args(int argc, char **argv, struct args *a) {
         return 2;
     }
     a->use_store = moe_store_params_active(&a->store);
-    if (!device_built(a->gpu.device_spec)) return 2;
+    if (!moe_device_built("moe-run", a->gpu.device_spec)) return 2;
     if (!a->model) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
@@ -859,7 +845,7 @@ int main(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
     if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
-    if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.hw, 0, "moe-run");
+    if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.gpu.device_spec, &a.gpu, a.hw, 0, "moe-run");
     if (!apply_plan(&a)) return 2;
     struct run r = {0};
     r.lt = (struct moe_tmp_file){NULL, NULL, -1, NULL}; /* --logits-out, written beside it and renamed */

@@ -264,6 +264,30 @@ enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name,
     return MOE_OK;
 }
 
+/* moe_device_option: see moe-options.h. */
+int moe_device_option(const char *prog, struct moe_gpu_params *g, const char *name, const char *v) {
+    char err[256];
+    const enum moe_status st = moe_gpu_parse_option(g, name, v, err, sizeof err);
+    if (st == MOE_ERR_NOT_FOUND) return -1;
+    if (st != MOE_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return 2;
+    }
+    return 0;
+}
+
+int moe_device_built(const char *prog, const char *spec) {
+    char name[32], err[200];
+    int index;
+    if (moe_backend_parse_device(spec ? spec : "cpu", name, sizeof name, &index, err, sizeof err) != MOE_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return 0;
+    }
+    if (strcmp(name, "auto") == 0 || moe_backend_reg_by_name(name)) return 1;
+    fprintf(stderr, "%s: --device %s: this build has no %s backend (rebuild with -DMOE_CUDA=ON)\n", prog, spec, name);
+    return 0;
+}
+
 /* ---- the store's counters as JSON ---------------------------------------- */
 
 /* add_num: a number, or null when not finite (JSON has no NaN). */

@@ -297,6 +297,8 @@ enum moe_status moe_eval_run(const struct moe_model *model, const struct moe_mod
     struct moe_session_params sp = moe_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_threads = p.n_threads;
+    sp.device = p.device;
+    sp.device_options = p.device_options;
     if (p.routing) {
         out->n_layer = model->cfg.n_layer;
         out->n_expert = model->cfg.n_expert;

@@ -68,6 +68,10 @@ struct moe_eval_params {
      * n_batch 0 or 1 (it is then 1). */
     int little_k;
     double gamma;
+    /* The backend both sides run on (moe_session_params.device / device_options:
+     * "cpu" (NULL), "cuda", "cuda:1", "auto"; options borrowed for the call). */
+    const char *device;
+    const void *device_options;
 };
 
 struct moe_eval_params moe_eval_default_params(void);

@@ -9,6 +9,7 @@
 #include "hw-cmd.h"
 #include "moe-hw.h"
 #include "moe-opt.h"
+#include "moe-options.h"
 #include "moe-prep.h"
 #include "tool-util.h"
 
@@ -40,6 +41,7 @@ static void hw_usage(FILE *f) {
             "\n"
             "options:\n");
     moe_opt_help(f, k_hw_opts);
+    fprintf(f, "\n%s", moe_gpu_options_help());
     fprintf(f, "\n"
                "examples:\n"
                "  moe-prep hw mixtral.moeb -t 8\n"
@@ -49,12 +51,15 @@ static void hw_usage(FILE *f) {
 struct hw_args {
     const char *table;
     int threads, show;
+    struct moe_gpu_params gpu; /* --device and the GPU backend's options */
 };
 
 /* on_hw_opt: one option (moe_opt handler); 1 after --help. */
 static int on_hw_opt(void *ctx, const struct moe_opt *o, const char *v) {
     struct hw_args *a = ctx;
     long long n;
+    if (o < k_hw_opts || o >= k_hw_opts + sizeof k_hw_opts / sizeof k_hw_opts[0]) /* the device table */
+        return moe_device_option("moe-prep hw", &a->gpu, o->name, v) ? 2 : 0;
     if (o->key == 'h') return hw_usage(stdout), 1;
     if (o->key == 't') {
         if (!moe_tool_parse_ll("hw", "--threads", v, 1, 4096, &n)) return 2;
@@ -68,11 +73,12 @@ static int on_hw_opt(void *ctx, const struct moe_opt *o, const char *v) {
 }
 
 int moe_prep_hw(int argc, char **argv) {
-    struct hw_args a = {NULL, 0, 0};
-    const struct moe_opt *tables[] = {k_hw_opts};
+    struct hw_args a = {NULL, 0, 0, moe_gpu_default_params()};
+    const struct moe_opt *tables[] = {k_hw_opts, moe_gpu_option_table()};
     int pos = argc;
-    int rc = moe_opt_parse("moe-prep hw", argc, argv, 1, tables, 1, on_hw_opt, &a, &pos);
+    int rc = moe_opt_parse("moe-prep hw", argc, argv, 1, tables, 2, on_hw_opt, &a, &pos);
     if (rc) return rc == 1 ? 0 : rc;
+    if (!moe_device_built("moe-prep hw", a.gpu.device_spec)) return 2;
     if (argc - pos > 1) {
         fprintf(stderr, "moe-prep hw: one MODEL.moeb only\n");
         return 2;
@@ -81,5 +87,5 @@ int moe_prep_hw(int argc, char **argv) {
         fprintf(stderr, "moe-prep hw: no MODEL.moeb given (see moe-prep hw --help)\n");
         return 2;
     }
-    return moe_hw_command(argv[pos], a.threads, a.table, a.show, "moe-prep hw");
+    return moe_hw_command(argv[pos], a.threads, a.gpu.device_spec, &a.gpu, a.table, a.show, "moe-prep hw");
 }

@@ -193,6 +193,7 @@ static enum moe_status hardware(const struct moe_plan_request *rq, struct moe_hw
     if (st && st != MOE_ERR_NOT_FOUND) memset(hw, 0, sizeof *hw);
     if ((st = moe_hw_model_key(rq->bundle, key, sizeof key)) || (st = moe_hw_storage_key(rq->bundle, dev, sizeof dev)))
         return st;
+    moe_hw_device_key(key, sizeof key, rq->device);
     *hm = moe_hw_find_model(hw, key, rq->threads);
     *hs = moe_hw_find_storage(hw, dev);
     if (*hm && *hs) return MOE_OK;
@@ -202,7 +203,9 @@ static enum moe_status hardware(const struct moe_plan_request *rq, struct moe_hw
         return MOE_ERR_NOT_FOUND;
     }
     note(rq, "no hardware numbers for %s on %d threads in %s: measuring (moe-prep hw)", key, rq->threads, table);
-    if ((st = moe_hw_measure_bundle(rq->bundle, rq->threads, hw)) || (st = moe_hw_save(table, hw))) return st;
+    if ((st = moe_hw_measure_bundle(rq->bundle, rq->threads, rq->device, rq->device_options, hw)) ||
+        (st = moe_hw_save(table, hw)))
+        return st;
     *hm = moe_hw_find_model(hw, key, rq->threads);
     *hs = moe_hw_find_storage(hw, dev);
     return *hm && *hs ? MOE_OK : MOE_ERR_NOT_FOUND;
@@ -240,6 +243,7 @@ static enum moe_status quality_setup(const struct moe_plan_request *rq, struct q
     free(text);
     x->ep = moe_eval_default_params();
     x->ep.n_ctx = rq->eval_ctx, x->ep.max_chunks = rq->eval_chunks, x->ep.n_threads = rq->threads;
+    x->ep.device = rq->device, x->ep.device_options = rq->device_options;
     x->ep.bos = moe_text_bos(x->model->tok);
     if (x->n_ids < 2 * (size_t)rq->eval_ctx) {
         MOE_LOGE("%s has %zu tokens; an eval context of %d needs %d", rq->eval_text, x->n_ids, rq->eval_ctx,

@@ -51,6 +51,9 @@ struct moe_plan_request {
     /* progress for a person ("measuring ...", "quality of ...: PPL ..."); NULL = none */
     void (*note)(const char *line, void *user);
     void *note_user;
+    const char *device;           /* the backend moe-run will use (moe_session_params.device; NULL = cpu):
+                                   * its hardware entry and the quality evals run there */
+    const void *device_options;   /* its options (struct moe_gpu_params *; borrowed), or NULL */
 };
 
 /* moe_plan_request_defaults: ctx 2048, prompt_len 64, want 4, eval_ctx 128,

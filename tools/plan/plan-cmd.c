@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "moe-opt.h"
+#include "moe-options.h"
 #include "moe-prep.h"
 #include "moe-store.h"
 #include "plan-bundle.h"
@@ -69,6 +70,7 @@ static void plan_usage(FILE *f) {
 "\n"
 "options:\n");
     moe_opt_help(f, k_opts);
+    fprintf(f, "\n%s", moe_gpu_options_help());
     fprintf(f,
 "\n"
 "examples:\n"
@@ -79,6 +81,7 @@ static void plan_usage(FILE *f) {
 struct plan_args {
     struct moe_plan_request rq;
     int top, apply, json, have_budget;
+    struct moe_gpu_params gpu; /* --device and the GPU backend's options */
 };
 
 /* budget: "2%" or "0.02" as a fraction. 1 ok. */
@@ -99,6 +102,8 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     struct moe_plan_request *rq = &a->rq;
     char opt[64];
     long long n = 0;
+    if (o < k_opts || o >= k_opts + sizeof k_opts / sizeof k_opts[0]) /* the device table */
+        return moe_device_option("moe-prep " CMD, &a->gpu, o->name, v) ? 2 : 0;
     snprintf(opt, sizeof opt, "--%s", o->name);
     static const struct { int key; long long lo, hi; } ranges[] = {
         {'t', 1, 4096}, {O_CTX, 1, 1 << 24}, {O_PROMPT_LEN, 0, 1 << 20}, {O_TOP, 1, 1000},
@@ -147,10 +152,13 @@ static int parse_args(int argc, char **argv, struct plan_args *a) {
     a->rq = moe_plan_request_defaults();
     a->rq.note = note;
     a->top = 8;
-    const struct moe_opt *tables[] = {k_opts};
+    a->gpu = moe_gpu_default_params();
+    const struct moe_opt *tables[] = {k_opts, moe_gpu_option_table()};
     int pos = argc;
-    int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 1, on_option, a, &pos);
+    int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 2, on_option, a, &pos);
     if (rc) return rc;
+    if (!moe_device_built("moe-prep " CMD, a->gpu.device_spec)) return 2;
+    a->rq.device = a->gpu.device_spec, a->rq.device_options = &a->gpu;
     if (pos < argc) a->rq.bundle = argv[pos];
     const char *why = !a->rq.bundle ? "no MODEL.moeb given" : pos + 1 < argc ? "one MODEL.moeb only"
                       : !a->rq.profile ? "no --profile PROFILE.h5 given" : a->rq.mem <= 0 ? "no --mem SIZE given"

@@ -13,6 +13,7 @@
 #include "moe-dataset.h"
 #include "moe-mmap.h"
 #include "moe-opt.h"
+#include "moe-options.h"
 #include "moe-prep.h"
 #include "moe-session.h"
 #include "profile-record.h"
@@ -29,6 +30,7 @@ struct profile_args {
     int shard_count; /* --shard-count (for --shard auto under Kubernetes); 0 = none */
     struct moe_profile_record_params rp;
     struct moe_profile_targets targets;
+    struct moe_gpu_params gpu; /* --device and the GPU backend's options */
     int json, no_tuning;
 };
 
@@ -79,6 +81,7 @@ static void profile_usage(FILE *f) {
                "tuning section for moe-run. Prints a summary.\n"
                "\noptions:\n");
     moe_opt_help(f, k_opts);
+    fprintf(f, "\n%s", moe_gpu_options_help());
     fprintf(f, "\nexamples:\n"
                "  moe-prep profile model.moeb --dataset wikitext.txt -o p.h5\n"
                "  moe-prep profile model.moeb --dataset c4.txt -o p.h5 --ctx 128 --max-tokens 20000 --json\n"
@@ -118,6 +121,8 @@ static int parse_num(const struct moe_opt *o, const char *v, double lo, double h
 static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     struct profile_args *a = ctx;
     long long n = 0;
+    if (o < k_opts || o >= k_opts + sizeof k_opts / sizeof k_opts[0]) /* the device table */
+        return moe_device_option("moe-prep " CMD, &a->gpu, o->name, v) ? 2 : 0;
     switch (o->key) {
     case 'h': profile_usage(stdout); return HELP_PRINTED;
     case O_DATASET: a->dataset = v; return 0;
@@ -151,10 +156,13 @@ static int parse_args(int argc, char **argv, struct profile_args *a) {
     memset(a, 0, sizeof *a);
     a->rp = moe_profile_record_default_params();
     a->targets = moe_profile_default_targets();
-    const struct moe_opt *tables[] = {k_opts};
+    a->gpu = moe_gpu_default_params();
+    const struct moe_opt *tables[] = {k_opts, moe_gpu_option_table()};
     int first = argc;
-    int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 1, on_option, a, &first);
+    int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 2, on_option, a, &first);
     if (rc) return rc;
+    if (!moe_device_built("moe-prep " CMD, a->gpu.device_spec)) return 2;
+    a->rp.device = a->gpu.device_spec, a->rp.device_options = &a->gpu;
     if (first < argc) a->model = argv[first];
     if (argc - first > 1) {
         fprintf(stderr, "moe-prep profile: one MODEL only (\"%s\" and \"%s\")\n", a->model, argv[first + 1]);

@@ -356,6 +356,8 @@ static void session_params(struct run *r, struct moe_session_params *sp, struct 
     sp->n_ctx = r->p->n_ctx;
     sp->n_batch = r->p->n_ctx; /* the whole sequence in one batch */
     sp->n_threads = r->p->n_threads;
+    sp->device = r->p->device;
+    sp->device_options = r->p->device_options;
     sp->on_route = on_route;
     sp->route_user = &r->rec;
     sp->on_expert = on_expert;
@@ -364,6 +366,8 @@ static void session_params(struct run *r, struct moe_session_params *sp, struct 
     sp_little->n_ctx = r->p->n_ctx;
     sp_little->n_batch = r->p->n_ctx;
     sp_little->n_threads = r->p->n_threads;
+    sp_little->device = r->p->device;
+    sp_little->device_options = r->p->device_options;
     sp_little->n_expert_used = r->little_k;
 }
 

@@ -56,6 +56,8 @@ struct moe_profile_record_params {
     const char *model_path, *dataset; /* stored in the profile's metadata (copied; may be NULL) */
     moe_profile_progress_fn progress; /* may be NULL */
     void *progress_user;
+    const char *device;             /* the backend to run on (moe_session_params.device; NULL = cpu) */
+    const void *device_options;     /* its options (struct moe_gpu_params *; borrowed), or NULL */
 };
 
 /* moe_profile_record_default_params: n_ctx 256, every token, big-little

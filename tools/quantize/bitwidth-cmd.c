@@ -10,6 +10,7 @@
 
 #include "bitwidth.h"
 #include "moe-opt.h"
+#include "moe-options.h"
 #include "moe-prep.h"
 #include "moe-tuning.h"
 #include "tool-util.h"
@@ -48,6 +49,7 @@ static void bw_usage(FILE *f) {
           "\n"
           "options:\n", f);
     moe_opt_help(f, k_opts);
+    fprintf(f, "\n%s", moe_gpu_options_help());
     fputs("\n"
           "example:\n"
           "  moe-prep bitwidth tiny.moeb --sensitivity sens.h5 --dataset wiki.txt --max-loss 2% --heldout c4.txt\n",
@@ -58,6 +60,7 @@ struct bw_args {
     const char *model;
     int json;
     struct moe_bw_run_params p;
+    struct moe_gpu_params gpu; /* --device and the GPU backend's options */
 };
 
 /* parse_loss: "2%" or "0.02" into a fraction; 0 after a message. */
@@ -88,6 +91,8 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     struct moe_bw_run_params *p = &a->p;
     const char *n = o->name;
     long long size;
+    if (o < k_opts || o >= k_opts + sizeof k_opts / sizeof k_opts[0]) /* the device table */
+        return moe_device_option(PROG, &a->gpu, o->name, v) ? 2 : 0;
     if (o->key == 'h') {
         bw_usage(stdout);
         return 1;
@@ -111,9 +116,12 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
 static int bw_parse(int argc, char **argv, struct bw_args *a) {
     memset(a, 0, sizeof *a);
     a->p = moe_bw_run_default_params();
-    const struct moe_opt *tables[] = {k_opts};
-    int first = 0, rc = moe_opt_parse(PROG, argc, argv, 1, tables, 1, on_option, a, &first);
+    a->gpu = moe_gpu_default_params();
+    const struct moe_opt *tables[] = {k_opts, moe_gpu_option_table()};
+    int first = 0, rc = moe_opt_parse(PROG, argc, argv, 1, tables, 2, on_option, a, &first);
     if (rc) return rc == 1 ? 1 : 2;
+    if (!moe_device_built(PROG, a->gpu.device_spec)) return 2;
+    a->p.device = a->gpu.device_spec, a->p.device_options = &a->gpu;
     if (first + 1 < argc) {
         fprintf(stderr, PROG ": unexpected argument %s\n", argv[first + 1]);
         return 2;

@@ -461,6 +461,7 @@ enum moe_status moe_bw_run_bundle(const char *bundle, const struct moe_bw_run_pa
     be.ep.n_ctx = p->n_ctx;
     be.ep.max_chunks = p->max_chunks;
     be.ep.n_threads = p->n_threads;
+    be.ep.device = p->device, be.ep.device_options = p->device_options;
     be.ep.bos = moe_text_bos(in.m->tok);
     for (int q = 1; q < out->n_prec; q++) /* the reference: the largest precision */
         if (in.bytes[q] > in.bytes[be.ref]) be.ref = q;

@@ -106,6 +106,8 @@ struct moe_bw_run_params {
      * (from 1), the perplexity, the loss and the seconds since the start. */
     void (*on_eval)(int n, double ppl, double loss, double seconds, void *user);
     void *user;
+    const char *device;         /* the backend the evaluations run on (moe_session_params.device; NULL = cpu) */
+    const void *device_options; /* its options (struct moe_gpu_params *; borrowed), or NULL */
 };
 
 /* moe_bw_run_default_params: no budget yet (max_loss -1, max_bytes 0),

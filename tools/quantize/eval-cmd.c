@@ -83,7 +83,7 @@ static void eval_usage(FILE *f) {
           "--expert-mem 25% --dynamic on` measures what the engine's choices cost.\n"
           "The store's counts (hit ratios, low-precision loads, skips) are reported.\n"
           "\n", f);
-    fprintf(f, "%s\n%s\n", moe_store_options_help(), moe_dataset_spec_help());
+    fprintf(f, "%s\n%s\n%s\n", moe_store_options_help(), moe_gpu_options_help(), moe_dataset_spec_help());
     fputs("examples:\n"
           "  moe-prep eval ./Mixtral-8x7B-v0.1 --dataset wiki.test.raw\n"
           "  moe-prep eval mixtral-q4.moeb --ref ./Mixtral-8x7B-v0.1 --dataset wiki.test.raw \\\n"
@@ -103,6 +103,7 @@ struct eval_args {
     int little_k;  /* -1: not given */
     double gamma;  /* NaN: not given */
     struct moe_store_params store; /* engine options for MODEL (moe-run's) */
+    struct moe_gpu_params gpu;     /* --device and the GPU backend's options */
 };
 
 /* parse_int: strict decimal integer in [lo, hi] for option --NAME. */
@@ -118,9 +119,12 @@ static int parse_int(const char *name, const char *s, long lo, long hi, int *out
     return 1;
 }
 
-/* store_option: an engine option (moe_store_option_table) into a->store. */
+/* store_option: an engine option (moe_store_option_table) into a->store, or
+ * a device option into a->gpu. */
 static int store_option(struct eval_args *a, const struct moe_opt *o, const char *v) {
     char err[256];
+    const int d = moe_device_option(PROG, &a->gpu, o->name, v);
+    if (d >= 0) return d;
     if (moe_store_parse_option(&a->store, o->name, v, err, sizeof err) == MOE_OK) return 0;
     fprintf(stderr, PROG ": %s\n", err);
     return 2;
@@ -175,10 +179,12 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
     memset(a, 0, sizeof *a);
     a->n_ctx = 512;
     a->store = moe_store_default_params();
+    a->gpu = moe_gpu_default_params();
     a->little_k = -1, a->gamma = NAN;
-    const struct moe_opt *tables[] = {k_opts, moe_store_option_table()};
-    int first = 0, rc = moe_opt_parse(PROG, argc, argv, 1, tables, 2, on_option, a, &first);
+    const struct moe_opt *tables[] = {k_opts, moe_store_option_table(), moe_gpu_option_table()};
+    int first = 0, rc = moe_opt_parse(PROG, argc, argv, 1, tables, 3, on_option, a, &first);
     if (rc) return rc == 1 ? 1 : 2;
+    if (!moe_device_built(PROG, a->gpu.device_spec)) return 2;
     if (first < argc) a->model = argv[first];
     if (first + 1 < argc) {
         fprintf(stderr, PROG ": one MODEL only (\"%s\" and \"%s\"); the reference goes after --ref\n", a->model,
@@ -494,6 +500,8 @@ static struct moe_eval_params eval_params(struct eval_args *a, const struct moe_
     ep.unigram = a->unigram;
     ep.routing = a->routing;
     ep.store = moe_store_params_active(&a->store) ? &a->store : NULL;
+    ep.device = a->gpu.device_spec;
+    ep.device_options = &a->gpu;
     ep.n_batch = a->n_batch;
     ep.little_k = a->little_k > 0 ? a->little_k : 0;
     ep.gamma = a->gamma;

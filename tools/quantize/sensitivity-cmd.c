@@ -17,6 +17,7 @@
 #include "moe-dataset.h"
 #include "moe-file.h"
 #include "moe-opt.h"
+#include "moe-options.h"
 #include "moe-prep.h"
 #include "sensitivity.h"
 #include "shard.h"
@@ -33,6 +34,7 @@ struct sens_args {
     double checkpoint_every;
     enum moe_sens_metric metric;
     enum moe_sens_method method;
+    struct moe_gpu_params gpu; /* --device and the GPU backend's options */
 };
 
 static const struct moe_opt k_opts[] = {
@@ -76,6 +78,7 @@ static void sens_usage(FILE *f) {
                "maps and `moe-prep bitwidth` searches with its ranking.\n"
                "\noptions:\n");
     moe_opt_help(f, k_opts);
+    fprintf(f, "\n%s", moe_gpu_options_help());
     fprintf(f, "\n"
                "Interrupting (Ctrl-C) saves progress after the current sequence; --resume then\n"
                "gives the same result as an uninterrupted run. Each shard keeps its own\n"
@@ -98,6 +101,8 @@ static int choice(const char *opt, const char *v, const char *const *names, int 
 /* on_opt: one option into the arguments (moe_opt handler). */
 static int on_opt(void *ctx, const struct moe_opt *o, const char *v) {
     struct sens_args *a = ctx;
+    if (o < k_opts || o >= k_opts + sizeof k_opts / sizeof k_opts[0]) /* the device table */
+        return moe_device_option("moe-prep " CMD, &a->gpu, o->name, v) ? 2 : 0;
     const char *n = o->name, *opt = o->key == 't' ? "-t" : NULL;
     char dashed[40];
     snprintf(dashed, sizeof dashed, "--%s", n);
@@ -139,10 +144,12 @@ static int sens_parse(int argc, char **argv, struct sens_args *a) {
     memset(a, 0, sizeof *a);
     a->n_ctx = 256;
     a->checkpoint_every = 30;
-    const struct moe_opt *tables[] = {k_opts};
+    a->gpu = moe_gpu_default_params();
+    const struct moe_opt *tables[] = {k_opts, moe_gpu_option_table()};
     int pos = argc;
-    int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 1, on_opt, a, &pos);
+    int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 2, on_opt, a, &pos);
     if (rc) return rc;
+    if (!moe_device_built("moe-prep " CMD, a->gpu.device_spec)) return 2;
     if (argc - pos > 1) {
         fprintf(stderr, "moe-prep " CMD ": unexpected argument %s\n", argv[pos + 1]);
         return 2;
@@ -499,6 +506,7 @@ int moe_prep_sensitivity(int argc, char **argv) {
         sp.metric = a.metric;
         sp.method = a.method;
         sp.n_threads = a.n_threads;
+        sp.device = a.gpu.device_spec, sp.device_options = &a.gpu;
         sp.shard_index = index;
         sp.shard_count = count;
         rc = sweep(&a, m, seqs, n_seq, n_ids, &sp, &r);

@@ -359,6 +359,8 @@ static enum moe_status sweep_init(struct sweep *w, struct moe_model *m, const st
     sp.n_ctx = w->n;
     sp.n_batch = w->n;
     sp.n_threads = p->n_threads;
+    sp.device = p->device;
+    sp.device_options = p->device_options;
     sp.on_layer = logits ? on_layer : NULL;
     sp.layer_user = &w->cap;
     sp.on_route = on_route;

@@ -69,6 +69,8 @@ struct moe_sens_params {
      * sweep), in all, seconds spent in this call */
     void (*on_seq)(int done, int total, double seconds, void *user);
     void *user;
+    const char *device;           /* the backend to run on (moe_session_params.device; NULL = cpu) */
+    const void *device_options;   /* its options (struct moe_gpu_params *; borrowed), or NULL */
 };
 
 struct moe_sens_params moe_sens_default_params(void);
