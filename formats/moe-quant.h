@@ -246,8 +246,53 @@ static inline MOE_HOST_DEVICE int moe_q3k_scale(int s, const uint8_t *scales) {
 
 /* ---- type table -------------------------------------------------------- */
 
+/* The scalar reference kernels of a type, on nb whole blocks (for f32, f16 and
+ * bf16, whose blocks are one element, nb = the number of elements):
+ *   moe_dequant_fn  w (nb blocks) -> y (nb * block size floats)
+ *   moe_quant_fn    x (nb * block size floats) -> y (nb blocks)
+ *   moe_dot_fn      sum of dequantized w times x, as moe_vec_dot defines it */
+typedef void (*moe_dequant_fn)(const void *w, float *y, int64_t nb);
+typedef void (*moe_quant_fn)(const float *x, void *y, int64_t nb);
+typedef float (*moe_dot_fn)(const void *w, const float *x, int64_t nb);
+
+/*
+ * struct moe_type_traits: everything the quant layer knows about a type id, in
+ * one row per type (formats/quant.c, the one table; ggml's type_traits[]). The
+ * functions below (moe_qtype_name, moe_qtype_block_size, moe_qtype_valid,
+ * moe_act_type, moe_qtype_group_rows, moe_stored_type, moe_repack_type, ...)
+ * read it, and the scalar kernel table is filled from its kernels. The CPU
+ * kernels of each ISA (SIMD dot, dequantize, integer tiles) are that ISA's own
+ * table, indexed by the same ids (the internal struct moe_quant_kernels).
+ *
+ * Adding a type: its block struct above (with MOE_STATIC_ASSERT), its id in
+ * enum moe_qtype, one row in quant.c with its scalar reference kernels, and
+ * the row of expected values in tests/test-quant.c (test_traits); SIMD and
+ * integer kernels, where it has them, in the ISA tables.
+ */
+struct moe_type_traits {
+    const char *name;        /* ggml's lower-case name ("q4_k") */
+    int block_size;          /* elements per block (1 for f32, f16, bf16) */
+    size_t block_bytes;      /* bytes per block (= sizeof its block struct) */
+    int file_type;           /* 1: a file may hold it; 0: a runtime-only layout */
+    enum moe_qtype act_type; /* activation blocks of its integer dot (moe_act_type):
+                                q8_0, q8_k, or MOE_QTYPE_F32 = the float dot */
+    int group_rows;          /* rows interleaved per group: 1, or 16 for the _r16 layouts */
+    enum moe_qtype stored;   /* a layout: the stored type whose rows it interleaves;
+                                a stored type: itself (moe_stored_type) */
+    enum moe_qtype repack;   /* a stored type: the layout moe_repack may give it;
+                                itself when it has none (and for a layout) */
+    moe_dequant_fn dequantize; /* scalar reference (the specification); NULL for a layout */
+    moe_quant_fn quantize;     /* scalar reference quantizer; NULL for a layout */
+    moe_dot_fn dot;            /* scalar reference dot with float32 x; NULL for a layout */
+};
+
+/* moe_type_traits: the table row of t, or NULL for an id that is not a
+ * supported type (out of range or unlisted). The row is static, constant data:
+ * valid for the life of the program, thread-safe to read. */
+const struct moe_type_traits *moe_type_traits(enum moe_qtype t);
+
 /* moe_qtype_valid: 1 if t is one of the enum values above that a file may
- * hold (not the runtime layout q4_k_r16), else 0. */
+ * hold (not a runtime layout: q4_k_r16, q8_0_r16), else 0. */
 int moe_qtype_valid(enum moe_qtype t);
 
 /* moe_qtype_name: ggml's lower-case name ("q4_k", "bf16", ...); "?" if invalid. */
@@ -257,7 +302,8 @@ const char *moe_qtype_name(enum moe_qtype t);
  * MOE_ERR_INVALID (and logs) for NULL or unknown names; *out is set only on OK. */
 enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out);
 
-/* The size functions below also answer for q4_k_r16 (as q4_k). */
+/* The size functions below also answer for the layouts (q4_k_r16 as q4_k,
+ * q8_0_r16 as q8_0). */
 
 /* moe_qtype_block_size: elements per block (1 for f32/f16/bf16); 0 if invalid. */
 int moe_qtype_block_size(enum moe_qtype t);
@@ -566,9 +612,8 @@ const char *moe_quant_int_isa_name(void);
 
 /* ---- internal: the per-ISA kernel table (formats/quant*.c only) --------- */
 #ifdef MOE_QUANT_INTERNAL
-/* A dot kernel gets whole blocks (nb of them; for f32/f16/bf16 nb = n elements). */
-typedef float (*moe_dot_fn)(const void *w, const float *x, int64_t nb);
-typedef void (*moe_dequant_fn)(const void *w, float *y, int64_t nb);
+/* Dot and dequantize kernels (moe_dot_fn, moe_dequant_fn above) get whole
+ * blocks (nb of them; for f32/f16/bf16 nb = n elements). */
 /* Integer dot tile: R weight rows w[r] against C activation rows x[c], nb blocks
  * each; out[r * C + c]. The shapes (R x C) a table holds: */
 enum moe_tile { MOE_TILE_1X1, MOE_TILE_1X2, MOE_TILE_1X4, MOE_TILE_4X1, MOE_TILE_COUNT };

@@ -282,18 +282,8 @@ void moe_quant_int_kernels_scalar(struct moe_quant_kernels *k) {
 /* ==== public functions =================================================== */
 
 enum moe_qtype moe_act_type(enum moe_qtype wt) {
-    switch (wt) {
-    case MOE_QTYPE_Q8_0:
-    case MOE_QTYPE_Q8_0_R16:
-    case MOE_QTYPE_Q4_0: return MOE_QTYPE_Q8_0;
-    case MOE_QTYPE_Q2_K:
-    case MOE_QTYPE_Q3_K:
-    case MOE_QTYPE_Q4_K:
-    case MOE_QTYPE_Q4_K_R16:
-    case MOE_QTYPE_Q5_K:
-    case MOE_QTYPE_Q6_K: return MOE_QTYPE_Q8_K;
-    default: return MOE_QTYPE_F32;
-    }
+    const struct moe_type_traits *tr = moe_type_traits(wt); /* the type table (quant.c) */
+    return tr ? tr->act_type : MOE_QTYPE_F32;
 }
 
 size_t moe_act_row_bytes(enum moe_qtype wt, int64_t n) {

@@ -9,26 +9,32 @@
 
 #include <string.h>
 
+/* Rows of a group in the byte layouts below (both _r16 layouts; their table
+ * rows say group_rows = 16, which test-quant checks). Which type takes which
+ * layout, and a layout's group size, are read from the type table. */
 enum { R16_ROWS = 16 };
 
-/* A layout's stored type, or MOE_QTYPE_F32 (0) for a type that is none. */
-static enum moe_qtype layout_of(enum moe_qtype stored) {
-    return stored == MOE_QTYPE_Q4_K ? MOE_QTYPE_Q4_K_R16 : stored == MOE_QTYPE_Q8_0 ? MOE_QTYPE_Q8_0_R16 : MOE_QTYPE_F32;
+/* The layout moe_repack may give a stored type t (the table's `repack`), or t
+ * itself when it has none (also for a layout or an unsupported id). */
+static enum moe_qtype layout_of(enum moe_qtype t) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr && tr->file_type ? tr->repack : t;
 }
 
 int moe_qtype_group_rows(enum moe_qtype t) {
-    if (t == MOE_QTYPE_Q4_K_R16 || t == MOE_QTYPE_Q8_0_R16) return R16_ROWS;
-    return moe_qtype_valid(t) ? 1 : 0;
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr ? tr->group_rows : 0;
 }
 
 enum moe_qtype moe_stored_type(enum moe_qtype t) {
-    return t == MOE_QTYPE_Q4_K_R16 ? MOE_QTYPE_Q4_K : t == MOE_QTYPE_Q8_0_R16 ? MOE_QTYPE_Q8_0 : t;
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr ? tr->stored : t;
 }
 
 enum moe_qtype moe_repack_type(enum moe_qtype t, int64_t n_out, int64_t n_in) {
     const enum moe_qtype l = layout_of(t);
-    if (l != MOE_QTYPE_F32 && n_out > 0 && n_out % R16_ROWS == 0 && n_in > 0 && n_in % moe_qtype_block_size(t) == 0 &&
-        moe_quant_kernels_now()->fast_layout[l])
+    if (l != t && n_out > 0 && n_out % moe_qtype_group_rows(l) == 0 && n_in > 0 &&
+        n_in % moe_qtype_block_size(t) == 0 && moe_quant_kernels_now()->fast_layout[l])
         return l;
     return t;
 }
@@ -80,7 +86,7 @@ enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, i
         MOE_LOGE("invalid matrix: type %s, %lld x %lld", moe_qtype_name(t), (long long)n_out, (long long)n_in);
         return MOE_ERR_INVALID;
     }
-    if (to != t && !(to == layout_of(t) && n_out % R16_ROWS == 0)) {
+    if (to != t && !(to == layout_of(t) && n_out % moe_qtype_group_rows(to) == 0)) {
         MOE_LOGE("a %s matrix of %lld rows cannot take the layout %s", moe_qtype_name(t), (long long)n_out,
                  moe_qtype_name(to));
         return MOE_ERR_INVALID;

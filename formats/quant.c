@@ -98,113 +98,14 @@ static inline int32_t cvt_trunc_i32(float v) {
     return (int32_t)v;
 }
 
-/* ---- type table --------------------------------------------------------- */
-
-struct qtype_info {
-    const char *name;
-    int block;    /* elements per block; 0 = not a supported type */
-    size_t bytes; /* bytes per block */
-};
-
-static const struct qtype_info g_info[MOE_QTYPE_LIMIT] = {
-    [MOE_QTYPE_F32] = {"f32", 1, 4},
-    [MOE_QTYPE_F16] = {"f16", 1, 2},
-    [MOE_QTYPE_Q4_0] = {"q4_0", MOE_QK4_0, sizeof(moe_block_q4_0)},
-    [MOE_QTYPE_Q8_0] = {"q8_0", MOE_QK8_0, sizeof(moe_block_q8_0)},
-    [MOE_QTYPE_Q2_K] = {"q2_k", MOE_QK_K, sizeof(moe_block_q2_K)},
-    [MOE_QTYPE_Q3_K] = {"q3_k", MOE_QK_K, sizeof(moe_block_q3_K)},
-    [MOE_QTYPE_Q4_K] = {"q4_k", MOE_QK_K, sizeof(moe_block_q4_K)},
-    [MOE_QTYPE_Q5_K] = {"q5_k", MOE_QK_K, sizeof(moe_block_q5_K)},
-    [MOE_QTYPE_Q6_K] = {"q6_k", MOE_QK_K, sizeof(moe_block_q6_K)},
-    [MOE_QTYPE_Q8_K] = {"q8_k", MOE_QK_K, sizeof(moe_block_q8_K)},
-    [MOE_QTYPE_BF16] = {"bf16", 1, 2},
-    [MOE_QTYPE_MXFP4] = {"mxfp4", MOE_QK_MXFP4, sizeof(moe_block_mxfp4)},
-    [MOE_QTYPE_Q4_K_R16] = {"q4_k_r16", MOE_QK_K, sizeof(moe_block_q4_K)}, /* layouts (moe_repack) */
-    [MOE_QTYPE_Q8_0_R16] = {"q8_0_r16", MOE_QK8_0, sizeof(moe_block_q8_0)},
-};
-
-/* Returns the table entry of t, or NULL if t is not a supported type. */
-static const struct qtype_info *info_of(enum moe_qtype t) {
-    if ((int)t < 0 || (int)t >= MOE_QTYPE_LIMIT || g_info[t].block == 0) return NULL;
-    return &g_info[t];
-}
-
-int moe_qtype_valid(enum moe_qtype t) {
-    return info_of(t) != NULL && t != MOE_QTYPE_Q4_K_R16 && t != MOE_QTYPE_Q8_0_R16;
-}
-
-const char *moe_qtype_name(enum moe_qtype t) {
-    const struct qtype_info *in = info_of(t);
-    return in ? in->name : "?";
-}
-
-enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out) {
-    if (!name || !out) {
-        MOE_LOGE("NULL argument");
-        return MOE_ERR_INVALID;
-    }
-    for (int t = 0; t < MOE_QTYPE_LIMIT; t++) {
-        if (moe_qtype_valid((enum moe_qtype)t) && strcasecmp(name, g_info[t].name) == 0) {
-            *out = (enum moe_qtype)t;
-            return MOE_OK;
-        }
-    }
-    MOE_LOGE("unknown quantization type '%.64s'", name);
-    return MOE_ERR_INVALID;
-}
-
-int moe_qtype_block_size(enum moe_qtype t) {
-    const struct qtype_info *in = info_of(t);
-    return in ? in->block : 0;
-}
-
-size_t moe_qtype_block_bytes(enum moe_qtype t) {
-    const struct qtype_info *in = info_of(t);
-    return in ? in->bytes : 0;
-}
-
-size_t moe_qtype_row_bytes(enum moe_qtype t, int64_t n) {
-    const struct qtype_info *in = info_of(t);
-    if (!in || n < 0 || n % in->block != 0) return 0;
-    uint64_t nb = (uint64_t)(n / in->block);
-    if (nb > SIZE_MAX / in->bytes) return 0;
-    return (size_t)nb * in->bytes;
-}
-
-double moe_qtype_bits_per_weight(enum moe_qtype t) {
-    const struct qtype_info *in = info_of(t);
-    return in ? 8.0 * (double)in->bytes / in->block : 0.0;
-}
-
-/* Validates the common arguments of the row functions; logs under the caller's
- * name. Returns the number of blocks through *nb. */
-static enum moe_status check_row(const char *fn, enum moe_qtype t, const void *a, const void *b,
-                                 int64_t n, int64_t *nb) {
-    const struct qtype_info *in = info_of(t);
-    if (!in || !moe_qtype_valid(t)) { /* a runtime layout (q4_k_r16) has no rows of its own */
-        moe_log_func(MOE_LOG_ERROR, fn, "invalid quantization type %d (%s)", (int)t, in ? in->name : "?");
-        return MOE_ERR_INVALID;
-    }
-    if (n < 0 || n % in->block != 0) {
-        moe_log_func(MOE_LOG_ERROR, fn, "%s: row length %lld is not a non-negative multiple of %d",
-                     in->name, (long long)n, in->block);
-        return MOE_ERR_INVALID;
-    }
-    if ((!a || !b) && n > 0) {
-        moe_log_func(MOE_LOG_ERROR, fn, "NULL row pointer");
-        return MOE_ERR_INVALID;
-    }
-    *nb = n / in->block;
-    return MOE_OK;
-}
-
 /* ==== reference quantizers ============================================== */
 
 /*
  * q8_0 (as gguf's numpy code and ggml's quantize_row_q8_0_ref): d = amax/127,
  * q = round-half-away(x/d) computed as x * (1/d).
  */
-static void quantize_q8_0(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q8_0(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     for (int64_t i = 0; i < nb; i++, x += MOE_QK8_0, y += sizeof(moe_block_q8_0)) {
         float amax = 0.0f;
         for (int j = 0; j < MOE_QK8_0; j++) {
@@ -247,7 +148,8 @@ static int mxfp4_index(float x, float d) {
  * nearest code. The exponent is converted through int and wrapped to 8 bits
  * as ggml's cast does on the machines it runs on (only blocks below 2^-125
  * or above 2^130 reach that). */
-static void quantize_mxfp4(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_mxfp4(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_MXFP4, y += sizeof(moe_block_mxfp4)) {
         float amax = 0.0f;
         for (int j = 0; j < MOE_QK_MXFP4; j++)
@@ -260,7 +162,8 @@ static void quantize_mxfp4(const float *x, uint8_t *y, int64_t nb) {
     }
 }
 
-static void quantize_q4_0(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q4_0(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     for (int64_t i = 0; i < nb; i++, x += MOE_QK4_0, y += sizeof(moe_block_q4_0)) {
         int imax = 0;
         float amax = fabsf(x[0]);
@@ -502,7 +405,8 @@ static void pack_2bit(const uint8_t *L, uint8_t *qs) {
  * to 4 bits against their maxima (d = max_scale/15, dmin = max_min/15), and the
  * levels are recomputed with the quantized scales.
  */
-static void quantize_q2_K(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q2_K(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     uint8_t L[MOE_QK_K], Laux[16];
     float w[16], mins[16], scales[16];
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, y += sizeof(moe_block_q2_K)) {
@@ -551,7 +455,8 @@ static void quantize_q2_K(const float *x, uint8_t *y, int64_t nb) {
  * scales are quantized to 6 bits against the one of largest magnitude
  * (d = -max_scale/32), and the levels recomputed with the quantized scales.
  */
-static void quantize_q3_K(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q3_K(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     int8_t L[MOE_QK_K];
     float scales[16];
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, y += sizeof(moe_block_q3_K)) {
@@ -673,7 +578,8 @@ static void quantize_k_asym(const float *x, uint8_t *hdr, uint8_t *L, int nmax, 
 }
 
 /* q4_k: quantize_k_asym with 4-bit levels and 21 trial grids; nibble packing. */
-static void quantize_q4_K(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q4_K(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     uint8_t L[MOE_QK_K];
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, y += sizeof(moe_block_q4_K)) {
         quantize_k_asym(x, y, L, 15, -1.0f, 20);
@@ -685,7 +591,8 @@ static void quantize_q4_K(const float *x, uint8_t *y, int64_t nb) {
 }
 
 /* q5_k: quantize_k_asym with 5-bit levels and 16 trial grids; bit 4 to qh. */
-static void quantize_q5_K(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q5_K(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     uint8_t L[MOE_QK_K];
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, y += sizeof(moe_block_q5_K)) {
         quantize_k_asym(x, y, L, 31, -0.5f, 15);
@@ -706,7 +613,8 @@ static void quantize_q5_K(const float *x, uint8_t *y, int64_t nb) {
  * (d = -max_scale/128), and the levels recomputed. A block whose scales are all
  * below GROUP_EPS is stored as all zero bytes.
  */
-static void quantize_q6_K(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q6_K(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     int8_t L[MOE_QK_K];
     float scales[16];
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, y += sizeof(moe_block_q6_K)) {
@@ -755,7 +663,8 @@ static void quantize_q6_K(const float *x, uint8_t *y, int64_t nb) {
 
 /* q8_k: d = max/-127 (float32, sign of the largest-magnitude element), q =
  * round(x/d) as x * (-127/max), plus the sums of each 16 quants. */
-static void quantize_q8_K(const float *x, uint8_t *y, int64_t nb) {
+static void quantize_q8_K(const float *x, void *dst, int64_t nb) {
+    uint8_t *y = dst;
     for (int64_t i = 0; i < nb; i++, x += MOE_QK_K, y += sizeof(moe_block_q8_K)) {
         float amax;
         const float max = signed_absmax(MOE_QK_K, x, &amax);
@@ -783,51 +692,18 @@ static void quantize_q8_K(const float *x, uint8_t *y, int64_t nb) {
     }
 }
 
-static const struct moe_quant_kernels *kernels(void);
+/* f32, f16, bf16 (blocks of one element): a copy, or each value rounded to
+ * nearest even (moe-dtype.h's conversions). */
+static void quantize_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * 4); }
 
-/* The reference quantizer of a block type, nb blocks (moe-quant.h: the SIMD
- * kernels' way back for blocks whose bytes the reference's compiled code alone
- * defines, e.g. NaN payloads in k-quant levels). */
-void moe_quant_ref_blocks(enum moe_qtype t, const float *x, void *y, int64_t nb) {
-    switch (t) {
-    case MOE_QTYPE_Q8_0: quantize_q8_0(x, y, nb); break;
-    case MOE_QTYPE_Q4_K: quantize_q4_K(x, y, nb); break;
-    case MOE_QTYPE_Q5_K: quantize_q5_K(x, y, nb); break;
-    default: MOE_ASSERT(!"moe_quant_ref_blocks: a type without a SIMD quantizer"); break;
-    }
+static void quantize_f16(const float *x, void *dst, int64_t n) {
+    uint8_t *y = dst;
+    for (int64_t i = 0; i < n; i++) wr16(y + 2 * i, moe_f32_to_f16(x[i]));
 }
 
-enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, int64_t n) {
-    int64_t nb;
-    enum moe_status st = check_row(__func__, t, src, dst, n, &nb);
-    if (st != MOE_OK) return st;
+static void quantize_bf16(const float *x, void *dst, int64_t n) {
     uint8_t *y = dst;
-    const moe_quant_act_fn fast = kernels()->quant_row[t]; /* SIMD, the same bytes (test-quant-rows) */
-    if (fast) {
-        fast(src, dst, nb);
-        return MOE_OK;
-    }
-    switch (t) {
-    case MOE_QTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
-    case MOE_QTYPE_F16:
-        for (int64_t i = 0; i < n; i++) wr16(y + 2 * i, moe_f32_to_f16(src[i]));
-        break;
-    case MOE_QTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) wr16(y + 2 * i, moe_f32_to_bf16(src[i]));
-        break;
-    case MOE_QTYPE_Q4_0: quantize_q4_0(src, y, nb); break;
-    case MOE_QTYPE_Q8_0: quantize_q8_0(src, y, nb); break;
-    case MOE_QTYPE_Q2_K: quantize_q2_K(src, y, nb); break;
-    case MOE_QTYPE_Q3_K: quantize_q3_K(src, y, nb); break;
-    case MOE_QTYPE_Q4_K: quantize_q4_K(src, y, nb); break;
-    case MOE_QTYPE_Q5_K: quantize_q5_K(src, y, nb); break;
-    case MOE_QTYPE_Q6_K: quantize_q6_K(src, y, nb); break;
-    case MOE_QTYPE_Q8_K: quantize_q8_K(src, y, nb); break;
-    case MOE_QTYPE_MXFP4: quantize_mxfp4(src, y, nb); break;
-    case MOE_QTYPE_Q4_K_R16:
-    case MOE_QTYPE_Q8_0_R16: break; /* layouts: check_row refused them */
-    }
-    return MOE_OK;
+    for (int64_t i = 0; i < n; i++) wr16(y + 2 * i, moe_f32_to_bf16(x[i]));
 }
 
 /* ==== reference dequantizers (nb blocks; the specification) ============= */
@@ -1026,6 +902,158 @@ static float dot_ref_f32(const void *w, const float *x, int64_t n) { return dot_
 static float dot_ref_f16(const void *w, const float *x, int64_t n) { return dot_plain(deq_f16, 2, w, x, n); }
 static float dot_ref_bf16(const void *w, const float *x, int64_t n) { return dot_plain(deq_bf16, 2, w, x, n); }
 
+/* ==== the type table ==================================================== */
+
+/*
+ * One row per type (struct moe_type_traits in moe-quant.h); an id without a row
+ * (name NULL) is not a supported type. Every reader of a type's traits goes
+ * through this table: the moe_qtype_* functions below, moe_act_type
+ * (quant-int.c), the layout decisions of quant-pack.c, and fill_scalar.
+ */
+static const struct moe_type_traits g_traits[MOE_QTYPE_LIMIT] = {
+    [MOE_QTYPE_F32] = {.name = "f32", .block_size = 1, .block_bytes = sizeof(float), .file_type = 1,
+                       .act_type = MOE_QTYPE_F32, .group_rows = 1, .stored = MOE_QTYPE_F32,
+                       .repack = MOE_QTYPE_F32, .dequantize = deq_f32, .quantize = quantize_f32,
+                       .dot = dot_ref_f32},
+    [MOE_QTYPE_F16] = {.name = "f16", .block_size = 1, .block_bytes = sizeof(moe_f16_bits), .file_type = 1,
+                       .act_type = MOE_QTYPE_F32, .group_rows = 1, .stored = MOE_QTYPE_F16,
+                       .repack = MOE_QTYPE_F16, .dequantize = deq_f16, .quantize = quantize_f16,
+                       .dot = dot_ref_f16},
+    [MOE_QTYPE_Q4_0] = {.name = "q4_0", .block_size = MOE_QK4_0, .block_bytes = sizeof(moe_block_q4_0),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_0, .group_rows = 1, .stored = MOE_QTYPE_Q4_0,
+                        .repack = MOE_QTYPE_Q4_0, .dequantize = deq_q4_0, .quantize = quantize_q4_0,
+                        .dot = dot_ref_q4_0},
+    [MOE_QTYPE_Q8_0] = {.name = "q8_0", .block_size = MOE_QK8_0, .block_bytes = sizeof(moe_block_q8_0),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_0, .group_rows = 1, .stored = MOE_QTYPE_Q8_0,
+                        .repack = MOE_QTYPE_Q8_0_R16, .dequantize = deq_q8_0, .quantize = quantize_q8_0,
+                        .dot = dot_ref_q8_0},
+    [MOE_QTYPE_Q2_K] = {.name = "q2_k", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q2_K),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_K, .group_rows = 1, .stored = MOE_QTYPE_Q2_K,
+                        .repack = MOE_QTYPE_Q2_K, .dequantize = deq_q2_K, .quantize = quantize_q2_K,
+                        .dot = dot_ref_q2_K},
+    [MOE_QTYPE_Q3_K] = {.name = "q3_k", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q3_K),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_K, .group_rows = 1, .stored = MOE_QTYPE_Q3_K,
+                        .repack = MOE_QTYPE_Q3_K, .dequantize = deq_q3_K, .quantize = quantize_q3_K,
+                        .dot = dot_ref_q3_K},
+    [MOE_QTYPE_Q4_K] = {.name = "q4_k", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q4_K),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_K, .group_rows = 1, .stored = MOE_QTYPE_Q4_K,
+                        .repack = MOE_QTYPE_Q4_K_R16, .dequantize = deq_q4_K, .quantize = quantize_q4_K,
+                        .dot = dot_ref_q4_K},
+    [MOE_QTYPE_Q5_K] = {.name = "q5_k", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q5_K),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_K, .group_rows = 1, .stored = MOE_QTYPE_Q5_K,
+                        .repack = MOE_QTYPE_Q5_K, .dequantize = deq_q5_K, .quantize = quantize_q5_K,
+                        .dot = dot_ref_q5_K},
+    [MOE_QTYPE_Q6_K] = {.name = "q6_k", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q6_K),
+                        .file_type = 1, .act_type = MOE_QTYPE_Q8_K, .group_rows = 1, .stored = MOE_QTYPE_Q6_K,
+                        .repack = MOE_QTYPE_Q6_K, .dequantize = deq_q6_K, .quantize = quantize_q6_K,
+                        .dot = dot_ref_q6_K},
+    /* q8_k is an activation type: its weights, if any, take the float dot */
+    [MOE_QTYPE_Q8_K] = {.name = "q8_k", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q8_K),
+                        .file_type = 1, .act_type = MOE_QTYPE_F32, .group_rows = 1, .stored = MOE_QTYPE_Q8_K,
+                        .repack = MOE_QTYPE_Q8_K, .dequantize = deq_q8_K, .quantize = quantize_q8_K,
+                        .dot = dot_ref_q8_K},
+    [MOE_QTYPE_BF16] = {.name = "bf16", .block_size = 1, .block_bytes = sizeof(uint16_t), .file_type = 1,
+                        .act_type = MOE_QTYPE_F32, .group_rows = 1, .stored = MOE_QTYPE_BF16,
+                        .repack = MOE_QTYPE_BF16, .dequantize = deq_bf16, .quantize = quantize_bf16,
+                        .dot = dot_ref_bf16},
+    [MOE_QTYPE_MXFP4] = {.name = "mxfp4", .block_size = MOE_QK_MXFP4, .block_bytes = sizeof(moe_block_mxfp4),
+                         .file_type = 1, .act_type = MOE_QTYPE_F32, .group_rows = 1, .stored = MOE_QTYPE_MXFP4,
+                         .repack = MOE_QTYPE_MXFP4, .dequantize = deq_mxfp4, .quantize = quantize_mxfp4,
+                         .dot = dot_ref_mxfp4},
+    /* runtime layouts (moe_repack): their stored type's blocks, 16 rows interleaved;
+     * no reference kernels of their own (moe_unpack_row gives the stored rows) */
+    [MOE_QTYPE_Q4_K_R16] = {.name = "q4_k_r16", .block_size = MOE_QK_K, .block_bytes = sizeof(moe_block_q4_K),
+                            .file_type = 0, .act_type = MOE_QTYPE_Q8_K, .group_rows = 16,
+                            .stored = MOE_QTYPE_Q4_K, .repack = MOE_QTYPE_Q4_K_R16},
+    [MOE_QTYPE_Q8_0_R16] = {.name = "q8_0_r16", .block_size = MOE_QK8_0, .block_bytes = sizeof(moe_block_q8_0),
+                            .file_type = 0, .act_type = MOE_QTYPE_Q8_0, .group_rows = 16,
+                            .stored = MOE_QTYPE_Q8_0, .repack = MOE_QTYPE_Q8_0_R16},
+};
+
+const struct moe_type_traits *moe_type_traits(enum moe_qtype t) {
+    if ((int)t < 0 || (int)t >= MOE_QTYPE_LIMIT || g_traits[t].name == NULL) return NULL;
+    return &g_traits[t];
+}
+
+int moe_qtype_valid(enum moe_qtype t) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr != NULL && tr->file_type;
+}
+
+const char *moe_qtype_name(enum moe_qtype t) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr ? tr->name : "?";
+}
+
+enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out) {
+    if (!name || !out) {
+        MOE_LOGE("NULL argument");
+        return MOE_ERR_INVALID;
+    }
+    for (int t = 0; t < MOE_QTYPE_LIMIT; t++) {
+        if (moe_qtype_valid((enum moe_qtype)t) && strcasecmp(name, g_traits[t].name) == 0) {
+            *out = (enum moe_qtype)t;
+            return MOE_OK;
+        }
+    }
+    MOE_LOGE("unknown quantization type '%.64s'", name);
+    return MOE_ERR_INVALID;
+}
+
+int moe_qtype_block_size(enum moe_qtype t) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr ? tr->block_size : 0;
+}
+
+size_t moe_qtype_block_bytes(enum moe_qtype t) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr ? tr->block_bytes : 0;
+}
+
+size_t moe_qtype_row_bytes(enum moe_qtype t, int64_t n) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    if (!tr || n < 0 || n % tr->block_size != 0) return 0;
+    uint64_t nb = (uint64_t)(n / tr->block_size);
+    if (nb > SIZE_MAX / tr->block_bytes) return 0;
+    return (size_t)nb * tr->block_bytes;
+}
+
+double moe_qtype_bits_per_weight(enum moe_qtype t) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    return tr ? 8.0 * (double)tr->block_bytes / tr->block_size : 0.0;
+}
+
+/* The reference quantizer of a block type, nb blocks (moe-quant.h: the SIMD
+ * kernels' way back for blocks whose bytes the reference's compiled code alone
+ * defines, e.g. NaN payloads in k-quant levels). */
+void moe_quant_ref_blocks(enum moe_qtype t, const float *x, void *y, int64_t nb) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    MOE_ASSERT(tr && tr->quantize && "moe_quant_ref_blocks: a type without a reference quantizer");
+    tr->quantize(x, y, nb);
+}
+
+/* Validates the common arguments of the row functions; logs under the caller's
+ * name. Returns the number of blocks through *nb. */
+static enum moe_status check_row(const char *fn, enum moe_qtype t, const void *a, const void *b,
+                                 int64_t n, int64_t *nb) {
+    const struct moe_type_traits *tr = moe_type_traits(t);
+    if (!tr || !tr->file_type) { /* a runtime layout (q4_k_r16) has no rows of its own */
+        moe_log_func(MOE_LOG_ERROR, fn, "invalid quantization type %d (%s)", (int)t, tr ? tr->name : "?");
+        return MOE_ERR_INVALID;
+    }
+    if (n < 0 || n % tr->block_size != 0) {
+        moe_log_func(MOE_LOG_ERROR, fn, "%s: row length %lld is not a non-negative multiple of %d",
+                     tr->name, (long long)n, tr->block_size);
+        return MOE_ERR_INVALID;
+    }
+    if ((!a || !b) && n > 0) {
+        moe_log_func(MOE_LOG_ERROR, fn, "NULL row pointer");
+        return MOE_ERR_INVALID;
+    }
+    *nb = n / tr->block_size;
+    return MOE_OK;
+}
+
 /* ==== kernel tables and ISA selection =================================== */
 
 static struct moe_quant_kernels g_kernels[3]; /* indexed by enum moe_quant_isa */
@@ -1033,33 +1061,18 @@ static int g_supported[3];
 static int g_isa; /* current enum moe_quant_isa; read/written atomically */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-#define SET_REF(T, N)                                                          \
-    do {                                                                       \
-        k->dot[MOE_QTYPE_##T] = dot_ref_##N;                                   \
-        k->dequant[MOE_QTYPE_##T] = deq_##N;                                   \
-    } while (0)
-
-/* Activation quantizers of the scalar table: the reference quantizers. */
-static void act_q8_0(const float *x, void *y, int64_t nb) { quantize_q8_0(x, y, nb); }
-static void act_q8_K(const float *x, void *y, int64_t nb) { quantize_q8_K(x, y, nb); }
-
-/* Fill a table with the scalar reference kernels. */
+/* Fill a table with the scalar reference kernels: the rows' own (dot,
+ * dequantize), the quantizers of the activation types some weight type's
+ * integer dot uses, and the integer kernels of quant-int.c. */
 static void fill_scalar(struct moe_quant_kernels *k) {
-    k->quant_act[MOE_QTYPE_Q8_0] = act_q8_0;
-    k->quant_act[MOE_QTYPE_Q8_K] = act_q8_K;
+    for (int t = 0; t < MOE_QTYPE_LIMIT; t++) {
+        const struct moe_type_traits *tr = moe_type_traits((enum moe_qtype)t);
+        if (!tr) continue;
+        k->dot[t] = tr->dot;
+        k->dequant[t] = tr->dequantize;
+        if (tr->act_type != MOE_QTYPE_F32) k->quant_act[tr->act_type] = g_traits[tr->act_type].quantize;
+    }
     moe_quant_int_kernels_scalar(k);
-    SET_REF(F32, f32);
-    SET_REF(F16, f16);
-    SET_REF(BF16, bf16);
-    SET_REF(Q4_0, q4_0);
-    SET_REF(Q8_0, q8_0);
-    SET_REF(Q2_K, q2_K);
-    SET_REF(Q3_K, q3_K);
-    SET_REF(Q4_K, q4_K);
-    SET_REF(Q5_K, q5_K);
-    SET_REF(Q6_K, q6_K);
-    SET_REF(Q8_K, q8_K);
-    SET_REF(MXFP4, mxfp4);
 }
 
 /* Probe the CPU once, build the three tables (SIMD tables start as copies of
@@ -1159,6 +1172,19 @@ const char *moe_quant_isa_str(enum moe_quant_isa isa) {
 const char *moe_quant_isa_name(void) { return moe_quant_isa_str(moe_quant_get_isa()); }
 
 /* ==== public row functions ============================================== */
+
+enum moe_status moe_quantize_row(enum moe_qtype t, const float *src, void *dst, int64_t n) {
+    int64_t nb;
+    enum moe_status st = check_row(__func__, t, src, dst, n, &nb);
+    if (st != MOE_OK) return st;
+    const moe_quant_act_fn fast = kernels()->quant_row[t]; /* SIMD, the same bytes (test-quant-rows) */
+    if (fast) {
+        fast(src, dst, nb);
+        return MOE_OK;
+    }
+    if (nb > 0) g_traits[t].quantize(src, dst, nb);
+    return MOE_OK;
+}
 
 enum moe_status moe_dequantize_row(enum moe_qtype t, const void *src, float *dst, int64_t n) {
     int64_t nb;

@@ -1,7 +1,13 @@
 /*
  * test-quant.c - quantization formats (formats/quant*.c).
  *
- *   1. Type table: names, ids, block sizes, bits per weight, row sizes.
+ *   1. Type table: names, ids, block sizes, bits per weight, row sizes. The
+ *      rows of struct moe_type_traits (test_traits): every id's row against an
+ *      expected table written here (block bytes = sizeof of the block structs),
+ *      against the functions that read it, and against its invariants (layouts
+ *      map both ways, file types = the names moe_qtype_from_name accepts); each
+ *      reference kernel round-trips a random row within the type's error
+ *      bound, and every single-field mutation of a row is caught.
  *   2. Oracle fixtures (tests/fixtures/quant, made by
  *      tests/oracle/make_quant_fixtures.py): moe_quantize_row must give exactly
  *      gguf's bytes (f16, bf16, q8_0, q4_0) or ggml's reference bytes (k-quants),
@@ -212,6 +218,211 @@ static void test_table(void) {
     QCHECK(moe_qtype_from_name(NULL, &out) == MOE_ERR_INVALID, "NULL name");
     QCHECK(moe_qtype_from_name("q8_0", NULL) == MOE_ERR_INVALID, "NULL out");
     QCHECK(g_logs == 4, "each error logged once (%d)", g_logs);
+    moe_log_set(NULL, NULL);
+}
+
+/* ---- 1b. the type table's rows (struct moe_type_traits) ------------------ */
+
+/* What each row must say, written out here independently of formats/quant.c:
+ * ggml's ids and names, block bytes as the sizeof of the block structs in
+ * moe-quant.h, the activation type of each integer dot (moe-quant.h's table),
+ * and the two runtime layouts. */
+static const struct traits_want {
+    enum moe_qtype t;
+    const char *name;
+    int block;
+    size_t bytes;
+    int file;
+    enum moe_qtype act, stored, repack;
+    int group;
+} TRAITS_WANT[] = {
+    {MOE_QTYPE_F32, "f32", 1, sizeof(float), 1, MOE_QTYPE_F32, MOE_QTYPE_F32, MOE_QTYPE_F32, 1},
+    {MOE_QTYPE_F16, "f16", 1, sizeof(moe_f16_bits), 1, MOE_QTYPE_F32, MOE_QTYPE_F16, MOE_QTYPE_F16, 1},
+    {MOE_QTYPE_BF16, "bf16", 1, sizeof(uint16_t), 1, MOE_QTYPE_F32, MOE_QTYPE_BF16, MOE_QTYPE_BF16, 1},
+    {MOE_QTYPE_Q4_0, "q4_0", MOE_QK4_0, sizeof(moe_block_q4_0), 1, MOE_QTYPE_Q8_0, MOE_QTYPE_Q4_0, MOE_QTYPE_Q4_0, 1},
+    {MOE_QTYPE_Q8_0, "q8_0", MOE_QK8_0, sizeof(moe_block_q8_0), 1, MOE_QTYPE_Q8_0, MOE_QTYPE_Q8_0,
+     MOE_QTYPE_Q8_0_R16, 1},
+    {MOE_QTYPE_Q2_K, "q2_k", MOE_QK_K, sizeof(moe_block_q2_K), 1, MOE_QTYPE_Q8_K, MOE_QTYPE_Q2_K, MOE_QTYPE_Q2_K, 1},
+    {MOE_QTYPE_Q3_K, "q3_k", MOE_QK_K, sizeof(moe_block_q3_K), 1, MOE_QTYPE_Q8_K, MOE_QTYPE_Q3_K, MOE_QTYPE_Q3_K, 1},
+    {MOE_QTYPE_Q4_K, "q4_k", MOE_QK_K, sizeof(moe_block_q4_K), 1, MOE_QTYPE_Q8_K, MOE_QTYPE_Q4_K,
+     MOE_QTYPE_Q4_K_R16, 1},
+    {MOE_QTYPE_Q5_K, "q5_k", MOE_QK_K, sizeof(moe_block_q5_K), 1, MOE_QTYPE_Q8_K, MOE_QTYPE_Q5_K, MOE_QTYPE_Q5_K, 1},
+    {MOE_QTYPE_Q6_K, "q6_k", MOE_QK_K, sizeof(moe_block_q6_K), 1, MOE_QTYPE_Q8_K, MOE_QTYPE_Q6_K, MOE_QTYPE_Q6_K, 1},
+    {MOE_QTYPE_Q8_K, "q8_k", MOE_QK_K, sizeof(moe_block_q8_K), 1, MOE_QTYPE_F32, MOE_QTYPE_Q8_K, MOE_QTYPE_Q8_K, 1},
+    {MOE_QTYPE_MXFP4, "mxfp4", MOE_QK_MXFP4, sizeof(moe_block_mxfp4), 1, MOE_QTYPE_F32, MOE_QTYPE_MXFP4,
+     MOE_QTYPE_MXFP4, 1},
+    {MOE_QTYPE_Q4_K_R16, "q4_k_r16", MOE_QK_K, sizeof(moe_block_q4_K), 0, MOE_QTYPE_Q8_K, MOE_QTYPE_Q4_K,
+     MOE_QTYPE_Q4_K_R16, 16},
+    {MOE_QTYPE_Q8_0_R16, "q8_0_r16", MOE_QK8_0, sizeof(moe_block_q8_0), 0, MOE_QTYPE_Q8_0, MOE_QTYPE_Q8_0,
+     MOE_QTYPE_Q8_0_R16, 16},
+};
+#define NWANT (int)(sizeof TRAITS_WANT / sizeof TRAITS_WANT[0])
+
+static const struct traits_want *want_of(int t) {
+    for (int i = 0; i < NWANT; i++)
+        if ((int)TRAITS_WANT[i].t == t) return &TRAITS_WANT[i];
+    return NULL;
+}
+
+/* Row length of the kernel round trip: whole blocks of every type. */
+#define TRAITS_N 1024
+
+/* One disagreement of a row (counted; printed when loud). */
+#define TRAITS_BAD(cond, ...)                                                   \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            bad++;                                                              \
+            if (loud) {                                                         \
+                fprintf(stderr, "FAIL traits of %s: (%s) ", w->name, #cond);    \
+                fprintf(stderr, __VA_ARGS__);                                   \
+                fputc('\n', stderr);                                            \
+            }                                                                   \
+        }                                                                       \
+    } while (0)
+
+/* The reference kernels of row tr (type w->t, a file type) on one random row x:
+ * quantize gives moe_quantize_row's bytes, dequantize moe_dequantize_row's
+ * floats within err_bound of x, dot the definition of moe_vec_dot on those
+ * floats, all bit for bit (the scalar ISA must be in use). Buffers are sized
+ * for 32 bits a weight, so a row with another type's kernels of the same
+ * block size stays inside them. Returns the number of disagreements. */
+static int traits_kernels(const struct traits_want *w, const struct moe_type_traits *tr, int loud) {
+    static float x[TRAITS_N], x2[TRAITS_N], y[TRAITS_N], y2[TRAITS_N];
+    static uint8_t q[TRAITS_N * 4], q2[TRAITS_N * 4];
+    int bad = 0;
+    const int64_t nb = TRAITS_N / w->block;
+    const size_t rb = (size_t)nb * w->bytes;
+    moe_test_rng = 0x7a3b1e5d00000000ull + (uint64_t)w->t; /* the same row for a row and its mutations */
+    fill_normal(x, TRAITS_N, 1.0f);
+    fill_normal(x2, TRAITS_N, 1.0f);
+    memset(q, 0, sizeof q);
+    memset(q2, 0, sizeof q2);
+    tr->quantize(x, q, nb);
+    TRAITS_BAD(moe_quantize_row(w->t, x, q2, TRAITS_N) == MOE_OK && memcmp(q, q2, sizeof q) == 0,
+               "quantize gives moe_quantize_row's %zu bytes", rb);
+    tr->dequantize(q2, y, nb);
+    TRAITS_BAD(moe_dequantize_row(w->t, q2, y2, TRAITS_N) == MOE_OK, "moe_dequantize_row");
+    int64_t first;
+    const int64_t nd = count_bit_diffs(y, y2, TRAITS_N, &first);
+    TRAITS_BAD(nd == 0, "dequantize gives moe_dequantize_row's floats (%lld differ)", (long long)nd);
+    const double e = rel_rmse(x, y, TRAITS_N);
+    TRAITS_BAD(e <= err_bound(w->t), "round trip error %.4g <= %.4g", e, err_bound(w->t));
+    const float d = tr->dot(q2, x2, nb), want_d = dot_definition(y2, x2, TRAITS_N, NULL);
+    TRAITS_BAD(memcmp(&d, &want_d, sizeof d) == 0, "dot %.9g = its definition %.9g", d, want_d);
+    const float dv = moe_vec_dot(w->t, q2, x2, TRAITS_N);
+    TRAITS_BAD(memcmp(&d, &dv, sizeof d) == 0, "dot %.9g = moe_vec_dot %.9g", d, dv);
+    return bad;
+}
+
+/* Everything that row tr, claimed to be type t's, must satisfy: the expected
+ * values above, the answers of the functions that read the table, the
+ * invariants between rows, and (for a file type, when all that holds) its
+ * kernels. Returns the number of disagreements; loud prints each. */
+static int traits_problems(int t, const struct moe_type_traits *tr, int loud) {
+    const struct traits_want *w = want_of(t);
+    const enum moe_qtype q = (enum moe_qtype)t;
+    if (!w) return tr != NULL;
+    if (!tr) return 1;
+    int bad = 0;
+    /* the expected values */
+    TRAITS_BAD(tr->name && strcmp(tr->name, w->name) == 0, "name %s", tr->name ? tr->name : "NULL");
+    TRAITS_BAD(tr->block_size == w->block, "block size %d, want %d", tr->block_size, w->block);
+    TRAITS_BAD(tr->block_bytes == w->bytes, "block bytes %zu, want sizeof = %zu", tr->block_bytes, w->bytes);
+    TRAITS_BAD(tr->file_type == w->file, "file type %d", tr->file_type);
+    TRAITS_BAD(tr->act_type == w->act, "activation type %d, want %d", (int)tr->act_type, (int)w->act);
+    TRAITS_BAD(tr->group_rows == w->group, "group rows %d, want %d", tr->group_rows, w->group);
+    TRAITS_BAD(tr->stored == w->stored, "stored type %d, want %d", (int)tr->stored, (int)w->stored);
+    TRAITS_BAD(tr->repack == w->repack, "layout %d, want %d", (int)tr->repack, (int)w->repack);
+    /* the functions that read the table */
+    TRAITS_BAD(strcmp(moe_qtype_name(q), tr->name ? tr->name : "") == 0, "moe_qtype_name %s", moe_qtype_name(q));
+    TRAITS_BAD(moe_qtype_block_size(q) == tr->block_size, "moe_qtype_block_size %d", moe_qtype_block_size(q));
+    TRAITS_BAD(moe_qtype_block_bytes(q) == tr->block_bytes, "moe_qtype_block_bytes %zu", moe_qtype_block_bytes(q));
+    TRAITS_BAD(moe_qtype_row_bytes(q, 4 * (int64_t)w->block) == 4 * tr->block_bytes, "moe_qtype_row_bytes");
+    TRAITS_BAD(moe_qtype_bits_per_weight(q) == 8.0 * (double)tr->block_bytes / tr->block_size,
+               "moe_qtype_bits_per_weight %g", moe_qtype_bits_per_weight(q));
+    TRAITS_BAD(moe_qtype_valid(q) == tr->file_type, "moe_qtype_valid %d", moe_qtype_valid(q));
+    TRAITS_BAD(moe_act_type(q) == tr->act_type, "moe_act_type %d", (int)moe_act_type(q));
+    TRAITS_BAD(moe_qtype_group_rows(q) == tr->group_rows, "moe_qtype_group_rows %d", moe_qtype_group_rows(q));
+    TRAITS_BAD(moe_stored_type(q) == tr->stored, "moe_stored_type %d", (int)moe_stored_type(q));
+    enum moe_qtype back = MOE_QTYPE_LIMIT;
+    const int parsed = tr->name && moe_qtype_from_name(tr->name, &back) == MOE_OK && back == q;
+    TRAITS_BAD(parsed == tr->file_type, "moe_qtype_from_name(%s) accepts it: %d", tr->name ? tr->name : "NULL",
+               parsed);
+    /* invariants between rows */
+    const struct moe_type_traits *st = moe_type_traits(tr->stored), *lt = moe_type_traits(tr->repack);
+    const int kernels = tr->dequantize != NULL && tr->quantize != NULL && tr->dot != NULL;
+    TRAITS_BAD((tr->group_rows == 1) == (tr->file_type == 1), "group rows 1 exactly for the file types");
+    if (tr->file_type) {
+        TRAITS_BAD(tr->stored == q, "a file type is its own stored type");
+        TRAITS_BAD(tr->repack == q || (lt && !lt->file_type && lt->stored == q),
+                   "its layout %d is a layout of it", (int)tr->repack);
+        TRAITS_BAD(kernels, "a file type has its reference kernels");
+    } else {
+        TRAITS_BAD(st && st->file_type && st->repack == q, "its stored type %d maps back to it", (int)tr->stored);
+        TRAITS_BAD(st && st->block_size == tr->block_size && st->block_bytes == tr->block_bytes &&
+                       st->act_type == tr->act_type,
+                   "a layout has its stored type's blocks and activations");
+        TRAITS_BAD(tr->repack == q, "a layout is not repacked further");
+        TRAITS_BAD(!tr->dequantize && !tr->quantize && !tr->dot, "a layout has no kernels of its own");
+    }
+    if (tr->act_type != MOE_QTYPE_F32) {
+        const struct moe_type_traits *at = moe_type_traits(tr->act_type);
+        TRAITS_BAD(at && at->file_type && at->block_size == tr->block_size && at->quantize,
+                   "activation type %d has its block size and a quantizer", (int)tr->act_type);
+    }
+    if (bad == 0 && tr->file_type && kernels) bad += traits_kernels(w, tr, loud);
+    return bad;
+}
+
+/* A file type with w's block size but other kernels (for the mutations). */
+static const struct moe_type_traits *kernel_partner(const struct traits_want *w) {
+    for (int i = 0; i < NWANT; i++)
+        if (TRAITS_WANT[i].file && TRAITS_WANT[i].block == w->block && TRAITS_WANT[i].t != w->t)
+            return moe_type_traits(TRAITS_WANT[i].t);
+    return NULL;
+}
+
+static void test_traits(void) {
+    moe_log_set(count_log, NULL); /* moe_qtype_from_name logs the names it refuses */
+    moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
+    int rows = 0;
+    for (int t = -3; t < MOE_QTYPE_LIMIT + 3; t++) {
+        const struct moe_type_traits *tr = moe_type_traits((enum moe_qtype)t);
+        rows += tr != NULL;
+        QCHECK((tr != NULL) == (want_of(t) != NULL), "type id %d has a row: %d", t, tr != NULL);
+        if (tr || want_of(t)) QCHECK(traits_problems(t, tr, 1) == 0, "row of type %d", t);
+    }
+    QCHECK(rows == NWANT, "%d rows", rows);
+    /* every single-field mutation of every row is caught */
+    int mutations = 0;
+    for (int i = 0; i < NWANT; i++) {
+        const struct traits_want *w = &TRAITS_WANT[i];
+        const struct moe_type_traits *tr = moe_type_traits(w->t), *p = kernel_partner(w);
+        const struct moe_type_traits *sp = moe_type_traits(w->stored);
+        if (!tr || !sp) continue; /* reported above */
+        for (int m = 0; m < 11; m++) {
+            struct moe_type_traits x = *tr;
+            const char *what = "";
+            switch (m) {
+            case 0: x.name = "q4_1", what = "name"; break;
+            case 1: x.block_size *= 2, what = "block size"; break;
+            case 2: x.block_bytes += 1, what = "block bytes"; break;
+            case 3: x.file_type = !x.file_type, what = "file type"; break;
+            case 4: x.act_type = x.act_type == MOE_QTYPE_Q8_0 ? MOE_QTYPE_Q8_K : MOE_QTYPE_Q8_0, what = "act"; break;
+            case 5: x.group_rows = x.group_rows == 1 ? 16 : 1, what = "group rows"; break;
+            case 6: x.stored = x.stored == MOE_QTYPE_Q4_0 ? MOE_QTYPE_Q8_0 : MOE_QTYPE_Q4_0, what = "stored"; break;
+            case 7: x.repack = x.repack == MOE_QTYPE_Q4_K_R16 ? MOE_QTYPE_Q8_0_R16 : MOE_QTYPE_Q4_K_R16, what = "layout";
+                break;
+            case 8: x.dequantize = w->file ? p->dequantize : sp->dequantize, what = "dequantize"; break;
+            case 9: x.quantize = w->file ? p->quantize : sp->quantize, what = "quantize"; break;
+            case 10: x.dot = w->file ? p->dot : sp->dot, what = "dot"; break;
+            }
+            mutations++;
+            QCHECK(traits_problems(w->t, &x, 0) > 0, "a wrong %s in the row of %s is caught", what, w->name);
+        }
+    }
+    QCHECK(mutations == 11 * NWANT, "%d mutations", mutations);
+    moe_quant_set_isa(MOE_QUANT_ISA_AUTO);
     moe_log_set(NULL, NULL);
 }
 
@@ -1244,6 +1455,7 @@ int main(void) {
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX2) ? "yes" : "no (untested)",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX512) ? "yes" : "no (untested)", moe_quant_isa_name());
     test_table();
+    test_traits();
     test_fixtures();
     test_bulk();
     test_simd();
