@@ -30,7 +30,7 @@ struct moe_session {
     const struct moe_model *m;
     struct moe_session_params p;
     struct moe_backend *be;
-    struct moe_store *store;    /* NULL: every expert resident (the model's views) */
+    struct moe_store *store;    /* the expert store: a budget's, or in place (every expert resident) */
     int pos;
     int32_t *history;           /* [n_ctx] ids in the cache (for Phi-MoE's recompute) */
     float *router_logits;       /* [B x n_expert] */
@@ -39,9 +39,6 @@ struct moe_session {
     float *sel_w;               /* [B x k] */
     float *xh;                  /* [B x n_embd] host copy for the observers */
     float *eout;                /* [B x n_embd] unweighted expert outputs (on_expert) */
-    int32_t *rows, *slots;      /* [B x k] gathered work of one layer */
-    float *rw;                  /* [B x k] */
-    int32_t *ord;               /* [k] scratch */
     struct moe_expert_work *works; /* [n_expert] one layer step's works (expert_batch) */
     int *moe_of, n_moe;         /* [n_layer] MoE layer index (-1: dense); MoE layers */
     /* the routing of the run (record_trace): MoE layers only, as profiles */
@@ -226,16 +223,6 @@ static void route(const struct moe_session *s, int l, int K, const float *logits
 /* ---- session ---------------------------------------------------------- */
 
 
-/* moe_expert_slots: for each of a token's k experts (rank order), its place
- * among them in ascending expert id: the order the reference adds them in. */
-static void expert_slots(const int32_t *sel, int k, int32_t *slot) {
-    for (int i = 0; i < k; i++) {
-        int r = 0;
-        for (int j = 0; j < k; j++) r += sel[j] < sel[i] || (sel[j] == sel[i] && j < i);
-        slot[i] = r;
-    }
-}
-
 /* trace_grow: room for n more tokens' routing of every MoE layer (filled later per layer). */
 static enum moe_status trace_grow(struct moe_session *s, int n) {
     const struct moe_config *c = &s->m->cfg;
@@ -311,11 +298,14 @@ static void bl_hint(struct moe_session *s, int ml, int ahead) {
 }
 
 /* moe_layer: the routed experts (+ shared expert) of MoE layer l for the
- * n_tok rows at pos0: router, observers, the store's plan, the experts. */
+ * n_tok rows at pos0: router, observers, the store's plan, the experts. One
+ * path for every run: without a budget the store is in place (the model's
+ * views; moe_store_new_in_place), so which copy and precision each expert
+ * runs at is the store's plan's decision, and the session only acquires,
+ * computes and releases. */
 static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const int E = c->n_expert, K = s->k_cur, Kmax = s->p.n_expert_used;
-    const int64_t H = c->n_embd;
     enum moe_status st;
     if ((st = moe_backend_router(s->be, l, n_tok, s->router_logits))) return st;
     route(s, l, K, s->router_logits, n_tok, s->sel, s->sel_w);
@@ -334,76 +324,45 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
             memcpy(s->tr_weights + (t0 + t) * row + ml * Kmax, s->sel_w + (size_t)t * K, sizeof(float) * (size_t)K);
         }
     }
-    if (s->store) {
-        struct moe_store_plan *plan;
-        if ((st = moe_store_plan(s->store, l, pos0, n_tok, s->sel, s->sel_w, K, &plan))) return st;
-        if (n_tok == 1 && s->p.store->prefetch_layers > 0) { /* HOBBIT's stacked gating */
-            for (int j = l + 1, ahead = 1; j < c->n_layer && ahead <= s->p.store->prefetch_layers; j++) {
-                if (!c->layer_moe[j]) continue;
-                int32_t psel[64];
-                float pw[64];
-                if ((st = moe_backend_router(s->be, j, 1, s->pred_logits))) return st;
-                route(s, j, K, s->pred_logits, 1, psel, pw);
-                if (moe_store_prefetch_hint(s->store, j, psel, pw, K, ahead) > 0) break; /* HOBBIT: go further
-                                                                   * only while the predictions are cached */
-                ahead++;
-            }
+    struct moe_store_plan *plan;
+    if ((st = moe_store_plan(s->store, l, pos0, n_tok, s->sel, s->sel_w, K, &plan))) return st;
+    if (n_tok == 1 && s->p.store && s->p.store->prefetch_layers > 0) { /* HOBBIT's stacked gating */
+        for (int j = l + 1, ahead = 1; j < c->n_layer && ahead <= s->p.store->prefetch_layers; j++) {
+            if (!c->layer_moe[j]) continue;
+            int32_t psel[64];
+            float pw[64];
+            if ((st = moe_backend_router(s->be, j, 1, s->pred_logits))) return st;
+            route(s, j, K, s->pred_logits, 1, psel, pw);
+            if (moe_store_prefetch_hint(s->store, j, psel, pw, K, ahead) > 0) break; /* HOBBIT: go further
+                                                               * only while the predictions are cached */
+            ahead++;
         }
-        if (s->bl_phase == 2 && s->p.bl_prefetch_layers > 0 && s->moe_of[l] + s->p.bl_prefetch_layers < s->n_moe)
-            bl_hint(s, s->moe_of[l] + s->p.bl_prefetch_layers, s->p.bl_prefetch_layers); /* MoBiLE, D layers ahead */
-        if (n_tok == 1 && has_batch(s)) {
-            if ((st = store_step_batched(s, plan))) return st;
-            return moe_backend_dense(s->be, l, n_tok);
-        }
-        for (int i = 0; i < plan->n_items; i++) {
-            const struct moe_store_item *it = &plan->items[i];
-            if (it->skipped) continue;
-            struct moe_expert_work *wk = &s->works[0];
-            if ((st = moe_store_acquire(s->store, i, &wk->f))) return st;
-            *wk = (struct moe_expert_work){wk->f, plan->rows + it->first, plan->slots + it->first,
-                                           plan->weights + it->first, it->n, it->host, s->p.on_expert ? s->eout : NULL};
-            st = run_works(s, wk, 1);
-            moe_store_release(s->store, i);
-            if (st) return st;
-            if (s->p.on_expert) {
-                struct moe_expert_event ev = {l, it->expert, pos0, it->n, plan->rows + it->first,
-                                              plan->weights + it->first, s->eout};
-                s->p.on_expert(&ev, s->p.expert_user);
-            }
-        }
-    } else {
-        const int batch = has_batch(s);
-        int n_works = 0, used = 0;
-        for (int t = 0; t < n_tok; t++) expert_slots(s->sel + (size_t)t * K, K, s->slots + (size_t)t * K);
-        for (int e = 0; e < E; e++) {
-            int n = 0; /* batched: each expert's rows follow the previous one's */
-            int32_t *rows = s->rows + used, *slots = s->slots + (size_t)n_tok * K + used;
-            float *rw = s->rw + used;
-            for (int t = 0; t < n_tok; t++)
-                for (int k = 0; k < K; k++)
-                    if (s->sel[(size_t)t * K + k] == e) {
-                        rows[n] = t;
-                        slots[n] = s->slots[(size_t)t * K + k];
-                        rw[n] = s->sel_w[(size_t)t * K + k];
-                        n++;
-                    }
-            if (n == 0) continue;
-            struct moe_ffn f; /* asked for at each use: moe_model_set_expert_precision may rebind it */
-            if ((st = moe_model_expert(s->m, l, e, -1, &f))) return st;
-            if (batch) {
-                s->works[n_works++] = (struct moe_expert_work){f, rows, slots, rw, n, 0, NULL};
-                used += n;
-                continue;
-            }
-            if ((st = moe_backend_expert(s->be, &f, rows, slots, rw, n, s->p.on_expert ? s->eout : NULL))) return st;
-            if (s->p.on_expert) {
-                struct moe_expert_event ev = {l, e, pos0, n, rows, rw, s->eout};
-                s->p.on_expert(&ev, s->p.expert_user);
-            }
-        }
-        if (batch && (st = run_works(s, s->works, n_works))) return st;
     }
-    (void)H;
+    if (s->bl_phase == 2 && s->p.bl_prefetch_layers > 0 && s->moe_of[l] + s->p.bl_prefetch_layers < s->n_moe)
+        bl_hint(s, s->moe_of[l] + s->p.bl_prefetch_layers, s->p.bl_prefetch_layers); /* MoBiLE, D layers ahead */
+    /* together where the backend takes a step's experts in one call: a decode
+     * step, or any step in place (nothing to wait for); a prompt batch with a
+     * budget computes each expert as its read lands, overlapping the next read */
+    if (has_batch(s) && (n_tok == 1 || moe_store_in_place(s->store))) {
+        if ((st = store_step_batched(s, plan))) return st;
+        return moe_backend_dense(s->be, l, n_tok);
+    }
+    for (int i = 0; i < plan->n_items; i++) {
+        const struct moe_store_item *it = &plan->items[i];
+        if (it->skipped) continue;
+        struct moe_expert_work *wk = &s->works[0];
+        if ((st = moe_store_acquire(s->store, i, &wk->f))) return st;
+        *wk = (struct moe_expert_work){wk->f, plan->rows + it->first, plan->slots + it->first,
+                                       plan->weights + it->first, it->n, it->host, s->p.on_expert ? s->eout : NULL};
+        st = run_works(s, wk, 1);
+        moe_store_release(s->store, i);
+        if (st) return st;
+        if (s->p.on_expert) {
+            struct moe_expert_event ev = {l, it->expert, pos0, it->n, plan->rows + it->first,
+                                          plan->weights + it->first, s->eout};
+            s->p.on_expert(&ev, s->p.expert_user);
+        }
+    }
     return moe_backend_dense(s->be, l, n_tok);
 }
 
@@ -417,10 +376,6 @@ static void session_free_parts(struct moe_session *s) {
     free(s->sel_w);
     free(s->xh);
     free(s->eout);
-    free(s->rows);
-    free(s->slots);
-    free(s->rw);
-    free(s->ord);
     free(s->works);
     free(s->moe_of);
     free(s->tr_experts);
@@ -499,10 +454,6 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     ALLOC(s->sel_w, B * K);
     ALLOC(s->xh, B * H);
     ALLOC(s->eout, B * H);
-    ALLOC(s->rows, B * K);
-    ALLOC(s->slots, 2 * B * K);
-    ALLOC(s->rw, B * K);
-    ALLOC(s->ord, K);
     ALLOC(s->works, c->n_expert > K ? c->n_expert : K);
     ALLOC(s->moe_of, c->n_layer);
     if (s->p.little_k > 0) {
@@ -517,8 +468,9 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
         return MOE_ERR_NOMEM;
     }
     for (int l = 0; l < c->n_layer; l++) s->moe_of[l] = c->layer_moe[l] ? s->n_moe++ : -1;
-    if (s->p.store) {
-        if ((st = moe_store_new(model, s->be, s->p.store, (int)K, &s->store))) {
+    { /* with a budget the store reads copies into it; without one it works in place */
+        if ((st = s->p.store ? moe_store_new(model, s->be, s->p.store, (int)K, &s->store)
+                             : moe_store_new_in_place(model, s->be, (int)K, (int)B, &s->store))) {
             session_free_parts(s);
             free(s);
             return st;
@@ -631,7 +583,7 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     if (!fall) return MOE_OK;
     s->bl.fallbacks++;
     s->pos--;
-    if (s->store) /* the first MoE layers' experts, before the big pass starts */
+    if (s->p.store) /* the first MoE layers' experts, before the big pass starts */
         for (int ml = 0; ml < s->n_moe && ml < s->p.bl_prefetch_layers; ml++) bl_hint(s, ml, ml + 1);
     s->bl_phase = 2, s->redo = 1, s->k_cur = s->p.n_expert_used;
     st = moe_backend_embed(s->be, tok, 1);
@@ -764,7 +716,9 @@ enum moe_status moe_session_ffn(struct moe_session *s, const struct moe_ffn *f, 
     return MOE_OK;
 }
 
-const struct moe_store *moe_session_store(const struct moe_session *s) { return s->store; }
+const struct moe_store *moe_session_store(const struct moe_session *s) {
+    return moe_store_in_place(s->store) ? NULL : s->store; /* NULL: every expert resident */
+}
 const struct moe_backend *moe_session_backend(const struct moe_session *s) { return s->be; }
 
 enum moe_status moe_session_set_experts(struct moe_session *s, int k) {

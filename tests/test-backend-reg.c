@@ -97,9 +97,10 @@ static void init(const struct moe_model *m) {
           "an unknown name: %s", g_err);
     log_reset();
     const enum moe_status cuda = moe_backend_init_by_name("cuda", 0, m, &bp, NULL, &be);
-    if (!moe_backend_reg_by_name("cuda"))
+    const struct moe_backend_reg *cr = moe_backend_reg_by_name("cuda");
+    if (!cr)
         CHECK(cuda == MOE_ERR_UNSUPPORTED && !be && strstr(g_err, "MOE_CUDA"), "cuda in a CPU build: %s", g_err);
-    else if (moe_backend_reg_cuda.device_count() == 0)
+    else if (cr->device_count() == 0)
         CHECK(cuda == MOE_ERR_BACKEND && !be && strstr(g_err, "no device"), "cuda without a GPU: %s", g_err);
     else
         CHECK(cuda == MOE_OK && be && !strcmp(moe_backend_name(be), "cuda"), "cuda on a GPU");

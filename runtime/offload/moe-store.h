@@ -111,6 +111,20 @@ struct moe_store_stats {
 
 struct moe_store;
 
+/* moe_store_new_in_place: the store of a run without a budget (every expert
+ * resident): the same plan / acquire / release protocol, but each item is the
+ * expert at the precision it is bound at, viewed in the model's memory
+ * (moe_model_expert: the mapping, or a bit-width map's or sensitivity sweep's
+ * rebinding), never read or copied; no policy, no prefetch, no counts but
+ * tokens. Items come in ascending expert id for every step. Steps of up to
+ * n_batch tokens x top-k. For any model (checkpoint, GGUF or bundle); the
+ * session makes one when no budget is given. */
+enum moe_status moe_store_new_in_place(const struct moe_model *m, struct moe_backend *be, int k, int n_batch,
+                                       struct moe_store **out);
+
+/* moe_store_in_place: 1 for a store made by moe_store_new_in_place. */
+int moe_store_in_place(const struct moe_store *st);
+
 /* moe_store_new: the store for a bundle model (loaded with lazy_experts,
  * ideally) on backend `be` (both borrowed). Checks the budget: one that
  * cannot hold one layer's top-`k` at the lowest precision is MOE_ERR_INVALID

@@ -123,6 +123,8 @@ struct moe_store {
     int64_t resident;
     struct moe_store_stats stats;
     int warned_evict;
+    int in_place;            /* moe_store_new_in_place: every expert used from the model's views */
+    int max_n;               /* in place: the most tokens of a step (the session's batch) */
 };
 
 /* ---- parameters ----------------------------------------------------- */
@@ -792,7 +794,42 @@ void moe_store_params_from_plan(struct moe_store_params *p, const struct moe_tun
 
 /* ---- steps ---------------------------------------------------------- */
 
-void moe_store_begin_sequence(struct moe_store *st) { moe_cache_begin_sequence(st->cache); }
+void moe_store_begin_sequence(struct moe_store *st) {
+    if (!st->in_place) moe_cache_begin_sequence(st->cache);
+}
+
+int moe_store_in_place(const struct moe_store *st) { return st && st->in_place; }
+
+enum moe_status moe_store_new_in_place(const struct moe_model *m, struct moe_backend *be, int k, int n_batch,
+                                       struct moe_store **out) {
+    *out = NULL;
+    struct moe_store *st = calloc(1, sizeof *st);
+    if (!st) return MOE_ERR_NOMEM;
+    st->m = m, st->c = &m->cfg, st->be = be, st->p = moe_store_default_params(), st->bundle = m->bundle;
+    st->E = m->cfg.n_expert, st->K = k, st->fd = -1, st->in_place = 1, st->max_n = n_batch;
+    st->policy = MOE_CACHE_LRU, st->stats.policy = MOE_CACHE_LRU, st->low = -1;
+    pthread_mutex_init(&st->mu, NULL); /* moe_store_free destroys them */
+    pthread_cond_init(&st->cv, NULL);
+    st->max_items = st->E > k ? st->E : k;
+    const size_t rows = (size_t)n_batch * (size_t)k;
+    st->layer_of = malloc(sizeof(int) * (size_t)(m->cfg.n_layer + 1));
+    st->moe_of = malloc(sizeof(int) * (size_t)(m->cfg.n_layer + 1));
+    st->items = calloc((size_t)st->max_items, sizeof *st->items);
+    st->rows = malloc(sizeof(int32_t) * rows);
+    st->pslots = malloc(sizeof(int32_t) * rows);
+    st->weights = malloc(sizeof(float) * rows);
+    if (n_batch < 1 || k < 1 || !st->layer_of || !st->moe_of || !st->items || !st->rows || !st->pslots ||
+        !st->weights) {
+        moe_store_free(st);
+        return n_batch < 1 || k < 1 ? MOE_ERR_INVALID : MOE_ERR_NOMEM;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        st->moe_of[l] = m->cfg.layer_moe[l] ? st->L : -1;
+        if (m->cfg.layer_moe[l]) st->layer_of[st->L++] = l;
+    }
+    *out = st;
+    return MOE_OK;
+}
 
 /* token_needs: HOBBIT's need of each of a token's k experts (rank order):
  * s_0 = 0, s_i = g_0 + ... + g_{i-1} over normalised weights, computed as
@@ -914,11 +951,41 @@ static void place_items(struct moe_store *st, int layer, int ni) {
     pthread_mutex_unlock(&st->mu);
 }
 
+/* plan_in_place: the plan of an in-place store: each expert once, ascending
+ * id, with its tokens' rows and slots (the order and slots of the budget
+ * store's batch steps), at the precision it is bound at; nothing to read. */
+static enum moe_status plan_in_place(struct moe_store *st, int n, const int32_t *sel, const float *w, int k,
+                                     struct moe_store_plan **plan) {
+    int ni = 0, nr = 0;
+    for (int e = 0; e < st->E; e++) {
+        struct moe_store_item *it = &st->items[ni];
+        const int first = nr;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < k; j++)
+                if (sel[(size_t)t * k + j] == e) {
+                    int r = 0; /* the slot: its rank among the token's experts by id */
+                    for (int q = 0; q < k; q++) {
+                        const int32_t o = sel[(size_t)t * k + q];
+                        r += o < e || (o == e && q < j);
+                    }
+                    st->rows[nr] = t, st->pslots[nr] = r, st->weights[nr] = w[(size_t)t * k + j];
+                    nr++;
+                }
+        if (nr == first) continue;
+        *it = (struct moe_store_item){e, nr - first, first, 0, -1, 0, 0}; /* handle 0: never scratch */
+        ni++;
+    }
+    st->plan = (struct moe_store_plan){ni, st->items, st->rows, st->pslots, st->weights};
+    *plan = &st->plan;
+    return MOE_OK;
+}
+
 enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n, const int32_t *sel, const float *w,
                                int k, struct moe_store_plan **plan) {
-    if (k < 1 || k > st->K || n > 4096 || n <= 0) {
-        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for up to top-%d, <= 4096 tokens)",
-                 n, k, st->K);
+    const int max_n = st->in_place ? st->max_n : 4096;
+    if (k < 1 || k > st->K || n > max_n || n <= 0) {
+        MOE_LOGE("expert store: a step of %d tokens x top-%d (the store was made for up to top-%d, <= %d tokens)",
+                 n, k, st->K, max_n);
         return MOE_ERR_INVALID;
     }
     const int E = st->E;
@@ -929,6 +996,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     }
     layer = st->moe_of[layer];
     st->step_layer = layer, st->step_n = n;
+    if (st->in_place) return plan_in_place(st, n, sel, w, k, plan);
     for (int t = 0; t < n; t++) token_needs(st, w + (size_t)t * k, k, st->need + (size_t)t * k);
     pthread_mutex_lock(&st->mu);
     moe_cache_begin_step(st->cache, layer, decode ? pos0 + 1 : pos0 + n);
@@ -1012,7 +1080,8 @@ static void view_of(const struct moe_store *st, const struct slot *s, int prec, 
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
     struct moe_store_item *it = &st->items[i];
     const int32_t g = st->step_layer * st->E + it->expert;
-    if (it->host) /* computed on the host: the model's mapping (checked on first use), nothing to wait for */
+    if (it->host || st->in_place) /* on the host, or a store in place: the model's views (checked on first use),
+                                   * nothing to wait for */
         return moe_model_expert(st->m, st->layer_of[st->step_layer], it->expert, it->precision, view);
     pthread_mutex_lock(&st->mu);
     if (st->item_lazy[i]) { /* a copy not kept: read it into a scratch slot now */
@@ -1047,6 +1116,7 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
 }
 
 void moe_store_release(struct moe_store *st, int i) {
+    if (st->in_place) return;
     const int si = st->item_slot[i];
     if (si < 0) return;
     pthread_mutex_lock(&st->mu);
@@ -1074,7 +1144,7 @@ void moe_store_release(struct moe_store *st, int i) {
 int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
                             int ahead) {
     int started = 0;
-    if (layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
+    if (st->in_place || layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
     layer = st->moe_of[layer];
     uint8_t needs[64];
     if (n > 64) n = 64;
