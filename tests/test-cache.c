@@ -1,5 +1,5 @@
 /*
- * test-cache.c - the online expert-cache core (runtime/cache.c, moe-cache.h)
+ * test-cache.c - the online expert-cache core (runtime/offload/cache.c, moe-cache.h)
  * driven access by access as the runtime's store drives it: for every policy
  * a hand-worked stream whose outcomes, kept flags and evicted experts are
  * worked out in the comments (LRU, LFU per sequence and global with the

@@ -1,6 +1,6 @@
 /*
  * test-gguf.c - the GGUF reader (formats/gguf.c) and the GGUF -> model
- * translation (runtime/gguf-model.c, gguf-vocab.c) on files built in memory:
+ * translation (runtime/model/gguf-model.c, gguf-vocab.c) on files built in memory:
  *   - a valid v3 file with metadata of every type, custom alignment and gaps
  *     between tensors reads back exactly (accessors, dims, offsets, alignment);
  *     v2 and tensor-less files are accepted, and so is the same file on disk;

@@ -1,8 +1,11 @@
 /*
  * test-moe-run.c - the moe-run CLI end to end: --tokens / --ids / --logits-out
  * reproduce transformers' logits and greedy tokens on the fixture models;
- * --tokenize prints ids; usage errors exit 2, failures exit 1, --help exits 0.
- * argv[1] is the moe-run binary.
+ * --tokenize prints ids; usage errors exit 2, failures exit 1, --help exits 0;
+ * --device names a registered backend in moe-run and in every moe-prep command
+ * that runs a model (an unknown one exits 2, one this build lacks exits 2 and
+ * says how to build it, one without a device exits 1 naming --device cpu).
+ * argv[1] is the moe-run binary, argv[2] (optional) moe-prep.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -107,6 +110,49 @@ static void check_fixture(const char *name) {
     cJSON_Delete(j);
 }
 
+/* devices: --device through the registry, in moe-run and moe-prep's model commands. */
+static void devices(const char *prep) {
+    char cmd[4096], out[65536];
+    const char *m = MOE_FIXTURES "/models/mixtral-f32";
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokens 1,2 -n 1 --device tpu 2>&1", moe_run, m);
+    CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "unknown backend") && strstr(out, "cpu"),
+          "an unknown device exits 2 and lists the backends: %s", out);
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokens 1,2 -n 1 --device cuda:1x 2>&1", moe_run, m);
+    CHECK(run(cmd, out, sizeof out) == 2, "a bad device index exits 2: %s", out);
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokens 1,2 -n 1 --device cuda 2>&1", moe_run, m);
+    const int rc = run(cmd, out, sizeof out);
+    CHECK((rc == 2 && strstr(out, "MOE_CUDA=ON")) || (rc == 1 && strstr(out, "--device cpu")) || rc == 0,
+          "--device cuda: not built (2), no device (1) or a GPU (0): rc %d %s", rc, out);
+    char json[1200];
+    snprintf(json, sizeof json, "/tmp/test-moe-run-stats.%d.json", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokens 1,2 -n 2 --device auto --stats-json %s 2>&1", moe_run, m, json);
+    CHECK(run(cmd, out, sizeof out) == 0, "--device auto runs: %s", out);
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *j = moe_read_file(json, 1 << 20, &text, &len) == MOE_OK ? cJSON_ParseWithLength(text, len) : NULL;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "backend");
+    CHECK(cJSON_IsString(b) && (!strcmp(b->valuestring, "cpu") || !strcmp(b->valuestring, "cuda")),
+          "--stats-json names the backend");
+    cJSON_Delete(j);
+    free(text);
+    remove(json);
+    if (!prep) return;
+    static const char *const cmds[] = {"eval %s --dataset x.txt", "profile %s --dataset x.txt -o x.h5",
+                                       "sensitivity %s --dataset x.txt -o x.h5", "bitwidth %s --sensitivity s.h5 "
+                                       "--dataset x.txt --max-loss 2%%", "plan %s --profile p.h5 --mem 1G",
+                                       "hw %s"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char sub[512];
+        snprintf(sub, sizeof sub, cmds[i], m);
+        snprintf(cmd, sizeof cmd, "%s %s --device tpu 2>&1", prep, sub);
+        CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "--device tpu"), "moe-prep %s --device tpu exits 2: %s",
+              sub, out);
+        snprintf(cmd, sizeof cmd, "%s %.*s --help", prep, (int)strcspn(sub, " "), sub);
+        CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "--device"), "moe-prep %.*s --help shows --device",
+              (int)strcspn(sub, " "), sub);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test-moe-run PATH/TO/moe-run\n");
@@ -135,6 +181,7 @@ int main(int argc, char **argv) {
     CHECK(run(cmd, out, sizeof out) == 1, "missing model exits 1");
     snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 --tokens 99999 -n 1 2>/dev/null", moe_run, MOE_FIXTURES);
     CHECK(run(cmd, out, sizeof out) == 1, "out-of-vocabulary id exits 1");
+    devices(argc > 2 ? argv[2] : NULL);
     printf("test-moe-run: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;
 }

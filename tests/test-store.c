@@ -1,5 +1,5 @@
 /*
- * test-store.c - the expert store (runtime/store.c) on the trained demo model
+ * test-store.c - the expert store (runtime/offload/store.c) on the trained demo model
  * quantized to q8_0 and q2_k experts:
  *   - a budget that holds every expert, and a budget of a few experts with
  *     dynamic precision off, give logits bit-identical to the run without a

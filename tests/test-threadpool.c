@@ -1,5 +1,5 @@
 /*
- * test-threadpool.c - runtime/cpu/threadpool.c:
+ * test-threadpool.c - formats/threadpool.c:
  *   - every item of a loop is processed exactly once, by a thread id in
  *     range, for many sizes and minimum chunks (1, 2 and 4 threads);
  *   - 20 000 loops back to back (workers spinning between them) and loops

@@ -1,5 +1,5 @@
 /*
- * test-tokenizer.c - runtime/tokenizer-*.c against the Hugging Face tokenizers library.
+ * test-tokenizer.c - runtime/tokenizer/tokenizer-*.c against the Hugging Face tokenizers library.
  *
  * Every directory under fixtures/tokenizers/ holds a tokenizer.json (+ tokenizer_config.json)
  * and cases.json, written by tests/oracle/make_tokenizer_fixtures.py with the ids and decoded

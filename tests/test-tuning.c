@@ -1,5 +1,5 @@
 /*
- * test-tuning.c - the bundle's tuning keys (runtime/tuning.c, moe-tuning.h):
+ * test-tuning.c - the bundle's tuning keys (runtime/offload/tuning.c, moe-tuning.h):
  *   - what the writers set, moe_tuning_read gives back (every group), an
  *     empty set gives nothing, silently, and a cache tuning written before
  *     the popularity term reads as w_pop 0 without admission;

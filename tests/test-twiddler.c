@@ -1,6 +1,6 @@
 /*
  * test-twiddler.c - Twiddler / Fiddler's latency model and decisions
- * (runtime/twiddler.c) on simulated latency tables:
+ * (runtime/offload/twiddler.c) on simulated latency tables:
  *   - curves interpolate, clamp below and extrapolate above as documented;
  *   - the rule: resident -> GPU; otherwise CPU exactly while
  *     cpu(s) <= transfer + gpu(s), at the crossover computed by hand from

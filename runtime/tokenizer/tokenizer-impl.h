@@ -1,8 +1,8 @@
 /*
- * tokenizer-impl.h - private to runtime/tokenizer-*.c: the tokenizer's data
+ * tokenizer-impl.h - private to runtime/tokenizer/tokenizer-*.c: the tokenizer's data
  * structures (buffers, arena, hash maps, regexes, the pipeline's components,
  * the per-call encode context) and the functions the stages share. Not
- * installed; runtime/moe-tokenizer.h is the public API.
+ * installed; runtime/tokenizer/moe-tokenizer.h is the public API.
  *
  * Files, in pipeline order:
  *   tokenizer-util.c        growable buffers, string arena, hash maps, UTF-8 and

@@ -1,6 +1,6 @@
 /*
  * fuzz-config.c - libFuzzer target for config.json (moe_config_parse) and
- * generation_config.json (moe_config_add_generation), runtime/config.c.
+ * generation_config.json (moe_config_add_generation), runtime/model/config.c.
  *
  * Byte 0 even: the rest is a config.json. On success every promise of the
  * description is checked, and any broken one aborts (the fuzzer reports it):

@@ -10,12 +10,10 @@
  *
  * Run the fuzzer (clang with libFuzzer; Debian: apt-get install libclang-rt-14-dev):
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformats -Iruntime \
- *       tests/fuzz/fuzz-gguf.c formats/gguf.c formats/status.c formats/mmap.c formats/dtype.c \
- *       formats/quant*.c runtime/gguf-model.c runtime/gguf-vocab.c runtime/config.c runtime/tokenizer-*.c \
- *       $(pkg-config --cflags --libs libcjson libpcre2-8 libutf8proc) -lm -lpthread -o /tmp/fuzz-gguf
+ *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DMOE_BUILD_FUZZ=ON
+ *   cmake --build build-fuzz --target fuzz-gguf    (docs/fuzzing.md)
  *   mkdir -p /tmp/gguf-corpus
- *   /tmp/fuzz-gguf -max_total_time=300 -max_len=16384 /tmp/gguf-corpus tests/fuzz/corpus/gguf
+ *   build-fuzz/tests/fuzz-gguf -max_total_time=300 -max_len=16384 /tmp/gguf-corpus tests/fuzz/corpus/gguf
  *
  * Copy small interesting inputs (and any crash-* file, after fixing the bug)
  * into tests/fuzz/corpus/gguf, which ctest replays through replay-main.c

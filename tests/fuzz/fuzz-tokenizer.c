@@ -1,5 +1,5 @@
 /*
- * fuzz-tokenizer.c - libFuzzer target for runtime/tokenizer-*.c.
+ * fuzz-tokenizer.c - libFuzzer target for runtime/tokenizer/tokenizer-*.c.
  *
  * The first byte picks what the rest of the input is:
  *   0..199    text, encoded by one of the fixture tokenizers (first byte % count) with and

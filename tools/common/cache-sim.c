@@ -2,7 +2,7 @@
  * cache-sim.c - the expert-cache simulator (see cache-sim.h and
  * docs/cache-sim.md): trace preparation (decode order, precision needs,
  * prefetch lists, Belady's next-use chains), the replay driver over the
- * runtime's cache core (runtime/cache.c), and the helpers and weight fit of
+ * runtime's cache core (runtime/offload/cache.c), and the helpers and weight fit of
  * fit-cache. The driver only counts; every decision is the core's.
  */
 #include "cache-sim.h"

@@ -10,7 +10,7 @@
  * papers' formulas in ../shared/papers/ALGORITHMS.md.
  *
  * The policies themselves live in the runtime's cache core (moe-cache.h,
- * runtime/cache.c): moe_cache_simulate is a replay driver that feeds the
+ * runtime/offload/cache.c): moe_cache_simulate is a replay driver that feeds the
  * core the recorded accesses and only counts, so what fit-cache fits is what
  * moe-run executes. This module keeps what only an offline replay needs.
  *
