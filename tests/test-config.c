@@ -1,5 +1,7 @@
 /*
- * test-config.c - config.json parsing for each architecture and the errors for
+ * test-config.c - the architecture table (one row per enum value, names that
+ * map back to their row, defaults the parser applies); config.json parsing
+ * for each architecture and the errors for
  * unknown architectures, missing fields, bad values; tensor binding errors
  * (missing tensor, wrong shape) name the tensor; block-scaled FP8 configs and
  * weights (dequantized at load, partial edge blocks, must-reject rows).
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "arch-impl.h"
 #include "moe-model.h"
 #include "moe-test.h"
 #include "moe-test-model.h"
@@ -25,6 +28,67 @@ static void capture(enum moe_log_level level, const char *msg, void *user) {
 static enum moe_status parse(const char *json, struct moe_config *c) {
     last_log[0] = 0;
     return moe_config_parse(json, strlen(json), "config.json", c);
+}
+
+/* test_arch_table: every enum moe_arch value has exactly one row, at its
+ * index; moe_arch_name, the transformers class and the GGUF name each map
+ * back to that row; the unknown-architecture message lists every class; and a
+ * config.json that names the class (and holds every shape field some family
+ * requires) gets the row's defaults. */
+static void test_arch_table(void) {
+    CHECK(arch_count() == MOE_ARCH_COUNT, "%zu rows for %d architectures", arch_count(), (int)MOE_ARCH_COUNT);
+    CHECK(!strcmp(moe_arch_name(MOE_ARCH_COUNT), "?"), "moe_arch_name past the table");
+    CHECK(!arch_by_hf("LlamaForCausalLM") && !arch_by_name("llama") && !arch_by_gguf("bert", 4) &&
+              !arch_by_gguf("llam", 4),
+          "unknown names map to no row");
+    char list[512], unknown[sizeof last_log];
+    struct moe_config c;
+    arch_list(0, list, sizeof list);
+    CHECK(parse("{\"architectures\":[\"FooForCausalLM\"]}", &c) == MOE_ERR_UNSUPPORTED, "unknown class");
+    snprintf(unknown, sizeof unknown, "%s", last_log);
+    for (int a = 0; a < MOE_ARCH_COUNT; a++) {
+        int n = 0;
+        for (size_t i = 0; i < arch_count(); i++) n += arch_at(i)->arch == (enum moe_arch)a;
+        CHECK(n == 1, "enum value %d has %d rows", a, n);
+        const struct arch_row *r = arch_row((enum moe_arch)a);
+        CHECK(r == arch_at((size_t)a) && r->arch == (enum moe_arch)a, "row %d is not at its enum's index", a);
+        CHECK(r->name && r->hf_class && r->moe_block && r->router_name && r->expert_ffn[0] && r->expert_ffn[1] &&
+                  r->expert_ffn[2] && r->norm_eps > 0 && r->rope_theta > 0,
+              "row %d lacks a name, a tensor name or a default", a);
+        if (!r->name || !r->hf_class) continue;
+        CHECK(!strcmp(moe_arch_name((enum moe_arch)a), r->name) && arch_by_name(r->name) == r,
+              "moe_arch_name(%d) = %s does not map back", a, moe_arch_name((enum moe_arch)a));
+        CHECK(arch_by_hf(r->hf_class) == r, "%s maps to another row", r->hf_class);
+        CHECK(!r->gguf_name || arch_by_gguf(r->gguf_name, strlen(r->gguf_name)) == r, "GGUF %s maps to another row",
+              r->gguf_name);
+        CHECK(strstr(unknown, r->hf_class) && strstr(list, r->hf_class), "%s missing from the supported list: %s",
+              r->hf_class, unknown);
+        /* a V3 GGUF is a deepseek2 file refined by the family's check */
+        CHECK(r->gguf_name || (r->gguf_check && arch_by_gguf("deepseek2", 9) &&
+                               arch_by_gguf("deepseek2", 9)->gguf_check == r->gguf_check),
+              "%s has neither a GGUF name nor a family check that reaches it", r->name);
+
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"architectures\":[\"%s\"],\"vocab_size\":32,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":2,\"intermediate_size\":6,\"moe_intermediate_size\":4,"
+                 "\"shared_expert_intermediate_size\":4,\"num_experts\":16,\"num_experts_per_tok\":2,"
+                 "\"q_lora_rank\":null,\"kv_lora_rank\":4,\"qk_nope_head_dim\":2,\"qk_rope_head_dim\":2,"
+                 "\"v_head_dim\":2}",
+                 r->hf_class);
+        const enum moe_status st = parse(json, &c);
+        CHECK(st == MOE_OK, "%s: minimal config: %s", r->name, last_log);
+        if (st) continue;
+        const int bias = r->attn_bias_key ? r->attn_bias_default : 0;
+        CHECK(c.arch == r->arch && !strcmp(c.arch_name, r->hf_class) && c.norm == r->norm &&
+                  c.norm_eps == (float)r->norm_eps && c.rope.theta == (float)r->rope_theta && c.qk_norm == r->qk_norm &&
+                  c.norm_topk_prob == r->norm_topk_prob && (r->parse_routing || c.router == r->router) &&
+                  c.attn_qkv_bias == bias && c.attn_o_bias == (r->attn_bias_o ? bias : 0) &&
+                  c.n_ff_expert == (r->moe_intermediate ? 4 : 6) && c.layer_moe[0] == !(r->first_dense_default > 0) &&
+                  (c.attn == MOE_ATTN_MLA) == (r->parse_attention != NULL),
+              "%s: the parsed config does not carry the row's defaults", r->name);
+        moe_config_clear(&c);
+    }
 }
 
 #define MIXTRAL_BASE                                                                        \
@@ -773,6 +837,7 @@ static void test_fp8_binding(void) {
 
 int main(void) {
     moe_log_set(capture, NULL);
+    test_arch_table();
     test_arches();
     test_errors();
     test_deepseek();

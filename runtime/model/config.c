@@ -6,6 +6,10 @@
  * num_local_experts, qkv_bias) are accepted. Where transformers' config class
  * has a default, an absent field takes that default; shape-defining fields are
  * required and their absence is an error naming the field.
+ *
+ * What differs by architecture is its row of the table (arch.c: class name,
+ * defaults) and its family's hooks (arch-*.c); this file holds what every
+ * architecture shares and calls them at fixed points (arch-impl.h).
  */
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -14,50 +18,19 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "arch-impl.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
 
-const char *moe_arch_name(enum moe_arch a) {
-    switch (a) {
-    case MOE_ARCH_MIXTRAL: return "mixtral";
-    case MOE_ARCH_QWEN2_MOE: return "qwen2_moe";
-    case MOE_ARCH_QWEN3_MOE: return "qwen3_moe";
-    case MOE_ARCH_OLMOE: return "olmoe";
-    case MOE_ARCH_PHIMOE: return "phimoe";
-    case MOE_ARCH_DEEPSEEK_V2: return "deepseek_v2";
-    case MOE_ARCH_DEEPSEEK_V3: return "deepseek_v3";
-    case MOE_ARCH_GPT_OSS: return "gpt_oss";
-    }
-    return "?";
-}
-
-static const struct {
-    const char *hf_name;
-    enum moe_arch arch;
-} k_arches[] = {
-    {"MixtralForCausalLM", MOE_ARCH_MIXTRAL},   {"Qwen2MoeForCausalLM", MOE_ARCH_QWEN2_MOE},
-    {"Qwen3MoeForCausalLM", MOE_ARCH_QWEN3_MOE}, {"OlmoeForCausalLM", MOE_ARCH_OLMOE},
-    {"PhimoeForCausalLM", MOE_ARCH_PHIMOE},     {"DeepseekV2ForCausalLM", MOE_ARCH_DEEPSEEK_V2},
-    {"DeepseekV3ForCausalLM", MOE_ARCH_DEEPSEEK_V3}, {"GptOssForCausalLM", MOE_ARCH_GPT_OSS},
-};
-
-static int is_deepseek(enum moe_arch a) { return a == MOE_ARCH_DEEPSEEK_V2 || a == MOE_ARCH_DEEPSEEK_V3; }
-
-/* Parsing context: the JSON root and the label used in messages. */
-struct cfg_ctx {
-    const cJSON *root;
-    const char *label;
-};
-
-static const cJSON *field(const struct cfg_ctx *c, const char *name) {
+/* cfg_field: a top-level field, NULL when absent or null. */
+const cJSON *cfg_field(const struct cfg_ctx *c, const char *name) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c->root, name);
     return (v && !cJSON_IsNull(v)) ? v : NULL;
 }
 
-/* get_int: read an integer field; required fields report their absence. */
-static enum moe_status get_int(const struct cfg_ctx *c, const char *name, int required, int def,
-                               int lo, int hi, int *out) {
-    const cJSON *v = field(c, name);
+/* cfg_int: read an integer field; required fields report their absence. */
+enum moe_status cfg_int(const struct cfg_ctx *c, const char *name, int required, int def, int lo, int hi, int *out) {
+    const cJSON *v = cfg_field(c, name);
     if (!v) {
         if (required) {
             MOE_LOGE("%s: missing required field \"%s\"", c->label, name);
@@ -75,8 +48,8 @@ static enum moe_status get_int(const struct cfg_ctx *c, const char *name, int re
     return MOE_OK;
 }
 
-static enum moe_status get_float(const struct cfg_ctx *c, const cJSON *obj, const char *name,
-                                 double def, float *out) {
+/* cfg_float: a number member of obj within float range; def when absent or null. */
+enum moe_status cfg_float(const struct cfg_ctx *c, const cJSON *obj, const char *name, double def, float *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (!v || cJSON_IsNull(v)) {
         *out = (float)def;
@@ -90,8 +63,9 @@ static enum moe_status get_float(const struct cfg_ctx *c, const cJSON *obj, cons
     return MOE_OK;
 }
 
-static enum moe_status get_bool(const struct cfg_ctx *c, const char *name, int def, int *out) {
-    const cJSON *v = field(c, name);
+/* cfg_bool: a top-level true / false; def when absent or null. */
+enum moe_status cfg_bool(const struct cfg_ctx *c, const char *name, int def, int *out) {
+    const cJSON *v = cfg_field(c, name);
     if (!v) {
         *out = def;
         return MOE_OK;
@@ -133,8 +107,8 @@ static enum moe_status read_factor_list(const struct cfg_ctx *c, const cJSON *rp
     return MOE_OK;
 }
 
-/* yarn_mscale: YaRN's attention temperature 0.1 * m * ln(scale) + 1 (1 for scale <= 1). */
-static double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+/* cfg_yarn_mscale: YaRN's attention temperature 0.1 * m * ln(scale) + 1 (1 for scale <= 1). */
+double cfg_yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
 
 /* parse_yarn: YaRN's parameters as transformers' _compute_yarn_parameters reads
  * them; for MLA also the softmax scale's mscale_all_dim correction. */
@@ -143,37 +117,38 @@ static enum moe_status parse_yarn(const struct cfg_ctx *c, struct moe_config *cf
     enum moe_status st;
     r->kind = MOE_ROPE_YARN;
     float omp;
-    const cJSON *top_omp = field(c, "original_max_position_embeddings");
+    const cJSON *top_omp = cfg_field(c, "original_max_position_embeddings");
     double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
-    if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
+    if ((st = cfg_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
     if (!(omp >= 1 && omp <= (float)(1 << 30))) { /* also keeps the int cast below defined */
         MOE_LOGE("%s: yarn original_max_position_embeddings must be in [1, 2^30]", c->label);
         return MOE_ERR_INVALID;
     }
     r->original_max_pos = (int)omp;
     /* no factor: the ratio of the extended to the original context (DeepSeek-V3's note) */
-    if ((st = get_float(c, p, "factor", (double)cfg->max_pos / omp, &r->factor))) return st;
+    if ((st = cfg_float(c, p, "factor", (double)cfg->max_pos / omp, &r->factor))) return st;
     if (!(r->factor > 0)) {
         MOE_LOGE("%s: yarn factor must be positive", c->label);
         return MOE_ERR_INVALID;
     }
     float mscale, mscale_all, af;
-    if ((st = get_float(c, p, "mscale", 0.0, &mscale)) || (st = get_float(c, p, "mscale_all_dim", 0.0, &mscale_all)) ||
-        (st = get_float(c, p, "attention_factor", -1.0, &af)))
+    if ((st = cfg_float(c, p, "mscale", 0.0, &mscale)) || (st = cfg_float(c, p, "mscale_all_dim", 0.0, &mscale_all)) ||
+        (st = cfg_float(c, p, "attention_factor", -1.0, &af)))
         return st;
     if (af >= 0)
         r->attention_factor = af;
     else if (mscale != 0 && mscale_all != 0)
-        r->attention_factor = (float)(yarn_mscale(r->factor, mscale) / yarn_mscale(r->factor, mscale_all));
+        r->attention_factor = (float)(cfg_yarn_mscale(r->factor, mscale) / cfg_yarn_mscale(r->factor, mscale_all));
     else
-        r->attention_factor = (float)yarn_mscale(r->factor, 1.0);
+        r->attention_factor = (float)cfg_yarn_mscale(r->factor, 1.0);
     if (!(isfinite(r->attention_factor) && r->attention_factor > 0)) { /* mscale / mscale_all_dim of 0 or inf */
         MOE_LOGE("%s: yarn attention_factor (from attention_factor, mscale and mscale_all_dim) must be a positive "
                  "number (got %g)", c->label, (double)r->attention_factor);
         return MOE_ERR_INVALID;
     }
     /* transformers: `get("beta_fast") or 32`, so 0 also means the default */
-    if ((st = get_float(c, p, "beta_fast", 32.0, &r->beta_fast)) || (st = get_float(c, p, "beta_slow", 1.0, &r->beta_slow)))
+    if ((st = cfg_float(c, p, "beta_fast", 32.0, &r->beta_fast)) ||
+        (st = cfg_float(c, p, "beta_slow", 1.0, &r->beta_slow)))
         return st;
     if (r->beta_fast == 0) r->beta_fast = 32;
     if (r->beta_slow == 0) r->beta_slow = 1;
@@ -196,8 +171,8 @@ static enum moe_status parse_yarn(const struct cfg_ctx *c, struct moe_config *cf
 /* parse_rope: rope_parameters (v5) or rope_theta + rope_scaling (v4). */
 static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cfg, double def_theta) {
     struct moe_rope *r = &cfg->rope;
-    const cJSON *rp = field(c, "rope_parameters");
-    const cJSON *rs = field(c, "rope_scaling");
+    const cJSON *rp = cfg_field(c, "rope_parameters");
+    const cJSON *rs = cfg_field(c, "rope_scaling");
     if (rp && !cJSON_IsObject(rp)) {
         MOE_LOGE("%s: \"rope_parameters\" must be an object", c->label);
         return MOE_ERR_INVALID;
@@ -210,16 +185,16 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     enum moe_status st;
     /* theta: rope_parameters.rope_theta, else top-level rope_theta, else the class default */
     float theta;
-    if ((st = get_float(c, c->root, "rope_theta", def_theta, &theta))) return st;
-    if (rp && (st = get_float(c, rp, "rope_theta", theta, &theta))) return st;
+    if ((st = cfg_float(c, c->root, "rope_theta", def_theta, &theta))) return st;
+    if (rp && (st = cfg_float(c, rp, "rope_theta", theta, &theta))) return st;
     if (!(theta > 0)) { /* a RoPE base <= 0 gives NaN frequencies */
         MOE_LOGE("%s: rope_theta must be a positive number (got %g)", c->label, (double)theta);
         return MOE_ERR_INVALID;
     }
     r->theta = theta;
     float prf = 1.0f;
-    if ((st = get_float(c, c->root, "partial_rotary_factor", 1.0, &prf))) return st;
-    if (p && (st = get_float(c, p, "partial_rotary_factor", prf, &prf))) return st;
+    if ((st = cfg_float(c, c->root, "partial_rotary_factor", 1.0, &prf))) return st;
+    if (p && (st = cfg_float(c, p, "partial_rotary_factor", prf, &prf))) return st;
     if (!(prf > 0 && prf <= 1)) {
         MOE_LOGE("%s: partial_rotary_factor must be in (0, 1]", c->label);
         return MOE_ERR_INVALID;
@@ -235,7 +210,7 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(p, "type");
     const char *type = cJSON_IsString(t) ? t->valuestring : "default";
     if (!strcmp(type, "default")) return MOE_OK;
-    if ((st = get_float(c, p, "factor", 1.0, &r->factor))) return st;
+    if ((st = cfg_float(c, p, "factor", 1.0, &r->factor))) return st;
     if (!(r->factor > 0)) {
         MOE_LOGE("%s: RoPE scaling factor must be a positive number (got %g)", c->label, (double)r->factor);
         return MOE_ERR_INVALID;
@@ -247,9 +222,9 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     if (!strcmp(type, "llama3")) {
         r->kind = MOE_ROPE_LLAMA3;
         float omp;
-        if ((st = get_float(c, p, "low_freq_factor", 1.0, &r->low_freq_factor))) return st;
-        if ((st = get_float(c, p, "high_freq_factor", 4.0, &r->high_freq_factor))) return st;
-        if ((st = get_float(c, p, "original_max_position_embeddings", 8192, &omp))) return st;
+        if ((st = cfg_float(c, p, "low_freq_factor", 1.0, &r->low_freq_factor))) return st;
+        if ((st = cfg_float(c, p, "high_freq_factor", 4.0, &r->high_freq_factor))) return st;
+        if ((st = cfg_float(c, p, "original_max_position_embeddings", 8192, &omp))) return st;
         if (!(r->low_freq_factor > 0 && r->high_freq_factor > r->low_freq_factor && omp >= 1 && omp <= (1 << 30))) {
             MOE_LOGE("%s: llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and "
                      "original_max_position_embeddings >= 1 (got %g, %g, %g)",
@@ -262,9 +237,9 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
     if (!strcmp(type, "longrope") || !strcmp(type, "su")) {
         r->kind = MOE_ROPE_LONGROPE;
         float omp;
-        const cJSON *top_omp = field(c, "original_max_position_embeddings");
+        const cJSON *top_omp = cfg_field(c, "original_max_position_embeddings");
         double omp_def = cJSON_IsNumber(top_omp) ? top_omp->valuedouble : cfg->max_pos;
-        if ((st = get_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
+        if ((st = cfg_float(c, p, "original_max_position_embeddings", omp_def, &omp))) return st;
         if (cJSON_IsNumber(top_omp)) omp = (float)top_omp->valuedouble; /* transformers prefers it */
         if (!(omp >= 1 && omp <= (1 << 30))) {
             MOE_LOGE("%s: longrope original_max_position_embeddings must be >= 1", c->label);
@@ -274,21 +249,7 @@ static enum moe_status parse_rope(const struct cfg_ctx *c, struct moe_config *cf
         int n = r->n_rot / 2;
         if ((st = read_factor_list(c, p, "short_factor", n, &r->short_factor))) return st;
         if ((st = read_factor_list(c, p, "long_factor", n, &r->long_factor))) return st;
-        const cJSON *sm = cJSON_GetObjectItemCaseSensitive(p, "short_mscale");
-        const cJSON *lm = cJSON_GetObjectItemCaseSensitive(p, "long_mscale");
-        if (cfg->arch == MOE_ARCH_PHIMOE) {
-            if (!cJSON_IsNumber(sm) || !cJSON_IsNumber(lm)) {
-                MOE_LOGE("%s: Phi-MoE longrope needs numeric short_mscale and long_mscale", c->label);
-                return MOE_ERR_NOT_FOUND;
-            }
-            r->has_mscale = 1;
-            r->short_mscale = (float)sm->valuedouble;
-            r->long_mscale = (float)lm->valuedouble;
-            if (!(isfinite(r->short_mscale) && r->short_mscale > 0 && isfinite(r->long_mscale) && r->long_mscale > 0)) {
-                MOE_LOGE("%s: short_mscale and long_mscale must be positive numbers", c->label);
-                return MOE_ERR_INVALID;
-            }
-        }
+        if (c->row->parse_longrope && (st = c->row->parse_longrope(c, cfg, p))) return st;
         /* attention factor as transformers' _compute_longrope_parameters sets it */
         float factor_def = (float)cfg->max_pos / (float)r->original_max_pos;
         const cJSON *fj = cJSON_GetObjectItemCaseSensitive(p, "factor");
@@ -322,21 +283,21 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
     cfg->layer_sliding = calloc((size_t)L, 1);
     if (!cfg->layer_moe || !cfg->layer_sliding) return MOE_ERR_NOMEM;
     int step = 1;
-    if ((st = get_int(c, "decoder_sparse_step", 0, 1, 1, 1 << 20, &step))) return st;
-    const cJSON *mlp_only = field(c, "mlp_only_layers");
+    if ((st = cfg_int(c, "decoder_sparse_step", 0, 1, 1, 1 << 20, &step))) return st;
+    const cJSON *mlp_only = cfg_field(c, "mlp_only_layers");
     if (mlp_only && !cJSON_IsArray(mlp_only)) {
         MOE_LOGE("%s: \"mlp_only_layers\" must be a list", c->label);
         return MOE_ERR_INVALID;
     }
+    const struct arch_row *row = c->row;
     int first_moe = 0; /* DeepSeek: the first first_k_dense_replace layers are dense */
-    if (is_deepseek(cfg->arch) &&
-        (st = get_int(c, "first_k_dense_replace", 0, cfg->arch == MOE_ARCH_DEEPSEEK_V3 ? 3 : 0, 0, 1 << 20, &first_moe)))
+    if (row->first_dense_key &&
+        (st = cfg_int(c, row->first_dense_key, 0, row->first_dense_default, 0, 1 << 20, &first_moe)))
         return st;
     int has_dense = 0;
     for (int l = 0; l < L; l++) {
         int moe = l >= first_moe;
-        if (cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE)
-            moe = ((l + 1) % step) == 0;
+        if (row->sparse_step) moe = ((l + 1) % step) == 0;
         const cJSON *e;
         cJSON_ArrayForEach(e, mlp_only) {
             if (cJSON_IsNumber(e) && e->valuedouble == (double)l) moe = 0; /* no cast of a huge value */
@@ -350,12 +311,11 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
     }
     /* sliding window: v5 layer_types wins; else per-architecture rules */
     int window = 0;
-    if ((st = get_int(c, "sliding_window", 0, 0, 0, 1 << 30, &window))) return st;
-    const int qwen = cfg->arch == MOE_ARCH_QWEN2_MOE || cfg->arch == MOE_ARCH_QWEN3_MOE;
+    if ((st = cfg_int(c, "sliding_window", 0, 0, 0, 1 << 30, &window))) return st;
     int use = 1;
-    if (qwen && (st = get_bool(c, "use_sliding_window", 0, &use))) return st;
+    if (row->sliding_switch && (st = cfg_bool(c, "use_sliding_window", 0, &use))) return st;
     if (!use) window = 0; /* transformers ignores the window unless use_sliding_window */
-    const cJSON *types = field(c, "layer_types");
+    const cJSON *types = cfg_field(c, "layer_types");
     if (types) {
         if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != L) {
             MOE_LOGE("%s: \"layer_types\" must list %d layer kinds", c->label, L);
@@ -366,13 +326,8 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
         cJSON_ArrayForEach(e, types) {
             cfg->layer_sliding[l++] = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
         }
-    } else if (cfg->arch == MOE_ARCH_QWEN2_MOE) {
-        /* transformers 5.x derives Qwen2-MoE's layer_types this way when absent */
-        int max_window_layers = L;
-        if ((st = get_int(c, "max_window_layers", 0, L, 0, 1 << 20, &max_window_layers))) return st;
-        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0 && l < max_window_layers;
-    } else if (cfg->arch == MOE_ARCH_GPT_OSS) { /* GptOssConfig's default: even layers slide */
-        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = l % 2 == 0;
+    } else if (row->sliding_layers) { /* the family's default layer_types */
+        if ((st = row->sliding_layers(c, cfg))) return st;
     } else { /* Mixtral, Phi-MoE, OLMoE, Qwen3-MoE: one window for every layer */
         for (int l = 0; l < L; l++) cfg->layer_sliding[l] = 1;
     }
@@ -388,7 +343,7 @@ static enum moe_status parse_layer_kinds(const struct cfg_ctx *c, struct moe_con
 /* check_token_ids: field `name`, if present, is a token id or a list of token
  * ids, each an integer in [0, n_vocab). */
 static enum moe_status check_token_ids(const struct cfg_ctx *c, const char *name, int n_vocab) {
-    const cJSON *v = field(c, name), *e;
+    const cJSON *v = cfg_field(c, name), *e;
     int ok = !v || cJSON_IsNumber(v) || cJSON_IsArray(v);
     if (v && cJSON_IsNumber(v)) ok = v->valuedouble == floor(v->valuedouble) && v->valuedouble >= 0 &&
                                      v->valuedouble < n_vocab;
@@ -419,121 +374,6 @@ static void parse_token_ids(const cJSON *v, int *ids, int *n, int max) {
             if (*n < max && token_id_ok(e)) ids[(*n)++] = (int)e->valuedouble;
         }
     }
-}
-
-/* parse_mla: DeepSeek's multi-head latent attention shapes. q_lora_rank may
- * be null (queries straight from the hidden state) but must be present: the
- * class default would silently pick a shape. */
-static enum moe_status parse_mla(const struct cfg_ctx *c, struct moe_config *cfg) {
-    enum moe_status st;
-    const int BIG = 1 << 24;
-    cfg->attn = MOE_ATTN_MLA;
-    if (cfg->n_head_kv != cfg->n_head) {
-        MOE_LOGE("%s: multi-head latent attention expands the latent to every head: num_key_value_heads (%d) must "
-                 "equal num_attention_heads (%d)",
-                 c->label, cfg->n_head_kv, cfg->n_head);
-        return MOE_ERR_INVALID;
-    }
-    if (!cJSON_GetObjectItemCaseSensitive(c->root, "q_lora_rank")) {
-        MOE_LOGE("%s: missing required field \"q_lora_rank\" (null for no query compression)", c->label);
-        return MOE_ERR_NOT_FOUND;
-    }
-    if ((st = get_int(c, "q_lora_rank", 0, 0, 1, BIG, &cfg->q_lora_rank))) return st;
-    if ((st = get_int(c, "kv_lora_rank", 1, 0, 1, BIG, &cfg->kv_lora_rank))) return st;
-    if ((st = get_int(c, "qk_nope_head_dim", 1, 0, 1, BIG, &cfg->qk_nope_dim))) return st;
-    if ((st = get_int(c, "qk_rope_head_dim", 1, 0, 2, BIG, &cfg->qk_rope_dim))) return st;
-    if ((st = get_int(c, "v_head_dim", 1, 0, 1, BIG, &cfg->v_head_dim))) return st;
-    if (cfg->qk_rope_dim % 2) {
-        MOE_LOGE("%s: qk_rope_head_dim %d must be even for RoPE", c->label, cfg->qk_rope_dim);
-        return MOE_ERR_INVALID;
-    }
-    cfg->head_dim = cfg->qk_nope_dim + cfg->qk_rope_dim;
-    return MOE_OK;
-}
-
-/* parse_deepseek_routing: V2's topk_method (greedy or group_limited_greedy,
- * softmax scores, never renormalised: transformers ignores norm_topk_prob
- * there) and V3's sigmoid scores with groups; both scale the weights by
- * routed_scaling_factor. */
-static enum moe_status parse_deepseek_routing(const struct cfg_ctx *c, struct moe_config *cfg) {
-    enum moe_status st;
-    const int v3 = cfg->arch == MOE_ARCH_DEEPSEEK_V3;
-    if ((st = get_float(c, c->root, "routed_scaling_factor", v3 ? 2.5 : 1.0, &cfg->routed_scale))) return st;
-    if (!(cfg->routed_scale > 0)) {
-        MOE_LOGE("%s: routed_scaling_factor must be a positive number (got %g)", c->label, (double)cfg->routed_scale);
-        return MOE_ERR_INVALID;
-    }
-    int grouped = v3;
-    if (!v3) {
-        const cJSON *m = field(c, "topk_method");
-        const char *method = cJSON_IsString(m) ? m->valuestring : m ? "?" : "greedy";
-        if (!strcmp(method, "group_limited_greedy")) {
-            grouped = 1;
-        } else if (strcmp(method, "greedy")) {
-            MOE_LOGE("%s: topk_method \"%s\" is not supported by DeepseekV2 (greedy, group_limited_greedy)",
-                     c->label, method);
-            return MOE_ERR_UNSUPPORTED;
-        }
-        cfg->norm_topk_prob = 0;
-    }
-    if (!grouped) return MOE_OK;
-    cfg->router = v3 ? MOE_ROUTER_SIGMOID_GROUP : MOE_ROUTER_SOFTMAX_GROUP;
-    if ((st = get_int(c, "n_group", !v3, 8, 1, 1 << 16, &cfg->n_group)) ||
-        (st = get_int(c, "topk_group", !v3, 4, 1, 1 << 16, &cfg->topk_group)))
-        return st;
-    const int gsize = cfg->n_expert / cfg->n_group;
-    if (cfg->n_expert % cfg->n_group || cfg->topk_group > cfg->n_group || (v3 && gsize < 2)) {
-        MOE_LOGE("%s: %d experts cannot form n_group = %d equal groups%s with topk_group = %d", c->label,
-                 cfg->n_expert, cfg->n_group, v3 ? " of at least 2" : "", cfg->topk_group);
-        return MOE_ERR_INVALID;
-    }
-    if (cfg->n_expert_used > cfg->topk_group * gsize) {
-        MOE_LOGE("%s: num_experts_per_tok (%d) exceeds the %d experts of the topk_group = %d groups", c->label,
-                 cfg->n_expert_used, cfg->topk_group * gsize, cfg->topk_group);
-        return MOE_ERR_INVALID;
-    }
-    return MOE_OK;
-}
-
-/* mla_rope: DeepSeek's RoPE details: V2 rotates adjacent pairs (complex
- * multiplication), V3 does when rope_interleave (its default); with a scaled
- * RoPE the softmax scale grows by yarn_mscale(factor, mscale_all_dim)^2. */
-static enum moe_status mla_rope(const struct cfg_ctx *c, struct moe_config *cfg) {
-    enum moe_status st;
-    int inter = 1;
-    if (cfg->arch == MOE_ARCH_DEEPSEEK_V3 && (st = get_bool(c, "rope_interleave", 1, &inter))) return st;
-    cfg->rope.interleave = inter;
-    const cJSON *p = field(c, "rope_parameters");
-    if (!p) p = field(c, "rope_scaling");
-    if (!p || cfg->rope.kind == MOE_ROPE_DEFAULT) return MOE_OK;
-    float all_dim;
-    if ((st = get_float(c, p, "mscale_all_dim", 0.0, &all_dim))) return st;
-    if (all_dim != 0) {
-        double m = yarn_mscale(cfg->rope.factor, all_dim);
-        cfg->attn_scale = (float)(pow((double)cfg->head_dim, -0.5) * m * m);
-        if (!(isfinite(cfg->attn_scale) && cfg->attn_scale > 0)) {
-            MOE_LOGE("%s: mscale_all_dim %g gives a softmax scale of %g; it must be a positive number", c->label,
-                     (double)all_dim, (double)cfg->attn_scale);
-            return MOE_ERR_INVALID;
-        }
-    }
-    return MOE_OK;
-}
-
-/* parse_gpt_oss: the clamped SwiGLU of the experts, their biases, the
- * router's bias and the attention sinks. */
-static enum moe_status parse_gpt_oss(const struct cfg_ctx *c, struct moe_config *cfg) {
-    enum moe_status st;
-    cfg->expert_act = MOE_ACT_SWIGLU_OAI;
-    cfg->expert_bias = cfg->router_bias = cfg->attn_sinks = 1;
-    if ((st = get_float(c, c->root, "swiglu_alpha", 1.702, &cfg->swiglu_alpha)) ||
-        (st = get_float(c, c->root, "swiglu_limit", 7.0, &cfg->swiglu_limit)))
-        return st;
-    if (!(cfg->swiglu_limit > 0)) {
-        MOE_LOGE("%s: swiglu_limit must be positive", c->label);
-        return MOE_ERR_INVALID;
-    }
-    return MOE_OK;
 }
 
 /* q_string: a string member of quantization_config, or `def` when absent or
@@ -589,11 +429,11 @@ static enum moe_status parse_fp8(const struct cfg_ctx *c, const cJSON *q, struct
  * load (parse_fp8); other methods (GPTQ, AWQ, ...) are refused by name rather
  * than misread. */
 static enum moe_status parse_quantization(const struct cfg_ctx *c, struct moe_config *cfg) {
-    const cJSON *q = field(c, "quantization_config");
+    const cJSON *q = cfg_field(c, "quantization_config");
     if (!q) return MOE_OK;
     const cJSON *m = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "quant_method") : NULL;
     const char *method = cJSON_IsString(m) ? m->valuestring : "?";
-    if (cfg->arch == MOE_ARCH_GPT_OSS && !strcmp(method, "mxfp4")) return MOE_OK;
+    if (c->row->native_quant && !strcmp(method, c->row->native_quant)) return MOE_OK;
     if (!strcmp(method, "fp8")) return parse_fp8(c, q, cfg);
     MOE_LOGE("%s: quantization_config with quant_method \"%s\" is not supported (only gpt-oss's mxfp4 experts "
              "and block-scaled fp8 weights are read)", c->label, method);
@@ -609,11 +449,11 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         cJSON_Delete(root);
         return MOE_ERR_FORMAT;
     }
-    struct cfg_ctx ctx = {root, label}, *c = &ctx;
+    struct cfg_ctx ctx = {root, label, NULL}, *c = &ctx;
     enum moe_status st = MOE_OK;
     struct moe_config *cfg = out;
 
-    const cJSON *archs = field(c, "architectures");
+    const cJSON *archs = cfg_field(c, "architectures");
     const char *name = NULL;
     if (cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
         name = cJSON_GetArrayItem(archs, 0)->valuestring;
@@ -622,40 +462,32 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         st = MOE_ERR_NOT_FOUND;
         goto fail;
     }
-    int found = 0;
-    for (size_t i = 0; i < sizeof k_arches / sizeof k_arches[0]; i++) {
-        if (!strcmp(name, k_arches[i].hf_name)) {
-            cfg->arch = k_arches[i].arch;
-            found = 1;
-        }
-    }
-    if (!found) {
-        MOE_LOGE("%s: unknown architecture \"%s\" (supported: MixtralForCausalLM, "
-                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, PhimoeForCausalLM, "
-                 "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)",
-                 label, name);
+    const struct arch_row *row = c->row = arch_by_hf(name);
+    if (!row) {
+        char list[512];
+        arch_list(0, list, sizeof list);
+        MOE_LOGE("%s: unknown architecture \"%s\" (supported: %s)", label, name, list);
         st = MOE_ERR_UNSUPPORTED;
         goto fail;
     }
+    cfg->arch = row->arch;
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
-    enum moe_arch a = cfg->arch;
     const int BIG = 1 << 24;
-    if ((st = get_int(c, "vocab_size", 1, 0, 1, 1 << 30, &cfg->n_vocab))) goto fail;
-    if ((st = get_int(c, "hidden_size", 1, 0, 1, BIG, &cfg->n_embd))) goto fail;
-    if ((st = get_int(c, "num_hidden_layers", 1, 0, 1, 100000, &cfg->n_layer))) goto fail;
-    if ((st = get_int(c, "num_attention_heads", 1, 0, 1, 100000, &cfg->n_head))) goto fail;
-    if ((st = get_int(c, "num_key_value_heads", 0, cfg->n_head, 1, 100000, &cfg->n_head_kv))) goto fail;
+    if ((st = cfg_int(c, "vocab_size", 1, 0, 1, 1 << 30, &cfg->n_vocab))) goto fail;
+    if ((st = cfg_int(c, "hidden_size", 1, 0, 1, BIG, &cfg->n_embd))) goto fail;
+    if ((st = cfg_int(c, "num_hidden_layers", 1, 0, 1, 100000, &cfg->n_layer))) goto fail;
+    if ((st = cfg_int(c, "num_attention_heads", 1, 0, 1, 100000, &cfg->n_head))) goto fail;
+    if ((st = cfg_int(c, "num_key_value_heads", 0, cfg->n_head, 1, 100000, &cfg->n_head_kv))) goto fail;
     if (cfg->n_head % cfg->n_head_kv) {
         MOE_LOGE("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
                  label, cfg->n_head, cfg->n_head_kv);
         st = MOE_ERR_INVALID;
         goto fail;
     }
-    const int ds = is_deepseek(a);
-    if (ds) {
-        if ((st = parse_mla(c, cfg))) goto fail;
+    if (row->parse_attention) {
+        if ((st = row->parse_attention(c, cfg))) goto fail;
     } else {
-        if ((st = get_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
+        if ((st = cfg_int(c, "head_dim", 0, cfg->n_embd / cfg->n_head, 1, BIG, &cfg->head_dim))) goto fail;
         if (cfg->head_dim < 1) { /* the default, hidden_size / num_attention_heads, rounded down to 0 */
             MOE_LOGE("%s: hidden_size (%d) is smaller than num_attention_heads (%d) and no head_dim is given", label,
                      cfg->n_embd, cfg->n_head);
@@ -668,15 +500,15 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
             goto fail;
         }
     }
-    if ((st = get_int(c, "max_position_embeddings", 0, 4096, 1, 1 << 30, &cfg->max_pos))) goto fail;
+    if ((st = cfg_int(c, "max_position_embeddings", 0, 4096, 1, 1 << 30, &cfg->max_pos))) goto fail;
 
     /* experts: v5 spells num_local_experts for several architectures */
-    const char *ne_name = field(c, "num_local_experts") ? "num_local_experts"
-                          : field(c, "num_experts")     ? "num_experts"
-                          : ds                          ? "n_routed_experts"
-                                                        : "num_experts";
-    if ((st = get_int(c, ne_name, 1, 0, 1, 1 << 16, &cfg->n_expert))) goto fail;
-    if ((st = get_int(c, "num_experts_per_tok", 1, 0, 1, 1 << 16, &cfg->n_expert_used))) goto fail;
+    const char *ne_name = cfg_field(c, "num_local_experts") ? "num_local_experts"
+                          : cfg_field(c, "num_experts")     ? "num_experts"
+                          : row->n_expert_key               ? row->n_expert_key
+                                                            : "num_experts";
+    if ((st = cfg_int(c, ne_name, 1, 0, 1, 1 << 16, &cfg->n_expert))) goto fail;
+    if ((st = cfg_int(c, "num_experts_per_tok", 1, 0, 1, 1 << 16, &cfg->n_expert_used))) goto fail;
     if (cfg->n_expert_used > cfg->n_expert) {
         MOE_LOGE("%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", label,
                  cfg->n_expert_used, cfg->n_expert);
@@ -684,100 +516,52 @@ enum moe_status moe_config_parse(const char *json, size_t len, const char *label
         goto fail;
     }
     int inter = 0;
-    if ((st = get_int(c, "intermediate_size", 0, 0, 0, BIG, &inter))) goto fail;
-    if (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE || ds) {
-        if ((st = get_int(c, "moe_intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
+    if ((st = cfg_int(c, "intermediate_size", 0, 0, 0, BIG, &inter))) goto fail;
+    if (row->moe_intermediate) {
+        if ((st = cfg_int(c, "moe_intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
         cfg->n_ff_dense = inter;
     } else {
-        if ((st = get_int(c, "intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
+        if ((st = cfg_int(c, "intermediate_size", 1, 0, 1, BIG, &cfg->n_ff_expert))) goto fail;
     }
-    if (a == MOE_ARCH_QWEN2_MOE) {
-        if ((st = get_int(c, "shared_expert_intermediate_size", 1, 0, 0, BIG, &cfg->n_ff_shared))) goto fail;
-        cfg->shared_gated = 1;
-    }
-    if (ds) { /* n_shared_experts experts of moe_intermediate_size act as one ungated MLP */
-        int n_shared = 0;
-        if ((st = get_int(c, "n_shared_experts", 0, a == MOE_ARCH_DEEPSEEK_V2 ? 2 : 1, 0, 1 << 16, &n_shared))) goto fail;
-        if ((int64_t)n_shared * cfg->n_ff_expert > BIG) {
-            MOE_LOGE("%s: n_shared_experts x moe_intermediate_size is too large", label);
-            st = MOE_ERR_INVALID;
-            goto fail;
-        }
-        cfg->n_ff_shared = n_shared * cfg->n_ff_expert;
-        int mlp_bias = 0;
-        if ((st = get_bool(c, "mlp_bias", 0, &mlp_bias))) goto fail;
-        if (mlp_bias) {
-            MOE_LOGE("%s: \"mlp_bias\": true is not supported (feed-forward layers without biases only)", label);
-            st = MOE_ERR_UNSUPPORTED;
-            goto fail;
-        }
-    }
+    if (row->parse_ffn && (st = row->parse_ffn(c, cfg))) goto fail;
 
     /* routing */
-    cfg->router = a == MOE_ARCH_PHIMOE ? MOE_ROUTER_SPARSEMIXER : MOE_ROUTER_SOFTMAX_TOPK;
-    cfg->norm_topk_prob = a == MOE_ARCH_MIXTRAL; /* Mixtral always renormalises */
+    cfg->router = row->router;
+    cfg->norm_topk_prob = row->norm_topk_prob;
     cfg->n_group = cfg->topk_group = 1;
     cfg->routed_scale = 1.0f;
-    if (a == MOE_ARCH_GPT_OSS) cfg->norm_topk_prob = 1; /* softmax over the k largest logits */
-    if (a != MOE_ARCH_MIXTRAL && a != MOE_ARCH_PHIMOE && a != MOE_ARCH_DEEPSEEK_V2 && a != MOE_ARCH_GPT_OSS &&
-        (st = get_bool(c, "norm_topk_prob", a == MOE_ARCH_DEEPSEEK_V3, &cfg->norm_topk_prob)))
+    if (row->norm_topk_key && (st = cfg_bool(c, "norm_topk_prob", row->norm_topk_prob, &cfg->norm_topk_prob)))
         goto fail;
-    if (ds && (st = parse_deepseek_routing(c, cfg))) goto fail;
-    if (a == MOE_ARCH_PHIMOE) {
-        if ((st = get_float(c, root, "router_jitter_noise", 0.01, &cfg->router_jitter))) goto fail;
-        if (cfg->router_jitter < 0) {
-            MOE_LOGE("%s: router_jitter_noise must be >= 0", label);
-            st = MOE_ERR_INVALID;
-            goto fail;
-        }
-        if (cfg->n_expert_used != 2) {
-            MOE_LOGE("%s: Phi-MoE sparsemixer routing supports num_experts_per_tok = 2 only (got %d)",
-                     label, cfg->n_expert_used);
-            st = MOE_ERR_UNSUPPORTED;
-            goto fail;
-        }
-    }
+    if (row->parse_routing && (st = row->parse_routing(c, cfg))) goto fail;
 
     /* norms and attention */
-    cfg->norm = a == MOE_ARCH_PHIMOE ? MOE_NORM_LAYER : MOE_NORM_RMS;
-    double def_eps = (a == MOE_ARCH_QWEN2_MOE || a == MOE_ARCH_QWEN3_MOE || ds) ? 1e-6 : 1e-5;
-    if ((st = get_float(c, root, "rms_norm_eps", def_eps, &cfg->norm_eps))) goto fail;
+    cfg->norm = row->norm;
+    if ((st = cfg_float(c, root, "rms_norm_eps", row->norm_eps, &cfg->norm_eps))) goto fail;
     if (!(cfg->norm_eps > 0)) { /* <= 0 divides by zero (or takes a root of a negative) on a flat row */
         MOE_LOGE("%s: rms_norm_eps must be a positive number (got %g)", label, (double)cfg->norm_eps);
         st = MOE_ERR_INVALID;
         goto fail;
     }
-    if (a == MOE_ARCH_QWEN2_MOE) {
-        if ((st = get_bool(c, "qkv_bias", 1, &cfg->attn_qkv_bias))) goto fail;
-    } else if (a != MOE_ARCH_MIXTRAL) {
+    if (row->attn_bias_key) { /* Mixtral has no switch: no biases */
         int ab = 0;
-        if ((st = get_bool(c, "attention_bias", a == MOE_ARCH_GPT_OSS, &ab))) goto fail;
-        cfg->attn_qkv_bias = cfg->attn_o_bias = ab;
+        if ((st = cfg_bool(c, row->attn_bias_key, row->attn_bias_default, &ab))) goto fail;
+        cfg->attn_qkv_bias = ab;
+        if (row->attn_bias_o) cfg->attn_o_bias = ab;
     }
-    cfg->qk_norm = a == MOE_ARCH_QWEN3_MOE ? MOE_QK_NORM_HEAD
-                   : a == MOE_ARCH_OLMOE   ? MOE_QK_NORM_FULL
-                                           : MOE_QK_NORM_NONE;
-    if (a == MOE_ARCH_OLMOE && (st = get_float(c, root, "clip_qkv", 0.0, &cfg->clip_qkv))) goto fail;
-    if (cfg->clip_qkv < 0) {
-        MOE_LOGE("%s: clip_qkv must be positive", label);
-        st = MOE_ERR_INVALID;
-        goto fail;
-    }
-    if (a == MOE_ARCH_PHIMOE && (st = get_bool(c, "lm_head_bias", 0, &cfg->lm_head_bias))) goto fail;
-    if ((st = get_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings))) goto fail;
+    cfg->qk_norm = row->qk_norm;
+    if ((st = cfg_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings))) goto fail;
+    if (row->parse_fields && (st = row->parse_fields(c, cfg))) goto fail;
 
-    double def_theta = (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_PHIMOE) ? 1e6 : a == MOE_ARCH_GPT_OSS ? 150000.0 : 10000.0;
-    if (a == MOE_ARCH_GPT_OSS && (st = parse_gpt_oss(c, cfg))) goto fail;
     if ((st = parse_quantization(c, cfg))) goto fail;
-    if ((st = parse_rope(c, cfg, def_theta))) goto fail;
+    if ((st = parse_rope(c, cfg, row->rope_theta))) goto fail;
     cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
-    if (ds && (st = mla_rope(c, cfg))) goto fail;
+    if (row->finish_rope && (st = row->finish_rope(c, cfg))) goto fail;
     if ((st = parse_layer_kinds(c, cfg))) goto fail;
 
     cfg->bos_id = -1;
-    if ((st = get_int(c, "bos_token_id", 0, -1, 0, cfg->n_vocab - 1, &cfg->bos_id))) goto fail;
+    if ((st = cfg_int(c, "bos_token_id", 0, -1, 0, cfg->n_vocab - 1, &cfg->bos_id))) goto fail;
     if ((st = check_token_ids(c, "eos_token_id", cfg->n_vocab))) goto fail;
-    parse_token_ids(field(c, "eos_token_id"), cfg->eos_ids, &cfg->n_eos, MOE_MAX_EOS);
+    parse_token_ids(cfg_field(c, "eos_token_id"), cfg->eos_ids, &cfg->n_eos, MOE_MAX_EOS);
     cJSON_Delete(root);
     return MOE_OK;
 fail:

@@ -10,6 +10,11 @@
  * follow transformers because llama.cpp approximates the model: Phi-MoE routes
  * with sparsemixer (llama.cpp: softmax top-2), and gpt-oss's YaRN does not
  * round the correction range (llama.cpp's ggml rounds it).
+ *
+ * general.architecture picks a row of the architecture table (arch.c); the
+ * keys only one family has are translated in its file (arch-*.c: Qwen's dense
+ * layers, DeepSeek's MLA and routing, gpt-oss's SwiGLU limit and sliding
+ * layers, Phi-MoE's longrope tensors), called from build_config.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -19,44 +24,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch-impl.h"
 #include "moe-gguf-model.h"
-
-enum g_arch { GA_LLAMA, GA_QWEN2MOE, GA_QWEN3MOE, GA_OLMOE, GA_PHIMOE, GA_DEEPSEEK2, GA_GPT_OSS };
-
-static const struct {
-    const char *name;
-    enum g_arch a;
-} k_garch[] = {{"llama", GA_LLAMA},   {"qwen2moe", GA_QWEN2MOE},   {"qwen3moe", GA_QWEN3MOE}, {"olmoe", GA_OLMOE},
-               {"phimoe", GA_PHIMOE}, {"deepseek2", GA_DEEPSEEK2}, {"gpt-oss", GA_GPT_OSS}};
-
-struct moe_gguf_model {
-    const struct moe_gguf *g;
-    const char *path;
-    enum g_arch ga;
-    char arch[32];        /* general.architecture */
-    int deepseek_v3;      /* deepseek2 with sigmoid gating */
-    int n_layer;
-    char *config_json, *tok_json, *tok_cfg_json;
-    struct moe_gguf_hf_tensor *t; /* sorted by name */
-    size_t n_t, cap_t;
-    char **names;         /* owned name strings of t[] */
-    void **owned;         /* rebuilt buffers and expert biases */
-    size_t n_owned;
-};
 
 /* ------------------------------------------------------------------------- */
 /* metadata access                                                            */
 
-/* akv: the value of "{arch}.suffix", or NULL. */
-static const struct moe_gguf_kv *akv(const struct moe_gguf_model *v, const char *suffix) {
+/* gm_akv: the value of "{arch}.suffix", or NULL. */
+const struct moe_gguf_kv *gm_akv(const struct moe_gguf_model *v, const char *suffix) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", v->arch, suffix);
     return moe_gguf_find_kv(v->g, key);
 }
 
-/* kv_scalar_int: a scalar integer item; 0 = absent (*out unchanged), 1 =
+/* gm_kv_int: a scalar integer item; 0 = absent (*out unchanged), 1 =
  * read, -1 = present with the wrong type (logged). */
-static int kv_scalar_int(const struct moe_gguf_model *v, const struct moe_gguf_kv *kv, int64_t *out) {
+int gm_kv_int(const struct moe_gguf_model *v, const struct moe_gguf_kv *kv, int64_t *out) {
     if (!kv) return 0;
     if (kv->type != MOE_GGUF_ARRAY && kv->type != MOE_GGUF_BOOL && moe_gguf_kv_int(kv, 0, out)) return 1;
     MOE_LOGE("%s: %s must be an integer (it is %s%s%s)", v->path, kv->key, moe_gguf_type_name(kv->type),
@@ -64,7 +47,7 @@ static int kv_scalar_int(const struct moe_gguf_model *v, const struct moe_gguf_k
     return -1;
 }
 
-/* kv_scalar_float: as kv_scalar_int for a number (float or integer). */
+/* kv_scalar_float: as gm_kv_int for a number (float or integer). */
 static int kv_scalar_float(const struct moe_gguf_model *v, const struct moe_gguf_kv *kv, double *out) {
     if (!kv) return 0;
     if (kv->type != MOE_GGUF_ARRAY && moe_gguf_kv_float(kv, 0, out) && isfinite(*out)) return 1;
@@ -72,7 +55,7 @@ static int kv_scalar_float(const struct moe_gguf_model *v, const struct moe_gguf
     return -1;
 }
 
-/* kv_scalar_bool: as kv_scalar_int for a bool. */
+/* kv_scalar_bool: as gm_kv_int for a bool. */
 static int kv_scalar_bool(const struct moe_gguf_model *v, const struct moe_gguf_kv *kv, int *out) {
     int64_t x;
     if (!kv) return 0;
@@ -84,35 +67,27 @@ static int kv_scalar_bool(const struct moe_gguf_model *v, const struct moe_gguf_
     return -1;
 }
 
-/* Number-valued config fields collected from the metadata: the first error
- * sticks in *st and stops later reads from adding anything. */
-struct cfgb {
-    const struct moe_gguf_model *v;
-    cJSON *root;
-    enum moe_status st;
-};
-
-/* fail: record the first error of a config build. */
-static void fail(struct cfgb *b, enum moe_status st) {
+/* gm_fail: record the first error of a config build. */
+void gm_fail(struct cfgb *b, enum moe_status st) {
     if (!b->st) b->st = st;
 }
 
-/* put_int_key: config field `field` from key {arch}.suffix; required keys
+/* gm_put_int_key: config field `field` from key {arch}.suffix; required keys
  * report their absence. Returns 1 when set. */
-static int put_int_key(struct cfgb *b, const char *field, const char *suffix, int required, int64_t lo, int64_t hi,
-                       int64_t *out) {
+int gm_put_int_key(struct cfgb *b, const char *field, const char *suffix, int required, int64_t lo, int64_t hi,
+                   int64_t *out) {
     int64_t x = 0;
-    int r = kv_scalar_int(b->v, akv(b->v, suffix), &x);
-    if (r < 0) fail(b, MOE_ERR_FORMAT);
+    int r = gm_kv_int(b->v, gm_akv(b->v, suffix), &x);
+    if (r < 0) gm_fail(b, MOE_ERR_FORMAT);
     if (r == 0 && required) {
         MOE_LOGE("%s: missing required key %s.%s", b->v->path, b->v->arch, suffix);
-        fail(b, MOE_ERR_NOT_FOUND);
+        gm_fail(b, MOE_ERR_NOT_FOUND);
     }
     if (r <= 0 || b->st) return 0;
     if (x < lo || x > hi) {
         MOE_LOGE("%s: %s.%s = %lld is out of range [%lld, %lld]", b->v->path, b->v->arch, suffix, (long long)x,
                  (long long)lo, (long long)hi);
-        fail(b, MOE_ERR_FORMAT);
+        gm_fail(b, MOE_ERR_FORMAT);
         return 0;
     }
     if (field) cJSON_AddNumberToObject(b->root, field, (double)x);
@@ -120,23 +95,22 @@ static int put_int_key(struct cfgb *b, const char *field, const char *suffix, in
     return 1;
 }
 
-/* get_float_key: a float key; 1 when present and valid. */
-static int get_float_key(struct cfgb *b, const char *suffix, double *out) {
-    int r = kv_scalar_float(b->v, akv(b->v, suffix), out);
-    if (r < 0) fail(b, MOE_ERR_FORMAT);
+/* gm_get_float_key: a float key; 1 when present and valid. */
+int gm_get_float_key(struct cfgb *b, const char *suffix, double *out) {
+    int r = kv_scalar_float(b->v, gm_akv(b->v, suffix), out);
+    if (r < 0) gm_fail(b, MOE_ERR_FORMAT);
     return r > 0 && !b->st;
 }
 
-/* get_bool_key: a bool key; 1 when present and valid. */
-static int get_bool_key(struct cfgb *b, const char *suffix, int *out) {
-    int r = kv_scalar_bool(b->v, akv(b->v, suffix), out);
-    if (r < 0) fail(b, MOE_ERR_FORMAT);
+/* gm_get_bool_key: a bool key; 1 when present and valid. */
+int gm_get_bool_key(struct cfgb *b, const char *suffix, int *out) {
+    int r = kv_scalar_bool(b->v, gm_akv(b->v, suffix), out);
+    if (r < 0) gm_fail(b, MOE_ERR_FORMAT);
     return r > 0 && !b->st;
 }
 
-/* has: 1 if the file holds a tensor of this name (printf-style). */
-static int has(const struct moe_gguf_model *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int has(const struct moe_gguf_model *v, const char *fmt, ...) {
+/* gm_has: 1 if the file holds a tensor of this name (printf-style). */
+int gm_has(const struct moe_gguf_model *v, const char *fmt, ...) {
     char name[128];
     va_list ap;
     va_start(ap, fmt);
@@ -154,9 +128,9 @@ static int64_t tensor_dim(const struct moe_gguf_model *v, const char *name, int 
 /* ------------------------------------------------------------------------- */
 /* config.json                                                                */
 
-/* put_ff: an intermediate size from a key, else from a tensor's row count. */
-static void put_ff(struct cfgb *b, const char *field, const char *suffix, const char *tensor_fmt) {
-    if (put_int_key(b, field, suffix, 0, 1, 1 << 24, NULL) || b->st) return;
+/* gm_put_ff: an intermediate size from a key, else from a tensor's row count. */
+void gm_put_ff(struct cfgb *b, const char *field, const char *suffix, const char *tensor_fmt) {
+    if (gm_put_int_key(b, field, suffix, 0, 1, 1 << 24, NULL) || b->st) return;
     char name[128];
     int64_t n = -1;
     for (int l = 0; l < b->v->n_layer && n < 0; l++) {
@@ -166,88 +140,45 @@ static void put_ff(struct cfgb *b, const char *field, const char *suffix, const 
     if (n > 0) cJSON_AddNumberToObject(b->root, field, (double)n);
 }
 
-/* rope_yarn: the YaRN parameters llama.cpp records; DeepSeek's
- * yarn_log_multiplier is 0.1 * mscale_all_dim (llama.cpp assumes mscale ==
- * mscale_all_dim: the cos/sin factor is then 1). */
+/* rope_yarn: the YaRN parameters llama.cpp records, then the family's
+ * (DeepSeek's yarn_log_multiplier, gpt-oss's truncate). */
 static void rope_yarn(struct cfgb *b, cJSON *rp, double factor) {
     const struct moe_gguf_model *v = b->v;
     int64_t omp = 0;
     double x;
     cJSON_AddStringToObject(rp, "rope_type", "yarn");
     cJSON_AddNumberToObject(rp, "factor", factor);
-    if (!put_int_key(b, NULL, "rope.scaling.original_context_length", 1, 1, 1 << 30, &omp)) return;
+    if (!gm_put_int_key(b, NULL, "rope.scaling.original_context_length", 1, 1, 1 << 30, &omp)) return;
     cJSON_AddNumberToObject(rp, "original_max_position_embeddings", (double)omp);
-    if (get_float_key(b, "rope.scaling.yarn_beta_fast", &x)) cJSON_AddNumberToObject(rp, "beta_fast", x);
-    if (get_float_key(b, "rope.scaling.yarn_beta_slow", &x)) cJSON_AddNumberToObject(rp, "beta_slow", x);
-    int have_af = get_float_key(b, "rope.scaling.yarn_attn_factor", &x);
+    if (gm_get_float_key(b, "rope.scaling.yarn_beta_fast", &x)) cJSON_AddNumberToObject(rp, "beta_fast", x);
+    if (gm_get_float_key(b, "rope.scaling.yarn_beta_slow", &x)) cJSON_AddNumberToObject(rp, "beta_slow", x);
+    int have_af = gm_get_float_key(b, "rope.scaling.yarn_attn_factor", &x);
     if (have_af) cJSON_AddNumberToObject(rp, "attention_factor", x);
-    if (v->ga == GA_DEEPSEEK2) {
-        double lm = 0;
-        if (get_float_key(b, "rope.scaling.yarn_log_multiplier", &lm) && lm != 0) {
-            cJSON_AddNumberToObject(rp, "mscale", lm / 0.1);
-            cJSON_AddNumberToObject(rp, "mscale_all_dim", lm / 0.1);
-        } else if (!have_af) {
-            cJSON_AddNumberToObject(rp, "attention_factor", 1.0);
-        }
-    }
-    if (v->ga == GA_GPT_OSS) cJSON_AddBoolToObject(rp, "truncate", 0);
+    if (v->row->gguf_yarn) v->row->gguf_yarn(b, rp, have_af);
 }
 
-/* read_factors: a longrope factor tensor (f32, n values) as a JSON array. */
-static cJSON *read_factors(struct cfgb *b, const char *name, int64_t n) {
-    const struct moe_gguf_tensor *t = moe_gguf_find_tensor(b->v->g, name);
-    if (!t || t->type != MOE_QTYPE_F32 || t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        MOE_LOGE("%s: %s must be an f32 vector of %lld rope factors (rotary dims / 2)", b->v->path, name, (long long)n);
-        fail(b, MOE_ERR_FORMAT);
-        return NULL;
-    }
-    cJSON *a = cJSON_CreateArray();
-    for (int64_t i = 0; a && i < n; i++) {
-        float f;
-        memcpy(&f, (const char *)t->data + 4 * i, 4);
-        cJSON_AddItemToArray(a, cJSON_CreateNumber(f));
-    }
-    return a;
-}
-
-/* put_rope: rope_parameters from rope.freq_base and rope.scaling.*; Phi-MoE's
- * longrope factors come from the rope_factors_{short,long} tensors and its one
- * attention factor (GGUF keeps no separate short/long mscale) serves both. */
-static void put_rope(struct cfgb *b, int64_t head_dim, int64_t max_pos) {
+/* put_rope: rope_parameters from rope.freq_base and rope.scaling.*, unless
+ * the family writes them (Phi-MoE's longrope). own_dims: the attention's
+ * rope dims are its own (MLA's qk_rope_head_dim), not a part of head_dim. */
+static void put_rope(struct cfgb *b, int64_t head_dim, int64_t max_pos, int own_dims) {
     const struct moe_gguf_model *v = b->v;
     cJSON *rp = cJSON_AddObjectToObject(b->root, "rope_parameters");
     double theta = 10000.0, factor = 1.0;
-    get_float_key(b, "rope.freq_base", &theta);
+    gm_get_float_key(b, "rope.freq_base", &theta);
     cJSON_AddNumberToObject(rp, "rope_theta", theta);
     const int64_t rot = head_dim;
     int64_t n_rot = rot;
-    if (put_int_key(b, NULL, "rope.dimension_count", 0, 2, 1 << 20, &n_rot) && v->ga != GA_DEEPSEEK2 && n_rot != rot)
+    if (gm_put_int_key(b, NULL, "rope.dimension_count", 0, 2, 1 << 20, &n_rot) && !own_dims && n_rot != rot)
         cJSON_AddNumberToObject(rp, "partial_rotary_factor", (double)n_rot / (double)rot);
-    const struct moe_gguf_kv *tk = akv(v, "rope.scaling.type");
+    const struct moe_gguf_kv *tk = gm_akv(v, "rope.scaling.type");
     struct moe_gguf_str ts = {"none", 4};
     if (tk && !moe_gguf_kv_str(tk, 0, &ts)) {
         MOE_LOGE("%s: %s must be a string", v->path, tk->key);
-        fail(b, MOE_ERR_FORMAT);
+        gm_fail(b, MOE_ERR_FORMAT);
         return;
     }
-    get_float_key(b, "rope.scaling.factor", &factor);
-    if (v->ga == GA_PHIMOE && has(v, "rope_factors_long.weight")) {
-        int64_t omp = 0;
-        if (!put_int_key(b, "original_max_position_embeddings", "rope.scaling.original_context_length", 1, 1, 1 << 30,
-                         &omp))
-            return;
-        double s = (double)max_pos / (double)omp, af = s > 1 ? sqrt(1 + log(s) / log((double)omp)) : 1.0;
-        get_float_key(b, "rope.scaling.attn_factor", &af);
-        cJSON_AddStringToObject(rp, "rope_type", "longrope");
-        cJSON *sf = read_factors(b, "rope_factors_short.weight", n_rot / 2);
-        cJSON *lf = sf ? read_factors(b, "rope_factors_long.weight", n_rot / 2) : NULL;
-        if (sf) cJSON_AddItemToObject(rp, "short_factor", sf);
-        if (lf) cJSON_AddItemToObject(rp, "long_factor", lf);
-        cJSON_AddNumberToObject(rp, "short_mscale", af);
-        cJSON_AddNumberToObject(rp, "long_mscale", af);
-        cJSON_AddNumberToObject(rp, "original_max_position_embeddings", (double)omp);
-        return;
-    }
+    gm_get_float_key(b, "rope.scaling.factor", &factor);
+    if (v->row->gguf_rope && v->row->gguf_rope(b, rp, n_rot, max_pos)) return;
     if ((ts.n == 4 && !memcmp(ts.p, "none", 4)) || (ts.n == 0)) {
         cJSON_AddStringToObject(rp, "rope_type", "default");
     } else if (ts.n == 6 && !memcmp(ts.p, "linear", 6)) {
@@ -258,116 +189,20 @@ static void put_rope(struct cfgb *b, int64_t head_dim, int64_t max_pos) {
     } else {
         MOE_LOGE("%s: rope scaling type \"%.*s\" is not supported (none, linear, yarn)", v->path,
                  (int)(ts.n > 32 ? 32 : ts.n), ts.p);
-        fail(b, MOE_ERR_UNSUPPORTED);
+        gm_fail(b, MOE_ERR_UNSUPPORTED);
     }
-    if (has(v, "rope_freqs.weight")) {
+    if (gm_has(v, "rope_freqs.weight")) {
         MOE_LOGE("%s: rope_freqs (Llama-3-style frequency factors) are not supported", v->path);
-        fail(b, MOE_ERR_UNSUPPORTED);
+        gm_fail(b, MOE_ERR_UNSUPPORTED);
     }
 }
 
-/* put_dense_layers: for Qwen-MoE, the layers without a router are dense MLPs. */
-static void put_dense_layers(struct cfgb *b) {
-    cJSON *a = cJSON_AddArrayToObject(b->root, "mlp_only_layers");
-    for (int l = 0; l < b->v->n_layer; l++)
-        if (!has(b->v, "blk.%d.ffn_gate_inp.weight", l)) cJSON_AddItemToArray(a, cJSON_CreateNumber(l));
-    cJSON_AddNumberToObject(b->root, "decoder_sparse_step", 1);
-}
-
-/* put_topk_norm: norm_topk_prob from expert_weights_norm, else llama.cpp's
+/* gm_put_topk_norm: norm_topk_prob from expert_weights_norm, else llama.cpp's
  * fixed choice for the architecture. */
-static void put_topk_norm(struct cfgb *b, int dflt) {
+void gm_put_topk_norm(struct cfgb *b, int dflt) {
     int x = dflt;
-    get_bool_key(b, "expert_weights_norm", &x);
+    gm_get_bool_key(b, "expert_weights_norm", &x);
     cJSON_AddBoolToObject(b->root, "norm_topk_prob", x);
-}
-
-/* put_deepseek: multi-head latent attention and DeepSeek routing. New files
- * (llama.cpp 2025-) keep key_length / value_length for the absorbed MQA form
- * and the real head sizes in key_length_mla / value_length_mla. */
-static void put_deepseek(struct cfgb *b, int64_t n_head) {
-    const struct moe_gguf_model *v = b->v;
-    cJSON *r = b->root;
-    int64_t rope = 0, kl = 0, vl = 0, kv_rank = 0;
-    cJSON_AddNumberToObject(r, "num_key_value_heads", (double)n_head);
-    put_int_key(b, "kv_lora_rank", "attention.kv_lora_rank", 1, 1, 1 << 20, &kv_rank);
-    if (!put_int_key(b, "q_lora_rank", "attention.q_lora_rank", 0, 1, 1 << 20, NULL) && !b->st)
-        cJSON_AddNullToObject(r, "q_lora_rank"); /* queries straight from the hidden state */
-    put_int_key(b, "qk_rope_head_dim", "rope.dimension_count", 1, 2, 1 << 20, &rope);
-    if (put_int_key(b, NULL, "attention.key_length_mla", 0, 1, 1 << 20, &kl)) {
-        put_int_key(b, NULL, "attention.value_length_mla", 1, 1, 1 << 20, &vl);
-    } else {
-        put_int_key(b, NULL, "attention.key_length", 1, 1, 1 << 20, &kl);
-        put_int_key(b, NULL, "attention.value_length", 1, 1, 1 << 20, &vl);
-    }
-    if (b->st) return;
-    if (kl <= rope) {
-        MOE_LOGE("%s: key length %lld leaves no room beside the %lld rope dims", v->path, (long long)kl, (long long)rope);
-        fail(b, MOE_ERR_FORMAT);
-        return;
-    }
-    cJSON_AddNumberToObject(r, "qk_nope_head_dim", (double)(kl - rope));
-    cJSON_AddNumberToObject(r, "v_head_dim", (double)vl);
-    int64_t n_dense = 0, n_shared = 0, groups = 1, groups_used = 1;
-    put_int_key(b, NULL, "leading_dense_block_count", 0, 0, v->n_layer, &n_dense);
-    cJSON_AddNumberToObject(r, "first_k_dense_replace", (double)n_dense);
-    put_int_key(b, NULL, "expert_shared_count", 0, 0, 1 << 16, &n_shared);
-    cJSON_AddNumberToObject(r, "n_shared_experts", (double)n_shared);
-    put_int_key(b, "n_routed_experts", "expert_count", 1, 1, 1 << 16, NULL);
-    put_ff(b, "moe_intermediate_size", "expert_feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-    put_ff(b, "intermediate_size", "feed_forward_length", "blk.%d.ffn_gate.weight");
-    double scale = 1.0;
-    get_float_key(b, "expert_weights_scale", &scale);
-    cJSON_AddNumberToObject(r, "routed_scaling_factor", scale);
-    put_topk_norm(b, 0);
-    put_int_key(b, NULL, "expert_group_count", 0, 1, 1 << 16, &groups);
-    put_int_key(b, NULL, "expert_group_used_count", 0, 1, 1 << 16, &groups_used);
-    cJSON_AddNumberToObject(r, "n_group", (double)groups);
-    cJSON_AddNumberToObject(r, "topk_group", (double)groups_used);
-    if (v->deepseek_v3)
-        cJSON_AddBoolToObject(r, "rope_interleave", 1);
-    else
-        cJSON_AddStringToObject(r, "topk_method", groups > 1 ? "group_limited_greedy" : "greedy");
-    cJSON_AddBoolToObject(r, "attention_bias", has(v, "blk.0.attn_kv_a_mqa.bias"));
-}
-
-/* put_gpt_oss: the clamped SwiGLU's limit (swiglu_clamp_exp, one value or
- * one per layer, all equal; llama.cpp's fixed 7.0 otherwise) and the sliding
- * layers (sliding_window_pattern, else llama.cpp's even layers). */
-static void put_gpt_oss(struct cfgb *b) {
-    const struct moe_gguf_model *v = b->v;
-    cJSON *r = b->root;
-    double limit = 7.0;
-    const struct moe_gguf_kv *kv = akv(v, "swiglu_clamp_exp");
-    if (kv) {
-        double x = 0;
-        int ok = kv->n > 0 && moe_gguf_kv_float(kv, 0, &x);
-        for (uint64_t i = 1; ok && i < kv->n; i++) {
-            double y;
-            ok = moe_gguf_kv_float(kv, i, &y) && y == x;
-        }
-        if (!ok || !(x > 0)) {
-            MOE_LOGE("%s: %s must be one positive limit (per-layer limits must all be equal)", v->path, kv->key);
-            fail(b, MOE_ERR_UNSUPPORTED);
-            return;
-        }
-        limit = x;
-    }
-    cJSON_AddNumberToObject(r, "swiglu_limit", limit);
-    cJSON_AddNumberToObject(r, "swiglu_alpha", 1.702);
-    cJSON_AddBoolToObject(r, "attention_bias", 1);
-    put_int_key(b, "sliding_window", "attention.sliding_window", 0, 0, 1 << 30, NULL);
-    const struct moe_gguf_kv *pat = akv(v, "attention.sliding_window_pattern");
-    cJSON *lt = cJSON_AddArrayToObject(r, "layer_types");
-    for (int l = 0; l < v->n_layer; l++) {
-        int64_t s = l % 2 == 0;
-        if (pat && (pat->type != MOE_GGUF_ARRAY || pat->n != (uint64_t)v->n_layer || !moe_gguf_kv_int(pat, (uint64_t)l, &s))) {
-            MOE_LOGE("%s: %s must be one bool per layer", v->path, pat->key);
-            fail(b, MOE_ERR_FORMAT);
-            return;
-        }
-        cJSON_AddItemToArray(lt, cJSON_CreateString(s ? "sliding_attention" : "full_attention"));
-    }
 }
 
 /* token_id: tokenizer.ggml.<name>_token_id: 1 = read (an id in [0, 2^31)),
@@ -375,12 +210,12 @@ static void put_gpt_oss(struct cfgb *b) {
 static int token_id(struct cfgb *b, const char *name, int64_t *out) {
     char key[64];
     snprintf(key, sizeof key, "tokenizer.ggml.%s_token_id", name);
-    int r = kv_scalar_int(b->v, moe_gguf_find_kv(b->v->g, key), out);
+    int r = gm_kv_int(b->v, moe_gguf_find_kv(b->v->g, key), out);
     if (r == 1 && (*out < 0 || *out > INT32_MAX)) {
         MOE_LOGE("%s: %s = %lld is not a token id", b->v->path, key, (long long)*out);
         r = -1;
     }
-    if (r < 0) fail(b, MOE_ERR_FORMAT);
+    if (r < 0) gm_fail(b, MOE_ERR_FORMAT);
     return r;
 }
 
@@ -396,101 +231,52 @@ static void put_tokens(struct cfgb *b) {
 
 /* build_config: the config.json text of the file's model. */
 static enum moe_status build_config(struct moe_gguf_model *v) {
-    static const char *const hf[] = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                                     "OlmoeForCausalLM",   "PhimoeForCausalLM",   "DeepseekV2ForCausalLM",
-                                     "GptOssForCausalLM"};
     struct cfgb b = {v, cJSON_CreateObject(), MOE_OK};
     if (!b.root) return MOE_ERR_NOMEM;
     cJSON *r = b.root;
-    const enum g_arch a = v->ga;
+    const struct arch_row *row = v->row;
     cJSON *archs = cJSON_AddArrayToObject(r, "architectures");
-    cJSON_AddItemToArray(archs, cJSON_CreateString(a == GA_DEEPSEEK2 && v->deepseek_v3 ? "DeepseekV3ForCausalLM" : hf[a]));
+    cJSON_AddItemToArray(archs, cJSON_CreateString(row->hf_class));
     int64_t n_embd = 0, n_head = 0, head_dim = 0, max_pos = 4096, kl = 0, vl = 0;
     cJSON_AddNumberToObject(r, "num_hidden_layers", v->n_layer);
-    put_int_key(&b, "hidden_size", "embedding_length", 1, 1, 1 << 24, &n_embd);
-    put_int_key(&b, "num_attention_heads", "attention.head_count", 1, 1, 100000, &n_head);
+    gm_put_int_key(&b, "hidden_size", "embedding_length", 1, 1, 1 << 24, &n_embd);
+    gm_put_int_key(&b, "num_attention_heads", "attention.head_count", 1, 1, 100000, &n_head);
     if (b.st) goto done;
     int64_t vocab = tensor_dim(v, "token_embd.weight", 1);
     const struct moe_gguf_kv *toks = moe_gguf_find_kv(v->g, "tokenizer.ggml.tokens");
     if (vocab < 0 && toks && toks->type == MOE_GGUF_ARRAY) vocab = (int64_t)toks->n;
-    if (!put_int_key(&b, "vocab_size", "vocab_size", 0, 1, 1 << 30, NULL) && vocab > 0)
+    if (!gm_put_int_key(&b, "vocab_size", "vocab_size", 0, 1, 1 << 30, NULL) && vocab > 0)
         cJSON_AddNumberToObject(r, "vocab_size", (double)vocab);
-    put_int_key(&b, "max_position_embeddings", "context_length", 0, 1, 1 << 30, &max_pos);
+    gm_put_int_key(&b, "max_position_embeddings", "context_length", 0, 1, 1 << 30, &max_pos);
     double eps;
-    if (get_float_key(&b, "attention.layer_norm_rms_epsilon", &eps) || get_float_key(&b, "attention.layer_norm_epsilon", &eps))
+    if (gm_get_float_key(&b, "attention.layer_norm_rms_epsilon", &eps) ||
+        gm_get_float_key(&b, "attention.layer_norm_epsilon", &eps))
         cJSON_AddNumberToObject(r, "rms_norm_eps", eps);
     head_dim = n_embd / n_head;
-    if (a != GA_DEEPSEEK2) {
-        put_int_key(&b, "num_key_value_heads", "attention.head_count_kv", 0, 1, 100000, NULL);
-        if (put_int_key(&b, NULL, "attention.key_length", 0, 1, 1 << 20, &kl)) {
+    if (!row->gguf_shapes) {
+        gm_put_int_key(&b, "num_key_value_heads", "attention.head_count_kv", 0, 1, 100000, NULL);
+        if (gm_put_int_key(&b, NULL, "attention.key_length", 0, 1, 1 << 20, &kl)) {
             vl = kl;
-            put_int_key(&b, NULL, "attention.value_length", 0, 1, 1 << 20, &vl);
+            gm_put_int_key(&b, NULL, "attention.value_length", 0, 1, 1 << 20, &vl);
             if (vl != kl) {
                 MOE_LOGE("%s: key length %lld differs from value length %lld; only MLA models may do that", v->path,
                          (long long)kl, (long long)vl);
-                fail(&b, MOE_ERR_UNSUPPORTED);
+                gm_fail(&b, MOE_ERR_UNSUPPORTED);
             }
             head_dim = kl;
         }
         cJSON_AddNumberToObject(r, "head_dim", (double)head_dim);
-        put_int_key(&b, "num_local_experts", "expert_count", 1, 1, 1 << 16, NULL);
+        gm_put_int_key(&b, "num_local_experts", "expert_count", 1, 1, 1 << 16, NULL);
     } else {
-        put_deepseek(&b, n_head);
+        row->gguf_shapes(&b, n_head);
     }
-    put_int_key(&b, "num_experts_per_tok", "expert_used_count", 1, 1, 1 << 16, NULL);
+    gm_put_int_key(&b, "num_experts_per_tok", "expert_used_count", 1, 1, 1 << 16, NULL);
     if (b.st) goto done;
-    cJSON_AddBoolToObject(r, "tie_word_embeddings", !has(v, "output.weight"));
-    switch (a) {
-    case GA_LLAMA:
-        put_ff(&b, "intermediate_size", "feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        put_int_key(&b, "sliding_window", "attention.sliding_window", 0, 0, 1 << 30, NULL);
-        break;
-    case GA_QWEN2MOE: {
-        put_ff(&b, "moe_intermediate_size", "expert_feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        put_ff(&b, "intermediate_size", "feed_forward_length", "blk.%d.ffn_gate.weight");
-        if (!cJSON_GetObjectItem(r, "intermediate_size")) cJSON_AddNumberToObject(r, "intermediate_size", 0);
-        put_ff(&b, "shared_expert_intermediate_size", "expert_shared_feed_forward_length", "blk.%d.ffn_up_shexp.weight");
-        if (!cJSON_GetObjectItem(r, "shared_expert_intermediate_size"))
-            cJSON_AddNumberToObject(r, "shared_expert_intermediate_size", 0);
-        cJSON_AddBoolToObject(r, "qkv_bias", has(v, "blk.0.attn_q.bias"));
-        cJSON_AddBoolToObject(r, "use_sliding_window", 0);
-        put_topk_norm(&b, 0);
-        put_dense_layers(&b);
-        break;
-    }
-    case GA_QWEN3MOE:
-        put_ff(&b, "moe_intermediate_size", "expert_feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        put_ff(&b, "intermediate_size", "feed_forward_length", "blk.%d.ffn_gate.weight");
-        cJSON_AddBoolToObject(r, "attention_bias", has(v, "blk.0.attn_q.bias"));
-        cJSON_AddBoolToObject(r, "use_sliding_window", 0);
-        put_topk_norm(&b, 1);
-        put_dense_layers(&b);
-        break;
-    case GA_OLMOE: {
-        double clip;
-        put_ff(&b, "intermediate_size", "expert_feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        if (!cJSON_GetObjectItem(r, "intermediate_size"))
-            put_ff(&b, "intermediate_size", "feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        cJSON_AddBoolToObject(r, "attention_bias", has(v, "blk.0.attn_q.bias"));
-        if (get_float_key(&b, "attention.clamp_kqv", &clip)) cJSON_AddNumberToObject(r, "clip_qkv", clip);
-        put_topk_norm(&b, 0);
-        break;
-    }
-    case GA_PHIMOE:
-        put_ff(&b, "intermediate_size", "feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        cJSON_AddBoolToObject(r, "attention_bias", has(v, "blk.0.attn_q.bias"));
-        cJSON_AddBoolToObject(r, "lm_head_bias", has(v, "output.bias"));
-        put_int_key(&b, "sliding_window", "attention.sliding_window", 0, 0, 1 << 30, NULL);
-        break;
-    case GA_DEEPSEEK2:
-        break;
-    case GA_GPT_OSS:
-        put_ff(&b, "intermediate_size", "expert_feed_forward_length", "blk.%d.ffn_gate_exps.weight");
-        put_gpt_oss(&b);
-        break;
-    }
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", !gm_has(v, "output.weight"));
+    if (row->gguf_config) row->gguf_config(&b);
     if (b.st) goto done;
-    put_rope(&b, a == GA_DEEPSEEK2 ? 0 : head_dim, max_pos);
+    const int mla = row->gguf_shapes != NULL; /* DeepSeek: its own head and rope dims */
+    put_rope(&b, mla ? 0 : head_dim, max_pos, mla);
     put_tokens(&b);
     if (b.st) goto done;
     if (!(v->config_json = cJSON_PrintUnformatted(r))) b.st = MOE_ERR_NOMEM;
@@ -628,9 +414,9 @@ static enum moe_status add_kv_b(struct moe_gguf_model *v, const char *hf, const 
 }
 
 /* layer_name: the transformers name of a per-layer tensor base ("attn_q")
- * for this architecture; NULL for tensors that are not bound by name
+ * for this architecture into out; 0 for tensors that are not bound by name
  * (experts) or unknown. */
-static const char *layer_name(const struct moe_gguf_model *v, const char *base) {
+static int layer_name(const struct moe_gguf_model *v, const char *base, char *out, size_t size) {
     static const struct {
         const char *gguf, *hf;
     } common[] = {
@@ -645,15 +431,18 @@ static const char *layer_name(const struct moe_gguf_model *v, const char *base) 
         {"ffn_gate", "mlp.gate_proj"},           {"ffn_up", "mlp.up_proj"},
         {"ffn_down", "mlp.down_proj"},           {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
     };
+    static const struct {
+        const char *gguf, *hf;
+    } shared[] = {{"ffn_gate_shexp", "gate_proj"}, {"ffn_up_shexp", "up_proj"}, {"ffn_down_shexp", "down_proj"}};
+    const struct arch_row *row = v->row;
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
-        if (!strcmp(base, common[i].gguf)) return common[i].hf;
-    if (!strcmp(base, "ffn_gate_inp"))
-        return v->ga == GA_LLAMA || v->ga == GA_PHIMOE ? "block_sparse_moe.gate" : v->ga == GA_GPT_OSS ? "mlp.router" : "mlp.gate";
-    const int ds = v->ga == GA_DEEPSEEK2;
-    if (!strcmp(base, "ffn_gate_shexp")) return ds ? "mlp.shared_experts.gate_proj" : "mlp.shared_expert.gate_proj";
-    if (!strcmp(base, "ffn_up_shexp")) return ds ? "mlp.shared_experts.up_proj" : "mlp.shared_expert.up_proj";
-    if (!strcmp(base, "ffn_down_shexp")) return ds ? "mlp.shared_experts.down_proj" : "mlp.shared_expert.down_proj";
-    return NULL;
+        if (!strcmp(base, common[i].gguf)) return snprintf(out, size, "%s", common[i].hf) > 0;
+    if (!strcmp(base, "ffn_gate_inp")) return snprintf(out, size, "%s.%s", row->moe_block, row->router_name) > 0;
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
+        if (!strcmp(base, shared[i].gguf))
+            return snprintf(out, size, "%s.%s", row->shared_block ? row->shared_block : "mlp.shared_expert",
+                            shared[i].hf) > 0;
+    return 0;
 }
 
 /* is_expert_part: merged expert tensors and older per-expert ones, bound by
@@ -733,8 +522,8 @@ static enum moe_status map_tensor(struct moe_gguf_model *v, const struct moe_ggu
         snprintf(hf, sizeof hf, "%s.%d.self_attn.kv_b_proj.weight", p, layer);
         return add_kv_b(v, hf, t, vb);
     }
-    const char *name = layer_name(v, base);
-    if (!name) {
+    char name[96];
+    if (!layer_name(v, base, name, sizeof name)) {
         *used = 0;
         return MOE_OK;
     }
@@ -743,8 +532,8 @@ static enum moe_status map_tensor(struct moe_gguf_model *v, const struct moe_ggu
         const int64_t ne[2] = {t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3], 1};
         return add(v, hf, t, t->data, t->type, 2, ne);
     }
-    if (v->ga == GA_LLAMA && !strcmp(base, "attn_q")) return add_unpermuted(v, hf, t, n_head);
-    if (v->ga == GA_LLAMA && !strcmp(base, "attn_k")) return add_unpermuted(v, hf, t, n_head_kv);
+    if (v->row->gguf_qk_permuted && !strcmp(base, "attn_q")) return add_unpermuted(v, hf, t, n_head);
+    if (v->row->gguf_qk_permuted && !strcmp(base, "attn_k")) return add_unpermuted(v, hf, t, n_head_kv);
     return add_plain(v, hf, t);
 }
 
@@ -756,9 +545,9 @@ static int cmp_entry(const void *a, const void *b) {
 /* build_table: every bound tensor under its transformers name. */
 static enum moe_status build_table(struct moe_gguf_model *v) {
     int64_t n_head = 0, n_head_kv = 0;
-    kv_scalar_int(v, akv(v, "attention.head_count"), &n_head);
+    gm_kv_int(v, gm_akv(v, "attention.head_count"), &n_head);
     n_head_kv = n_head;
-    kv_scalar_int(v, akv(v, "attention.head_count_kv"), &n_head_kv);
+    gm_kv_int(v, gm_akv(v, "attention.head_count_kv"), &n_head_kv);
     size_t unused = 0;
     const char *first = NULL;
     for (size_t i = 0; i < moe_gguf_n_tensors(v->g); i++) {
@@ -783,7 +572,8 @@ static enum moe_status build_table(struct moe_gguf_model *v) {
 /* ------------------------------------------------------------------------- */
 /* open / experts                                                             */
 
-/* pick_arch: general.architecture and, for deepseek2, V2 or V3. */
+/* pick_arch: general.architecture's row, refined or refused by the family
+ * (deepseek2: V2 or V3; llama: only with experts). */
 static enum moe_status pick_arch(struct moe_gguf_model *v) {
     const struct moe_gguf_kv *kv = moe_gguf_find_kv(v->g, "general.architecture");
     struct moe_gguf_str s;
@@ -791,47 +581,28 @@ static enum moe_status pick_arch(struct moe_gguf_model *v) {
         MOE_LOGE("%s: general.architecture is missing or not a string", v->path);
         return MOE_ERR_FORMAT;
     }
-    int found = 0;
-    for (size_t i = 0; i < sizeof k_garch / sizeof k_garch[0]; i++)
-        if (strlen(k_garch[i].name) == s.n && !memcmp(k_garch[i].name, s.p, s.n)) {
-            v->ga = k_garch[i].a;
-            snprintf(v->arch, sizeof v->arch, "%s", k_garch[i].name);
-            found = 1;
-        }
-    if (!found) {
-        MOE_LOGE("%s: GGUF architecture \"%.*s\" is not supported (supported: llama with experts (Mixtral), qwen2moe, "
-                 "qwen3moe, olmoe, phimoe, deepseek2, gpt-oss)",
-                 v->path, (int)(s.n > 40 ? 40 : s.n), s.p);
+    if (!(v->row = arch_by_gguf(s.p, s.n))) {
+        char list[256];
+        arch_list(1, list, sizeof list);
+        MOE_LOGE("%s: GGUF architecture \"%.*s\" is not supported (supported: %s; llama only with experts, as "
+                 "Mixtral)",
+                 v->path, (int)(s.n > 40 ? 40 : s.n), s.p, list);
         return MOE_ERR_UNSUPPORTED;
     }
+    snprintf(v->arch, sizeof v->arch, "%s", v->row->gguf_name);
     int64_t x = 0;
-    if (kv_scalar_int(v, moe_gguf_find_kv(v->g, "split.count"), &x) == 1 && x > 1) {
+    if (gm_kv_int(v, moe_gguf_find_kv(v->g, "split.count"), &x) == 1 && x > 1) {
         MOE_LOGE("%s: this is part of a GGUF split into %lld files, which is not read; merge the parts first "
                  "(llama.cpp: llama-gguf-split --merge FIRST-PART OUT.gguf)",
                  v->path, (long long)x);
         return MOE_ERR_UNSUPPORTED;
     }
-    if (kv_scalar_int(v, akv(v, "block_count"), &x) != 1 || x < 1 || x > 100000) {
+    if (gm_kv_int(v, gm_akv(v, "block_count"), &x) != 1 || x < 1 || x > 100000) {
         MOE_LOGE("%s: %s.block_count is missing or out of range", v->path, v->arch);
         return MOE_ERR_FORMAT;
     }
     v->n_layer = (int)x;
-    if (v->ga == GA_LLAMA && (kv_scalar_int(v, akv(v, "expert_count"), &x) != 1 || x < 1)) {
-        MOE_LOGE("%s: a llama GGUF without %s.expert_count is a dense model, not a mixture of experts", v->path, v->arch);
-        return MOE_ERR_UNSUPPORTED;
-    }
-    if (v->ga == GA_DEEPSEEK2) {
-        int64_t gating = 0;
-        int r = kv_scalar_int(v, akv(v, "expert_gating_func"), &gating);
-        if (r < 0) return MOE_ERR_FORMAT;
-        if (r == 0) gating = has(v, "blk.%d.exp_probs_b.bias", v->n_layer - 1) ? 2 : 1;
-        if (gating != 1 && gating != 2) {
-            MOE_LOGE("%s: deepseek2.expert_gating_func %lld is not supported (1 softmax: V2, 2 sigmoid: V3)", v->path,
-                     (long long)gating);
-            return MOE_ERR_UNSUPPORTED;
-        }
-        v->deepseek_v3 = gating == 2;
-    }
+    if (v->row->gguf_check) return v->row->gguf_check(v);
     return MOE_OK;
 }
 

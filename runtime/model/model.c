@@ -9,6 +9,11 @@
  * float32 copies the model owns (4 bytes per weight), so every later stage sees
  * an ordinary f32 checkpoint. moe_model_repack copies q4_k matrices into the
  * CPU kernels' interleaved layout on request.
+ *
+ * The names that differ by architecture (the MoE block, the router, the
+ * experts' and the shared expert's) come from its row of the architecture
+ * table (arch.c); a family with its own expert layout binds it in its file
+ * (arch-gpt-oss.c: merged, MXFP4).
  */
 #define _GNU_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include <math.h>
@@ -20,6 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "arch-impl.h"
 #include "moe-bundle.h"
 #include "moe-file.h"
 #include "moe-gguf-model.h"
@@ -43,32 +49,8 @@ struct moe_model_impl {
     pthread_mutex_t lock;      /* guards expert_base / owned for moe_model_expert */
 };
 
-/* A tensor as a source (checkpoint or bundle) describes it. */
-struct src_tensor {
-    const void *data;
-    uint64_t size;   /* bytes the source stores for it (views are checked against it) */
-    size_t index;    /* position in the source's tensor table (see bind.used) */
-    enum moe_qtype type;
-    int n_dims;
-    int64_t shape[8];
-    int raw_u8;   /* raw bytes (safetensors U8: packed MXFP4 blocks or scales), not a weight */
-};
-
-/* Binding context: where tensors come from, and the path for messages.
- * find() returns 1 and fills *t if the source has `name`. */
-struct bind {
-    int (*find)(const struct bind *b, const char *name, struct src_tensor *t);
-    const void *src;       /* the moe_safetensors or moe_bundle */
-    const char *path;
-    struct moe_model *m;   /* refs of non-expert tensors are recorded here */
-    /* bundles bind routed experts from blobs; NULL = by tensor name */
-    enum moe_status (*bind_expert)(const struct bind *b, int layer, int expert, struct moe_ffn *out);
-    unsigned char *used;   /* [source tensor count]: set when a tensor is bound */
-    float *const *deq;     /* safetensors: [source tensor count] float32 copies of block-scaled FP8
-                            * weights (NULL entries for other tensors); NULL = none */
-};
-
-static int has_tensor(const struct bind *b, const char *name) {
+/* bind_has_tensor: 1 if the source has `name`. */
+int bind_has_tensor(const struct bind *b, const char *name) {
     struct src_tensor t;
     return b->find(b, name, &t);
 }
@@ -90,11 +72,11 @@ static enum moe_status record(const struct bind *b, const char *name, enum moe_t
     return MOE_OK;
 }
 
-/* find_tensor: look up `name` and check its dims, its kind (raw bytes, U8,
- * or a weight type) and that the view lies inside what the source stores (a
- * directory entry may keep a tensor's shape while its stored bytes are fewer). */
-static enum moe_status find_tensor(const struct bind *b, const char *name, int n_dims, const int64_t *dims, int raw_u8,
-                                   struct src_tensor *t) {
+/* bind_find_tensor: look up `name` and check its dims, its kind (raw bytes,
+ * U8, or a weight type) and that the view lies inside what the source stores
+ * (a directory entry may keep a tensor's shape while its stored bytes are fewer). */
+enum moe_status bind_find_tensor(const struct bind *b, const char *name, int n_dims, const int64_t *dims, int raw_u8,
+                                 struct src_tensor *t) {
     if (!b->find(b, name, t)) {
         MOE_LOGE("%s: missing tensor \"%s\"", b->path, name);
         return MOE_ERR_NOT_FOUND;
@@ -136,10 +118,10 @@ static enum moe_status find_tensor(const struct bind *b, const char *name, int n
     return MOE_OK;
 }
 
-/* find_shape: a weight tensor of exactly the given shape. */
-static enum moe_status find_shape(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
-                                  struct src_tensor *t) {
-    return find_tensor(b, name, n_dims, dims, 0, t);
+/* bind_find_shape: a weight tensor of exactly the given shape. */
+enum moe_status bind_find_shape(const struct bind *b, const char *name, int n_dims, const int64_t *dims,
+                                struct src_tensor *t) {
+    return bind_find_tensor(b, name, n_dims, dims, 0, t);
 }
 
 /* bind_weight: a [n_out x n_in] weight view of tensor `name`. */
@@ -147,7 +129,7 @@ static enum moe_status bind_weight(const struct bind *b, struct moe_weight *w, i
                                    const char *name, enum moe_tensor_role role) {
     struct src_tensor t;
     int64_t dims[2] = {n_out, n_in};
-    enum moe_status st = find_shape(b, name, 2, dims, &t);
+    enum moe_status st = bind_find_shape(b, name, 2, dims, &t);
     if (st) return st;
     *w = (struct moe_weight){t.data, t.type, n_out, n_in};
     return role == MOE_ROLE_EXPERT ? MOE_OK : record(b, name, role, 2, *w);
@@ -180,9 +162,9 @@ static enum moe_status bind_vector(const struct bind *b, float **out, int64_t n,
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     *out = NULL;
-    if (optional && !has_tensor(b, name)) return MOE_OK;
+    if (optional && !bind_has_tensor(b, name)) return MOE_OK;
     struct src_tensor t;
-    enum moe_status st = find_shape(b, name, 1, &n, &t);
+    enum moe_status st = bind_find_shape(b, name, 1, &n, &t);
     if (st) return st;
     float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
     if (!v) return MOE_ERR_NOMEM;
@@ -226,9 +208,9 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_ffn *
     int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
     int64_t d1[3] = {E, 2 * F, H}, d2[3] = {E, H, F};
     snprintf(name, sizeof name, "%sexperts.gate_up_proj", prefix);
-    if ((st = find_shape(b, name, 3, d1, &gu))) return st;
+    if ((st = bind_find_shape(b, name, 3, d1, &gu))) return st;
     snprintf(name, sizeof name, "%sexperts.down_proj", prefix);
-    if ((st = find_shape(b, name, 3, d2, &dn))) return st;
+    if ((st = bind_find_shape(b, name, 3, d2, &dn))) return st;
     size_t gu_row = moe_qtype_row_bytes(gu.type, H), dn_row = moe_qtype_row_bytes(dn.type, F);
     for (int64_t e = 0; e < E; e++) {
         const char *base = (const char *)gu.data + (size_t)(e * 2 * F) * gu_row;
@@ -239,180 +221,18 @@ static enum moe_status bind_fused_experts(const struct bind *b, struct moe_ffn *
     return MOE_OK;
 }
 
-static enum moe_status own(struct moe_model_impl *mi, void *p);
-
-/* gpt_oss_bias: expert e's biases as gate | up | down floats (gate_up_proj_bias
- * [E, 2F] alternates gate and up; down_proj_bias [E, H]); row: 2F floats of scratch. */
-static enum moe_status gpt_oss_bias(const struct src_tensor *gub, const struct src_tensor *dnb, int64_t e, int64_t F,
-                                    int64_t H, float *row, float *bias) {
-    const size_t gbs = moe_qtype_row_bytes(gub->type, 2 * F), dbs = moe_qtype_row_bytes(dnb->type, H);
-    enum moe_status st = moe_dequantize_row(gub->type, (const char *)gub->data + (size_t)e * gbs, row, 2 * F);
-    if (!st) st = moe_dequantize_row(dnb->type, (const char *)dnb->data + (size_t)e * dbs, bias + 2 * F, H);
-    for (int64_t f = 0; !st && f < F; f++) bias[f] = row[2 * f], bias[F + f] = row[2 * f + 1];
-    return st;
-}
-
-/* mxfp4_repack_row: one weight row of n_in values from OpenAI's MXFP4 layout
- * (n_in/32 blocks of 16 bytes, byte j = element 2j low nibble, 2j+1 high;
- * a separate e8m0 scale per block) into ggml's (moe_block_mxfp4: the scale,
- * then byte j = element j low, j+16 high). The codes and scales are kept:
- * the same values bit for bit, no requantization. */
-static void mxfp4_repack_row(const uint8_t *blocks, const uint8_t *scales, int64_t n_in, uint8_t *out) {
-    for (int64_t g = 0; g < n_in / 32; g++, blocks += 16, out += sizeof(moe_block_mxfp4)) {
-        uint8_t q[32];
-        for (int j = 0; j < 16; j++) q[2 * j] = blocks[j] & 15, q[2 * j + 1] = blocks[j] >> 4;
-        out[0] = scales[g];
-        for (int j = 0; j < 16; j++) out[1 + j] = (uint8_t)(q[j] | q[j + 16] << 4);
-    }
-}
-
-/* split_gpt_oss: expert e's gate, up and down of gpt-oss's merged layout
- * (gate_up [E, H, 2F] with gate and up in alternate columns, down [E, F, H],
- * both x @ W) as row-major [F x H], [F x H], [H x F] copies in the stored
- * element type; biases (gate_up [E, 2F] alternating, down [E, H]) as one
- * float block gate | up | down. */
-static enum moe_status split_gpt_oss(const struct bind *b, const struct src_tensor *gu, const struct src_tensor *dn,
-                                     const struct src_tensor *gub, const struct src_tensor *dnb, int64_t e, int64_t F,
-                                     int64_t H, struct moe_ffn *out) {
-    struct moe_model_impl *mi = b->m->impl;
-    const size_t es = moe_qtype_row_bytes(gu->type, 1), ed = moe_qtype_row_bytes(dn->type, 1);
-    char *g = malloc((size_t)(F * H) * es), *u = malloc((size_t)(F * H) * es), *d = malloc((size_t)(H * F) * ed);
-    float *bias = malloc(sizeof(float) * (size_t)(2 * F + H)), *row = malloc(sizeof(float) * (size_t)(2 * F + H));
-    enum moe_status st = g && u && d && bias && row ? MOE_OK : MOE_ERR_NOMEM;
-    const char *src = (const char *)gu->data + (size_t)(e * H * 2 * F) * es;
-    for (int64_t i = 0; !st && i < H; i++) /* column 2f of row i is gate[f][i], 2f+1 up[f][i] */
-        for (int64_t f = 0; f < F; f++) {
-            memcpy(g + (size_t)(f * H + i) * es, src + (size_t)(i * 2 * F + 2 * f) * es, es);
-            memcpy(u + (size_t)(f * H + i) * es, src + (size_t)(i * 2 * F + 2 * f + 1) * es, es);
-        }
-    src = (const char *)dn->data + (size_t)(e * F * H) * ed;
-    for (int64_t f = 0; !st && f < F; f++)
-        for (int64_t i = 0; i < H; i++) memcpy(d + (size_t)(i * F + f) * ed, src + (size_t)(f * H + i) * ed, ed);
-    if (!st) st = gpt_oss_bias(gub, dnb, e, F, H, row, bias);
-    free(row);
-    if (st) {
-        free(g), free(u), free(d), free(bias);
-        return st;
-    }
-    void *bufs[4] = {g, u, d, bias};
-    for (int k = 0; k < 4; k++)
-        if ((st = own(mi, bufs[k]))) { /* own() freed bufs[k]; the rest are not kept either */
-            for (int r = k + 1; r < 4; r++) free(bufs[r]);
-            return st;
-        }
-    out->gate = (struct moe_weight){g, gu->type, F, H};
-    out->up = (struct moe_weight){u, gu->type, F, H};
-    out->down = (struct moe_weight){d, dn->type, H, F};
-    out->bias = bias;
-    return MOE_OK;
-}
-
-/* bind_gpt_oss_mxfp4: the experts of one layer of a released gpt-oss
- * checkpoint (MXFP4 `_blocks` and `_scales`, rows = output features, gate and
- * up rows alternating), repacked into mxfp4 weights the model owns. */
-static enum moe_status bind_gpt_oss_mxfp4(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
-                                          const char *prefix) {
-    const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
-    if (H % 32 || F % 32) {
-        MOE_LOGE("%s: MXFP4 experts need hidden_size (%lld) and intermediate_size (%lld) divisible by 32", b->path,
-                 (long long)H, (long long)F);
-        return MOE_ERR_SHAPE;
-    }
-    char name[256];
-    struct src_tensor gb, gs, db, ds, gub, dnb;
-    enum moe_status st;
-    const int64_t d_gb[4] = {E, 2 * F, H / 32, 16}, d_gs[3] = {E, 2 * F, H / 32}, d_db[4] = {E, H, F / 32, 16},
-                  d_ds[3] = {E, H, F / 32}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
-    if ((st = find_tensor(b, name, 4, d_gb, 1, &gb))) return st;
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj_scales", prefix);
-    if ((st = find_tensor(b, name, 3, d_gs, 1, &gs))) return st;
-    snprintf(name, sizeof name, "%sexperts.down_proj_blocks", prefix);
-    if ((st = find_tensor(b, name, 4, d_db, 1, &db))) return st;
-    snprintf(name, sizeof name, "%sexperts.down_proj_scales", prefix);
-    if ((st = find_tensor(b, name, 3, d_ds, 1, &ds))) return st;
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
-    if ((st = find_shape(b, name, 2, b1, &gub))) return st;
-    snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);
-    if ((st = find_shape(b, name, 2, b2, &dnb))) return st;
-    const size_t rh = moe_qtype_row_bytes(MOE_QTYPE_MXFP4, H), rf = moe_qtype_row_bytes(MOE_QTYPE_MXFP4, F);
-    float *row = malloc(sizeof(float) * (size_t)(2 * F));
-    if (!row) return MOE_ERR_NOMEM;
-    for (int64_t e = 0; e < E && !st; e++) {
-        uint8_t *g = malloc(rh * (size_t)F), *u = malloc(rh * (size_t)F), *d = malloc(rf * (size_t)H);
-        float *bias = malloc(sizeof(float) * (size_t)(2 * F + H));
-        st = g && u && d && bias ? MOE_OK : MOE_ERR_NOMEM;
-        const uint8_t *blk = (const uint8_t *)gb.data + (size_t)(e * 2 * F) * (size_t)(H / 2),
-                      *sc = (const uint8_t *)gs.data + (size_t)(e * 2 * F) * (size_t)(H / 32);
-        for (int64_t f = 0; !st && f < F; f++) {
-            mxfp4_repack_row(blk + (size_t)(2 * f) * (size_t)(H / 2), sc + (size_t)(2 * f) * (size_t)(H / 32), H,
-                             g + (size_t)f * rh);
-            mxfp4_repack_row(blk + (size_t)(2 * f + 1) * (size_t)(H / 2), sc + (size_t)(2 * f + 1) * (size_t)(H / 32),
-                             H, u + (size_t)f * rh);
-        }
-        blk = (const uint8_t *)db.data + (size_t)(e * H) * (size_t)(F / 2);
-        sc = (const uint8_t *)ds.data + (size_t)(e * H) * (size_t)(F / 32);
-        for (int64_t i = 0; !st && i < H; i++)
-            mxfp4_repack_row(blk + (size_t)i * (size_t)(F / 2), sc + (size_t)i * (size_t)(F / 32), F, d + (size_t)i * rf);
-        if (!st) st = gpt_oss_bias(&gub, &dnb, e, F, H, row, bias);
-        void *bufs[4] = {g, u, d, bias};
-        if (st) {
-            for (int k = 0; k < 4; k++) free(bufs[k]);
-            break;
-        }
-        for (int k = 0; k < 4 && !st; k++)
-            if ((st = own(b->m->impl, bufs[k])))
-                for (int r = k + 1; r < 4; r++) free(bufs[r]);
-        if (st) break;
-        experts[e].gate = (struct moe_weight){g, MOE_QTYPE_MXFP4, F, H};
-        experts[e].up = (struct moe_weight){u, MOE_QTYPE_MXFP4, F, H};
-        experts[e].down = (struct moe_weight){d, MOE_QTYPE_MXFP4, H, F};
-        experts[e].bias = bias;
-    }
-    free(row);
-    return st;
-}
-
-/* bind_gpt_oss_experts: every expert of one gpt-oss MoE layer, split from the
- * merged tensors (float, or MXFP4 blocks) into copies the model owns. */
-static enum moe_status bind_gpt_oss_experts(const struct bind *b, struct moe_ffn *experts, const struct moe_config *c,
-                                            const char *prefix) {
-    char name[256];
-    struct src_tensor gu, dn, gub, dnb;
-    enum moe_status st;
-    const int64_t E = c->n_expert, F = c->n_ff_expert, H = c->n_embd;
-    const int64_t d1[3] = {E, H, 2 * F}, d2[3] = {E, F, H}, b1[2] = {E, 2 * F}, b2[2] = {E, H};
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", prefix);
-    if (has_tensor(b, name)) return bind_gpt_oss_mxfp4(b, experts, c, prefix);
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj", prefix);
-    if ((st = find_shape(b, name, 3, d1, &gu))) return st;
-    snprintf(name, sizeof name, "%sexperts.down_proj", prefix);
-    if ((st = find_shape(b, name, 3, d2, &dn))) return st;
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj_bias", prefix);
-    if ((st = find_shape(b, name, 2, b1, &gub))) return st;
-    snprintf(name, sizeof name, "%sexperts.down_proj_bias", prefix);
-    if ((st = find_shape(b, name, 2, b2, &dnb))) return st;
-    if (moe_qtype_block_size(gu.type) != 1 || moe_qtype_block_size(dn.type) != 1) {
-        MOE_LOGE("%s: %sexperts: merged expert tensors must be f32, f16 or bf16", b->path, prefix);
-        return MOE_ERR_UNSUPPORTED;
-    }
-    for (int64_t e = 0; e < E; e++)
-        if ((st = split_gpt_oss(b, &gu, &dn, &gub, &dnb, e, F, H, &experts[e]))) return st;
-    return MOE_OK;
-}
-
 /* bind_moe: router, experts and shared expert of one MoE layer. */
 static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
                                 const struct moe_config *c, int l) {
     enum moe_status st;
+    const struct arch_row *row = arch_row(c->arch);
     char prefix[128];
-    const int mixtral_names = c->arch == MOE_ARCH_MIXTRAL || c->arch == MOE_ARCH_PHIMOE;
-    snprintf(prefix, sizeof prefix, "model.layers.%d.%s", l, mixtral_names ? "block_sparse_moe." : "mlp.");
+    snprintf(prefix, sizeof prefix, "model.layers.%d.%s.", l, row->moe_block);
     char probe[256];
-    snprintf(probe, sizeof probe, "%sgate.weight", prefix);
-    if (mixtral_names && !has_tensor(b, probe)) /* v5-native spelling */
+    snprintf(probe, sizeof probe, "%s%s.weight", prefix, row->router_name);
+    if (strcmp(row->moe_block, "mlp") && !bind_has_tensor(b, probe)) /* v5-native spelling */
         snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.", l);
-    const char *router = c->arch == MOE_ARCH_GPT_OSS ? "router" : "gate";
+    const char *router = row->router_name;
     if ((st = bind_named(b, &L->router, c->n_expert, c->n_embd, MOE_ROLE_ROUTER, "%s%s.weight", prefix, router)))
         return st;
     if (c->router_bias && (st = bind_vector(b, &L->router_b, c->n_expert, 0, "%s%s.bias", prefix, router))) return st;
@@ -421,18 +241,17 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
     if (b->bind_expert) { /* bundle: one blob per expert */
         for (int e = 0; e < c->n_expert && !b->m->impl->lazy; e++)
             if ((st = b->bind_expert(b, l, e, &experts[e]))) return st;
-    } else if (c->arch == MOE_ARCH_GPT_OSS) {
-        if ((st = bind_gpt_oss_experts(b, experts, c, prefix))) return st;
-    } else if (has_tensor(b, probe)) {
+    } else if (row->bind_experts) { /* the family's own layout */
+        if ((st = row->bind_experts(b, experts, c, prefix))) return st;
+    } else if (bind_has_tensor(b, probe)) {
         if ((st = bind_fused_experts(b, experts, c, prefix))) return st;
     } else {
         for (int e = 0; e < c->n_expert; e++) {
             char ep[160];
             snprintf(ep, sizeof ep, "%sexperts.%d.", prefix, e);
-            st = mixtral_names ? bind_ffn(b, &experts[e], c->n_embd, c->n_ff_expert, ep, "w1", "w3", "w2", 1)
-                               : bind_ffn(b, &experts[e], c->n_embd, c->n_ff_expert, ep,
-                                          "gate_proj", "up_proj", "down_proj", 1);
-            if (st) return st;
+            if ((st = bind_ffn(b, &experts[e], c->n_embd, c->n_ff_expert, ep, row->expert_ffn[0], row->expert_ffn[1],
+                               row->expert_ffn[2], 1)))
+                return st;
         }
     }
     if (c->router == MOE_ROUTER_SIGMOID_GROUP &&
@@ -440,7 +259,7 @@ static enum moe_status bind_moe(const struct bind *b, struct moe_layer *L,
         return st;
     if (c->n_ff_shared > 0) {
         char sp[160];
-        snprintf(sp, sizeof sp, "%s%s", prefix, c->shared_gated ? "shared_expert." : "shared_experts.");
+        snprintf(sp, sizeof sp, "model.layers.%d.%s.", l, row->shared_block ? row->shared_block : "mlp.shared_expert");
         if ((st = bind_ffn(b, &L->shared, c->n_embd, c->n_ff_shared, sp, "gate_proj", "up_proj",
                            "down_proj", 0)))
             return st;
@@ -542,7 +361,7 @@ static enum moe_status bind_all(const struct bind *b, struct moe_model *m) {
     if ((st = bind_vector(b, &m->out_norm, c->n_embd, 0, "model.norm.weight"))) return st;
     if (c->norm == MOE_NORM_LAYER && (st = bind_vector(b, &m->out_norm_b, c->n_embd, 0, "model.norm.bias")))
         return st;
-    if (c->tie_embeddings && !has_tensor(b, "lm_head.weight")) {
+    if (c->tie_embeddings && !bind_has_tensor(b, "lm_head.weight")) {
         m->lm_head = m->tok_embd;
     } else if ((st = bind_named(b, &m->lm_head, c->n_vocab, c->n_embd, MOE_ROLE_MATRIX, "lm_head.weight"))) {
         return st;
@@ -569,7 +388,7 @@ static int st_find(const struct bind *b, const char *name, struct src_tensor *t)
     t->raw_u8 = x->dtype == MOE_DTYPE_U8;
     if (x->dtype == MOE_DTYPE_F8_E4M3) { /* its float32 copy (fp8_dequantize_all made one for every FP8 tensor) */
         t->data = b->deq ? b->deq[t->index] : NULL;
-        t->size = t->data ? (uint64_t)x->n_elements * sizeof(float) : 0; /* find_shape rejects a size of 0 */
+        t->size = t->data ? (uint64_t)x->n_elements * sizeof(float) : 0; /* bind_find_shape rejects a size of 0 */
     }
     t->n_dims = x->n_dims;
     for (int i = 0; i < x->n_dims; i++) t->shape[i] = x->shape[i];
@@ -685,7 +504,7 @@ static enum moe_status fp8_dequantize_all(const char *path, const struct moe_saf
             return MOE_ERR_NOT_FOUND;
         }
         enum moe_status st = fp8_dequantize_one(path, x, s, c->fp8_block, &deq[i]);
-        if (!st) st = own(mi, deq[i]);
+        if (!st) st = bind_own(mi, deq[i]);
         if (st) {
             deq[i] = NULL;
             return st;
@@ -870,12 +689,12 @@ static int bundle_find(const struct bind *b, const char *name, struct src_tensor
     t->raw_u8 = 0;
     t->n_dims = (int)x->n_dims;
     for (uint32_t i = 0; i < x->n_dims; i++) t->shape[i] = (int64_t)x->shape[i];
-    if (!moe_qtype_valid(t->type)) t->n_dims = -1; /* find_shape reports it */
+    if (!moe_qtype_valid(t->type)) t->n_dims = -1; /* bind_find_shape reports it */
     return 1;
 }
 
-/* own: keep a buffer alive as long as the model. */
-static enum moe_status own(struct moe_model_impl *mi, void *p) {
+/* bind_own: keep a buffer alive as long as the model. */
+enum moe_status bind_own(struct moe_model_impl *mi, void *p) {
     void **o = realloc(mi->owned, sizeof *o * (size_t)(mi->n_owned + 1));
     if (!o) {
         free(p);
@@ -941,7 +760,7 @@ static enum moe_status expert_base(const struct moe_model *m, int layer, int exp
             free(buf);
             return st;
         }
-        if ((st = own(mi, buf))) return st;
+        if ((st = bind_own(mi, buf))) return st;
         base = buf;
     }
     mi->expert_base[slot] = base;
@@ -1403,7 +1222,7 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
          * kernels stream the weights (advice only: failure changes nothing) */
         if (total >= huge) (void)madvise(buf, total & ~(huge - 1), MADV_HUGEPAGE);
 #endif
-        st = own(m->impl, buf);
+        st = bind_own(m->impl, buf);
     }
     if (total == 0 || st) {
         free(w), free(dst), free(to);

@@ -29,6 +29,7 @@ enum moe_arch {
     MOE_ARCH_DEEPSEEK_V2 = 5,
     MOE_ARCH_DEEPSEEK_V3 = 6,
     MOE_ARCH_GPT_OSS = 7,
+    MOE_ARCH_COUNT /* the number of architectures, not one (runtime/model/arch-impl.h: adding one) */
 };
 
 enum moe_ffn_act {
