@@ -22,6 +22,8 @@
 #   offload   the inflated bundle with --expert-mem = 25 % of the q8_0 expert
 #             bytes and the defaults otherwise (direct I/O, the bundle's
 #             fitted policy and thresholds), page cache dropped before each run
+#   lru       the same budget with plain LRU, no dynamic precision, no
+#             prefetch, every copy q8_0 (bench-offload.sh's baseline a)
 # Every round runs each configuration with both builds, the order alternating
 # between rounds (ABBA). Before timing, each configuration's logits from the
 # two builds are compared byte for byte (--logits-out): a refactor that
@@ -29,7 +31,10 @@
 #
 # Prints, per configuration: median decode and prompt tokens/s of each build,
 # new/old (ratio of the medians and median of the per-round ratios), and the
-# offloaded runs' bytes read and stall per decoded token. Results:
+# offloaded runs' bytes read and stall per decoded token. The tiny model's
+# decode steps take tens of microseconds: with -t 2 its figures move with the
+# adaptive thread mode and the machine's state; -t 1 (or callgrind's
+# instruction counts) compares it better. Results:
 # $WORK/ab/*.json (--stats-json), $WORK/ab/results.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -81,6 +86,7 @@ opts() {
     tiny) echo "-m $tiny" ;;
     resident) echo "-m $bundle --expert-precision q8_0" ;;
     offload) echo "-m $bundle --expert-mem $budget" ;;
+    lru) echo "-m $bundle --expert-mem $budget --policy lru --dynamic off --prefetch off --high q8_0" ;;
   esac
 }
 # prompt_of I: the first 400 bytes of held-out prompt I (mod 4), as a file.
@@ -93,10 +99,10 @@ drop_cache() { dd if="$bundle" iflag=nocache count=0 status=none 2>/dev/null || 
 warm_cache() { cat "$bundle" >/dev/null; }
 
 echo "== logits: old and new, byte for byte"
-for c in tiny resident offload; do
+for c in tiny resident offload lru; do
   for side in old new; do
     b=$old; [ $side = new ] && b=$new
-    [ $c = offload ] && drop_cache
+    case $c in offload|lru) drop_cache ;; esac
     # shellcheck disable=SC2046 # opts is a word list
     "$b/moe-run" $(opts $c) -f "$(prompt_of 0)" -n 8 --ignore-eos -t "$threads" --logits-out "$out/logits-$c-$side.f32" \
       >/dev/null 2>"$out/logits-$c-$side.log"
@@ -110,11 +116,11 @@ tsv=$out/results.tsv
 printf 'round\tconfig\tbuild\tprompt\tdecode_tps\tprompt_tps\tbytes_per_decode_token\tstall_s_per_decode_token\n' >"$tsv"
 for r in $(seq 1 "$rounds"); do
   order="old new"; [ $(( r % 2 )) -eq 0 ] && order="new old"
-  for c in tiny resident offload; do
+  for c in tiny resident offload lru; do
     for side in $order; do
       b=$old; [ $side = new ] && b=$new
       p=$(prompt_of "$r")
-      if [ $c = offload ]; then drop_cache; else warm_cache; fi
+      case $c in offload|lru) drop_cache ;; *) warm_cache ;; esac
       j=$out/r$r-$c-$side.json
       # shellcheck disable=SC2046
       "$b/moe-run" $(opts $c) -f "$p" -n "$n_predict" --ignore-eos -t "$threads" --stats-json "$j" >/dev/null 2>"$out/r$r-$c-$side.log"
@@ -137,13 +143,13 @@ rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 med = statistics.median
 print("\n%-9s %12s %12s %8s %10s | %12s %12s %8s | %s" % ("config", "decode old", "decode new", "new/old", "per-round",
       "prompt old", "prompt new", "new/old", "MB read / stall ms per decode token (old -> new)"))
-for c in ("tiny", "resident", "offload"):
+for c in ("tiny", "resident", "offload", "lru"):
     d = {b: [float(r["decode_tps"]) for r in rows if r["config"] == c and r["build"] == b] for b in ("old", "new")}
     p = {b: [float(r["prompt_tps"]) for r in rows if r["config"] == c and r["build"] == b] for b in ("old", "new")}
     per = [float(n["decode_tps"]) / float(o["decode_tps"]) for o in rows for n in rows
            if o["config"] == n["config"] == c and o["round"] == n["round"] and o["build"] == "old" and n["build"] == "new"]
     extra = ""
-    if c == "offload":
+    if c in ("offload", "lru"):
         mb = {b: med([float(r["bytes_per_decode_token"]) for r in rows if r["config"] == c and r["build"] == b]) / 1e6 for b in ("old", "new")}
         st = {b: med([float(r["stall_s_per_decode_token"]) for r in rows if r["config"] == c and r["build"] == b]) * 1e3 for b in ("old", "new")}
         extra = "%.1f -> %.1f MB, %.1f -> %.1f ms" % (mb["old"], mb["new"], st["old"], st["new"])

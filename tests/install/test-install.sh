@@ -44,6 +44,7 @@ model=$src/tests/fixtures/models/olmoe-f32
     { cat "$tmp/quantize.log"; exit 1; }
 out=$("$tmp/hello-moe" "$model" "$tmp/olmoe.moeb")
 expect="layers 2 experts 5
+backend cpu, logits finite
 bundle ok
 bundle layers 2 experts 5 precisions 2"
 if [ "$out" != "$expect" ]; then
