@@ -72,9 +72,22 @@ enum moe_status moe_bundle_writer_open(const char *final_path, struct moe_bundle
         MOE_LOGE("empty output path");
         return MOE_ERR_INVALID;
     }
+    /* the output rule (moe-file.h): a bundle is written at offsets and renamed,
+     * so it needs a regular file; a symlink to one keeps the link */
+    if (moe_output_check(final_path, 0) != MOE_OK) return MOE_ERR_INVALID;
+    struct stat lst, fst;
+    char *resolved = NULL;
+    if (lstat(final_path, &lst) == 0 && S_ISLNK(lst.st_mode) && stat(final_path, &fst) == 0 &&
+        (resolved = realpath(final_path, NULL)) != NULL)
+        final_path = resolved;
+    moe_tmp_sweep(final_path);
     struct moe_bundle_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(final_path);
-    if (!w) goto nomem;
+    if (!w) {
+        MOE_LOGE("%s: out of memory", final_path);
+        free(resolved);
+        return MOE_ERR_NOMEM;
+    }
     w->fd = -1;
     w->dfd = -1;
     if (pthread_mutex_init(&w->mu, NULL) != 0) {
@@ -95,11 +108,13 @@ enum moe_status moe_bundle_writer_open(const char *final_path, struct moe_bundle
         rc = MOE_ERR_IO;
         goto fail;
     }
+    moe_tmp_track(w->tmp_path); /* removed on a fatal signal (moe_file_cleanup_on_signals) */
     /* Large blobs bypass the page cache (see direct_write); a file system
      * without O_DIRECT just keeps every write buffered. */
     const char *env = getenv("MOE_BUNDLE_DIRECT");
     if (!(env && strcmp(env, "0") == 0)) w->dfd = open(w->tmp_path, O_WRONLY | O_CLOEXEC | O_DIRECT);
     w->cursor = PAGE;
+    free(resolved);
     *out = w;
     return MOE_OK;
 fail_nomem:
@@ -108,9 +123,11 @@ fail:
     free(w->tmp_path);
     w->tmp_path = NULL; /* nothing was created: free must not unlink */
     moe_bundle_writer_free(w);
+    free(resolved);
     return rc;
 nomem:
     MOE_LOGE("%s: out of memory", final_path);
+    free(resolved);
     return MOE_ERR_NOMEM;
 }
 
@@ -121,6 +138,7 @@ void moe_bundle_writer_abort(struct moe_bundle_writer *w) {
     if (w->dfd >= 0) close(w->dfd);
     w->fd = w->dfd = -1;
     if (w->state != W_FINISHED && w->tmp_path) unlink(w->tmp_path);
+    moe_tmp_untrack(w->tmp_path);
     moe_bundle_kv_free(w->meta);
     moe_bundle_kv_free(w->tuning);
     for (size_t i = 0; i < w->n_tensors; i++) free(w->tensors[i].name);
@@ -667,6 +685,7 @@ enum moe_status moe_bundle_writer_finish(struct moe_bundle_writer *w) {
     if (!err && close(w->fd) != 0) err = errno;
     w->fd = -1;
     if (!err && rename(w->tmp_path, w->final_path) != 0) err = errno;
+    if (!err) moe_tmp_untrack(w->tmp_path);
     if (err) {
         MOE_LOGE("%s: committing the bundle (fsync, close, rename to %s): %s", w->tmp_path,
                  w->final_path, strerror(err));

@@ -3,8 +3,11 @@
 #define _GNU_SOURCE
 #include "moe-file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -96,6 +99,7 @@ int moe_file_same_target(const char *a, const char *b) {
 }
 
 enum moe_status moe_file_check_output(const char *output, const char *const *inputs, size_t n) {
+    if (output && moe_output_check(output, 1)) return MOE_ERR_INVALID;
     for (size_t i = 0; output && i < n; i++) {
         if (inputs[i] && moe_file_same(output, inputs[i])) {
             MOE_LOGE("%s is the same file as the input %s: refusing to overwrite an input (choose another output)",
@@ -104,6 +108,149 @@ enum moe_status moe_file_check_output(const char *output, const char *const *inp
         }
     }
     return MOE_OK;
+}
+
+/* ---- the output rule ------------------------------------------------------------ */
+
+/* stream_kind: 1 if mode is a file that is written in place, never replaced
+ * (character device, FIFO, socket). */
+static int stream_kind(mode_t mode) { return S_ISCHR(mode) || S_ISFIFO(mode) || S_ISSOCK(mode); }
+
+int moe_output_is_stream(const char *output) {
+    struct stat st;
+    return output && (strcmp(output, "-") == 0 || (stat(output, &st) == 0 && stream_kind(st.st_mode)));
+}
+
+enum moe_status moe_output_check(const char *output, int streamable) {
+    if (!output) return MOE_OK;
+    if (!output[0]) {
+        MOE_LOGE("an empty output path");
+        return MOE_ERR_INVALID;
+    }
+    struct stat st;
+    const int is_dash = strcmp(output, "-") == 0;
+    if (is_dash || (stat(output, &st) == 0 && stream_kind(st.st_mode))) {
+        if (streamable) return MOE_OK;
+        MOE_LOGE("%s is %s: this output is written to a temporary file and renamed into place, so it needs a "
+                 "regular file (give a file name)", output, is_dash ? "standard output" : moe_file_kind(st.st_mode));
+        return MOE_ERR_INVALID;
+    }
+    if (stat(output, &st) == 0) {
+        if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
+            MOE_LOGE("%s is %s, not a file: give a file name for the output", output, moe_file_kind(st.st_mode));
+            return MOE_ERR_INVALID;
+        }
+    }
+    const char *base = NULL;
+    char *dir = split_dir(output, &base);
+    if (!dir) return MOE_ERR_NOMEM;
+    enum moe_status rc = MOE_OK;
+    if (stat(dir, &st) != 0) {
+        MOE_LOGE("%s: the directory %s does not exist (create it first)", output, dir);
+        rc = MOE_ERR_INVALID;
+    } else if (!S_ISDIR(st.st_mode)) {
+        MOE_LOGE("%s: %s is %s, not a directory", output, dir, moe_file_kind(st.st_mode));
+        rc = MOE_ERR_INVALID;
+    } else if (access(dir, W_OK | X_OK) != 0) {
+        MOE_LOGE("%s: cannot write in the directory %s: %s", output, dir, strerror(errno));
+        rc = MOE_ERR_INVALID;
+    }
+    free(dir);
+    return rc;
+}
+
+/* ---- temporary files the process holds: removed on a fatal signal ---------------- */
+
+#define LIVE_MAX 32
+static char g_live[LIVE_MAX][PATH_MAX];
+static volatile sig_atomic_t g_live_state[LIVE_MAX]; /* 0 free, 1 being filled, 2 live */
+
+void moe_tmp_track(const char *path) {
+    if (!path || strlen(path) >= PATH_MAX) return;
+    for (int i = 0; i < LIVE_MAX; i++) {
+        sig_atomic_t want = 0;
+        if (__atomic_compare_exchange_n(&g_live_state[i], &want, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            memcpy(g_live[i], path, strlen(path) + 1);
+            __atomic_store_n(&g_live_state[i], 2, __ATOMIC_RELEASE);
+            return;
+        }
+    }
+}
+
+void moe_tmp_untrack(const char *path) {
+    for (int i = 0; path && i < LIVE_MAX; i++)
+        if (__atomic_load_n(&g_live_state[i], __ATOMIC_ACQUIRE) == 2 && strcmp(g_live[i], path) == 0) {
+            __atomic_store_n(&g_live_state[i], 0, __ATOMIC_RELEASE);
+            return;
+        }
+}
+
+/* on_fatal: remove the live temporary files, then die of the signal as
+ * before (async-signal-safe: unlink, signal, raise). */
+static void on_fatal(int sig) {
+    for (int i = 0; i < LIVE_MAX; i++)
+        if (g_live_state[i] == 2) unlink(g_live[i]);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void moe_file_cleanup_on_signals(void) {
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_fatal;
+            sigemptyset(&sa.sa_mask);
+            sigaction(sigs[i], &sa, NULL);
+        }
+    }
+}
+
+/* pid_of_tmp: the pid in "<base>.tmp.<pid>[.<n>]" when name is such a name of
+ * base, else -1. */
+static long pid_of_tmp(const char *name, const char *base) {
+    const size_t n = strlen(base);
+    if (strncmp(name, base, n) != 0 || strncmp(name + n, ".tmp.", 5) != 0) return -1;
+    const char *p = name + n + 5;
+    char *end = NULL;
+    errno = 0;
+    const long pid = strtol(p, &end, 10);
+    if (errno || end == p || pid <= 0) return -1;
+    if (*end == '.') {
+        const char *q = end + 1;
+        strtoul(q, &end, 10);
+        if (end == q) return -1;
+    }
+    return *end ? -1 : pid;
+}
+
+int moe_tmp_sweep(const char *target) {
+    const char *base = NULL;
+    char *dir = split_dir(target, &base);
+    if (!dir || !base || !*base) {
+        free(dir);
+        return 0;
+    }
+    DIR *d = opendir(dir);
+    int removed = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const long pid = pid_of_tmp(e->d_name, base);
+        if (pid < 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its process runs (or is not ours to ask) */
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+            st.st_uid != geteuid())
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            MOE_LOGW("%s/%s: removed, a temporary file left by process %ld, which no longer runs", dir, e->d_name, pid);
+            removed++;
+        }
+    }
+    if (d) closedir(d);
+    free(dir);
+    return removed;
 }
 
 /* tmp_candidate: "<target>.tmp.<pid>" for attempt 0, "<target>.tmp.<pid>.<n>" after. */
@@ -118,6 +265,26 @@ static char *tmp_candidate(const char *target, unsigned attempt) {
     return p;
 }
 
+/* open_stream: t writes straight into target ("-": standard output; a
+ * character device, FIFO or socket: opened for writing, never replaced). */
+static enum moe_status open_stream(const char *target, struct moe_tmp_file *t) {
+    const int fd = strcmp(target, "-") == 0 ? dup(STDOUT_FILENO) : open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        MOE_LOGE("%s: cannot open it for writing: %s", target, strerror(errno));
+        return MOE_ERR_IO;
+    }
+    t->fd = fd;
+    t->stream = 1;
+    t->path = strdup(target);
+    t->target = strdup(target);
+    if (!t->path || !t->target) {
+        MOE_LOGE("%s: out of memory", target);
+        moe_tmp_discard(t);
+        return MOE_ERR_NOMEM;
+    }
+    return MOE_OK;
+}
+
 enum moe_status moe_tmp_create(const char *target, struct moe_tmp_file *t) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
@@ -125,33 +292,57 @@ enum moe_status moe_tmp_create(const char *target, struct moe_tmp_file *t) {
         MOE_LOGE("empty output path");
         return MOE_ERR_INVALID;
     }
+    if (moe_output_is_stream(target)) return open_stream(target, t);
+    struct stat lst, st;
+    char *resolved = NULL; /* a symlink to a file: that file is replaced, the link stays */
+    if (lstat(target, &lst) == 0 && S_ISLNK(lst.st_mode) && stat(target, &st) == 0) {
+        if (!S_ISREG(st.st_mode)) {
+            MOE_LOGE("%s links to %s, not a file: give a file name for the output", target, moe_file_kind(st.st_mode));
+            return MOE_ERR_INVALID;
+        }
+        if (!(resolved = realpath(target, NULL))) {
+            MOE_LOGE("%s: cannot resolve the link: %s", target, strerror(errno));
+            return MOE_ERR_IO;
+        }
+        target = resolved;
+    } else if (lstat(target, &lst) == 0 && !S_ISREG(lst.st_mode) && !S_ISLNK(lst.st_mode)) {
+        MOE_LOGE("%s is %s, not a file: give a file name for the output", target, moe_file_kind(lst.st_mode));
+        return MOE_ERR_INVALID;
+    }
+    moe_tmp_sweep(target);
+    enum moe_status rc = MOE_ERR_IO;
     for (unsigned attempt = 0; attempt < 1000; attempt++) {
         char *p = tmp_candidate(target, attempt);
         if (!p) {
             MOE_LOGE("%s: out of memory", target);
-            return MOE_ERR_NOMEM;
+            rc = MOE_ERR_NOMEM;
+            break;
         }
         int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd >= 0) {
+            moe_tmp_track(p);
             t->path = p;
             t->fd = fd;
             if (!(t->target = strdup(target))) {
                 MOE_LOGE("%s: out of memory", target);
                 moe_tmp_discard(t);
-                return MOE_ERR_NOMEM;
+                rc = MOE_ERR_NOMEM;
+                break;
             }
+            free(resolved);
             return MOE_OK;
         }
         int e = errno;
         if (e != EEXIST) {
             MOE_LOGE("%s: cannot create the temporary output %s: %s", target, p, strerror(e));
             free(p);
-            return MOE_ERR_IO;
+            break;
         }
         free(p); /* taken (a stale file, a link someone planted, or a second writer): next name */
+        if (attempt == 999) MOE_LOGE("%s: no free temporary name next to it", target);
     }
-    MOE_LOGE("%s: no free temporary name next to it", target);
-    return MOE_ERR_IO;
+    free(resolved);
+    return rc;
 }
 
 enum moe_status moe_tmp_name(const char *target, char **out) {
@@ -160,6 +351,8 @@ enum moe_status moe_tmp_name(const char *target, char **out) {
         MOE_LOGE("empty output path");
         return MOE_ERR_INVALID;
     }
+    if (moe_output_check(target, 0)) return MOE_ERR_INVALID;
+    moe_tmp_sweep(target);
     for (unsigned attempt = 0; attempt < 1000; attempt++) {
         char *p = tmp_candidate(target, attempt);
         if (!p) {
@@ -168,6 +361,7 @@ enum moe_status moe_tmp_name(const char *target, char **out) {
         }
         struct stat st;
         if (lstat(p, &st) != 0 && errno == ENOENT) {
+            moe_tmp_track(p);
             *out = p;
             return MOE_OK;
         }
@@ -199,6 +393,7 @@ int moe_fsync_parent(const char *path) {
 
 /* tmp_clear: forget everything (the file is already closed and renamed or removed). */
 static void tmp_clear(struct moe_tmp_file *t) {
+    if (!t->stream) moe_tmp_untrack(t->path);
     free(t->path);
     free(t->target);
     memset(t, 0, sizeof *t);
@@ -209,6 +404,18 @@ enum moe_status moe_tmp_commit(struct moe_tmp_file *t) {
     if (!t->path) return MOE_ERR_INVALID;
     int err = 0;
     const char *what = "write";
+    if (t->stream) { /* written in place: flush and close; nothing to rename */
+        if (t->f) {
+            if (fflush(t->f) != 0 || ferror(t->f)) err = errno ? errno : EIO;
+            if (fclose(t->f) != 0 && !err) err = errno, what = "close";
+        } else if (t->fd >= 0 && close(t->fd) != 0) {
+            err = errno, what = "close";
+        }
+        t->f = NULL, t->fd = -1;
+        if (err) MOE_LOGE("%s: cannot write to it (%s: %s)", t->target, what, strerror(err));
+        tmp_clear(t);
+        return err ? MOE_ERR_IO : MOE_OK;
+    }
     if (t->f) {
         if (fflush(t->f) != 0 || ferror(t->f)) err = errno ? errno : EIO;
         if (!err && fsync(fileno(t->f)) != 0) err = errno, what = "fsync";
@@ -239,11 +446,12 @@ void moe_tmp_discard(struct moe_tmp_file *t) {
         fclose(t->f);
     else if (t->fd >= 0)
         close(t->fd);
-    if (t->path) unlink(t->path);
+    if (t->path && !t->stream) unlink(t->path); /* a stream cannot be taken back */
     tmp_clear(t);
 }
 
 enum moe_status moe_file_commit_path(const char *tmp_path, const char *target) {
+    moe_tmp_untrack(tmp_path);
     int err = 0;
     const char *what = "open";
     int fd = open(tmp_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

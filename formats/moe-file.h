@@ -11,7 +11,16 @@
  *     created with O_CREAT | O_EXCL | O_NOFOLLOW (a symlink or file planted at
  *     the temporary name is never followed or reused), then fsynced, renamed
  *     over the target and the directory fsynced: an interrupted or failed
- *     write leaves the old file intact and no partial output.
+ *     write leaves the old file intact and no partial output;
+ *   - "-" is standard output, and a character device, FIFO or socket named as
+ *     an output is written in place (streamed), never replaced; an output
+ *     that must be a regular file (a bundle) refuses them by name; a directory
+ *     or block device is refused; the output's directory must exist and be
+ *     writable, checked before any work (moe_output_check);
+ *   - no leftovers: the temporary files a process holds are removed on
+ *     SIGINT, SIGTERM, SIGHUP and SIGQUIT (moe_file_cleanup_on_signals), and
+ *     those of a process that no longer runs (killed with SIGKILL) are removed
+ *     when the next writer of the same target starts (moe_tmp_sweep).
  *
  * Every function logs its failure once through moe_log (naming the path and
  * the reason) and returns an enum moe_status. No global state: thread-safe
@@ -62,27 +71,66 @@ int moe_file_same_target(const char *a, const char *b);
 
 /* moe_file_check_output: MOE_ERR_INVALID (logged: "OUT is the same file as
  * the input IN: refusing to overwrite it") if `output` names the same file as
- * any of inputs[0..n) (NULL entries are skipped). MOE_OK otherwise, also when
- * output does not exist yet. */
+ * any of inputs[0..n) (NULL entries are skipped), or if moe_output_check(output,
+ * 1) refuses it. MOE_OK otherwise, also when output does not exist yet. */
 enum moe_status moe_file_check_output(const char *output, const char *const *inputs, size_t n);
 
-/* A temporary output file next to its target. */
+/* moe_output_check: the output rule's checks that need no inputs, made before
+ * any work: "-" and an existing character device, FIFO or socket are streams,
+ * accepted when `streamable` and refused by name otherwise; an existing
+ * directory, block device or other special file is refused; an output whose
+ * directory does not exist, is not a directory or is not writable is refused
+ * naming the directory. MOE_ERR_INVALID (logged) on refusal. */
+enum moe_status moe_output_check(const char *output, int streamable);
+
+/* moe_output_is_stream: 1 if output is "-" or an existing character device,
+ * FIFO or socket (symlinks followed: /dev/stdout on a terminal or pipe). */
+int moe_output_is_stream(const char *output);
+
+/* moe_file_cleanup_on_signals: install handlers for SIGINT, SIGTERM, SIGHUP
+ * and SIGQUIT (each only if it has the default disposition) that remove the
+ * process's live temporary outputs and then die of the signal as before. For
+ * a CLI's main(), once; a command that handles these signals itself (to
+ * cancel cleanly) keeps its own handlers. */
+void moe_file_cleanup_on_signals(void);
+
+/* moe_tmp_track / moe_tmp_untrack: add or remove a temporary path from the
+ * set the signal handler removes (moe_tmp_create and moe_tmp_name track
+ * theirs; writers with their own temporary files, such as the bundle writer,
+ * call these). At most 32 at once; thread-safe and lock-free. */
+void moe_tmp_track(const char *path);
+void moe_tmp_untrack(const char *path);
+
+/* moe_tmp_sweep: remove the temporary files "<target>.tmp.<pid>[.<n>]" next
+ * to target that belong to this user and to a process that no longer runs
+ * (a writer killed with SIGKILL), each logged; returns how many. Called by
+ * moe_tmp_create and moe_tmp_name. */
+int moe_tmp_sweep(const char *target);
+
+/* A temporary output file next to its target (or, for a stream, the target). */
 struct moe_tmp_file {
-    char *path;   /* the temporary name (owned) */
+    char *path;   /* the temporary name (owned); the target itself for a stream */
     char *target; /* the final path (owned) */
     int fd;       /* -1 once closed */
     FILE *f;      /* set by moe_tmp_stream; owns fd then */
+    int stream;   /* 1: written in place ("-", a device, FIFO or socket): no rename */
 };
 
 /* moe_tmp_create: create a new, empty temporary file in target's directory,
  * named "<target>.tmp.<pid>" or, if that exists, "<target>.tmp.<pid>.<n>",
- * with O_CREAT | O_EXCL | O_NOFOLLOW and mode 0644 (less the umask). On
- * failure *t is cleared and nothing is left behind. */
+ * with O_CREAT | O_EXCL | O_NOFOLLOW and mode 0644 (less the umask), after
+ * removing leftovers of dead writers (moe_tmp_sweep); it is tracked for the
+ * signal handler. A target that is a symlink to a file: that file is
+ * replaced, the link stays. A stream target ("-", a character device, FIFO
+ * or socket) is opened for writing in place instead (t->stream). A
+ * directory or other special file is refused (MOE_ERR_INVALID). On failure
+ * *t is cleared and nothing is left behind. */
 enum moe_status moe_tmp_create(const char *target, struct moe_tmp_file *t);
 
 /* moe_tmp_name: only choose a temporary name that does not exist yet, for
  * writers that create the file themselves with an exclusive create (HDF5's
- * H5F_ACC_EXCL): *out is malloc'd "<target>.tmp.<pid>[.<n>]". */
+ * H5F_ACC_EXCL): *out is malloc'd "<target>.tmp.<pid>[.<n>]" (tracked until
+ * moe_file_commit_path). A stream target is refused (MOE_ERR_INVALID). */
 enum moe_status moe_tmp_name(const char *target, char **out);
 
 /* moe_tmp_stream: the temporary file as a stdio stream ("wb"), owned by t
@@ -90,13 +138,14 @@ enum moe_status moe_tmp_name(const char *target, char **out);
 FILE *moe_tmp_stream(struct moe_tmp_file *t);
 
 /* moe_tmp_commit: flush (the stream, if any), fsync, close, rename over the
- * target and fsync the directory. On any failure (a full disk shows here) the
+ * target and fsync the directory (a stream target: flush and close only). On any failure (a full disk shows here) the
  * temporary file is removed, the target is left as it was, and MOE_ERR_IO is
  * returned with a message. *t is cleared in every case. */
 enum moe_status moe_tmp_commit(struct moe_tmp_file *t);
 
 /* moe_tmp_discard: close and remove the temporary file; the target is
- * untouched. Safe on a cleared or zeroed struct. */
+ * untouched (what was streamed stays written). Safe on a cleared or zeroed
+ * struct. */
 void moe_tmp_discard(struct moe_tmp_file *t);
 
 /* moe_file_commit_path: for a temporary file written and closed by another

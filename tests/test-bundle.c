@@ -1032,8 +1032,8 @@ static void test_writer(void) {
 
     /* a writer in a directory that does not exist */
     log_reset();
-    CHECK(moe_bundle_writer_open(tpath("no/such/dir/x.moeb"), &w2) == MOE_ERR_IO && !w2,
-          "unwritable directory");
+    CHECK(moe_bundle_writer_open(tpath("no/such/dir/x.moeb"), &w2) == MOE_ERR_INVALID && !w2,
+          "a directory that does not exist is refused before anything is created");
     free(blob);
 
     /* precision descriptor errors */

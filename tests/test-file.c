@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "moe-file.h"
@@ -164,14 +165,24 @@ static void test_tmp(void) {
     moe_tmp_discard(&t); /* twice is harmless */
     CHECK(has(target, "new") && count_tmp() == 0, "discard keeps the target and leaves no temporary file");
 
-    /* a failed commit (rename onto a non-empty directory) keeps the old target */
+    /* a directory is not an output (the output rule, issue 30) */
     const char *dir = path_in("sub");
     mkdir(dir, 0755);
     put(path_in("sub/keep"), "k");
-    CHECK(moe_tmp_create(dir, &t) == MOE_OK, "create beside a directory");
+    log_reset();
+    CHECK(moe_tmp_create(dir, &t) == MOE_ERR_INVALID && strstr(g_err, "is a directory") && count_tmp() == 0,
+          "a directory target is refused before anything is created: %s", g_err);
+    /* a failed commit (the target became a non-empty directory meanwhile) keeps the old target */
+    char *later = strdup(path_in("later"));
+    CHECK(later && moe_tmp_create(later, &t) == MOE_OK, "create beside a future directory");
+    mkdir(later, 0755);
+    char *keep = malloc(strlen(later) + 8);
+    if (keep) sprintf(keep, "%s/keep", later), put(keep, "k");
     log_reset();
     CHECK(moe_tmp_commit(&t) == MOE_ERR_IO && strstr(g_err, "unchanged"), "a failed rename is an error: %s", g_err);
-    CHECK(has(path_in("sub/keep"), "k") && count_tmp() == 0, "old target intact, temporary file removed");
+    CHECK(keep && has(keep, "k") && count_tmp() == 0, "old target intact, temporary file removed");
+    free(keep);
+    free(later);
 
     /* moe_tmp_name skips taken names; moe_file_commit_path renames */
     char *name = NULL;
@@ -188,6 +199,90 @@ static void test_tmp(void) {
     CHECK(has(victim, "precious"), "the victim was never written");
 }
 
+/* test_output_rule: issue 30's output rule: streams written in place, the
+ * output's directory checked first, leftovers of dead writers removed, live
+ * temporary files removed on a fatal signal. */
+static void test_output_rule(void) {
+    const char *fifo = path_in("out.fifo"), *dir = path_in("adir");
+    mkfifo(fifo, 0600);
+    mkdir(dir, 0755);
+    CHECK(moe_output_check("-", 1) == MOE_OK && moe_output_check(fifo, 1) == MOE_OK, "streams accepted when streamable");
+    log_reset();
+    CHECK(moe_output_check(fifo, 0) == MOE_ERR_INVALID && strstr(g_err, "a FIFO") && strstr(g_err, "regular file"),
+          "a FIFO refused by name where a regular file is needed: %s", g_err);
+    log_reset();
+    CHECK(moe_output_check("-", 0) == MOE_ERR_INVALID && strstr(g_err, "standard output"), "- likewise: %s", g_err);
+    log_reset();
+    CHECK(moe_output_check(dir, 1) == MOE_ERR_INVALID && strstr(g_err, "is a directory"), "a directory: %s", g_err);
+    log_reset();
+    CHECK(moe_output_check(path_in("nodir/x"), 1) == MOE_ERR_INVALID && strstr(g_err, "does not exist"),
+          "a missing directory: %s", g_err);
+    log_reset();
+    CHECK(moe_output_check(path_in("reg.txt/x"), 1) == MOE_ERR_INVALID && strstr(g_err, "not a directory"),
+          "a file as the directory: %s", g_err);
+    CHECK(moe_output_check(path_in("new.bin"), 0) == MOE_OK, "a new file in a writable directory");
+    CHECK(moe_output_is_stream("-") && moe_output_is_stream(fifo) && !moe_output_is_stream(path_in("new.bin")),
+          "what a stream is");
+
+    /* a FIFO with a reader is written in place: the reader gets the bytes, the FIFO stays */
+    pid_t r = fork();
+    if (r == 0) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "cat '%s' > '%s'", fifo, path_in("got.txt"));
+        _exit(system(cmd) == 0 ? 0 : 1);
+    }
+    struct moe_tmp_file t;
+    FILE *f = moe_tmp_create(fifo, &t) == MOE_OK ? moe_tmp_stream(&t) : NULL;
+    CHECK(f && t.stream, "a FIFO opens as a stream");
+    if (f) fputs("through the pipe", f);
+    CHECK(moe_tmp_commit(&t) == MOE_OK, "committed");
+    int ws = 0;
+    waitpid(r, &ws, 0);
+    struct stat st;
+    CHECK(has(path_in("got.txt"), "through the pipe") && stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode) &&
+              count_tmp() == 0,
+          "the reader got it, the FIFO is still a FIFO, no temporary file");
+
+    /* leftovers: a dead writer's temporary file is removed, a live one's and other names kept */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char name[600];
+    const char *target = path_in("sweep.bin");
+    snprintf(name, sizeof name, "%s.tmp.%ld", target, (long)dead);
+    put(name, "dead");
+    char name2[600], name3[600], name4[600];
+    snprintf(name2, sizeof name2, "%s.tmp.%ld.3", target, (long)dead);
+    put(name2, "dead too");
+    snprintf(name3, sizeof name3, "%s.tmp.%ld", target, (long)getppid()); /* a process that runs */
+    put(name3, "live");
+    snprintf(name4, sizeof name4, "%s.tmp.%ldx", target, (long)dead); /* not a temporary name */
+    put(name4, "other");
+    log_reset();
+    CHECK(moe_tmp_sweep(target) == 2 && access(name, F_OK) != 0 && access(name2, F_OK) != 0 &&
+              has(name3, "live") && has(name4, "other") && strstr(g_warn, "no longer runs"),
+          "sweep: the dead writer's two removed, the rest kept (%s)", g_warn);
+    unlink(name3);
+    unlink(name4);
+
+    /* a fatal signal removes the live temporary files, then kills as before */
+    pid_t c = fork();
+    if (c == 0) {
+        moe_file_cleanup_on_signals();
+        struct moe_tmp_file ct;
+        if (moe_tmp_create(path_in("sig.bin"), &ct) != MOE_OK) _exit(3);
+        char *tmp = NULL;
+        if (moe_tmp_name(path_in("sig2.bin"), &tmp) != MOE_OK) _exit(3);
+        put(tmp, "h5");
+        raise(SIGTERM);
+        _exit(4);
+    }
+    int cs = 0;
+    waitpid(c, &cs, 0);
+    CHECK(WIFSIGNALED(cs) && WTERMSIG(cs) == SIGTERM && count_tmp() == 0,
+          "SIGTERM: died of it, no temporary file left (status %d, %d left)", cs, count_tmp());
+}
+
 int main(void) {
     moe_log_set(capture, NULL);
     signal(SIGALRM, on_alarm);
@@ -199,6 +294,7 @@ int main(void) {
     test_inputs();
     test_same();
     test_tmp();
+    test_output_rule();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

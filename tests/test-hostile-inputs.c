@@ -216,6 +216,18 @@ static int h_part_rows(const char *dir) {
 #define FULL_DISK "trap '' XFSZ; ulimit -f 20; "
 /* The bundle is intact: every checksum matches. */
 #define BUNDLE_OK "$PREP inspect b.moeb --verify >/dev/null 2>&1"
+/* issue 30: a GGUF input and its copy for checking it was not touched */
+#define GGUF "cp $FIX/gguf/mixtral-f32.gguf q.gguf && cp q.gguf q.orig"
+#define GGUF_INTACT "cmp -s q.gguf q.orig"
+/* device nodes in the row's own directory, never on the system's /dev: made
+ * with mknod when allowed (root), else links to the system's devices (so a
+ * wrong rename would replace the link, not the device) */
+#define DEVICES "{ mknod full c 1 7 2>/dev/null || ln -s /dev/full full; } && " \
+                "{ mknod null c 1 3 2>/dev/null || ln -s /dev/null null; }"
+#define DEVICES_INTACT "{ test -c full || test -L full; } && { test -c null || test -L null; }"
+#define NO_TMP "! ls -a | grep -q '\\.tmp\\.'"
+/* a pid that no longer runs: the shell that printed it has exited */
+#define DEAD_PID "p=$(sh -c 'echo $$') && "
 
 static const struct row k_rows[] = {
     /* ---- 3: what is not a regular file is refused, never waited on */
@@ -304,6 +316,73 @@ static const struct row k_rows[] = {
      "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --csv p.h5", 2, "same file as the input",
      "cmp -s p.h5 p.orig"},
 
+    /* ---- issue 30: a GGUF input is an input like any other */
+    {"quantize -o the GGUF it reads", GGUF, "$PREP quantize q.gguf -o q.gguf --experts q8_0", 2,
+     "same file as the input", GGUF_INTACT},
+    {"profile -o the GGUF it reads", GGUF " && " TEXT, "$PREP profile q.gguf --dataset text.txt -o q.gguf --ctx 16",
+     2, "same file as the input", GGUF_INTACT},
+    {"moe-run --logits-out the GGUF it reads", GGUF, "$RUN -m q.gguf --tokens 1,2 -n 1 --logits-out q.gguf", 2,
+     "same file as the input", GGUF_INTACT},
+    {"moe-run --stats-json the GGUF it reads", GGUF, "$RUN -m q.gguf --tokens 1,2 -n 1 --stats-json q.gguf", 2,
+     "same file as the input", GGUF_INTACT},
+    {"moe-run --logits-out a hard link of the GGUF", GGUF " && ln q.gguf h.gguf",
+     "$RUN -m q.gguf --tokens 1,2 -n 1 --logits-out h.gguf", 2, "same file as the input", GGUF_INTACT},
+    {"profile of a GGUF: no tuning section, the profile written, exit 0", GGUF " && " TEXT,
+     "$PREP profile q.gguf --dataset text.txt -o n.h5 --ctx 16", 0, "has no tuning section",
+     "test -s n.h5 && " GGUF_INTACT},
+
+    /* ---- issue 30: devices, FIFOs and standard output are written in place, never replaced */
+    {"quantize -o a character device", DEVICES, "$PREP quantize $MODELS/mixtral-f32 -o full --experts q8_0", 2,
+     "needs a regular file", DEVICES_INTACT " && " NO_TMP},
+    {"moe-run --stats-json a full device: a clean error", DEVICES,
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --stats-json full", 1, "No space left", DEVICES_INTACT},
+    {"moe-run --logits-out a null device", DEVICES, "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --logits-out null",
+     0, NULL, DEVICES_INTACT " && " NO_TMP},
+    {"moe-run --stats-json a FIFO: streamed to its reader", "mkfifo f",
+     "cat f > got.json & $RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --stats-json f; r=$?; wait; exit $r", 0, NULL,
+     "test -p f && grep -q prompt_tokens got.json"},
+    {"moe-run --stats-json - : standard output", "",
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --stats-json -", 0, NULL,
+     "grep -q prompt_tokens out.txt && test ! -e ./-"},
+    {"profile -o - : the profile on standard output", TEXT,
+     "$PREP profile $MODELS/mixtral-f32 --dataset text.txt -o - --ctx 16 --json > /dev/null", 0, NULL,
+     "test ! -e ./- && " NO_TMP},
+    {"fit-cache --csv a null device", BUNDLE " && " PROFILE " && " DEVICES,
+     "$PREP fit-cache b.moeb --profile p.h5 --cache-experts 4,4 --no-tuning --csv null", 0, NULL, DEVICES_INTACT},
+    {"a directory as the output (moe-run --logits-out)", "mkdir d",
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --logits-out d", 2, "is a directory", "test -d d"},
+
+    /* ---- issue 30: the output's directory, checked before the work */
+    {"quantize -o into a missing directory", "",
+     "$PREP quantize $MODELS/mixtral-f32 -o nodir/x.moeb --experts q8_0", 2, "nodir does not exist", "test ! -e nodir"},
+    {"moe-run --stats-json into a missing directory", "",
+     "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --stats-json nodir/s.json", 2, "nodir does not exist", NULL},
+    {"profile -o into a read-only directory", TEXT " && mkdir ro && chmod 555 ro",
+     "if [ $(id -u) -eq 0 ]; then echo 'cannot write in the directory (root)' >&2; exit 2; fi; "
+     "$PREP profile $MODELS/mixtral-f32 --dataset text.txt -o ro/p.h5 --ctx 16", 2, "cannot write in the directory",
+     "test ! -e ro/p.h5"},
+
+    /* ---- issue 30: no leftovers */
+    {"a dead writer's temporary file is removed by the next run", DEAD_PID "echo junk > b.moeb.tmp.$p",
+     "$PREP quantize $MODELS/mixtral-f32 -o b.moeb --experts q8_0 --dense f32", 0, "no longer runs",
+     NO_TMP " && " BUNDLE_OK},
+    {"a live writer's temporary file is kept", "sleep 30 & echo $! > pid && echo mine > b.moeb.tmp.$(cat pid)",
+     "$PREP quantize $MODELS/mixtral-f32 -o b.moeb --experts q8_0 --dense f32", 0, NULL,
+     "grep -q mine b.moeb.tmp.$(cat pid) && kill $(cat pid)"},
+    {"kill -9 of quantize, then a run: no temporary file survives", "",
+     "for d in 0.05 0.1 0.2; do $PREP quantize $DEMO -o b.moeb --experts q8_0,q4_k,q2_k & k=$!; sleep $d; "
+     "kill -9 $k; wait $k; done 2>/dev/null; $PREP quantize $DEMO -o b.moeb --experts q8_0", 0, NULL,
+     NO_TMP " && " BUNDLE_OK},
+    /* (a command started with & ignores SIGINT in a shell without job control: the
+     * shell execs moe-run in the foreground and a helper started before sends the signal) */
+    {"SIGINT during moe-run --logits-out: no temporary file survives", "",
+     "n=0; for d in 0.01 0.02 0.03 0.05 0.08; do sh -c 'sh -c \"sleep \\$0; kill -INT \\$1\" $0 $$ & exec $RUN -m $DEMO "
+     "-p \"Once upon a time\" -n 900 --ignore-eos --logits-out l.f32 >/dev/null' $d; [ $? -eq 130 ] && n=$((n+1)); "
+     "done; echo \"interrupted $n of 5\" >&2; [ $n -ge 1 ]", 0, "interrupted", NO_TMP},
+    {"SIGTERM during profile: no temporary file survives", TEXT,
+     "for d in 0.02 0.05 0.1; do $PREP profile $DEMO --dataset text.txt -o p.h5 --ctx 64 & k=$!; sleep $d; "
+     "kill -TERM $k; wait $k; done 2>/dev/null; true", 0, NULL, NO_TMP},
+
     /* ---- 8: a symlink planted at the old temporary name is not followed */
     {"--logits-out with a symlink at F.tmp (moe-run)", "echo precious > victim && ln -s victim out.f32.tmp",
      "$RUN -m $MODELS/mixtral-f32 --tokens 1,2 -n 1 --logits-out out.f32", 0, NULL,
@@ -314,7 +393,7 @@ static const struct row k_rows[] = {
 
     /* ---- 9: a full disk is a clean error: no output, the old file intact */
     {"profile on a full disk", PROFILE " && echo old > p.h5",
-     FULL_DISK "$PREP profile $MODELS/mixtral-f32 --dataset text.txt -o p.h5 --ctx 16", 1, "nothing written to p.h5",
+     FULL_DISK "$PREP profile $MODELS/mixtral-f32 --dataset text.txt -o p.h5 --ctx 16", 1, "did not finish p.h5",
      "grep -q old p.h5 && ! ls | grep -q tmp"},
     {"profile merge on a full disk", TEXT " && for i in 1 2; do $PREP profile $MODELS/mixtral-f32 --dataset text.txt "
      "-o s$i.h5 --ctx 16 --shard $i/2 >/dev/null 2>&1; done",
@@ -516,6 +595,9 @@ int main(int argc, char **argv) {
     setenv("RUN", g_run, 1);
     setenv("FIX", MOE_FIXTURES, 1);
     setenv("MODELS", models, 1);
+    char demo[700];
+    snprintf(demo, sizeof demo, "%s/../../datasets/models/tiny-moe-mixtral", MOE_FIXTURES);
+    setenv("DEMO", demo, 1);
     if (getenv("MOE_TEST_TIME_LIMIT")) g_limit = atoi(getenv("MOE_TEST_TIME_LIMIT"));
     if (g_limit < 1) g_limit = 60;
     /* a context whose KV cache (256 KiB a token in the "wide" model) is 1.5 x physical memory */

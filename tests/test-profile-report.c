@@ -433,8 +433,8 @@ static void test_cli(void) {
     if (f) fclose(f);
     free(html);
     log_reset();
-    CHECK(cli("report", in, "-o", tmp_path("nodir/x.html"), NULL) == 1, "unwritable output fails");
-    CHECK(g_n_err == 1 && strstr(g_err, "cannot create"), "because the directory is missing: %s", g_err);
+    CHECK(cli("report", in, "-o", tmp_path("nodir/x.html"), NULL) == 2, "unwritable output is refused");
+    CHECK(g_n_err == 1 && strstr(g_err, "does not exist"), "because the directory is missing: %s", g_err);
     CHECK(leftovers() == 0, "no temporary file left by the CLI");
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "moe-file.h"
 #include "moe-prep.h"
 
 struct subcommand {
@@ -52,6 +53,8 @@ int main(int argc, char **argv) {
         printf("moe-prep %s\n", MOE_VERSION);
         return 0;
     }
+    moe_file_cleanup_on_signals(); /* no temporary output survives Ctrl-C (quantize and sensitivity cancel
+                                    * on their own handlers) */
     /* a two-word name ("profile merge") is matched before its first word alone */
     for (size_t i = 0; argc > 2 && i < sizeof k_commands / sizeof k_commands[0]; i++) {
         size_t n = strlen(argv[1]);

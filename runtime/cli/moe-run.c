@@ -844,11 +844,12 @@ int main(int argc, char **argv) {
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
+    moe_file_cleanup_on_signals(); /* no temporary output survives Ctrl-C */
     if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
     if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.gpu.device_spec, &a.gpu, a.hw, 0, "moe-run");
     if (!apply_plan(&a)) return 2;
     struct run r = {0};
-    r.lt = (struct moe_tmp_file){NULL, NULL, -1, NULL}; /* --logits-out, written beside it and renamed */
+    r.lt = (struct moe_tmp_file){NULL, NULL, -1, NULL, 0}; /* --logits-out, written beside it and renamed */
     int status = load_model(&a, &r);
     if (!status) status = prompt_ids(&a, &r);
     if (!status && a.tokenize) {

@@ -399,7 +399,7 @@ static int print_json(const struct fc_args *a, const struct moe_fit_cache_model 
 
 /* write_csv: the table as CSV, via a temporary file renamed over path. */
 static int write_csv(const char *path, const struct moe_fit_cache_result *r) {
-    struct moe_tmp_file t = {NULL, NULL, -1, NULL}; /* exclusive, beside path: never through a planted link */
+    struct moe_tmp_file t = {NULL, NULL, -1, NULL, 0}; /* exclusive, beside path: never through a planted link */
     FILE *f = NULL;
     int ok = 0;
     if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) goto done;

@@ -216,7 +216,7 @@ static int load_tokens(const struct profile_args *a, const struct moe_model *mod
 static void report_run(const struct profile_args *a, const struct moe_profile_record_info *in, int status) {
     fprintf(stderr, "moe-prep profile: %d sequences, %lld tokens in %.2f s (%.1f tok/s)%s; %s %s\n", in->seq1 - in->seq0,
             (long long)in->tokens, in->seconds, in->seconds > 0 ? in->tokens / in->seconds : 0.0,
-            in->big_little_every ? " with the big-little pass" : "", status ? "nothing written to" : "wrote", a->out);
+            in->big_little_every ? " with the big-little pass" : "", status ? "did not finish" : "wrote", a->out);
     if (!status && (in->seq0 != 0 || in->seq1 != in->n_seq_all))
         fprintf(stderr, "moe-prep profile: this is shard %d/%d (sequences %d..%d of %d); the bundle's tuning is "
                         "written when the shards are merged (moe-prep profile merge ... --bundle MODEL)\n",
@@ -252,7 +252,12 @@ int moe_prep_profile(int argc, char **argv) {
         goto done;
     }
     const int whole = info.seq0 == 0 && info.seq1 == info.n_seq_all;
-    struct moe_profile_outputs o = {a.out, a.csv_dir, !a.no_tuning && whole && !moe_is_dir(a.model) ? a.model : NULL,
+    if (!a.no_tuning && whole && !model->bundle && !moe_is_dir(a.model))
+        fprintf(stderr, "moe-prep profile: %s is not a bundle, so it has no tuning section: the results (T1/T2, the "
+                        "placement order, the path dictionaries, gamma) are in %s only; to run with them, quantize "
+                        "the model (moe-prep quantize %s -o MODEL.moeb) and profile the bundle\n",
+                a.model, a.out, a.model);
+    struct moe_profile_outputs o = {a.out, a.csv_dir, !a.no_tuning && whole && model->bundle ? a.model : NULL,
                                     a.json};
     struct moe_profile_labels lb = {a.model, a.dataset, a.out, a.rp.n_ctx, info.seconds};
     status = moe_profile_finish(p, &a.targets, &o, &lb, CMD);

@@ -23,8 +23,8 @@ int moe_profile_finish(struct moe_profile *p, const struct moe_profile_targets *
         goto done;
     }
     if (o->tuning_bundle && (st = moe_profile_write_tuning(o->tuning_bundle, p, &r, &n_keys))) {
-        fprintf(stderr, "moe-prep %s: cannot write the tuning section of %s: %s\n", cmd, o->tuning_bundle,
-                moe_status_str(st));
+        fprintf(stderr, "moe-prep %s: %s was written, but the tuning section of %s was not: %s\n", cmd, o->out,
+                o->tuning_bundle, moe_status_str(st));
         goto done;
     }
     if (o->json && (st = moe_profile_print_json(stdout, p, &r, lb))) {

@@ -643,6 +643,10 @@ static int check_params(const struct moe_quantize_params *p) {
 /* job_open: load the model, check the output path, make the thread pool and
  * the row buffers. On failure *refused tells a caller's mistake apart. */
 static enum moe_status job_open(struct job *j, const char *in, const char *out, int *refused) {
+    if (moe_output_check(out, 0)) { /* a bundle needs a regular file in a writable directory */
+        *refused = 1;
+        return MOE_ERR_INVALID;
+    }
     enum moe_status st = moe_model_load_source(in, &j->m);
     if (st) {
         MOE_LOGE("quantize: cannot load %s", in);

@@ -316,7 +316,7 @@ static int scores_make(const struct moe_sensitivity_result *r, struct scores *c)
 static int write_csv(const struct moe_sensitivity_result *r, const char *path) {
     const struct moe_sens_state *s = &r->state;
     struct scores c = {0};
-    struct moe_tmp_file t = {NULL, NULL, -1, NULL}; /* exclusive, beside path: never through a planted link */
+    struct moe_tmp_file t = {NULL, NULL, -1, NULL, 0}; /* exclusive, beside path: never through a planted link */
     FILE *f = scores_make(r, &c) && !moe_tmp_create(path, &t) ? moe_tmp_stream(&t) : NULL;
     int ok = 0;
     if (f) {
