@@ -60,6 +60,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,15 @@ struct moe_bundle {
     struct slot tslot;            /* the slot in use */
     int tslot_index;              /* 0 = A, 1 = B */
     char slot_bad[2][256];        /* per slot: why it is damaged or unusable ("" if fine or empty) */
+    /* the file as opened, for moe_bundle_check_file (bundles opened from a file only) */
+    int fd;                       /* the mapped file, kept open (-1: from memory) */
+    uint8_t *page0;               /* [PAGE] the header page at open */
+    pthread_mutex_t watch_mu;     /* guards the fields below (check_file may run in any thread) */
+    uint64_t seen_size;           /* size and modification time of the last accepted state */
+    long long seen_mtime_s, seen_mtime_ns;
+    uint8_t seen_slots[2][SLOT_SIZE]; /* the tuning slots then */
+    int changed;                  /* a change was found and logged: every later check fails */
+    int told_tuning, told_path;   /* the info / warning of check_file given once */
 };
 
 /* The file offset where the directory ends. */
@@ -558,7 +568,34 @@ static struct moe_bundle *bundle_new(const char *label) {
         free(b);
         return NULL;
     }
+    b->fd = -1;
+    pthread_mutex_init(&b->watch_mu, NULL);
     return b;
+}
+
+/* watch_start: keep the mapped file open and note its size, modification
+ * time and header page, for moe_bundle_check_file. The descriptor must be
+ * the mapped file (device and inode), of the mapped size: a file replaced or
+ * resized between the map and this open fails the open. */
+static enum moe_status watch_start(struct moe_bundle *b) {
+    enum moe_status rc = moe_file_open_read(b->label, &b->fd); /* regular files only, never blocks */
+    if (rc) return rc == MOE_ERR_NOT_FOUND ? MOE_ERR_IO : rc;
+    struct stat st;
+    if (fstat(b->fd, &st) != 0 || (unsigned long long)st.st_dev != b->map.dev ||
+        (unsigned long long)st.st_ino != b->map.ino || (uint64_t)st.st_size != b->size) {
+        MOE_LOGE("%s: the file changed while it was being opened (replaced or resized); try again", b->label);
+        return MOE_ERR_IO;
+    }
+    if (!(b->page0 = malloc(PAGE))) {
+        MOE_LOGE("%s: out of memory", b->label);
+        return MOE_ERR_NOMEM;
+    }
+    memcpy(b->page0, b->base, PAGE); /* bundle_parse checked that the file holds the page */
+    for (int i = 0; i < 2; i++) memcpy(b->seen_slots[i], b->page0 + slot_offset[i], SLOT_SIZE);
+    b->seen_size = (uint64_t)st.st_size;
+    b->seen_mtime_s = (long long)st.st_mtim.tv_sec;
+    b->seen_mtime_ns = (long long)st.st_mtim.tv_nsec;
+    return MOE_OK;
 }
 
 /* Opens an in-memory image (borrowed). */
@@ -605,6 +642,7 @@ enum moe_status moe_bundle_open(const char *path, struct moe_bundle **out) {
     b->base = b->map.data;
     b->size = b->map.size;
     if ((rc = bundle_parse(b)) != MOE_OK) goto fail;
+    if ((rc = watch_start(b)) != MOE_OK) goto fail;
     *out = b;
     return MOE_OK;
 fail:
@@ -615,6 +653,9 @@ fail:
 /* Unmaps and frees everything the handle owns. */
 void moe_bundle_free(struct moe_bundle *b) {
     if (!b) return;
+    if (b->fd >= 0) close(b->fd);
+    free(b->page0);
+    pthread_mutex_destroy(&b->watch_mu);
     moe_mmap_close(&b->map);
     moe_bundle_kv_free(b->meta);
     moe_bundle_kv_free(b->tuning);
@@ -646,6 +687,68 @@ enum moe_status moe_bundle_open_fd(const struct moe_bundle *b, int *fd) {
     }
     *fd = d;
     return MOE_OK;
+}
+
+/* watch_verdict: why the file's change since the last accepted state
+ * (fstat gave `st`) makes the mapping untrustworthy, or NULL when it is a
+ * change no reader sees: a tuning replacement (only the slots of the header
+ * page and bytes past the directory change) or bytes appended or dropped
+ * past the directory. Lock held. */
+static const char *watch_verdict(struct moe_bundle *b, const struct stat *st, uint8_t *page) {
+    const uint64_t size = (uint64_t)st->st_size;
+    if (size < dir_end(b)) return "truncated: the weights it held are gone";
+    if (bundle_pread_all(b->fd, page, PAGE, 0) != 0) return "its header page cannot be read";
+    uint64_t at = 0;
+    for (int i = 0; i < 2; i++) { /* the header page outside the two slots must be as it was */
+        if (memcmp(page + at, b->page0 + at, (size_t)(slot_offset[i] - at)) != 0) return "its header was rewritten";
+        at = slot_offset[i] + SLOT_SIZE;
+    }
+    if (memcmp(page + at, b->page0 + at, (size_t)(PAGE - at)) != 0) return "its header was rewritten";
+    const int slots_moved = memcmp(page + slot_offset[0], b->seen_slots[0], SLOT_SIZE) != 0 ||
+                            memcmp(page + slot_offset[1], b->seen_slots[1], SLOT_SIZE) != 0;
+    if (!slots_moved && size == b->seen_size) return "its bytes were written in place";
+    return NULL;
+}
+
+/* Checks that the mapped file still holds the bytes that were mapped. */
+enum moe_status moe_bundle_check_file(const struct moe_bundle *cb) {
+    struct moe_bundle *b = (struct moe_bundle *)cb; /* only the watch fields change, under their lock */
+    if (!b || b->fd < 0) return MOE_OK;             /* from memory: no file to change */
+    enum moe_status rc = MOE_OK;
+    uint8_t page[PAGE];
+    struct stat st, ps;
+    pthread_mutex_lock(&b->watch_mu);
+    if (b->changed) {
+        rc = MOE_ERR_IO;
+    } else if (fstat(b->fd, &st) != 0) {
+        MOE_LOGE("%s: cannot stat the model's file while running: %s; restart", b->label, strerror(errno));
+        b->changed = 1, rc = MOE_ERR_IO;
+    } else if ((uint64_t)st.st_size != b->seen_size || (long long)st.st_mtim.tv_sec != b->seen_mtime_s ||
+               (long long)st.st_mtim.tv_nsec != b->seen_mtime_ns) {
+        const char *why = watch_verdict(b, &st, page);
+        if (why) {
+            MOE_LOGE("%s: changed while the model was running (size %llu -> %llu bytes; %s); restart", b->label,
+                     (unsigned long long)b->seen_size, (unsigned long long)st.st_size, why);
+            b->changed = 1, rc = MOE_ERR_IO;
+        } else {
+            if (!b->told_tuning)
+                MOE_LOGI("%s: its tuning was replaced (or bytes past the directory changed) while running; this run "
+                         "keeps the tuning it read at open", b->label);
+            b->told_tuning = 1;
+            b->seen_size = (uint64_t)st.st_size;
+            b->seen_mtime_s = (long long)st.st_mtim.tv_sec, b->seen_mtime_ns = (long long)st.st_mtim.tv_nsec;
+            for (int i = 0; i < 2; i++) memcpy(b->seen_slots[i], page + slot_offset[i], SLOT_SIZE);
+        }
+    }
+    if (!rc && !b->told_path &&
+        (stat(b->label, &ps) != 0 || (unsigned long long)ps.st_dev != b->map.dev ||
+         (unsigned long long)ps.st_ino != b->map.ino)) {
+        MOE_LOGW("%s: the path no longer names the file the model was loaded from (renamed over or removed); this "
+                 "run keeps using the file it loaded", b->label);
+        b->told_path = 1;
+    }
+    pthread_mutex_unlock(&b->watch_mu);
+    return rc;
 }
 
 /* The path or label given at open. */
@@ -725,6 +828,34 @@ enum moe_status moe_bundle_tensor_verify(const struct moe_bundle *b,
                                          const struct moe_bundle_tensor *t) {
     if (!b || !t) return MOE_ERR_INVALID;
     if (hash(t->data, (size_t)t->size) != t->checksum) {
+        MOE_LOGE("%s: tensor %s: checksum mismatch (offset %llu, %llu bytes)", b->label, t->name,
+                 (unsigned long long)t->offset, (unsigned long long)t->size);
+        return MOE_ERR_FORMAT;
+    }
+    return MOE_OK;
+}
+
+/* Reads a tensor's bytes through the file (not the mapping) and checks them. */
+enum moe_status moe_bundle_tensor_load(const struct moe_bundle *b, const struct moe_bundle_tensor *t, void *dst,
+                                       size_t dst_size) {
+    if (!b || !t || (!dst && t->size)) return MOE_ERR_INVALID;
+    if (dst_size < t->size) {
+        MOE_LOGE("%s: tensor %s: destination of %zu bytes is smaller than its %llu bytes", b->label, t->name,
+                 dst_size, (unsigned long long)t->size);
+        return MOE_ERR_RANGE;
+    }
+    if (b->fd < 0) {
+        if (t->size) memcpy(dst, t->data, (size_t)t->size);
+    } else {
+        int err = bundle_pread_all(b->fd, dst, t->size, t->offset);
+        if (err) {
+            MOE_LOGE("%s: tensor %s: reading %llu bytes at offset %llu: %s", b->label, t->name,
+                     (unsigned long long)t->size, (unsigned long long)t->offset,
+                     err == EIO ? "read error or unexpected end of file" : strerror(err));
+            return MOE_ERR_IO;
+        }
+    }
+    if (hash(dst, (size_t)t->size) != t->checksum) {
         MOE_LOGE("%s: tensor %s: checksum mismatch (offset %llu, %llu bytes)", b->label, t->name,
                  (unsigned long long)t->offset, (unsigned long long)t->size);
         return MOE_ERR_FORMAT;

@@ -24,8 +24,9 @@
  * often expected): they return NULL or MOE_ERR_NOT_FOUND (absent) and
  * MOE_ERR_SHAPE (present with another type).
  *
- * Thread-safety: an open struct moe_bundle is immutable; every reader function
- * may be called from any number of threads at once. A struct moe_bundle_kv is
+ * Thread-safety: an open struct moe_bundle is immutable (but for the state of
+ * moe_bundle_check_file, which keeps it under its own lock); every reader
+ * function may be called from any number of threads at once. A struct moe_bundle_kv is
  * not synchronised: build it in one thread, then share it read-only. Writer:
  * see "Writer" below.
  */
@@ -330,8 +331,13 @@ struct moe_bundle_info {
 /* moe_bundle_open: maps path read-only and validates header, directory and
  * tuning slots (docs/format.md lists every check). Blob and tensor checksums
  * are not computed here (see _verify and _load). MOE_ERR_UNSUPPORTED for a
- * newer major version. The file must not be truncated or rewritten while open
- * (moe_bundle_replace_tuning is safe: it only appends). */
+ * newer major version. The handle keeps one descriptor of the mapped file
+ * open (O_CLOEXEC) and notes its size, modification time and header page for
+ * moe_bundle_check_file; a file replaced or resized between the map and that
+ * open is MOE_ERR_IO (logged). The file must not be truncated or rewritten
+ * while open: a read of the mapping past a truncated end raises SIGBUS, and
+ * rewritten bytes are read as they are now; moe_bundle_check_file notices
+ * both after the fact (moe_bundle_replace_tuning is safe: it only appends). */
 enum moe_status moe_bundle_open(const char *path, struct moe_bundle **out);
 
 /* moe_bundle_open_memory: the same checks on a caller's buffer, which must
@@ -350,6 +356,33 @@ void moe_bundle_free(struct moe_bundle *b);
  * logged). A bundle opened from memory has no file: MOE_ERR_UNSUPPORTED, not
  * logged. */
 enum moe_status moe_bundle_open_fd(const struct moe_bundle *b, int *fd);
+
+/* moe_bundle_check_file: whether the file the bundle was opened from still
+ * holds the bytes that were mapped, for readers that keep using them (a
+ * running model checks every N tokens and before every expert read). Cost:
+ * one fstat of the kept descriptor (the mapped file itself, whatever its path
+ * names now) and one stat of the path; only when size or modification time
+ * (ns) differ from the last accepted state is the header page read (one
+ * 4096-byte pread) to tell changes no reader sees from the others:
+ *   - accepted (MOE_OK, an info message once; the new size and time become
+ *     the reference): a tuning replacement (moe_bundle_replace_tuning: only
+ *     the tuning slots and bytes past the directory change), or bytes
+ *     appended or dropped past the end of the directory;
+ *   - MOE_ERR_IO, logged once as "PATH: changed while the model was running
+ *     (size X -> Y bytes; WHY); restart": the file ends before the end of the
+ *     directory (truncated: reads of the mapping past the end raise SIGBUS),
+ *     the header page outside the tuning slots differs, or the size and the
+ *     slots are as they were but the time moved (bytes written in place).
+ *     Sticky: every later call returns MOE_ERR_IO without logging again.
+ * A path that now names another file, or none (renamed over, removed), is
+ * not an error: the mapping and the descriptor still hold the opened file; a
+ * warning is logged once. Not seen: a writer that puts back size and time
+ * (cp -p of a same-size file), a write within the file system's timestamp
+ * granularity of the last accepted state, or bytes written inside the data
+ * together with a size change that leaves the header page alone (dd from
+ * inside the data past the end). Always MOE_OK for a bundle opened from
+ * memory. Thread-safe. */
+enum moe_status moe_bundle_check_file(const struct moe_bundle *b);
 
 /* moe_bundle_path: the path (or label) given at open; owned by the bundle. */
 const char *moe_bundle_path(const struct moe_bundle *b);
@@ -381,6 +414,15 @@ const struct moe_bundle_tensor *moe_bundle_find_tensor(const struct moe_bundle *
  * MOE_ERR_FORMAT (logged, naming the tensor) on a mismatch. */
 enum moe_status moe_bundle_tensor_verify(const struct moe_bundle *b,
                                          const struct moe_bundle_tensor *t);
+
+/* moe_bundle_tensor_load: copies t's bytes into dst (dst_size >= t->size,
+ * else MOE_ERR_RANGE; no alignment needed) through the kept descriptor, not
+ * the mapping (a truncated file is MOE_ERR_IO, never SIGBUS; from memory:
+ * copied from the buffer), and checks the copy's checksum (MOE_ERR_FORMAT).
+ * Errors are logged naming the tensor. For owners of an in-memory copy of the
+ * non-expert weights (moe_model_params.copy_dense). */
+enum moe_status moe_bundle_tensor_load(const struct moe_bundle *b, const struct moe_bundle_tensor *t, void *dst,
+                                       size_t dst_size);
 
 /* Expert layout: counts (all 0 when the bundle has no experts), whether a layer
  * has experts (false for dense layers and out-of-range layers), the precision

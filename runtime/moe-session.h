@@ -127,6 +127,24 @@ int moe_session_pos(const struct moe_session *s);
 /* moe_session_n_ctx: capacity of the cache. */
 int moe_session_n_ctx(const struct moe_session *s);
 
+/* Every session checks the file its model was loaded from (bundles:
+ * moe_model_check_file) when its first forward starts and after every
+ * forward that brings the tokens run since the last check to this many; the
+ * expert store checks it before every read too. A bundle truncated or
+ * rewritten under a running model makes the forward (this one or one within
+ * this many tokens) return MOE_ERR_IO, with one message naming the file
+ * ("changed while the model was running (size X -> Y bytes; ...); restart"),
+ * and every later forward return it too: the logits of such a call are not
+ * to be used. A tuning replacement is not a change. What this cannot catch:
+ * with every expert resident the weights are read from the mapping, and a
+ * read past a truncated end raises SIGBUS before a check can see it. With a
+ * budget the non-expert weights are the model's own copy and the experts are
+ * read by the store, so a truncation is an error, not a signal, except in
+ * the moment between a check and a read of the mapping right after it: a
+ * copy out of the mapping (MOE_IO_MMAP), or an expert a GPU backend runs on
+ * the host (its place() hook), which reads the mapping while it computes. */
+#define MOE_SESSION_CHECK_TOKENS 64
+
 /* moe_session_forward: append n tokens at the current position and compute
  * logits. With all_logits != 0, `logits` receives [n x n_vocab] (one row per
  * token); otherwise [n_vocab] for the last token only; NULL skips the LM head.
@@ -134,7 +152,8 @@ int moe_session_n_ctx(const struct moe_session *s);
  * original_max_position_embeddings, the whole cached sequence is recomputed, as
  * transformers' generate() does (its cos/sin scale depends on the length). Fails with MOE_ERR_RANGE
  * if the cache would overflow and MOE_ERR_INVALID for out-of-vocabulary ids
- * (the session is unchanged in both cases). */
+ * (the session is unchanged in both cases); MOE_ERR_IO when the model's file
+ * changed (MOE_SESSION_CHECK_TOKENS). */
 enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n,
                                     float *logits, int all_logits);
 

@@ -56,6 +56,11 @@ struct moe_session {
     int32_t *bl_pred;           /* [n_layer x K] top-K of the little pass's router, per MoE layer */
     float *bl_pred_w;           /* [n_layer x K] their gate weights */
     struct moe_big_little_stats bl;
+    /* the model's file (moe_model_check_file): checked before the first
+     * forward, then after every MOE_SESSION_CHECK_TOKENS tokens */
+    int watched;                /* the first check was made */
+    int since_check;            /* tokens run since the last check */
+    enum moe_status file_st;    /* MOE_OK, or the failed check's status (sticky) */
 };
 
 /* ---- routing ---------------------------------------------------------- */
@@ -615,6 +620,26 @@ static enum moe_status run_tokens(struct moe_session *s, const int32_t *tokens, 
     return MOE_OK;
 }
 
+/* watch: count n tokens run and check the model's file when the session's
+ * first forward starts and once MOE_SESSION_CHECK_TOKENS tokens have run
+ * since the last check (one fstat and one stat: about a microsecond every 64
+ * tokens). A failed check is sticky: every later forward returns it. */
+static enum moe_status watch(struct moe_session *s, int n) {
+    if (s->file_st) return s->file_st;
+    s->since_check += n;
+    if (s->watched && s->since_check < MOE_SESSION_CHECK_TOKENS) return MOE_OK;
+    s->watched = 1, s->since_check = 0;
+    return s->file_st = moe_model_check_file(s->m);
+}
+
+/* watched_run: the status of a forward's work, then the check after it
+ * (watch), so logits computed from a file that changed meanwhile are not
+ * handed out as good. */
+static enum moe_status watched_run(struct moe_session *s, int n, enum moe_status st) {
+    if (st && !s->file_st) s->file_st = moe_model_check_file(s->m); /* a read failed: was it the file? (sticky) */
+    return st ? st : watch(s, n);
+}
+
 enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n, float *logits,
                                     int all_logits) {
     const struct moe_config *c = &s->m->cfg;
@@ -633,6 +658,8 @@ enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens
             return MOE_ERR_INVALID;
         }
     }
+    enum moe_status wst = watch(s, 0);
+    if (wst) return wst;
     const struct moe_rope *r = &c->rope;
     if (r->has_mscale && s->pos > 0 && s->pos <= r->original_max_pos && s->pos + n > r->original_max_pos) {
         /* Phi-MoE: the cached keys were rotated with short_mscale; once the
@@ -647,9 +674,9 @@ enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens
         s->pos = 0;
         enum moe_status st = run_tokens(s, all, total, logits, !logits ? total : all_logits ? old : total - 1);
         free(all);
-        return st;
+        return watched_run(s, total, st);
     }
-    return run_tokens(s, tokens, n, logits, !logits ? n : all_logits ? 0 : n - 1);
+    return watched_run(s, n, run_tokens(s, tokens, n, logits, !logits ? n : all_logits ? 0 : n - 1));
 }
 
 enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
@@ -672,16 +699,17 @@ enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const
     const size_t V = (size_t)c->n_vocab, H = (size_t)c->n_embd;
     const int row_from = !logits ? n : all_logits ? 0 : n - 1;
     const int seq_len = s->pos + n;
-    enum moe_status st;
+    enum moe_status st = watch(s, 0);
+    if (st) return st;
     for (int done = 0; done < n;) {
         int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
         int from = row_from > done ? row_from - done : 0;
         float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
         if ((st = moe_backend_set_x(s->be, x + (size_t)done * H, chunk))) return st;
-        if ((st = layers_chunk(s, layer, tokens + done, chunk, seq_len, dst, from))) return st;
+        if ((st = layers_chunk(s, layer, tokens + done, chunk, seq_len, dst, from))) return watched_run(s, n, st);
         done += chunk;
     }
-    return MOE_OK;
+    return watch(s, n);
 }
 
 enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n, float *logits) {

@@ -46,6 +46,8 @@ struct moe_model_impl {
     void **owned;              /* [n_owned] buffers owned by the model (decompressed blobs) */
     int n_owned;
     int lazy;                  /* experts not bound at load (moe_model_params.lazy_experts) */
+    const void **dense_copy;   /* bundles loaded with copy_dense: [bundle tensor count] each non-expert
+                                * tensor's bytes in `owned` memory, bound instead of the mapping */
     pthread_mutex_t lock;      /* guards expert_base / owned for moe_model_expert */
 };
 
@@ -682,9 +684,10 @@ struct moe_model_params moe_model_default_params(void) {
 static int bundle_find(const struct bind *b, const char *name, struct src_tensor *t) {
     const struct moe_bundle_tensor *x = moe_bundle_find_tensor(b->src, name);
     if (!x) return 0;
-    t->data = x->data;
-    t->size = x->size;
     t->index = (size_t)(x - moe_bundle_tensor_at(b->src, 0));
+    const void *const *copy = b->m->impl->dense_copy;
+    t->data = copy ? copy[t->index] : x->data; /* copy_dense: the model's copy, not the mapping */
+    t->size = x->size;
     t->type = (enum moe_qtype)x->type_id;
     t->raw_u8 = 0;
     t->n_dims = (int)x->n_dims;
@@ -909,6 +912,36 @@ static int bitwidth_map(struct moe_model *m) {
     return 1;
 }
 
+/* read_dense_copy: read every non-expert tensor of the bundle into one buffer the
+ * model owns (each at a 4096-byte boundary, as in the file), through the file
+ * rather than the mapping, each checked against its checksum; bundle_find
+ * then binds the copies (moe_model_params.copy_dense). */
+static enum moe_status read_dense_copy(struct moe_model *m) {
+    struct moe_model_impl *mi = m->impl;
+    const size_t n = moe_bundle_tensor_count(m->bundle), align = 4096;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t sz = moe_bundle_tensor_at(m->bundle, i)->size;
+        if (sz > SIZE_MAX - total - align) return MOE_ERR_NOMEM;
+        total += ((size_t)sz + align - 1) & ~(align - 1);
+    }
+    void *buf = NULL;
+    if (!(mi->dense_copy = calloc(n + 1, sizeof *mi->dense_copy)) || posix_memalign(&buf, align, total ? total : align)) {
+        MOE_LOGE("%s: cannot allocate %.1f MB for the non-expert weights", m->path, (double)total / 1e6);
+        return MOE_ERR_NOMEM;
+    }
+    enum moe_status st = bind_own(mi, buf);
+    if (st) return st;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct moe_bundle_tensor *t = moe_bundle_tensor_at(m->bundle, i);
+        if ((st = moe_bundle_tensor_load(m->bundle, t, (char *)buf + at, (size_t)t->size))) return st;
+        mi->dense_copy[i] = (char *)buf + at;
+        at += ((size_t)t->size + align - 1) & ~(align - 1);
+    }
+    return MOE_OK;
+}
+
 /* meta_text: a required text item of the bundle's metadata. */
 static const char *meta_text(const struct moe_bundle *bd, const char *path, const char *key) {
     const char *v = moe_bundle_meta_str(bd, key);
@@ -1016,11 +1049,16 @@ static enum moe_status load_from_bundle(struct moe_model *m, const char *path, c
         st = MOE_ERR_NOMEM;
         goto fail;
     }
+    const int copy = params && (params->copy_dense > 0 || (params->copy_dense == 0 && params->lazy_experts));
+    if (copy && (st = read_dense_copy(m))) { /* checked as they are read */
+        free(used);
+        goto fail;
+    }
     struct bind b = {bundle_find, m->bundle, path, m, bundle_expert, used, NULL};
     if (!(st = bind_all(&b, m))) st = check_all_bound(path, used, n_src, bundle_name_at, m->bundle);
     free(used);
     if (st) goto fail;
-    for (int i = 0; i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
+    for (int i = 0; !copy && i < m->n_refs; i++) { /* non-expert tensors are small next to experts: check them all */
         const struct moe_bundle_tensor *t = moe_bundle_find_tensor(m->bundle, m->refs[i].name);
         if (t && (st = moe_bundle_tensor_verify(m->bundle, t))) goto fail;
     }
@@ -1057,6 +1095,10 @@ enum moe_status moe_model_load(const char *path, const struct moe_model_params *
 
 enum moe_status moe_model_check_output(const struct moe_model *m, const char *output) {
     if (!output) return MOE_OK;
+    if (m->gguf) { /* a GGUF file: its path is the input */
+        const char *in = m->path;
+        return moe_file_check_output(output, &in, 1);
+    }
     if (m->bundle) {
         const char *in = m->path;
         return moe_file_check_output(output, &in, 1);
@@ -1101,6 +1143,10 @@ int64_t moe_model_n_params(const struct moe_model *m) {
     return n;
 }
 
+enum moe_status moe_model_check_file(const struct moe_model *m) {
+    return m && m->bundle ? moe_bundle_check_file(m->bundle) : MOE_OK;
+}
+
 void moe_model_free(struct moe_model *m) {
     if (!m) return;
     for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
@@ -1134,6 +1180,7 @@ void moe_model_free(struct moe_model *m) {
         free(mi->owned);
         free(mi->expert_prec);
         free(mi->expert_base);
+        free(mi->dense_copy);
         free(mi->experts);
         pthread_mutex_destroy(&mi->lock);
         free(mi);
@@ -1192,6 +1239,7 @@ enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes
         MOE_LOGE("NULL model");
         return MOE_ERR_INVALID;
     }
+    if (moe_model_check_file(m)) return MOE_ERR_IO; /* it reads every mapped weight: not from a changed file */
     const int64_t n = repack_list(m, experts, NULL);
     struct moe_weight **w = malloc(sizeof *w * (size_t)(n + 1));
     uint8_t **dst = calloc((size_t)n + 1, sizeof *dst);

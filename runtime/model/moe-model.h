@@ -3,8 +3,10 @@
  * mmapped checkpoint files) for the supported MoE architectures.
  *
  * Grouped by lifetime, as in llama2.c: struct moe_config is the hyper-parameters,
- * struct moe_model the weights (never copied: every matrix is a typed view into a
- * mapped file), and struct moe_session (moe-session.h) the run state.
+ * struct moe_model the weights (typed views into a mapped file; a bundle run
+ * with an expert store reads its non-expert weights into memory the model owns
+ * instead: moe_model_params.copy_dense), and struct moe_session
+ * (moe-session.h) the run state.
  */
 #ifndef MOE_MODEL_H
 #define MOE_MODEL_H
@@ -284,6 +286,19 @@ struct moe_model_params {
      * offloading store, which reads blobs itself and must not touch every
      * expert's pages at start-up. 0 (default) = bind and check all at load. */
     int lazy_experts;
+    /* Bundles only: where the non-expert weights (attention, norms, router,
+     * shared and dense FFNs, embeddings, LM head) are read from while the
+     * model runs. 1 = read them once at load, through the file (pread, not
+     * the mapping), into one buffer the model owns, each tensor checked
+     * against its checksum: a bundle truncated or rewritten later cannot
+     * raise SIGBUS in, or change, these weights (the same bytes, so the
+     * logits are bit-identical). -1 = views into the mapping (llama2.c
+     * style: no copy, pages shared with the page cache). 0 (default) =
+     * decided by lazy_experts: copied when it is set, i.e. whenever the
+     * model runs with an expert store (a budget), where the non-expert
+     * weights are small next to the experts and the mapping would otherwise
+     * be the only thing a running model reads from the file unchecked. */
+    int copy_dense;
 };
 
 /* The bundle tuning key of EdgeMoE's per-expert bit-width map: i64
@@ -348,7 +363,9 @@ enum moe_status moe_model_expert(const struct moe_model *m, int layer, int exper
  * only: other backends do not read the layouts. *bytes (if not NULL): the
  * bytes rewritten (0 when nothing qualifies, e.g. without VNNI). Must not run
  * while a session of this model computes. MOE_ERR_NOMEM (logged, the model
- * unchanged) if the buffer cannot be had. */
+ * unchanged) if the buffer cannot be had; MOE_ERR_IO (logged) when the
+ * bundle's file changed since load (moe_model_check_file), before any
+ * mapped weight is read. */
 enum moe_status moe_model_repack(struct moe_model *m, int experts, size_t *bytes);
 
 /* moe_model_set_expert_precision: rebind routed expert (layer, expert) of a
@@ -367,6 +384,16 @@ int moe_model_get_expert_precision(const struct moe_model *m, int layer, int exp
  * text for messages: "q4_k", "per-expert map: 4 x q4_k 28 x q2_k", or "as
  * stored in the checkpoint". Always NUL-terminated (size > 0). */
 void moe_model_precision_summary(const struct moe_model *m, char *buf, size_t size);
+
+/* moe_model_check_file: whether the file a bundle model was loaded from
+ * still holds the bytes it mapped (moe_bundle_check_file: size, modification
+ * time and the header page of the mapped file; a tuning replacement is
+ * accepted). MOE_ERR_IO, logged once naming the file ("changed while the
+ * model was running (size X -> Y bytes; ...); restart") and sticky, when not.
+ * MOE_OK for checkpoints and GGUF files (not watched) and bundles in memory.
+ * The session calls it every MOE_SESSION_CHECK_TOKENS tokens and the expert
+ * store before every read. Thread-safe; about two system calls. */
+enum moe_status moe_model_check_file(const struct moe_model *m);
 
 /* moe_model_free: NULL is a no-op. */
 void moe_model_free(struct moe_model *m);

@@ -15,8 +15,13 @@
  * tuning), with EdgeMoE's path-dictionary and HOBBIT's stacked-gate prefetch,
  * and loads overlapped with compute by a pool of loader threads.
  *
- * Non-expert weights are not the store's: they stay the model's views (a
- * mapping of the bundle, touched once). Memory: the slots (at most the budget)
+ * Non-expert weights are not the store's: they stay the model's (read into
+ * its own memory at load when it was loaded with lazy_experts:
+ * moe_model_params.copy_dense). Before every read the store checks that the
+ * bundle's file is still the one mapped (moe_bundle_check_file); a truncated
+ * or rewritten file fails the read with MOE_ERR_IO and a message naming it
+ * ("changed while the model was running ...; restart"), and so does every
+ * later read. Memory: the slots (at most the budget)
  * + two scratch slots of the largest copy (for copies a policy does not keep)
  * + a small fixed bookkeeping size (moe_store_overhead_bytes).
  *

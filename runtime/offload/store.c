@@ -187,6 +187,7 @@ static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle
         ssize_t r = pread(st->fd, (char *)dst + got, want - got, (off_t)(b->offset + got));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
+            if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO; /* the file changed: said once, by name */
             MOE_LOGE("%s: reading layer %u expert %u (%llu bytes at %llu): %s", moe_bundle_path(st->bundle), b->layer,
                      b->expert, (unsigned long long)b->stored_size, (unsigned long long)b->offset,
                      r < 0 ? strerror(errno) : "unexpected end of file");
@@ -200,6 +201,7 @@ static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle
 /* check_sum: the XXH3 of a stored (uncompressed) blob read into p. */
 static enum moe_status check_sum(const struct moe_store *st, const struct moe_bundle_blob *b, const void *p) {
     if (XXH3_64bits(p, (size_t)b->stored_size) == b->checksum) return MOE_OK;
+    if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO; /* changed since the check before the read */
     MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)", moe_bundle_path(st->bundle),
              b->layer, b->expert, b->desc->name);
     return MOE_ERR_FORMAT;
@@ -243,11 +245,13 @@ static enum moe_status pack_copy(const struct moe_store *st, int prec, void *hos
     return MOE_OK;
 }
 
-/* load: read and check expert g at precision prec into slot s's buffer. */
+/* load: read and check expert g at precision prec into slot s's buffer,
+ * after checking that the bundle's file is still the one mapped (a miss is a
+ * read: moe_bundle_check_file, two system calls, next to a read of the blob). */
 static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int prec, void *staging) {
     struct moe_bundle_blob b;
     enum moe_status rc = blob(st, g, prec, &b);
-    if (rc) return rc;
+    if (rc || (rc = moe_bundle_check_file(st->bundle))) return rc;
     void *host = s->buf.host;
     if (!host && moe_backend_supports(st->be, MOE_BACKEND_FEAT_STAGE)) return load_staged(st, s, &b, g, prec, staging);
     const int direct_ok = host != NULL && b.compression == MOE_BUNDLE_COMP_NONE;
@@ -644,6 +648,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         goto nomem;
     /* I/O */
     st->io = p->io;
+    if ((rc = moe_bundle_check_file(st->bundle))) goto fail; /* changed since the model was loaded: say so by name */
     if (st->io != MOE_IO_MMAP) {
         /* the very file that was mapped, opened without blocking (a FIFO or
          * another file put at the path since is refused) */
@@ -1080,9 +1085,11 @@ static void view_of(const struct moe_store *st, const struct slot *s, int prec, 
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
     struct moe_store_item *it = &st->items[i];
     const int32_t g = st->step_layer * st->E + it->expert;
-    if (it->host || st->in_place) /* on the host, or a store in place: the model's views (checked on first use),
-                                   * nothing to wait for */
-        return moe_model_expert(st->m, st->layer_of[st->step_layer], it->expert, it->precision, view);
+    if (it->host || st->in_place) { /* on the host, or a store in place: the model's views (checked on first use),
+                                     * nothing to wait for; a host run reads the mapping: not from a changed file */
+        enum moe_status rc = it->host && !st->in_place ? moe_bundle_check_file(st->bundle) : MOE_OK;
+        return rc ? rc : moe_model_expert(st->m, st->layer_of[st->step_layer], it->expert, it->precision, view);
+    }
     pthread_mutex_lock(&st->mu);
     if (st->item_lazy[i]) { /* a copy not kept: read it into a scratch slot now */
         int si = scratch_slot(st);
