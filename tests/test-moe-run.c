@@ -177,8 +177,12 @@ int main(int argc, char **argv) {
     CHECK(run(cmd, out, sizeof out) == 2, "missing -m exits 2");
     snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 --tokens 1,x 2>/dev/null", moe_run, MOE_FIXTURES);
     CHECK(run(cmd, out, sizeof out) == 2, "bad --tokens exits 2");
-    snprintf(cmd, sizeof cmd, "%s -m /nonexistent -p hi 2>/dev/null", moe_run);
+    snprintf(cmd, sizeof cmd, "%s -m /nonexistent -p hi 2>&1", moe_run);
     CHECK(run(cmd, out, sizeof out) == 1, "missing model exits 1");
+    CHECK(strstr(out, "/nonexistent") && !strstr(strstr(out, "/nonexistent") + 1, "/nonexistent: "),
+          "a missing model is reported once: %s", out);
+    snprintf(cmd, sizeof cmd, "%s -m %s/gguf/mixtral-f32.gguf --tokens 1,2 -n 1 2>&1", moe_run, MOE_FIXTURES);
+    CHECK(run(cmd, out, sizeof out) == 0 && !strstr(out, "error"), "a GGUF run prints no error: %s", out);
     snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 --tokens 99999 -n 1 2>/dev/null", moe_run, MOE_FIXTURES);
     CHECK(run(cmd, out, sizeof out) == 1, "out-of-vocabulary id exits 1");
     devices(argc > 2 ? argv[2] : NULL);

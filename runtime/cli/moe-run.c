@@ -18,6 +18,7 @@
 #include "moe-base.h"
 #include "hw-cmd.h"
 #include "moe-file.h"
+#include "moe-gguf.h"
 #include "moe-gpu.h"
 #include "moe-hw.h"
 #include "moe-mmap.h"
@@ -590,7 +591,8 @@ static void print_text_delta(const struct moe_tokenizer *tok, const int32_t *ids
  * starting point of the engine options, the ones given on the command line
  * applied again on top. 0 after a message. */
 static int apply_plan(struct args *a) {
-    if (a->no_plan || moe_is_dir(a->model)) return 1;
+    /* only a bundle has a plan; anything else (a missing file included) the model load reports, once */
+    if (a->no_plan || moe_is_dir(a->model) || access(a->model, R_OK) != 0 || moe_gguf_is_gguf_file(a->model)) return 1;
     struct moe_bundle *b = NULL;
     if (moe_bundle_open(a->model, &b) != MOE_OK) return 1; /* the model load reports it */
     uint32_t nl = 0, ne = 0, np = 0;
