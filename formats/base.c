@@ -2,9 +2,11 @@
  * (moe-base.h). */
 #include "moe-base.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 double moe_now_s(void) {
@@ -111,4 +113,27 @@ char *moe_path_join(const char *dir, const char *name) {
     if (a > 0 && dir[a - 1] != '/') p[k++] = '/';
     memcpy(p + k, name, b + 1);
     return p;
+}
+
+enum moe_status moe_parse_size(const char *s, int64_t *out) {
+    static const struct {
+        const char *unit;
+        double mult;
+    } k_units[] = {{"", 1},          {"b", 1},          {"k", 1024.0},   {"m", 1048576.0},      {"g", 1073741824.0},
+                   {"t", 1099511627776.0}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0},
+                   {"tib", 1099511627776.0}, {"kb", 1e3},     {"mb", 1e6},         {"gb", 1e9},         {"tb", 1e12}};
+    if (!s) return MOE_ERR_INVALID;
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0) || *s == '-' || *s == ' ' || *s == '+') return MOE_ERR_INVALID;
+    while (*end == ' ') end++;
+    for (size_t i = 0; i < sizeof k_units / sizeof k_units[0]; i++)
+        if (strcasecmp(end, k_units[i].unit) == 0) {
+            const double b = v * k_units[i].mult;
+            if (!(b <= 9.0e18)) return MOE_ERR_INVALID;
+            *out = (int64_t)b;
+            return MOE_OK;
+        }
+    return MOE_ERR_INVALID;
 }

@@ -62,6 +62,15 @@ size_t moe_utf8_bad_offset(const void *s, size_t n);
  * out of memory): no slash added when dir is empty or already ends with one. */
 char *moe_path_join(const char *dir, const char *name);
 
+/* moe_parse_size: a byte count as every command spells it: a number
+ * (fractions allowed) and an optional unit, case-insensitive: none or B
+ * (bytes); K, M, G, T and KiB, MiB, GiB, TiB (powers of 1024); KB, MB, GB, TB
+ * (powers of 1000, as disks are sold). "512M" = 512 MiB, "2G" = "2GiB" =
+ * 2147483648, "2GB" = 2000000000, "1.5G" = 1610612736. A space before the
+ * unit is allowed. The result is truncated to whole bytes; MOE_ERR_INVALID
+ * for anything else, a negative number or more than 9e18 bytes. */
+enum moe_status moe_parse_size(const char *s, int64_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -151,7 +151,39 @@ static void test_opt(void) {
     }
 }
 
+/* test_size: one size grammar for every command (issue 26: --expert-mem 2GB
+ * was 2 GiB and fit-cache's 2GB 10^9; 2G was refused by fit-cache). */
+static void test_size(void) {
+    static const struct {
+        const char *s;
+        int64_t want; /* -1: refused */
+    } t[] = {{"4096", 4096},           {"0", 0},
+             {"512M", 512LL << 20},    {"512m", 512LL << 20},
+             {"2G", 2LL << 30},        {"2GiB", 2LL << 30},
+             {"2gib", 2LL << 30},      {"2GB", 2000000000},
+             {"2gb", 2000000000},      {"1.5G", 1610612736},
+             {"64KiB", 65536},         {"64K", 65536},
+             {"64KB", 64000},          {"1T", 1LL << 40},
+             {"1TB", 1000000000000LL}, {"3 MiB", 3LL << 20},
+             {"100B", 100},            {"-1G", -1},
+             {"", -1},                 {"G", -1},
+             {"2GG", -1},              {"2 G B", -1},
+             {"1e30", -1},             {"nan", -1},
+             {"2Gi", -1},              {" 2G", -1},
+             {"0x10", 16},             {"2P", -1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        int64_t got = -7;
+        const enum moe_status st = moe_parse_size(t[i].s, &got);
+        if (t[i].want < 0)
+            CHECK(st == MOE_ERR_INVALID, "\"%s\" is refused (got %lld)", t[i].s, (long long)got);
+        else
+            CHECK(st == MOE_OK && got == t[i].want, "\"%s\" = %lld (got %lld)", t[i].s, (long long)t[i].want,
+                  (long long)got);
+    }
+}
+
 int main(void) {
+    test_size();
     test_buf();
     test_utf8();
     test_path();

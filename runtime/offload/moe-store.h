@@ -85,8 +85,9 @@ struct moe_store_params {
 
 struct moe_store_params moe_store_default_params(void);
 
-/* moe_store_parse_size: "512M", "1.5G", "4096", "64KiB" -> bytes (K/M/G/T,
- * optional iB/B, powers of 1024). MOE_ERR_INVALID (not logged) otherwise. */
+/* moe_store_parse_size: moe_parse_size (moe-base.h): "512M", "1.5G", "4096",
+ * "64KiB" (powers of 1024), "2GB" (powers of 1000) -> bytes. MOE_ERR_INVALID
+ * (not logged) otherwise. */
 enum moe_status moe_store_parse_size(const char *s, int64_t *out);
 
 /* What a run did, counted since the session was created. */

@@ -145,25 +145,7 @@ struct moe_store_params moe_store_default_params(void) {
     return p;
 }
 
-enum moe_status moe_store_parse_size(const char *s, int64_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !(v >= 0)) return MOE_ERR_INVALID;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0, end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024, end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
-    default: break;
-    }
-    if (mul > 1 && *end == 'i') end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end || v * mul > 9.0e18) return MOE_ERR_INVALID;
-    *out = (int64_t)(v * mul);
-    return MOE_OK;
-}
+enum moe_status moe_store_parse_size(const char *s, int64_t *out) { return moe_parse_size(s, out); }
 
 static size_t round4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
 

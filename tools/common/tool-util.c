@@ -1,6 +1,8 @@
 /* tool-util.c - small helpers shared by the moe-prep subcommands. */
 #include "tool-util.h"
 
+#include "moe-base.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -44,25 +46,13 @@ int moe_tool_parse_ll(const char *cmd, const char *opt, const char *v, long long
 }
 
 int moe_tool_parse_size(const char *cmd, const char *opt, const char *v, long long *out) {
-    static const struct {
-        const char *name;
-        double mult;
-    } units[] = {{"", 1},       {"B", 1},        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-                 {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
-    char *end;
-    double x = strtod(v, &end);
-    if (end != v) {
-        while (*end == ' ') end++;
-        for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-            if (!strcasecmp(end, units[i].name)) {
-                double b = floor(x * units[i].mult);
-                if (!(b >= 1 && b <= 1e18)) break;
-                *out = (long long)b;
-                return 1;
-            }
+    int64_t b = 0;
+    if (moe_parse_size(v, &b) == MOE_OK && b >= 1) {
+        *out = (long long)b;
+        return 1;
     }
-    fprintf(stderr, "moe-prep %s: %s wants a size such as 2GiB, 512MiB, 1.5GB or 1048576 (bytes), not \"%s\"\n", cmd,
-            opt, v);
+    fprintf(stderr, "moe-prep %s: %s wants a size such as 2G (= 2GiB), 512M, 1.5GB (decimal) or 1048576 (bytes), "
+                    "not \"%s\"\n", cmd, opt, v);
     return 0;
 }
 
