@@ -996,7 +996,31 @@ enum moe_status moe_qtype_from_name(const char *name, enum moe_qtype *out) {
             return MOE_OK;
         }
     }
-    MOE_LOGE("unknown quantization type '%.64s'", name);
+    /* llama.cpp's file types name a k-quant with its mix: Q4_K_M, Q3_K_S, ...;
+     * here a tensor class gets one type, so the mix is the k-quant itself */
+    const size_t n = strlen(name);
+    if (n >= 4 && name[n - 2] == '_' && strchr("SMLsml", name[n - 1]) && (name[n - 3] == 'k' || name[n - 3] == 'K')) {
+        char base[16];
+        if (n - 2 < sizeof base) {
+            memcpy(base, name, n - 2);
+            base[n - 2] = 0;
+            for (int t = 0; t < MOE_QTYPE_LIMIT; t++)
+                if (moe_qtype_valid((enum moe_qtype)t) && strcasecmp(base, g_traits[t].name) == 0) {
+                    MOE_LOGI("'%s' is llama.cpp's %s mix; every tensor of the class gets %s", name, g_traits[t].name,
+                             g_traits[t].name);
+                    *out = (enum moe_qtype)t;
+                    return MOE_OK;
+                }
+        }
+    }
+    char list[256];
+    size_t used = 0;
+    list[0] = 0;
+    for (int t = 0; t < MOE_QTYPE_LIMIT && used < sizeof list; t++)
+        if (moe_qtype_valid((enum moe_qtype)t))
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", used ? " " : "", g_traits[t].name);
+    MOE_LOGE("unknown quantization type '%.64s' (types: %s; llama.cpp's names such as Q4_K_M are read as q4_k)", name,
+             list);
     return MOE_ERR_INVALID;
 }
 

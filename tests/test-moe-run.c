@@ -171,6 +171,17 @@ int main(int argc, char **argv) {
     char cmd[4096], out[65536];
     snprintf(cmd, sizeof cmd, "%s --help", moe_run);
     CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "examples:"), "--help");
+    snprintf(cmd, sizeof cmd, "%s --version", moe_run);
+    CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "moe-run ") && strstr(out, "backends: cpu"),
+          "--version names the backends: %s", out);
+    char out2[65536];
+    snprintf(cmd, sizeof cmd, "printf 'hello world' | %s -m %s/models/mixtral-f32 -f - -n 4 --ids 2>/dev/null", moe_run,
+             MOE_FIXTURES);
+    const int rc_stdin = run(cmd, out, sizeof out);
+    snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 -p 'hello world' -n 4 --ids 2>/dev/null", moe_run,
+             MOE_FIXTURES);
+    CHECK(rc_stdin == 0 && run(cmd, out2, sizeof out2) == 0 && out[0] && !strcmp(out, out2),
+          "-f - reads the prompt from standard input, as -p gives it: %s / %s", out, out2);
     snprintf(cmd, sizeof cmd, "%s -m x --bogus 2>/dev/null", moe_run);
     CHECK(run(cmd, out, sizeof out) == 2, "unknown option exits 2");
     snprintf(cmd, sizeof cmd, "%s -p hi 2>/dev/null", moe_run);

@@ -1450,7 +1450,27 @@ static void test_act_malformed(void) {
     moe_log_set(NULL, NULL);
 }
 
+/* test_llama_names: llama.cpp's file-type names (issue 26) read as the k-quant
+ * of their mix; anything else is refused with the list of types. */
+static void test_llama_names(void) {
+    static const struct {
+        const char *name;
+        int want; /* enum moe_qtype, -1 refused */
+    } t[] = {{"Q4_K_M", MOE_QTYPE_Q4_K}, {"q3_k_s", MOE_QTYPE_Q3_K}, {"Q5_K_L", MOE_QTYPE_Q5_K},
+             {"Q6_K", MOE_QTYPE_Q6_K},   {"Q8_0", MOE_QTYPE_Q8_0},   {"Q8_0_M", -1},
+             {"Q4_K_X", -1},             {"Q9_K_M", -1},             {"_M", -1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        enum moe_qtype got = MOE_QTYPE_F32;
+        const enum moe_status st = moe_qtype_from_name(t[i].name, &got);
+        if (t[i].want < 0)
+            QCHECK(st == MOE_ERR_INVALID, "%s refused", t[i].name);
+        else
+            QCHECK(st == MOE_OK && (int)got == t[i].want, "%s = %s", t[i].name, moe_qtype_name((enum moe_qtype)t[i].want));
+    }
+}
+
 int main(void) {
+    test_llama_names();
     printf("ISAs: scalar yes, avx2 %s, avx512 %s; in use: %s\n",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX2) ? "yes" : "no (untested)",
            moe_quant_isa_supported(MOE_QUANT_ISA_AVX512) ? "yes" : "no (untested)", moe_quant_isa_name());

@@ -36,13 +36,13 @@
 enum {
     O_TOKENS = 256, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_IGNORE_EOS, O_NO_SPECIAL, O_IDS, O_TOKENIZE, O_LOGITS_OUT,
     O_EXPERT_PRECISION, O_LITTLE_K, O_GAMMA, O_BL_PREFETCH, O_STATS_JSON, O_TRACE_OUT, O_MEASURE_HW, O_HW, O_NO_PLAN,
-    O_NO_REPACK,
+    O_NO_REPACK, O_VERSION,
 };
 
 /* moe-run's options by help section; the store's and the GPU's tables follow. */
 static const struct moe_opt k_input[] = {
     {"prompt", 'p', MOE_OPT_REQUIRED, "TEXT", "prompt text"},
-    {"file", 'f', MOE_OPT_REQUIRED, "PATH", "read the prompt from a file"},
+    {"file", 'f', MOE_OPT_REQUIRED, "PATH", "read the prompt from a file (- = standard input)"},
     {"tokens", O_TOKENS, MOE_OPT_REQUIRED, "IDS", "comma-separated token ids instead of text (e.g. 1,415,2)"},
     {NULL, 0, 0, NULL, NULL},
 };
@@ -76,6 +76,7 @@ static const struct moe_opt k_runtime[] = {
      "and AVX-512 kernels; costs one copy of those weights in RAM)"},
     {"verbose", 'v', MOE_OPT_NONE, NULL, "more log output"},
     {"help", 'h', MOE_OPT_NONE, NULL, "this help"},
+    {"version", O_VERSION, MOE_OPT_NONE, NULL, "print the version and the backends of this build"},
     {NULL, 0, 0, NULL, NULL},
 };
 static const struct moe_opt k_big_little[] = {
@@ -247,6 +248,12 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     snprintf(opt, sizeof opt, "--%s", o->name);
     switch (o->key) {
     case 'h': usage(stdout); return 1;
+    case O_VERSION: {
+        printf("moe-run %s; backends:", MOE_VERSION);
+        for (int i = 0; i < moe_backend_reg_count(); i++) printf(" %s", moe_backend_reg_get(i)->name);
+        printf("\n");
+        return 1;
+    }
     case 'm': a->model = v; return 0;
     case 'p': a->prompt = v; return 0;
     case 'f': a->prompt_file = v; return 0;
@@ -689,6 +696,32 @@ static int repack(const struct args *a, struct run *r) {
     return 1;
 }
 
+/* read_stdin: all of standard input (-f -), at most 1 GiB, NUL-terminated. 1 ok. */
+static int read_stdin(char **out, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    for (size_t got; b && (got = fread(b + n, 1, cap - n, stdin)) > 0;) {
+        n += got;
+        if (n == cap) {
+            char *nb = cap < ((size_t)1 << 30) ? realloc(b, 2 * cap + 1) : NULL;
+            if (!nb) {
+                fprintf(stderr, "moe-run: the prompt on standard input is over 1 GiB or memory ran out\n");
+                free(b);
+                return 0;
+            }
+            b = nb, cap *= 2;
+        }
+    }
+    if (!b || ferror(stdin)) {
+        fprintf(stderr, "moe-run: cannot read the prompt from standard input\n");
+        free(b);
+        return 0;
+    }
+    b[n] = 0;
+    *out = b, *len = n;
+    return 1;
+}
+
 /* prompt_ids: the prompt as token ids (--tokens, or -p / -f tokenized). 0 ok,
  * else the exit status. */
 static int prompt_ids(const struct args *a, struct run *r) {
@@ -696,7 +729,9 @@ static int prompt_ids(const struct args *a, struct run *r) {
     const char *text = a->prompt;
     size_t text_len = text ? strlen(text) : 0;
     if (a->prompt_file) {
-        if (moe_read_file(a->prompt_file, 1u << 30, &r->file_text, &text_len) != MOE_OK) return 1;
+        if (strcmp(a->prompt_file, "-") == 0 ? !read_stdin(&r->file_text, &text_len)
+                                              : moe_read_file(a->prompt_file, 1u << 30, &r->file_text, &text_len) != MOE_OK)
+            return 1;
         text = r->file_text;
     }
     if (!r->model->tok) {
