@@ -1,12 +1,25 @@
 /*
  * fuzz-bundle.c - libFuzzer target for the bundle reader (moe_bundle_open_memory).
  *
- * Each input is opened twice: as given (which mostly exercises the header and
- * checksum checks, since random bytes rarely match an XXH3), and as a copy whose
- * header, directory, slot, tuning-payload and stored-blob checksums are
- * recomputed first, so that mutations reach the directory, KV, expert-table and
- * tuning decoders and the zstd frame checks. On
- * success the target walks everything the API exposes (metadata and tuning
+ * An input that starts with the bundle magic (MOEBUNDL) is an image. It is
+ * opened twice: as given (which mostly exercises the header and checksum
+ * checks, since random bytes rarely match an XXH3), and as a copy whose
+ * header, directory, tensor, blob, slot and tuning-payload checksums are
+ * recomputed first (fz_reseal), so that mutations reach the directory, KV,
+ * expert-table and tuning decoders and the zstd frame checks.
+ *
+ * Any other input is a recipe (fuzz-bundle-gen.h): read as it is (the short
+ * and foreign inputs the reader refuses first), then built into a bundle:
+ * metadata entries of every KV type, tensors, precisions with 1 to 4 parts,
+ * raw and hand-made zstd blobs, both tuning slots, then the recipe's edits to
+ * the laid-out bytes, resealed unless the recipe says not to. The empty input
+ * is already a valid bundle, so a run from an empty corpus starts at the
+ * directory checks (issue 30; docs/fuzzing.md has the counts). In the
+ * libFuzzer build a structure-aware mutator (LLVMFuzzerCustomMutator) sets
+ * header, slot and directory fields of images to boundary values and lays
+ * recipes out as images now and then.
+ *
+ * On success the target walks everything the API exposes (metadata and tuning
  * items, every tensor byte, every blob: describe, verify, load) and runs
  * verify_all; any inconsistency between accessors aborts, which the fuzzer
  * reports as a crash. Blobs whose declared raw size is above 16 MiB are not
@@ -19,15 +32,17 @@
  *       /tmp/bundle-corpus tests/fuzz/corpus/bundle
  *
  * The seeds in tests/fuzz/corpus/bundle are regenerated with
- * `test-bundle --write-seeds tests/fuzz/corpus/bundle`; ctest replays them (and
- * any crash-* file kept after fixing its bug) through replay-main.c as the
- * test fuzz-bundle-replay, without libFuzzer.
+ * `test-bundle --write-seeds tests/fuzz/corpus/bundle` (the images) or found by
+ * runs from nothing (the recipe-* inputs); ctest replays them (and any crash-*
+ * file kept after fixing its bug) through replay-main.c as the test
+ * fuzz-bundle-replay, without libFuzzer.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
+#include "fuzz-bundle-gen.h"
 #include "moe-bundle.h"
 
 #define MAX_DECODE (16u << 20)
@@ -37,62 +52,6 @@ static void quiet(enum moe_log_level level, const char *msg, void *user) {
     (void)level;
     (void)msg;
     (void)user;
-}
-
-static uint64_t rd64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-
-static void wr64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t rd32(const uint8_t *p) { return (uint32_t)(rd64((const uint8_t[8]){p[0], p[1], p[2], p[3]})); }
-
-/* Recomputes the stored-bytes checksum of every present blob whose bytes lie in
- * the input, so that fuzzed zstd frames reach the decoder. Walks the expert
- * section of the directory d[0..n) (docs/format.md) with bounds checks. */
-static void reseal_blobs(uint8_t *img, size_t size, uint8_t *d, uint64_t n) {
-    if (n < 32) return;
-    uint64_t m = rd64(d + 8), t = rd64(d + 16);
-    if (m > n - 32 || t > n - 32 - m) return;
-    uint64_t pos = 32 + m + t;
-    if (n - pos < 16) return;
-    uint64_t cnt = (uint64_t)rd32(d + pos) * rd32(d + pos + 4), np = rd32(d + pos + 8);
-    if (np > 16) return;
-    cnt *= np;
-    pos += 16;
-    for (uint64_t i = 0; i < np; i++) {
-        if (n - pos < 8) return;
-        uint64_t skip = 8 + 32 * (uint64_t)(rd32(d + pos + 4) & 7) + rd32(d + pos);
-        if (skip > n - pos) return;
-        pos += skip;
-    }
-    for (uint64_t i = 0; i < cnt && n - pos >= 48; i++, pos += 48) {
-        uint8_t *e = d + pos;
-        uint64_t off = rd64(e), stored = rd64(e + 8);
-        if ((rd32(e + 44) & 1) && off <= size && stored <= size - off)
-            wr64(e + 32, XXH3_64bits(img + off, (size_t)stored));
-    }
-}
-
-/* Recomputes the checksums an input cannot plausibly get right by mutation. */
-static void reseal(uint8_t *img, size_t n) {
-    if (n < 4096) return;
-    uint64_t off = rd64(img + 32), size = rd64(img + 40);
-    if (off <= n && size <= n - off) {
-        reseal_blobs(img, n, img + off, size);
-        wr64(img + 48, XXH3_64bits(img + off, (size_t)size));
-    }
-    wr64(img + 120, XXH3_64bits(img, 120));
-    for (int i = 0; i < 2; i++) {
-        uint8_t *s = img + (i ? 1024 : 512);
-        uint64_t po = rd64(s + 16), ps = rd64(s + 24);
-        if (po <= n && ps <= n - po) wr64(s + 32, XXH3_64bits(img + po, (size_t)ps));
-        wr64(s + 56, XXH3_64bits(s, 56));
-    }
 }
 
 /* verify_all callback: failures must name an item and a problem. */
@@ -184,6 +143,210 @@ static void run(const uint8_t *data, size_t size) {
     (void)sum;
 }
 
+/* ---- recipes (fuzz-bundle-gen.h): a bundle of every kind of item ---- */
+
+/* text: n bytes of mostly printable text; high input bytes give UTF-8 lead
+ * and continuation bytes, NUL, DEL and other bytes the reader must refuse. */
+static uint8_t *text(struct fz_src *s, struct fz_arena *a, size_t n) {
+    static const uint8_t odd[16] = {0x00, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F,
+                                    0xFF, 0xC0, 0x80, 0xED, 0xA0, 0x7F, 0x1F, 0xF4};
+    uint8_t *t = fz_alloc(a, n + 1);
+    for (size_t i = 0; t && i < n; i++) {
+        unsigned b = fz_byte(s);
+        t[i] = (uint8_t)(b < 0xF0 ? 0x20 + b % 95 : odd[b & 15]);
+    }
+    return t;
+}
+
+/* value: the encoding of a KV value of the given type (docs/format.md), with
+ * now and then a length one byte off. */
+static const uint8_t *value(struct fz_src *s, struct fz_arena *a, uint32_t type, uint64_t *vlen) {
+    struct fz_buf o = {0};
+    switch (type) {
+    case 1: {
+        size_t n = fz_pick(s, 24, 5);
+        fz_put(&o, text(s, a, n), n);
+        break;
+    }
+    case 2:
+    case 3:
+        for (int i = 0; i < 8; i++) fz_put(&o, (uint8_t[]){(uint8_t)fz_byte(s)}, 1);
+        break;
+    case 4: fz_put(&o, (uint8_t[]){(uint8_t)fz_pick(s, 3, 1)}, 1); break;
+    case 6:
+    case 7: {
+        unsigned n = fz_pick(s, 5, 2);
+        for (unsigned i = 0; i < 8 * n; i++) fz_put(&o, (uint8_t[]){(uint8_t)fz_byte(s)}, 1);
+        break;
+    }
+    case 8: {
+        unsigned n = fz_pick(s, 4, 2);
+        fz_put64(&o, n);
+        for (unsigned i = 0; i < n; i++) {
+            size_t k = fz_pick(s, 8, 3);
+            fz_put64(&o, k);
+            fz_put(&o, text(s, a, k), k);
+        }
+        break;
+    }
+    default: { /* bytes, and the unknown types 0 and 9 */
+        size_t n = fz_pick(s, 24, 4);
+        for (size_t i = 0; i < n; i++) fz_put(&o, (uint8_t[]){(uint8_t)fz_byte(s)}, 1);
+    }
+    }
+    unsigned skew = fz_pick(s, 16, 0);
+    if (skew == 15) fz_put(&o, (uint8_t[]){1}, 1);
+    if (skew == 14 && o.n) o.n--;
+    uint8_t *v = fz_alloc(a, o.n);
+    if (v && o.n) memcpy(v, o.p, o.n);
+    *vlen = v ? o.n : 0;
+    free(o.p);
+    return v;
+}
+
+/* kv_entries: n entries of a KV set, keys from a table (with their usual
+ * type) or from the input. */
+static void kv_entries(struct fz_src *s, struct fz_arena *a, struct fz_kvset *kv, int tuning) {
+    static const char *const k_meta[] = {"general.architecture", "hf.config.json", "quant.dense", "quant.experts",
+                                         "provenance.files", "quant.zstd_level", "a", "a.b"};
+    static const uint32_t k_meta_type[] = {1, 1, 1, 8, 8, 2, 5, 4};
+    static const char *const k_tune[] = {"edgemoe.bitwidth.map", "hobbit.t1", "profile.tokens", "plan.policy",
+                                         "edgemoe.path1.prob", "mobile.gamma", "plan.dynamic", "z"};
+    static const uint32_t k_tune_type[] = {6, 3, 2, 1, 7, 3, 2, 4};
+    const char *const *keys = tuning ? k_tune : k_meta;
+    const uint32_t *types = tuning ? k_tune_type : k_meta_type;
+    kv->keep_order = fz_pick(s, 16, 0) == 15;
+    unsigned n = fz_pick(s, 7, tuning ? 1 : 3);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned k = fz_pick(s, 9, i);
+        const char *key;
+        uint32_t klen, dflt;
+        if (k < 8) {
+            key = keys[k], klen = (uint32_t)strlen(key), dflt = types[k];
+        } else { /* a key from the input: any length up to 300 (the limit is 256), any bytes */
+            klen = fz_pick(s, 16, 3);
+            if (klen == 15) klen = 257 + fz_pick(s, 44, 0);
+            if (klen == 14) klen = 0;
+            key = (const char *)text(s, a, klen), dflt = 5;
+        }
+        if (!key) return;
+        unsigned t = fz_pick(s, 10, dflt - 1); /* 0..7: types 1..8; 8, 9: the unknown 0 and 9 */
+        uint32_t type = t < 8 ? t + 1 : (t == 8 ? 0 : 9);
+        uint64_t vlen;
+        const uint8_t *v = value(s, a, type, &vlen);
+        fz_kv_set(kv, key, klen, type, v, vlen);
+    }
+}
+
+/* build: a bundle from the recipe's choices; every default is valid. */
+static int build(struct fz_src *s, struct fz_arena *a, struct fz_bundle *b) {
+    memset(b, 0, sizeof *b);
+    kv_entries(s, a, &b->meta, 0);
+    static const char *const k_names[] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+                                          "t", "a.b", "x\x7f"};
+    static const uint32_t k_types[] = {0, 1, 8, 30, 2, 0xffffffffu};
+    b->n_tensors = (int)fz_pick(s, 6, 2);
+    for (int i = 0; i < b->n_tensors; i++) {
+        struct fz_tensor *t = &b->t[i];
+        unsigned k = fz_pick(s, 8, (unsigned)i);
+        if (k < 6) {
+            t->name = k_names[k];
+        } else if (k == 6) { /* a name from the input (empty, long or with control bytes: refused) */
+            uint32_t n = fz_pick(s, 16, 4);
+            if (n == 15) n = 1025;
+            t->name = (const char *)text(s, a, n);
+            t->nlen = n;
+        } else {
+            char *nm = fz_alloc(a, 16);
+            if (nm) snprintf(nm, 16, "t%d", i);
+            t->name = nm;
+        }
+        if (!t->name) return 0;
+        if (k != 6) t->nlen = (uint32_t)strlen(t->name);
+        t->type = k_types[fz_pick(s, 6, 0)];
+        t->ndims = fz_pick(s, 6, 2); /* 5: more than 4 dims */
+        uint64_t elems = 1;
+        for (uint32_t d = 0; d < t->ndims && d < 4; d++) elems *= t->dims[d] = 1 + fz_pick(s, 8, 3);
+        t->reserved = fz_pick(s, 16, 0) == 15;
+        static const uint64_t k_size[] = {0, 0, 1, 64, 4096, 4097, 8192, 0};
+        unsigned z = fz_pick(s, 8, 0);
+        t->size = z == 0 ? 4 * elems : z == 7 ? elems : k_size[z];
+        uint8_t *d = fz_alloc(a, (size_t)t->size);
+        if (!d) return 0;
+        for (uint64_t j = 0; j < t->size; j++) d[j] = (uint8_t)(j * 131 + (uint64_t)i);
+        t->data = d;
+    }
+    static const uint32_t k_shape[5][3] = {{0, 0, 0}, {1, 2, 1}, {2, 2, 2}, {1, 1, 1}, {0, 0, 0}};
+    unsigned shape = fz_pick(s, 5, 1);
+    b->L = k_shape[shape][0], b->E = k_shape[shape][1], b->P = k_shape[shape][2];
+    if (shape == 4) b->L = 1 + fz_pick(s, 3, 0), b->E = 1 + fz_pick(s, 4, 1), b->P = 1 + fz_pick(s, 4, 0);
+    static const char *const k_prec[] = {"f32", "q8_0", "q4_0", "x", "a-b.c+1", "bad name", ""};
+    static const uint32_t k_ptype[] = {0, 8, 2, 30};
+    static const uint64_t k_nbytes[] = {0, 0, 1, 63, 64, 65, 4096, 0};
+    for (uint32_t p = 0; p < b->P; p++) {
+        struct fz_prec *d = &b->prec[p];
+        d->name = k_prec[fz_pick(s, 7, p)];
+        d->nlen = (uint32_t)strlen(d->name);
+        d->nparts = 1 + fz_pick(s, 5, 2); /* 5: more than 4 parts */
+        for (uint32_t k = 0; k < d->nparts && k < 4; k++) {
+            struct fz_part *q = &d->part[k];
+            q->type = k_ptype[fz_pick(s, 4, 0)];
+            q->reserved = fz_pick(s, 16, 0) == 15;
+            q->rows = 1 + fz_pick(s, 8, 3);
+            q->cols = 32u << fz_pick(s, 2, 0);
+            unsigned z = fz_pick(s, 8, 0);
+            q->nbytes = z == 0 ? q->rows * q->cols : z == 7 ? 4 * q->rows * q->cols : k_nbytes[z];
+        }
+    }
+    const size_t n_blob = (size_t)b->L * b->E * b->P;
+    b->blob = fz_alloc(a, sizeof *b->blob * (n_blob + 1));
+    if (!b->blob) return 0;
+    const unsigned mask = fz_pick(s, 1u << b->L, (1u << b->L) - 1); /* layers with experts */
+    for (uint32_t p = 0; p < b->P; p++) {
+        uint64_t raw_size = fz_layout_size(&b->prec[p]);
+        if (raw_size > (1u << 18)) raw_size = 1u << 18; /* the reader refuses the mismatch */
+        uint8_t *raw = fz_alloc(a, (size_t)raw_size);
+        if (!raw) return 0;
+        unsigned kind = fz_pick(s, 3, 0);
+        uint64_t r = 0x9E3779B97F4A7C15ull * (p + 1);
+        for (uint64_t j = 0; j < raw_size; j++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            raw[j] = kind == 0 ? (uint8_t)(j % 64 == 0 ? j >> 6 : 0) : kind == 1 ? 0 : (uint8_t)r;
+        }
+        for (uint32_t l = 0; l < b->L; l++)
+            for (uint32_t e = 0; e < b->E && (mask >> l & 1); e++) {
+                struct fz_blob *x = &b->blob[((size_t)l * b->E + e) * b->P + p];
+                unsigned c = fz_byte(s);
+                if (c == 6) continue; /* an absent entry in a layer with experts */
+                *x = (struct fz_blob){raw, raw_size, c % 8 == 7, c >> 3};
+            }
+    }
+    b->slot[0].state = (int)fz_pick(s, 3, 1);
+    b->slot[1].state = (int)fz_pick(s, 3, 0);
+    b->slot[0].seq = fz_pick(s, 4, 1);
+    b->slot[1].seq = fz_pick(s, 4, 2);
+    for (int i = 0; i < 2; i++)
+        if (b->slot[i].state == 1) kv_entries(s, a, &b->slot[i].kv, 1);
+    return 1;
+}
+
+/* expand: a recipe laid out as an image (malloc'd; NULL on failure), its
+ * edits applied and, unless the recipe's reseal choice is 3, resealed. */
+static uint8_t *expand(const uint8_t *data, size_t size, size_t *len) {
+    static struct fz_bundle b;
+    struct fz_src s = {data, size, 0};
+    struct fz_arena a = {0};
+    struct fz_layout lay;
+    uint8_t *img = NULL;
+    if (build(&s, &a, &b) && (img = fz_serialize(&b, &a, len, &lay))) {
+        int reseal = fz_pick(&s, 4, 0) != 3;
+        *len = fz_edit(&s, &img, *len, &lay, 16);
+        if (reseal) fz_reseal(img, *len);
+    }
+    fz_arena_free(&a);
+    return img;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int init;
     if (!init) {
@@ -191,11 +354,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         init = 1;
     }
     run(data, size);
-    uint8_t *copy = malloc(size ? size : 1);
-    if (!copy) return 0;
-    memcpy(copy, data, size);
-    reseal(copy, size);
-    run(copy, size);
+    uint8_t *copy = NULL;
+    size_t n = size;
+    if (size >= 8 && !memcmp(data, "MOEBUNDL", 8)) { /* an image: also resealed */
+        if (!(copy = malloc(size ? size : 1))) return 0;
+        memcpy(copy, data, size);
+        fz_reseal(copy, size);
+    } else { /* a recipe: the bundle it describes, in a buffer of exactly its size */
+        uint8_t *img = expand(data, size, &n);
+        if (!img) return 0;
+        copy = malloc(n ? n : 1);
+        if (copy) memcpy(copy, img, n);
+        free(img);
+        if (!copy) return 0;
+    }
+    run(copy, n);
     free(copy);
     return 0;
 }
+
+#ifdef MOE_LIBFUZZER
+/* The structure-aware mutator (fuzz-bundle-gen.h, fz_mutate). */
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
+    return fz_mutate(data, size, max_size, seed, expand);
+}
+#endif

@@ -12,17 +12,29 @@
  * to a fixed valid config; every EOS id kept must be in the vocabulary and
  * distinct.
  *
+ * From an empty corpus random JSON rarely names the fields the parser needs,
+ * so the libFuzzer build adds a structure-aware mutator
+ * (LLVMFuzzerCustomMutator): now and then it writes a whole config of one of
+ * the eight families (fuzz-config-gen.h, the generator fuzz-model's recipes
+ * use; its choices from the mutator's seed) or a generation_config, or puts a
+ * key the parser reads, with a boundary value, first in the object; otherwise
+ * libFuzzer's own mutations, with fuzz-config.dict (every key the parser
+ * reads, the values it compares with) when given -dict. The input format is
+ * unchanged, so the replay test needs none of this.
+ *
  * Build with -DMOE_BUILD_FUZZ=ON (clang; docs/fuzzing.md), then
- *   build-fuzz/tests/fuzz-config -max_total_time=600 -jobs=1 /tmp/config-corpus tests/fuzz/corpus/config
+ *   build-fuzz/tests/fuzz-config -max_total_time=600 -jobs=1 -dict=tests/fuzz/fuzz-config.dict \
+ *       /tmp/config-corpus tests/fuzz/corpus/config
  * The seeds in tests/fuzz/corpus/config are the fixture models' config.json
- * files (prefixed with byte 0) and a few variants; ctest replays them
- * (fuzz-config-replay).
+ * files (prefixed with byte 0), a few variants, and fuzz-* inputs found by
+ * runs from an empty corpus; ctest replays them (fuzz-config-replay).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz-config-gen.h"
 #include "moe-model.h"
 
 static void quiet(enum moe_log_level level, const char *msg, void *user) {
@@ -112,3 +124,65 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     moe_config_clear(&c);
     return 0;
 }
+
+#ifdef MOE_LIBFUZZER
+size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
+
+static uint64_t next(uint64_t *r) {
+    *r ^= *r << 13;
+    *r ^= *r >> 7;
+    *r ^= *r << 17;
+    return *r;
+}
+
+/* whole: a config.json (byte 0 even) from the generator, its choices drawn
+ * from r (each zero half the time: the family's defaults), or a
+ * generation_config (byte 0 odd); 0 if it does not fit. */
+static size_t whole(uint8_t *data, size_t max_size, uint64_t *r) {
+    static struct jcfg j;
+    uint8_t choice[40];
+    for (size_t i = 0; i < sizeof choice; i++) choice[i] = next(r) % 2 ? 0 : (uint8_t)next(r);
+    if (next(r) % 4 == 0) { /* generation_config.json */
+        static const char *const k_gen[] = {"{\"eos_token_id\":[2,3]}", "{\"eos_token_id\":2,\"bos_token_id\":1}",
+                                            "{\"eos_token_id\":[63,63,0,-1,64,1e9]}", "{\"eos_token_id\":null}"};
+        const char *g = k_gen[next(r) % 4];
+        size_t n = strlen(g);
+        if (n + 1 > max_size) return 0;
+        data[0] = 1;
+        memcpy(data + 1, g, n);
+        return n + 1;
+    }
+    struct fz_src s = {choice, sizeof choice - (size_t)(next(r) % 8) * 4, 0};
+    config_json(&s, &j);
+    size_t n = jtext_size(&j);
+    static char text[CFG_MAX * 800];
+    if (n > sizeof text || n > max_size) return 0;
+    jtext(&j, text);
+    data[0] = 0;
+    memcpy(data + 1, text, n - 1);
+    return n; /* byte 0 and the text without its NUL */
+}
+
+/* LLVMFuzzerCustomMutator: 1 in 8 a whole config (always for an input too
+ * short to hold one), 1 in 8 a key the parser reads put first in the object
+ * with a boundary value, else libFuzzer's mutations. */
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
+    uint64_t r = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+    unsigned roll = (unsigned)(next(&r) % 8);
+    if (roll == 0 || size < 3) {
+        size_t n = whole(data, max_size, &r);
+        if (n) return n;
+    } else if (roll == 1 && size >= 2 && data[0] % 2 == 0 && data[1] == '{') {
+        const unsigned nk = sizeof k_cfg_keys / sizeof k_cfg_keys[0], nv = sizeof k_cfg_vals / sizeof k_cfg_vals[0];
+        const char *v = k_cfg_vals[next(&r) % (nv - 1)]; /* the last entry is NULL (remove) */
+        char pair[900];
+        int n = snprintf(pair, sizeof pair, "\"%s\":%s%s", k_cfg_keys[next(&r) % nk], v, size > 3 ? "," : "");
+        if (n > 0 && size + (size_t)n <= max_size) {
+            memmove(data + 2 + n, data + 2, size - 2);
+            memcpy(data + 2, pair, (size_t)n);
+            return size + (size_t)n;
+        }
+    }
+    return LLVMFuzzerMutate(data, size, max_size);
+}
+#endif
