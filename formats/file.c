@@ -116,9 +116,18 @@ enum moe_status moe_file_check_output(const char *output, const char *const *inp
  * (character device, FIFO, socket). */
 static int stream_kind(mode_t mode) { return S_ISCHR(mode) || S_ISFIFO(mode) || S_ISSOCK(mode); }
 
+/* fd_alias: a name of one of this process's open descriptors (/dev/stdout,
+ * /dev/stderr, /dev/fd/N, /proc/self/fd/N): written through the descriptor's
+ * file in place (appending when it is a regular file), never replaced. */
+static int fd_alias(const char *p) {
+    return !strcmp(p, "/dev/stdout") || !strcmp(p, "/dev/stderr") || !strncmp(p, "/dev/fd/", 8) ||
+           !strncmp(p, "/proc/self/fd/", 14);
+}
+
 int moe_output_is_stream(const char *output) {
     struct stat st;
-    return output && (strcmp(output, "-") == 0 || (stat(output, &st) == 0 && stream_kind(st.st_mode)));
+    return output && (strcmp(output, "-") == 0 || fd_alias(output) ||
+                      (stat(output, &st) == 0 && stream_kind(st.st_mode)));
 }
 
 enum moe_status moe_output_check(const char *output, int streamable) {
@@ -129,10 +138,11 @@ enum moe_status moe_output_check(const char *output, int streamable) {
     }
     struct stat st;
     const int is_dash = strcmp(output, "-") == 0;
-    if (is_dash || (stat(output, &st) == 0 && stream_kind(st.st_mode))) {
+    if (is_dash || fd_alias(output) || (stat(output, &st) == 0 && stream_kind(st.st_mode))) {
         if (streamable) return MOE_OK;
         MOE_LOGE("%s is %s: this output is written to a temporary file and renamed into place, so it needs a "
-                 "regular file (give a file name)", output, is_dash ? "standard output" : moe_file_kind(st.st_mode));
+                 "regular file (give a file name)", output,
+                 is_dash || fd_alias(output) ? "an open descriptor (standard output)" : moe_file_kind(st.st_mode));
         return MOE_ERR_INVALID;
     }
     if (stat(output, &st) == 0) {
@@ -268,7 +278,10 @@ static char *tmp_candidate(const char *target, unsigned attempt) {
 /* open_stream: t writes straight into target ("-": standard output; a
  * character device, FIFO or socket: opened for writing, never replaced). */
 static enum moe_status open_stream(const char *target, struct moe_tmp_file *t) {
-    const int fd = strcmp(target, "-") == 0 ? dup(STDOUT_FILENO) : open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    /* a descriptor's alias that is a regular file (stdout redirected to one) is
+     * appended to, so what the process wrote there before stays */
+    const int fd = strcmp(target, "-") == 0 ? dup(STDOUT_FILENO)
+                                            : open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC | (fd_alias(target) ? O_APPEND : 0));
     if (fd < 0) {
         MOE_LOGE("%s: cannot open it for writing: %s", target, strerror(errno));
         return MOE_ERR_IO;

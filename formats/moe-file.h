@@ -83,8 +83,10 @@ enum moe_status moe_file_check_output(const char *output, const char *const *inp
  * naming the directory. MOE_ERR_INVALID (logged) on refusal. */
 enum moe_status moe_output_check(const char *output, int streamable);
 
-/* moe_output_is_stream: 1 if output is "-" or an existing character device,
- * FIFO or socket (symlinks followed: /dev/stdout on a terminal or pipe). */
+/* moe_output_is_stream: 1 if output is "-", a name of an open descriptor
+ * (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: appended to when it
+ * is a regular file) or an existing character device, FIFO or socket
+ * (symlinks followed). */
 int moe_output_is_stream(const char *output);
 
 /* moe_file_cleanup_on_signals: install handlers for SIGINT, SIGTERM, SIGHUP
