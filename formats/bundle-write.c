@@ -75,11 +75,9 @@ enum moe_status moe_bundle_writer_open(const char *final_path, struct moe_bundle
     /* the output rule (moe-file.h): a bundle is written at offsets and renamed,
      * so it needs a regular file; a symlink to one keeps the link */
     if (moe_output_check(final_path, 0) != MOE_OK) return MOE_ERR_INVALID;
-    struct stat lst, fst;
     char *resolved = NULL;
-    if (lstat(final_path, &lst) == 0 && S_ISLNK(lst.st_mode) && stat(final_path, &fst) == 0 &&
-        (resolved = realpath(final_path, NULL)) != NULL)
-        final_path = resolved;
+    if (moe_output_resolve(final_path, &resolved) != MOE_OK) return MOE_ERR_INVALID;
+    if (resolved) final_path = resolved;
     moe_tmp_sweep(final_path);
     struct moe_bundle_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(final_path);

@@ -137,19 +137,17 @@ enum moe_status moe_output_check(const char *output, int streamable) {
         return MOE_ERR_INVALID;
     }
     struct stat st;
-    const int is_dash = strcmp(output, "-") == 0;
-    if (is_dash || fd_alias(output) || (stat(output, &st) == 0 && stream_kind(st.st_mode))) {
+    const int descriptor = strcmp(output, "-") == 0 || fd_alias(output), exists = stat(output, &st) == 0;
+    if (descriptor || (exists && stream_kind(st.st_mode))) {
         if (streamable) return MOE_OK;
         MOE_LOGE("%s is %s: this output is written to a temporary file and renamed into place, so it needs a "
                  "regular file (give a file name)", output,
-                 is_dash || fd_alias(output) ? "an open descriptor (standard output)" : moe_file_kind(st.st_mode));
+                 descriptor ? "an open descriptor (standard output)" : moe_file_kind(st.st_mode));
         return MOE_ERR_INVALID;
     }
-    if (stat(output, &st) == 0) {
-        if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
-            MOE_LOGE("%s is %s, not a file: give a file name for the output", output, moe_file_kind(st.st_mode));
-            return MOE_ERR_INVALID;
-        }
+    if (exists && !S_ISREG(st.st_mode)) {
+        MOE_LOGE("%s is %s, not a file: give a file name for the output", output, moe_file_kind(st.st_mode));
+        return MOE_ERR_INVALID;
     }
     const char *base = NULL;
     char *dir = split_dir(output, &base);
@@ -275,6 +273,27 @@ static char *tmp_candidate(const char *target, unsigned attempt) {
     return p;
 }
 
+enum moe_status moe_output_resolve(const char *target, char **resolved) {
+    *resolved = NULL;
+    struct stat lst, st;
+    if (lstat(target, &lst) != 0) return MOE_OK; /* a new file */
+    if (S_ISLNK(lst.st_mode)) {
+        if (stat(target, &st) != 0) return MOE_OK; /* a dangling link: replaced by the file */
+        if (!S_ISREG(st.st_mode)) {
+            MOE_LOGE("%s links to %s, not a file: give a file name for the output", target, moe_file_kind(st.st_mode));
+            return MOE_ERR_INVALID;
+        }
+        if (!(*resolved = realpath(target, NULL))) {
+            MOE_LOGE("%s: cannot resolve the link: %s", target, strerror(errno));
+            return MOE_ERR_IO;
+        }
+    } else if (!S_ISREG(lst.st_mode)) {
+        MOE_LOGE("%s is %s, not a file: give a file name for the output", target, moe_file_kind(lst.st_mode));
+        return MOE_ERR_INVALID;
+    }
+    return MOE_OK;
+}
+
 /* open_stream: t writes straight into target ("-": standard output; a
  * character device, FIFO or socket: opened for writing, never replaced). */
 static enum moe_status open_stream(const char *target, struct moe_tmp_file *t) {
@@ -306,22 +325,10 @@ enum moe_status moe_tmp_create(const char *target, struct moe_tmp_file *t) {
         return MOE_ERR_INVALID;
     }
     if (moe_output_is_stream(target)) return open_stream(target, t);
-    struct stat lst, st;
     char *resolved = NULL; /* a symlink to a file: that file is replaced, the link stays */
-    if (lstat(target, &lst) == 0 && S_ISLNK(lst.st_mode) && stat(target, &st) == 0) {
-        if (!S_ISREG(st.st_mode)) {
-            MOE_LOGE("%s links to %s, not a file: give a file name for the output", target, moe_file_kind(st.st_mode));
-            return MOE_ERR_INVALID;
-        }
-        if (!(resolved = realpath(target, NULL))) {
-            MOE_LOGE("%s: cannot resolve the link: %s", target, strerror(errno));
-            return MOE_ERR_IO;
-        }
-        target = resolved;
-    } else if (lstat(target, &lst) == 0 && !S_ISREG(lst.st_mode) && !S_ISLNK(lst.st_mode)) {
-        MOE_LOGE("%s is %s, not a file: give a file name for the output", target, moe_file_kind(lst.st_mode));
-        return MOE_ERR_INVALID;
-    }
+    const enum moe_status rs = moe_output_resolve(target, &resolved);
+    if (rs) return rs;
+    if (resolved) target = resolved;
     moe_tmp_sweep(target);
     enum moe_status rc = MOE_ERR_IO;
     for (unsigned attempt = 0; attempt < 1000; attempt++) {

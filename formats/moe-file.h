@@ -83,6 +83,13 @@ enum moe_status moe_file_check_output(const char *output, const char *const *inp
  * naming the directory. MOE_ERR_INVALID (logged) on refusal. */
 enum moe_status moe_output_check(const char *output, int streamable);
 
+/* moe_output_resolve: where a regular-file output is really written: for a
+ * symlink to a file, *resolved = that file's path (malloc'd; the link stays,
+ * the file is replaced), else NULL (a new file, a regular file or a dangling
+ * link: the path itself). MOE_ERR_INVALID (logged) when target is or links to
+ * something that is not a file; MOE_ERR_IO when the link cannot be resolved. */
+enum moe_status moe_output_resolve(const char *target, char **resolved);
+
 /* moe_output_is_stream: 1 if output is "-", a name of an open descriptor
  * (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: appended to when it
  * is a regular file) or an existing character device, FIFO or socket

@@ -254,12 +254,6 @@ static int has_batch(const struct moe_session *s) {
     return moe_backend_supports(s->be, MOE_BACKEND_FEAT_EXPERT_BATCH) && !s->p.on_expert;
 }
 
-/* run_works: n expert works on the backend: one expert_batch call where it
- * has one, else expert() for each (host works need expert_batch). */
-static enum moe_status run_works(struct moe_session *s, const struct moe_expert_work *w, int n) {
-    return moe_backend_expert_batch(s->be, w, n);
-}
-
 /* store_step_batched: a decode step's experts from the store in as few
  * backend calls as the store allows: acquire items (waiting for their
  * loads), run them together, release them. A group holds at most
@@ -273,7 +267,7 @@ static enum moe_status store_step_batched(struct moe_session *s, const struct mo
         if (it && it->skipped) continue;
         const int scratch = it && it->handle < 0 && !it->host;
         if (!it || (scratch && n_scratch == MOE_STORE_SCRATCH)) { /* run and release the group */
-            st = run_works(s, s->works, n);
+            st = moe_backend_expert_batch(s->be, s->works, n);
             for (int j = first; j < i; j++)
                 if (!plan->items[j].skipped) moe_store_release(s->store, j);
             if (st || !it) return st;
@@ -359,7 +353,7 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
         if ((st = moe_store_acquire(s->store, i, &wk->f))) return st;
         *wk = (struct moe_expert_work){wk->f, plan->rows + it->first, plan->slots + it->first,
                                        plan->weights + it->first, it->n, it->host, s->p.on_expert ? s->eout : NULL};
-        st = run_works(s, wk, 1);
+        st = moe_backend_expert_batch(s->be, wk, 1);
         moe_store_release(s->store, i);
         if (st) return st;
         if (s->p.on_expert) {

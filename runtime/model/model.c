@@ -953,17 +953,24 @@ static const char *meta_text(const struct moe_bundle *bd, const char *path, cons
 static enum moe_status load_from_bundle(struct moe_model *m, const char *path, const struct moe_model_params *params,
                                         struct moe_model **out);
 
+/* bundle_model: an empty model named `label` that will bind a bundle; NULL
+ * when out of memory. */
+static struct moe_model *bundle_model(const char *label, const struct moe_model_params *params) {
+    struct moe_model *m = model_new(label);
+    if (m && !m->path) {
+        moe_model_free(m);
+        return NULL;
+    }
+    if (m) m->impl->lazy = params && params->lazy_experts;
+    return m;
+}
+
 static enum moe_status moe_model_load_bundle(const char *path, const struct moe_model_params *params,
                                              struct moe_model **out) {
-    struct moe_model *m = model_new(path);
+    struct moe_model *m = bundle_model(path, params);
     if (!m) return MOE_ERR_NOMEM;
-    enum moe_status st;
-    if (!m->path) {
-        moe_model_free(m);
-        return MOE_ERR_NOMEM;
-    }
-    m->impl->lazy = params && params->lazy_experts;
-    if ((st = moe_bundle_open(path, &m->bundle))) {
+    enum moe_status st = moe_bundle_open(path, &m->bundle);
+    if (st) {
         moe_model_free(m);
         return st;
     }
@@ -974,15 +981,10 @@ enum moe_status moe_model_load_bundle_memory(const void *buf, size_t len, const 
                                              const struct moe_model_params *params, struct moe_model **out) {
     *out = NULL;
     if (!label) label = "<memory>";
-    struct moe_model *m = model_new(label);
+    struct moe_model *m = bundle_model(label, params);
     if (!m) return MOE_ERR_NOMEM;
-    enum moe_status st;
-    if (!m->path) {
-        moe_model_free(m);
-        return MOE_ERR_NOMEM;
-    }
-    m->impl->lazy = params && params->lazy_experts;
-    if ((st = moe_bundle_open_memory(buf, len, label, &m->bundle))) {
+    enum moe_status st = moe_bundle_open_memory(buf, len, label, &m->bundle);
+    if (st) {
         moe_model_free(m);
         return st;
     }

@@ -938,29 +938,38 @@ static void place_items(struct moe_store *st, int layer, int ni) {
     pthread_mutex_unlock(&st->mu);
 }
 
+/* gather: expert e's rows of a step of n tokens x top-k (sel, w), appended at
+ * rows/pslots/weights[*nr]: each token's batch row, the expert's slot (its
+ * rank among the token's experts by id: the reference sum order) and gate
+ * weight. Returns how many; *need (when not NULL) gets the highest of
+ * st->need over them. */
+static int gather(struct moe_store *st, int e, int n, const int32_t *sel, const float *w, int k, int *nr,
+                  uint8_t *need) {
+    const int first = *nr;
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            if (sel[(size_t)t * k + j] != e) continue;
+            int r = 0;
+            for (int q = 0; q < k; q++) {
+                const int32_t o = sel[(size_t)t * k + q];
+                r += o < e || (o == e && q < j);
+            }
+            st->rows[*nr] = t, st->pslots[*nr] = r, st->weights[*nr] = w[(size_t)t * k + j];
+            if (need && (*nr == first || st->need[(size_t)t * k + j] > *need)) *need = st->need[(size_t)t * k + j];
+            (*nr)++;
+        }
+    return *nr - first;
+}
+
 /* plan_in_place: the plan of an in-place store: each expert once, ascending
- * id, with its tokens' rows and slots (the order and slots of the budget
- * store's batch steps), at the precision it is bound at; nothing to read. */
+ * id, as the budget store's batch steps, at the precision it is bound at;
+ * nothing to read. */
 static enum moe_status plan_in_place(struct moe_store *st, int n, const int32_t *sel, const float *w, int k,
                                      struct moe_store_plan **plan) {
     int ni = 0, nr = 0;
     for (int e = 0; e < st->E; e++) {
-        struct moe_store_item *it = &st->items[ni];
-        const int first = nr;
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < k; j++)
-                if (sel[(size_t)t * k + j] == e) {
-                    int r = 0; /* the slot: its rank among the token's experts by id */
-                    for (int q = 0; q < k; q++) {
-                        const int32_t o = sel[(size_t)t * k + q];
-                        r += o < e || (o == e && q < j);
-                    }
-                    st->rows[nr] = t, st->pslots[nr] = r, st->weights[nr] = w[(size_t)t * k + j];
-                    nr++;
-                }
-        if (nr == first) continue;
-        *it = (struct moe_store_item){e, nr - first, first, 0, -1, 0, 0}; /* handle 0: never scratch */
-        ni++;
+        const int first = nr, m = gather(st, e, n, sel, w, k, &nr, NULL);
+        if (m) st->items[ni++] = (struct moe_store_item){e, m, first, 0, -1, 0, 0}; /* handle 0: never scratch */
     }
     st->plan = (struct moe_store_plan){ni, st->items, st->rows, st->pslots, st->weights};
     *plan = &st->plan;
@@ -1004,28 +1013,10 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
         }
     } else { /* a batch: each expert once, ascending id, with its tokens' highest need */
         for (int e = 0; e < E; e++) {
-            struct moe_store_item *it = &st->items[ni];
-            memset(it, 0, sizeof *it);
-            it->expert = e, it->first = nr;
             uint8_t need = 0;
-            int any = 0;
-            for (int t = 0; t < n; t++)
-                for (int j = 0; j < k; j++)
-                    if (sel[(size_t)t * k + j] == e) {
-                        st->rows[nr] = t;
-                        int r = 0;
-                        for (int q = 0; q < k; q++) {
-                            int32_t o = sel[(size_t)t * k + q];
-                            r += o < e || (o == e && q < j);
-                        }
-                        st->pslots[nr] = r;
-                        st->weights[nr] = w[(size_t)t * k + j];
-                        if (!any || st->need[(size_t)t * k + j] > need) need = st->need[(size_t)t * k + j];
-                        any = 1;
-                        nr++;
-                    }
-            if (!any) continue;
-            it->n = nr - it->first;
+            const int first = nr, m = gather(st, e, n, sel, w, k, &nr, &need);
+            if (!m) continue;
+            st->items[ni] = (struct moe_store_item){e, m, first, 0, 0, 0, 0};
             access_item(st, ni, layer * E + e, need, 0);
             ni++;
         }

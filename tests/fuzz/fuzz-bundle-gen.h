@@ -586,6 +586,28 @@ static size_t fz_edit(struct fz_src *s, uint8_t **img, size_t n, const struct fz
     return n;
 }
 
+/* A target's recipe builder: the bundle a recipe describes (0 when the recipe
+ * makes nothing). */
+typedef int (*fz_build_fn)(struct fz_src *s, struct fz_arena *a, struct fz_bundle *b);
+
+/* fz_expand: a recipe laid out as an image by `build` (malloc'd; NULL on
+ * failure), up to max_edits byte edits applied and, unless the recipe's reseal
+ * choice is 3, resealed. */
+static uint8_t *fz_expand(fz_build_fn build, int max_edits, const uint8_t *data, size_t size, size_t *len) {
+    static struct fz_bundle b;
+    struct fz_src s = {data, size, 0};
+    struct fz_arena a = {0};
+    struct fz_layout lay;
+    uint8_t *img = NULL;
+    if (build(&s, &a, &b) && (img = fz_serialize(&b, &a, len, &lay))) {
+        int reseal = fz_pick(&s, 4, 0) != 3;
+        *len = fz_edit(&s, &img, *len, &lay, max_edits);
+        if (reseal) fz_reseal(img, *len);
+    }
+    fz_arena_free(&a);
+    return img;
+}
+
 /* ---- the structure-aware mutator (libFuzzer builds only) ---- */
 #ifdef MOE_LIBFUZZER
 size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);

@@ -474,22 +474,8 @@ done:
     return ok;
 }
 
-/* expand: a recipe laid out as an image (malloc'd; NULL on failure), its
- * byte edits applied and, unless the recipe's reseal choice is 3, resealed. */
-static uint8_t *expand(const uint8_t *data, size_t size, size_t *len) {
-    static struct fz_bundle b;
-    struct fz_src s = {data, size, 0};
-    struct fz_arena a = {0};
-    struct fz_layout lay;
-    uint8_t *img = NULL;
-    if (build(&s, &a, &b) && (img = fz_serialize(&b, &a, len, &lay))) {
-        int reseal = fz_pick(&s, 4, 0) != 3;
-        *len = fz_edit(&s, &img, *len, &lay, 8);
-        if (reseal) fz_reseal(img, *len);
-    }
-    fz_arena_free(&a);
-    return img;
-}
+/* expand: the recipe as an image (fz_expand with this target's builder). */
+static uint8_t *expand(const uint8_t *data, size_t size, size_t *len) { return fz_expand(build, 8, data, size, len); }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int init;
