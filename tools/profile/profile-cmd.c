@@ -41,7 +41,7 @@ enum {
 
 static const struct moe_opt k_opts[] = {
     {"dataset", O_DATASET, MOE_OPT_REQUIRED, "SPEC", "text to profile on (dataset card or file; see docs/cli.md)"},
-    {"out", 'o', MOE_OPT_REQUIRED, "FILE", "profile file to write (HDF5; replaced atomically)"},
+    {"output", 'o', MOE_OPT_REQUIRED, "FILE", "profile file to write (HDF5; replaced atomically)"},
     {"ctx", O_CTX, MOE_OPT_REQUIRED, "N", "tokens per sequence, one forward pass each (default 256)"},
     {"max-tokens", O_MAX_TOKENS, MOE_OPT_REQUIRED, "N", "stop after N tokens (default: every whole sequence)"},
     {"target-low", O_TARGET_LOW, MOE_OPT_REQUIRED, "X", "HOBBIT: share of loads at low precision (default 0.30)"},

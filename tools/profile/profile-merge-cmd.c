@@ -26,7 +26,7 @@ struct merge_args {
 enum { O_BUNDLE = 256, O_TARGET_LOW, O_TARGET_SKIP, O_TARGET_FALLBACK, O_HELDOUT, O_CSV_DIR, O_JSON };
 
 static const struct moe_opt k_opts[] = {
-    {"out", 'o', MOE_OPT_REQUIRED, "FILE", "the merged profile (HDF5; replaced atomically)"},
+    {"output", 'o', MOE_OPT_REQUIRED, "FILE", "the merged profile (HDF5; replaced atomically)"},
     {"bundle", O_BUNDLE, MOE_OPT_REQUIRED, "FILE.moeb",
      "write T1/T2, popularity order, path dictionaries and gamma\ninto this bundle's tuning section"},
     {"target-low", O_TARGET_LOW, MOE_OPT_REQUIRED, "X", "as for `moe-prep profile` (default: the first shard's)"},

@@ -21,7 +21,7 @@ struct report_args {
 enum { O_TITLE = 256 };
 
 static const struct moe_opt k_opts[] = {
-    {"out", 'o', MOE_OPT_REQUIRED, "FILE", "HTML file to write"},
+    {"output", 'o', MOE_OPT_REQUIRED, "FILE", "HTML file to write"},
     {"title", O_TITLE, MOE_OPT_REQUIRED, "TEXT", "page title (default: from the model and the dataset)"},
     {"help", 'h', MOE_OPT_NONE, NULL, "this text"},
     {NULL, 0, 0, NULL, NULL},

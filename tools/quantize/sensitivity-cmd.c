@@ -39,7 +39,7 @@ struct sens_args {
 
 static const struct moe_opt k_opts[] = {
     {"dataset", 0, MOE_OPT_REQUIRED, "SPEC", "calibration text (a file or dataset card; see docs/cli.md)"},
-    {"out", 'o', MOE_OPT_REQUIRED, "FILE", "output (.h5); progress is kept in FILE.partial"},
+    {"output", 'o', MOE_OPT_REQUIRED, "FILE", "output (.h5); progress is kept in FILE.partial"},
     {"low", 0, MOE_OPT_REQUIRED, "NAME", "the low precision (default: the smallest stored)"},
     {"base", 0, MOE_OPT_REQUIRED, "NAME", "the base precision (default: the next larger stored)"},
     {"metric", 0, MOE_OPT_REQUIRED, "kl|ppl|proxy",
@@ -112,7 +112,7 @@ static int on_opt(void *ctx, const struct moe_opt *o, const char *v) {
     int k;
     if (!strcmp(n, "help")) return sens_usage(stdout), 1;
     if (!strcmp(n, "dataset")) a->dataset = v;
-    else if (!strcmp(n, "out")) a->out = v;
+    else if (!strcmp(n, "output")) a->out = v;
     else if (!strcmp(n, "csv")) a->csv = v;
     else if (!strcmp(n, "low")) a->low = v;
     else if (!strcmp(n, "base")) a->base = v;
@@ -525,7 +525,7 @@ struct merge_args {
 };
 
 static const struct moe_opt k_merge_opts[] = {
-    {"out", 'o', MOE_OPT_REQUIRED, "FILE", "the merged sensitivity file (.h5), as one whole run writes"},
+    {"output", 'o', MOE_OPT_REQUIRED, "FILE", "the merged sensitivity file (.h5), as one whole run writes"},
     {"csv", 0, MOE_OPT_REQUIRED, "FILE", "also write one row per expert"},
     {"json", 0, MOE_OPT_NONE, NULL, "machine-readable summary on stdout"},
     {"help", 'h', MOE_OPT_NONE, NULL, "this text"},
