@@ -8,6 +8,15 @@
  * against: float32 accumulation, weights read in their stored dtype, the
  * arithmetic of transformers' eager implementation. A session is used by one
  * thread at a time.
+ *
+ * A session may hold several sequences (n_seq), each with its own KV cache
+ * and position, sharing the weights, the expert store and the scratch: a
+ * server's concurrent requests. Prefill each with moe_session_forward_seq,
+ * then decode them together with moe_session_decode_batch: one forward step
+ * for one token of each, in which every layer but the attention (norms,
+ * router, routed and shared experts, LM head) runs all their rows as one
+ * batch, so an expert loaded (or read through the cache) for one sequence
+ * serves every sequence routed to it in that step.
  */
 #ifndef MOE_SESSION_H
 #define MOE_SESSION_H
@@ -103,7 +112,19 @@ struct moe_session_params {
                          * (moe-backend.h): "cpu" (NULL), "cuda", "cuda:1", "auto" */
     const void *device_options; /* that backend's own options (struct moe_gpu_params *
                          * for "cuda", borrowed for the call); NULL = its defaults */
+    int n_seq;          /* sequences with their own KV cache, each n_ctx long (0 or 1 =
+                         * one; sequence 0 is what moe_session_forward uses), at most
+                         * MOE_SESSION_MAX_SEQ. The KV cache is n_seq times as large
+                         * (moe_session_kv_bytes). More than one needs a backend with
+                         * kv_seq (the CPU's; the CUDA backend has none yet:
+                         * MOE_ERR_UNSUPPORTED at create) and refuses record_trace and
+                         * the observers on_route, on_expert and on_layer
+                         * (MOE_ERR_INVALID at create): their events describe one
+                         * sequence's contiguous positions. */
 };
+
+/* The most sequences a session holds. */
+#define MOE_SESSION_MAX_SEQ 4096
 
 struct moe_session_params moe_session_default_params(void);
 
@@ -118,11 +139,24 @@ enum moe_status moe_session_create(const struct moe_model *model,
 /* moe_session_free: NULL is a no-op. */
 void moe_session_free(struct moe_session *s);
 
-/* moe_session_reset: forget the cached sequence (position 0). */
+/* moe_session_reset: forget every cached sequence (position 0). */
 void moe_session_reset(struct moe_session *s);
 
-/* moe_session_pos: number of tokens in the cache. */
+/* moe_session_pos: number of tokens in the cache of sequence 0. */
 int moe_session_pos(const struct moe_session *s);
+
+/* moe_session_n_seq: the sequences the session holds (>= 1). */
+int moe_session_n_seq(const struct moe_session *s);
+
+/* moe_session_seq_reset: forget sequence seq's cache (position 0); other
+ * sequences untouched. An out-of-range seq is logged and ignored. With an
+ * expert store, the store's per-sequence records (moe_store_begin_sequence)
+ * restart when a step begins with every sequence empty. */
+void moe_session_seq_reset(struct moe_session *s, int seq);
+
+/* moe_session_seq_pos: number of tokens in sequence seq's cache; -1 for an
+ * out-of-range seq. */
+int moe_session_seq_pos(const struct moe_session *s, int seq);
 
 /* moe_session_n_ctx: capacity of the cache. */
 int moe_session_n_ctx(const struct moe_session *s);
@@ -157,6 +191,42 @@ int moe_session_n_ctx(const struct moe_session *s);
 enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n,
                                     float *logits, int all_logits);
 
+/* moe_session_forward_seq: as moe_session_forward, for sequence seq
+ * (prefill a prompt or a single decode step of one sequence); the other
+ * sequences are untouched. MOE_ERR_INVALID (logged) for an out-of-range seq.
+ * moe_session_forward is this with seq 0, and gives the same logits,
+ * bit for bit, as a session of one sequence. */
+enum moe_status moe_session_forward_seq(struct moe_session *s, int seq, const int32_t *tokens, int n, float *logits,
+                                        int all_logits);
+
+/* moe_session_decode_batch: one decode step for n distinct sequences at
+ * once: token i is appended to sequence seqs[i] at its own current position;
+ * logits receives [n x n_vocab] (row i for seqs[i]; NULL skips the LM head).
+ * The attention of each token sees only its own sequence's cache; every
+ * other layer (norms, router, experts, LM head) runs the n tokens as one
+ * batch: with an expert store each layer's experts are planned, loaded and
+ * acquired once for the step (moe_store_plan of n tokens), whatever number
+ * of sequences use them. Each row's logits are those of a single
+ * moe_session_forward_seq step of its sequence (the same bits on the CPU
+ * backend: its products and attention compute each row alike whatever the
+ * batch; test-multiseq checks this), and the greedy tokens the same.
+ * Errors: MOE_ERR_INVALID (logged) for n outside 1 .. n_seq, a repeated or
+ * out-of-range seq or an out-of-vocabulary token; MOE_ERR_RANGE if any
+ * sequence would overflow its n_ctx; the session is unchanged in both cases.
+ * MOE_ERR_IO as moe_session_forward (the sequences' state is then not to be
+ * used either).
+ * What runs one sequence at a time instead (same results, experts not
+ * shared): n == 1; every row when big-little decoding is on (little_k: its
+ * decision and re-run are per token); a Phi-MoE (longrope) sequence whose
+ * step crosses original_max_position_embeddings (its whole sequence is
+ * recomputed, as moe_session_forward does); on a backend without
+ * attention_multi, the attention of each row (through kv_seq and the host).
+ * Stacked-gate prefetch (moe_store_params.prefetch_layers) and path
+ * prefetch run for one-token steps only, so not in a batch of several. The
+ * rows of more than n_batch sequences run as several batches. */
+enum moe_status moe_session_decode_batch(struct moe_session *s, const int *seqs, const int32_t *tokens, int n,
+                                         float *logits);
+
 /* moe_session_forward_from: as moe_session_forward, but start at layer
  * `layer` (0 <= layer < n_layer) from x [n x n_embd], the residual stream
  * entering that layer for the n tokens at the current position (what the
@@ -164,7 +234,7 @@ enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens
  * is not written for these positions, so the session only serves further
  * calls of this function from the same layer or above (or a reset). Used to
  * recompute the upper layers after a change that leaves the lower ones
- * alone (the sensitivity sweep). `tokens` [n] are the ids, kept for the
+ * alone (the sensitivity sweep). Sequence 0 only. `tokens` [n] are the ids, kept for the
  * history; MOE_ERR_UNSUPPORTED where moe_session_forward would have to
  * recompute the whole sequence (Phi-MoE past its original context). */
 enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
@@ -204,8 +274,8 @@ void moe_session_big_little_stats(const struct moe_session *s, struct moe_big_li
  * recompute routing offline (the profiler's stacked-gate prediction). */
 void moe_route(const struct moe_model *m, int layer, int k, const float *logits, int32_t *experts, float *weights);
 
-/* moe_session_kv_bytes: the bytes the session's KV cache holds (allocated for
- * n_ctx tokens): full keys and values per layer for grouped-query attention,
+/* moe_session_kv_bytes: the bytes the session's KV caches hold (allocated for
+ * n_ctx tokens of each of n_seq sequences): full keys and values per layer for grouped-query attention,
  * the compressed latent and the shared rope key for multi-head latent
  * attention. 0 when the backend does not report it. */
 size_t moe_session_kv_bytes(const struct moe_session *s);

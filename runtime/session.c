@@ -9,6 +9,14 @@
  * views of the model, or the expert store's slots when a memory budget is
  * set). The arithmetic runs on a backend (moe-backend.h); the CPU backend is
  * the reference.
+ *
+ * Sequences (n_seq > 1): each has its position and token history here and
+ * its KV cache in the backend (kv_seq selects the one attention() uses). The
+ * forward paths run on the current sequence `cur` (s->pos, s->history);
+ * moe_session_decode_batch runs one token of each of several sequences as
+ * one batch: per layer the attention of every row in its own cache
+ * (attention_multi, or row by row), then the norms, router, store plan,
+ * experts and LM head over all rows at once.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -31,8 +39,16 @@ struct moe_session {
     struct moe_session_params p;
     struct moe_backend *be;
     struct moe_store *store;    /* the expert store: a budget's, or in place (every expert resident) */
-    int pos;
-    int32_t *history;           /* [n_ctx] ids in the cache (for Phi-MoE's recompute) */
+    int pos;                    /* tokens in the current sequence's cache */
+    int32_t *history;           /* [n_ctx] ids in that cache (for Phi-MoE's recompute) */
+    /* sequences: between calls seq_pos[cur] == pos and history is cur's */
+    int n_seq, cur;
+    int be_seq;                 /* the KV cache the backend has selected */
+    int *seq_pos;               /* [n_seq] tokens in each sequence's cache */
+    int32_t *hist_all;          /* [n_seq x n_ctx] every sequence's history */
+    int *b_seq, *b_pos, *b_idx; /* [n_seq] a decode batch's rows: sequence, position, index in the call */
+    int32_t *b_tok;             /* [n_seq] their tokens */
+    uint8_t *b_mark;            /* [n_seq] sequences named by the call being checked */
     float *router_logits;       /* [B x n_expert] */
     float *pred_logits;         /* [n_expert] stacked-gate prediction */
     int32_t *sel;               /* [B x k] */
@@ -368,7 +384,13 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
 static void session_free_parts(struct moe_session *s) {
     moe_store_free(s->store);
     moe_backend_free(s->be);
-    free(s->history);
+    free(s->hist_all);
+    free(s->seq_pos);
+    free(s->b_seq);
+    free(s->b_pos);
+    free(s->b_idx);
+    free(s->b_tok);
+    free(s->b_mark);
     free(s->router_logits);
     free(s->pred_logits);
     free(s->sel);
@@ -435,18 +457,44 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
         free(s);
         return MOE_ERR_INVALID;
     }
+    if (s->p.n_seq < 0 || s->p.n_seq > MOE_SESSION_MAX_SEQ) {
+        MOE_LOGE("%d sequences requested; a session holds 1 .. %d", s->p.n_seq, MOE_SESSION_MAX_SEQ);
+        free(s);
+        return MOE_ERR_INVALID;
+    }
+    s->n_seq = s->p.n_seq > 1 ? s->p.n_seq : 1;
+    if (s->n_seq > 1 && (s->p.record_trace || s->p.on_route || s->p.on_expert || s->p.on_layer)) {
+        /* their events describe one sequence's contiguous positions */
+        MOE_LOGE("%d sequences: record_trace and the observers (on_route, on_expert, on_layer) need one sequence",
+                 s->n_seq);
+        free(s);
+        return MOE_ERR_INVALID;
+    }
     s->k_cur = s->k_plain = s->p.n_expert_used;
     const int64_t B = s->p.n_batch, H = c->n_embd, K = s->p.n_expert_used;
-    struct moe_backend_params bp = {s->p.n_ctx, s->p.n_batch, s->p.n_threads, (int)K};
+    struct moe_backend_params bp = {s->p.n_ctx, s->p.n_batch, s->p.n_threads, (int)K, s->n_seq};
     enum moe_status st = make_backend(s, model, &bp);
     if (st) {
         free(s);
         return st;
     }
+    if (s->n_seq > 1 && !moe_backend_supports(s->be, MOE_BACKEND_FEAT_KV_SEQ)) {
+        MOE_LOGE("backend \"%s\" keeps one KV cache (no kv_seq): a session on it holds one sequence, not %d",
+                 moe_backend_name(s->be), s->n_seq);
+        moe_backend_free(s->be);
+        free(s);
+        return MOE_ERR_UNSUPPORTED;
+    }
     if (moe_backend_cpu_threads(s->be) > 0) s->p.n_threads = moe_backend_cpu_threads(s->be);
     int ok = 1;
 #define ALLOC(ptr, count) ok &= ((ptr) = zalloc((size_t)(count), sizeof *(ptr))) != NULL
-    ALLOC(s->history, s->p.n_ctx);
+    ALLOC(s->hist_all, (int64_t)s->n_seq * s->p.n_ctx);
+    ALLOC(s->seq_pos, s->n_seq);
+    ALLOC(s->b_seq, s->n_seq);
+    ALLOC(s->b_pos, s->n_seq);
+    ALLOC(s->b_idx, s->n_seq);
+    ALLOC(s->b_tok, s->n_seq);
+    ALLOC(s->b_mark, s->n_seq);
     ALLOC(s->router_logits, B * c->n_expert);
     ALLOC(s->pred_logits, c->n_expert);
     ALLOC(s->sel, B * K);
@@ -466,6 +514,7 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
         free(s);
         return MOE_ERR_NOMEM;
     }
+    s->history = s->hist_all;
     for (int l = 0; l < c->n_layer; l++) s->moe_of[l] = c->layer_moe[l] ? s->n_moe++ : -1;
     { /* with a budget the store reads copies into it; without one it works in place */
         if ((st = s->p.store ? moe_store_new(model, s->be, s->p.store, (int)K, &s->store)
@@ -485,9 +534,50 @@ void moe_session_free(struct moe_session *s) {
     free(s);
 }
 
-void moe_session_reset(struct moe_session *s) { s->pos = 0; }
-int moe_session_pos(const struct moe_session *s) { return s->pos; }
+void moe_session_reset(struct moe_session *s) {
+    memset(s->seq_pos, 0, sizeof(int) * (size_t)s->n_seq);
+    s->pos = 0;
+}
+int moe_session_pos(const struct moe_session *s) { return s->cur == 0 ? s->pos : s->seq_pos[0]; }
 int moe_session_n_ctx(const struct moe_session *s) { return s->p.n_ctx; }
+int moe_session_n_seq(const struct moe_session *s) { return s->n_seq; }
+
+int moe_session_seq_pos(const struct moe_session *s, int seq) {
+    if (seq < 0 || seq >= s->n_seq) return -1;
+    return seq == s->cur ? s->pos : s->seq_pos[seq];
+}
+
+void moe_session_seq_reset(struct moe_session *s, int seq) {
+    if (seq < 0 || seq >= s->n_seq) {
+        MOE_LOGE("sequence %d to reset; the session holds 0 .. %d", seq, s->n_seq - 1);
+        return;
+    }
+    s->seq_pos[seq] = 0;
+    if (seq == s->cur) s->pos = 0;
+}
+
+/* select_seq: make seq the current sequence (s->pos, s->history) and its KV
+ * cache the backend's. */
+static enum moe_status select_seq(struct moe_session *s, int seq) {
+    if (seq != s->cur) {
+        s->seq_pos[s->cur] = s->pos;
+        s->cur = seq;
+        s->pos = s->seq_pos[seq];
+        s->history = s->hist_all + (size_t)seq * (size_t)s->p.n_ctx;
+    }
+    if (seq == s->be_seq) return MOE_OK;
+    enum moe_status st = moe_backend_kv_seq(s->be, seq);
+    if (!st) s->be_seq = seq;
+    return st;
+}
+
+/* all_empty: no sequence but perhaps the current one holds tokens, and it
+ * none: a new run starts for the store's per-sequence records. */
+static int all_empty(const struct moe_session *s) {
+    for (int i = 0; i < s->n_seq; i++)
+        if (i != s->cur && s->seq_pos[i] > 0) return 0;
+    return s->pos == 0;
+}
 
 /* begin_chunk: bookkeeping before n tokens at s->pos run: a new sequence for
  * the store and the trace when the cache is empty, trace rows. */
@@ -496,7 +586,7 @@ static enum moe_status begin_chunk(struct moe_session *s, int n) {
         if (s->p.record_trace) s->tr_tokens -= n;
         goto rows;
     }
-    if (s->pos == 0 && s->store) moe_store_begin_sequence(s->store);
+    if (s->pos == 0 && s->store && all_empty(s)) moe_store_begin_sequence(s->store);
     if (s->store) moe_store_count_tokens(s->store, n, n == 1);
     if (!s->p.record_trace) return MOE_OK;
     if (s->pos == 0) {
@@ -634,8 +724,9 @@ static enum moe_status watched_run(struct moe_session *s, int n, enum moe_status
     return st ? st : watch(s, n);
 }
 
-enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n, float *logits,
-                                    int all_logits) {
+/* forward_cur: moe_session_forward on the current sequence. */
+static enum moe_status forward_cur(struct moe_session *s, const int32_t *tokens, int n, float *logits,
+                                   int all_logits) {
     const struct moe_config *c = &s->m->cfg;
     if (n <= 0) {
         MOE_LOGE("no tokens to process");
@@ -673,8 +764,145 @@ enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens
     return watched_run(s, n, run_tokens(s, tokens, n, logits, !logits ? n : all_logits ? 0 : n - 1));
 }
 
-enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
-                                         const float *x, int n, float *logits, int all_logits) {
+enum moe_status moe_session_forward_seq(struct moe_session *s, int seq, const int32_t *tokens, int n, float *logits,
+                                        int all_logits) {
+    if (seq < 0 || seq >= s->n_seq) {
+        MOE_LOGE("sequence %d; the session holds 0 .. %d", seq, s->n_seq - 1);
+        return MOE_ERR_INVALID;
+    }
+    enum moe_status st = select_seq(s, seq);
+    if (!st) st = forward_cur(s, tokens, n, logits, all_logits);
+    s->seq_pos[seq] = s->pos;
+    return st;
+}
+
+enum moe_status moe_session_forward(struct moe_session *s, const int32_t *tokens, int n, float *logits,
+                                    int all_logits) {
+    return moe_session_forward_seq(s, 0, tokens, n, logits, all_logits);
+}
+
+/* attend_rows: layer l's attention for the m rows of a decode batch (b_seq,
+ * b_pos), each in its own sequence's cache: in one backend call where it
+ * has attention_multi, else row by row through the host (kv_seq, set_x of
+ * the row, attention, get_x), which gives each row what attention() on it
+ * alone gives. */
+static enum moe_status attend_rows(struct moe_session *s, int l, int m) {
+    if (moe_backend_supports(s->be, MOE_BACKEND_FEAT_ATTENTION_MULTI))
+        return moe_backend_attention_multi(s->be, l, s->b_seq, s->b_pos, m);
+    const size_t H = (size_t)s->m->cfg.n_embd;
+    enum moe_status st = moe_backend_get_x(s->be, s->xh, m);
+    for (int j = 0; !st && j < m; j++) {
+        if ((st = moe_backend_kv_seq(s->be, s->b_seq[j]))) break;
+        s->be_seq = s->b_seq[j];
+        if (!(st = moe_backend_set_x(s->be, s->xh + j * H, 1)) &&
+            !(st = moe_backend_attention(s->be, l, s->b_pos[j], 1, s->b_pos[j] + 1)))
+            st = moe_backend_get_x(s->be, s->xh + j * H, 1);
+    }
+    return st ? st : moe_backend_set_x(s->be, s->xh, m);
+}
+
+/* batch_step: one decode step of the m (2 .. n_batch) rows idx[0..m) of a
+ * decode_batch call (ascending): row j is sequence seqs[idx[j]]'s token
+ * tokens[idx[j]] at that sequence's position. Every layer but the attention
+ * runs the m rows as one batch: the store plans each layer's experts once
+ * for all of them. Logits rows go to logits + idx[j] x n_vocab (NULL: none). */
+static enum moe_status batch_step(struct moe_session *s, const int *idx, int m, const int *seqs,
+                                  const int32_t *tokens, float *logits) {
+    const struct moe_config *c = &s->m->cfg;
+    const size_t V = (size_t)c->n_vocab;
+    enum moe_status st;
+    s->seq_pos[s->cur] = s->pos;
+    int top = 0, empty = 1;
+    for (int i = 0; i < s->n_seq; i++) empty &= s->seq_pos[i] == 0;
+    for (int j = 0; j < m; j++) {
+        s->b_seq[j] = seqs[idx[j]], s->b_tok[j] = tokens[idx[j]], s->b_pos[j] = s->seq_pos[s->b_seq[j]];
+        s->hist_all[(size_t)s->b_seq[j] * (size_t)s->p.n_ctx + (size_t)s->b_pos[j]] = s->b_tok[j];
+        top = s->b_pos[j] > top ? s->b_pos[j] : top;
+    }
+    if (s->store && empty) moe_store_begin_sequence(s->store);
+    if (s->store) moe_store_count_tokens(s->store, m, 1);
+    /* the store's step index: as a batch of m tokens ending at the longest sequence's */
+    const int pos0 = top + 1 - m > 0 ? top + 1 - m : 0;
+    if ((st = moe_backend_embed(s->be, s->b_tok, m))) return st;
+    for (int l = 0; l < c->n_layer; l++) {
+        if ((st = attend_rows(s, l, m))) return st;
+        if ((st = moe_backend_ffn_norm(s->be, l, m))) return st;
+        if (c->layer_moe[l]) st = moe_layer(s, l, pos0, m);
+        else st = moe_backend_dense(s->be, l, m);
+        if (st || (st = moe_backend_residual(s->be, m))) return st;
+    }
+    for (int j = 0; j < m; j++) s->seq_pos[s->b_seq[j]]++;
+    s->pos = s->seq_pos[s->cur];
+    for (int j = 0; logits && j < m;) { /* the LM head over runs of rows whose logits are adjacent */
+        int e = j + 1;
+        while (e < m && idx[e] == idx[e - 1] + 1) e++;
+        if ((st = moe_backend_lm_head(s->be, j, e - j, logits + (size_t)idx[j] * V))) return st;
+        j = e;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_session_decode_batch(struct moe_session *s, const int *seqs, const int32_t *tokens, int n,
+                                         float *logits) {
+    const struct moe_config *c = &s->m->cfg;
+    const size_t V = (size_t)c->n_vocab;
+    if (n < 1 || n > s->n_seq) {
+        MOE_LOGE("a decode batch of %d sequences; the session holds %d", n, s->n_seq);
+        return MOE_ERR_INVALID;
+    }
+    memset(s->b_mark, 0, (size_t)s->n_seq);
+    for (int i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= s->n_seq || s->b_mark[seqs[i]]) {
+            MOE_LOGE("decode batch row %d: sequence %d is %s", i, seqs[i],
+                     seqs[i] < 0 || seqs[i] >= s->n_seq ? "out of range" : "named twice");
+            return MOE_ERR_INVALID;
+        }
+        s->b_mark[seqs[i]] = 1;
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab) {
+            MOE_LOGE("token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, c->n_vocab);
+            return MOE_ERR_INVALID;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (moe_session_seq_pos(s, seqs[i]) >= s->p.n_ctx) {
+            MOE_LOGE("context full: sequence %d holds %d tokens, the context %d", seqs[i],
+                     moe_session_seq_pos(s, seqs[i]), s->p.n_ctx);
+            return MOE_ERR_RANGE;
+        }
+    if (n == 1) return moe_session_forward_seq(s, seqs[0], tokens, 1, logits, 0);
+    enum moe_status st = watch(s, 0);
+    if (st) return st;
+    /* rows that run alone: big-little decides (and may re-run) each token by
+     * itself; Phi-MoE's longrope recomputes a sequence reaching its original
+     * context (moe_session_forward) */
+    const struct moe_rope *r = &c->rope;
+    int nb = 0;
+    for (int i = 0; i < n; i++) {
+        const int p = moe_session_seq_pos(s, seqs[i]);
+        if (s->p.little_k > 0 || (r->has_mscale && p > 0 && p == r->original_max_pos)) {
+            if ((st = moe_session_forward_seq(s, seqs[i], tokens + i, 1, logits ? logits + (size_t)i * V : NULL, 0)))
+                return st;
+        } else {
+            s->b_idx[nb++] = i;
+        }
+    }
+    if (nb == 1)
+        return moe_session_forward_seq(s, seqs[s->b_idx[0]], tokens + s->b_idx[0], 1,
+                                       logits ? logits + (size_t)s->b_idx[0] * V : NULL, 0);
+    for (int done = 0; !st && done < nb; done += s->p.n_batch) {
+        const int m = nb - done < s->p.n_batch ? nb - done : s->p.n_batch;
+        if (m == 1) /* the last of more rows than n_batch */
+            st = moe_session_forward_seq(s, seqs[s->b_idx[done]], tokens + s->b_idx[done], 1,
+                                         logits ? logits + (size_t)s->b_idx[done] * V : NULL, 0);
+        else
+            st = watched_run(s, m, batch_step(s, s->b_idx + done, m, seqs, tokens, logits));
+    }
+    return st;
+}
+
+/* forward_from_cur: moe_session_forward_from on the current sequence. */
+static enum moe_status forward_from_cur(struct moe_session *s, int layer, const int32_t *tokens, const float *x, int n,
+                                        float *logits, int all_logits) {
     const struct moe_config *c = &s->m->cfg;
     if (layer < 0 || layer >= c->n_layer || n <= 0) {
         MOE_LOGE("cannot start at layer %d of %d with %d tokens", layer, c->n_layer, n);
@@ -704,6 +932,14 @@ enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const
         done += chunk;
     }
     return watch(s, n);
+}
+
+enum moe_status moe_session_forward_from(struct moe_session *s, int layer, const int32_t *tokens,
+                                         const float *x, int n, float *logits, int all_logits) {
+    enum moe_status st = select_seq(s, 0);
+    if (!st) st = forward_from_cur(s, layer, tokens, x, n, logits, all_logits);
+    s->seq_pos[0] = s->pos;
+    return st;
 }
 
 enum moe_status moe_session_lm_head(struct moe_session *s, const float *x, int n, float *logits) {

@@ -72,7 +72,7 @@ static void names(void) {
 }
 
 static void init(const struct moe_model *m) {
-    const struct moe_backend_params bp = {64, 16, 1, m->cfg.n_expert_used};
+    const struct moe_backend_params bp = {64, 16, 1, m->cfg.n_expert_used, 1};
     struct moe_backend *be = NULL;
     CHECK(moe_backend_init_by_name("cpu", 0, m, &bp, NULL, &be) == MOE_OK && be &&
               !strcmp(moe_backend_name(be), "cpu") && moe_backend_check(be) == MOE_OK,

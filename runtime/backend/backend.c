@@ -204,6 +204,8 @@ int moe_backend_supports(const struct moe_backend *be, enum moe_backend_feature 
     case MOE_BACKEND_FEAT_EXPERT_BATCH: return HAS(be, expert_batch, 3);
     case MOE_BACKEND_FEAT_PLACE: return HAS(be, place, 3);
     case MOE_BACKEND_FEAT_STAGE: return HAS(be, stage_begin, 3) && HAS(be, stage_end, 3);
+    case MOE_BACKEND_FEAT_KV_SEQ: return HAS(be, kv_seq, 5);
+    case MOE_BACKEND_FEAT_ATTENTION_MULTI: return HAS(be, kv_seq, 5) && HAS(be, attention_multi, 5);
     default: return HAS(be, supports, 4) && be->iface->supports(be, f);
     }
 }
@@ -296,6 +298,15 @@ enum moe_status moe_backend_stage_begin(struct moe_backend *be, uint64_t key, si
 enum moe_status moe_backend_stage_end(struct moe_backend *be, uint64_t key, void *host, int ok,
                                       struct moe_buffer *dst, size_t n) {
     CALL(be, stage_end, 3, be, key, host, ok, dst, n);
+}
+
+enum moe_status moe_backend_kv_seq(struct moe_backend *be, int seq) {
+    if (!HAS(be, kv_seq, 5) && seq == 0) return MOE_OK; /* the one cache there is */
+    CALL(be, kv_seq, 5, be, seq);
+}
+
+enum moe_status moe_backend_attention_multi(struct moe_backend *be, int layer, const int *seq, const int *pos, int n) {
+    CALL(be, attention_multi, 5, be, layer, seq, pos, n);
 }
 
 struct cJSON *moe_backend_stats_json(const struct moe_backend *be) {

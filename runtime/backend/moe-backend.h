@@ -7,14 +7,16 @@
  * residual stream, the KV cache, scratch) and runs the pieces of a layer on
  * it. The CPU backend (runtime/cpu/backend-cpu.c) is the reference every
  * other backend is checked against; the CUDA backend (runtime/cuda/,
- * moe-cuda.h; not yet run on a GPU) implements the same table.
+ * moe-cuda.h; not yet run on a GPU) implements the same table but for the
+ * version-5 members (one KV cache: a session on it holds one sequence).
  *
  * The table is versioned as ggml's backends and SQLite's VFS are: a backend
  * sets iface->version to the MOE_BACKEND_VERSION it was written for, the
  * session refuses a backend whose version is newer than it knows, and calls
  * a member only when the backend's version has it. Members are only ever
  * appended. Version 2 added kv_cache_bytes; version 3 expert_batch, place,
- * stage_begin and stage_end; version 4 supports and stats_json (each may be
+ * stage_begin and stage_end; version 4 supports and stats_json; version 5
+ * kv_seq and attention_multi (several sequences' KV caches; each may be
  * NULL). Callers never test the version or a NULL slot themselves: they call
  * the wrappers below (moe_backend_attention(), ...), one per member, which do
  * (as SQLite's os.c does for its VFS).
@@ -59,7 +61,7 @@
 extern "C" {
 #endif
 
-#define MOE_BACKEND_VERSION 4
+#define MOE_BACKEND_VERSION 5
 
 /* Memory owned by a backend. */
 struct moe_buffer {
@@ -81,6 +83,8 @@ enum moe_backend_feature {
     MOE_BACKEND_FEAT_EXPERT_BATCH = 2, /* expert_batch (a layer step's experts in one call) */
     MOE_BACKEND_FEAT_PLACE = 3,        /* place: experts may run on the host beside it (Twiddler) */
     MOE_BACKEND_FEAT_STAGE = 4,        /* stage_begin / stage_end: device memory fed through host staging */
+    MOE_BACKEND_FEAT_KV_SEQ = 5,       /* kv_seq: n_seq KV caches, attention() on the one selected */
+    MOE_BACKEND_FEAT_ATTENTION_MULTI = 6, /* attention_multi: one call for rows of several sequences */
 };
 
 /* One routed expert's work in a layer step (expert_batch). */
@@ -190,6 +194,23 @@ struct moe_backend_iface {
     /* stats_json: the backend's own counters since creation as one cJSON
      * object the caller owns (moe-run's --stats-json "backend"), or NULL. */
     struct cJSON *(*stats_json)(const struct moe_backend *be);
+
+    /* -- version 5: several sequences, each with its own KV cache -- */
+    /* kv_seq: attention() reads and writes sequence seq's KV cache from now
+     * on (0 <= seq < moe_backend_params.n_seq; sequence 0 at creation). A
+     * backend that has it allocates n_seq caches of n_ctx tokens each, and
+     * kv_cache_bytes counts them all; one without it keeps one cache and
+     * ignores n_seq. Selecting a cache neither clears nor moves anything. */
+    enum moe_status (*kv_seq)(struct moe_backend *be, int seq);
+    /* attention_multi: attention() for n rows of the stream that belong to
+     * different sequences (a batched decode step): row i is sequence seq[i]'s
+     * token at position pos[i]; its keys and values go to that sequence's
+     * cache at pos[i] and it attends to that cache's positions 0 .. pos[i]
+     * (its seq_len is pos[i] + 1). The seq[i] are distinct. Each row's result
+     * is what attention() on that row alone, with its sequence selected,
+     * gives. Requires kv_seq. NULL: the caller runs the rows one at a time
+     * through kv_seq and attention(). */
+    enum moe_status (*attention_multi)(struct moe_backend *be, int layer, const int *seq, const int *pos, int n);
 };
 
 struct moe_backend {
@@ -203,6 +224,7 @@ struct moe_backend_params {
     int n_batch;   /* tokens per chunk (> 0) */
     int n_threads; /* CPU threads (<= 0: all online CPUs) */
     int n_slots;   /* expert slots per token (the most experts a token uses, >= 1) */
+    int n_seq;     /* KV caches, one per sequence (<= 1: one); honoured by backends with kv_seq */
 };
 
 /* A backend constructor, for moe_session_params.backend_new (NULL there: the
@@ -310,6 +332,13 @@ void moe_backend_place(struct moe_backend *be, int layer, int n, const int32_t *
 enum moe_status moe_backend_stage_begin(struct moe_backend *be, uint64_t key, size_t room, void **host, int *ready);
 enum moe_status moe_backend_stage_end(struct moe_backend *be, uint64_t key, void *host, int ok,
                                       struct moe_buffer *dst, size_t n);
+/* moe_backend_kv_seq: kv_seq where the backend has it; selecting sequence 0
+ * of a backend without it is a no-op (MOE_OK), any other MOE_ERR_UNSUPPORTED. */
+enum moe_status moe_backend_kv_seq(struct moe_backend *be, int seq);
+/* moe_backend_attention_multi: attention_multi where the backend has it
+ * (MOE_ERR_UNSUPPORTED otherwise; the session then runs the rows one at a
+ * time, see moe_session_decode_batch). */
+enum moe_status moe_backend_attention_multi(struct moe_backend *be, int layer, const int *seq, const int *pos, int n);
 /* moe_backend_stats_json: the backend's counters (caller owns), or NULL. */
 struct cJSON *moe_backend_stats_json(const struct moe_backend *be);
 

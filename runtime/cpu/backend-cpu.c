@@ -23,7 +23,11 @@
  * tokens (see "token splits"), and by tiles of (token, head) pairs that share
  * a KV head (attention: scores against keys stored transposed in blocks, a
  * vectorised softmax, then the values). No memory is allocated after
- * moe_backend_cpu_new; scratch pages are touched there.
+ * moe_backend_cpu_new; scratch pages are touched there. With n_seq > 1 it
+ * keeps one KV cache per sequence: attention() runs on the one kv_seq
+ * selected, attention_multi on rows of several (a batched decode step: the
+ * projections over all rows at once, each row's keys and values and scores
+ * in its own sequence's cache, with the same arithmetic as attention()).
  */
 #include <math.h>
 #include <stdint.h>
@@ -45,9 +49,13 @@ struct cpu {
     int64_t q_dim, kv_dim, max_in, max_ff;
     int64_t kv_row;             /* floats per token and layer in k_cache: kv_dim (GQA), or
                                  * kv_lora_rank + qk_rope_dim (MLA: latent, then rope key) */
-    float *k_cache, *v_cache;   /* GQA: [n_layer][n_head_kv] key blocks (ATT_KB), v_cache
-                                 * [n_layer][n_ctx][kv_dim]; MLA: k_cache [n_layer][n_ctx][kv_row] */
-    size_t kv_bytes;            /* both caches' bytes */
+    float *k_cache, *v_cache;   /* the selected sequence's caches (kv_seq): GQA: [n_layer][n_head_kv]
+                                 * key blocks (ATT_KB), v_cache [n_layer][n_ctx][kv_dim]; MLA:
+                                 * k_cache [n_layer][n_ctx][kv_row] */
+    float *k_all, *v_all;       /* [n_seq] such caches, one after another */
+    size_t seq_floats;          /* floats of one sequence's k_cache (and of its v_cache) */
+    int n_seq;                  /* sequences (>= 1) */
+    size_t kv_bytes;            /* every cache's bytes */
     /* MLA scratch: q LoRA rank output, the latent + rope key of the chunk, the
      * absorbed queries and the attention's latent outputs */
     float *qa, *ckv;            /* [B x q_lora_rank], [B x kv_row] */
@@ -67,6 +75,8 @@ struct cpu {
     float *inv_freq;            /* [n_rot/2] */
     float *rope_cos, *rope_sin; /* [B x n_rot/2] */
     int rope_pos0, rope_n, rope_len; /* what the rope tables hold (-1: nothing) */
+    int *rope_at;               /* [B] ... or, with rope_multi set, the positions of attention_multi's rows */
+    int rope_multi;
     int shared_pending;         /* the shared expert's output waits in tmp (sg: its gate) */
     int avx2;                   /* the CPU has AVX2 and FMA (attention's wide copy) */
     int avx512;                 /* ... and AVX-512 F and VL (attention's wider tiles) */
@@ -483,9 +493,10 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- RoPE ------------------------------------------------------------- */
 
-/* rope_tables: cos/sin for n_tok positions starting at pos0. `seq_len` is the
- * largest position of this forward call + 1 (Phi-MoE picks its mscale by it). */
-static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
+/* rope_row / rope_tables: cos/sin of row t at position pos / of n_tok rows
+ * at positions from pos0. `seq_len` is the largest position of the forward
+ * call + 1 (Phi-MoE picks its mscale by it). */
+static void rope_row(struct cpu *s, int t, int pos, int seq_len) {
     const struct moe_rope *r = &s->m->cfg.rope;
     int half = r->n_rot / 2;
     float scale = 1.0f;
@@ -494,14 +505,16 @@ static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
                               : r->attention_factor;
     else if (r->kind == MOE_ROPE_YARN)
         scale = r->attention_factor;
-    for (int t = 0; t < n_tok; t++) {
-        float p = (float)(pos0 + t);
-        for (int i = 0; i < half; i++) {
-            float f = p * s->inv_freq[i];
-            s->rope_cos[(size_t)t * half + i] = (float)cos((double)f) * scale;
-            s->rope_sin[(size_t)t * half + i] = (float)sin((double)f) * scale;
-        }
+    float p = (float)pos;
+    for (int i = 0; i < half; i++) {
+        float f = p * s->inv_freq[i];
+        s->rope_cos[(size_t)t * half + i] = (float)cos((double)f) * scale;
+        s->rope_sin[(size_t)t * half + i] = (float)sin((double)f) * scale;
     }
+}
+
+static void rope_tables(struct cpu *s, int pos0, int n_tok, int seq_len) {
+    for (int t = 0; t < n_tok; t++) rope_row(s, t, pos0 + t, seq_len);
 }
 
 /* rope_apply: rotate the first n_rot values of n_heads heads (head_dim
@@ -591,12 +604,30 @@ static inline __attribute__((always_inline)) v8f vexp(v8f x) {
     return (v8f)((v8i)(y * (v8f)e) & ~under);
 }
 
-/* key_block: block b of KV head h of layer l as [head_dim][ATT_KB]; a last
- * block narrower than ATT_KB (n_ctx not a multiple of it) is copied into
- * `pad` with zeros after its positions. */
-static const float *key_block(const struct cpu *s, int l, int h, int b, float *pad) {
+/* Where the rows of a chunk live: the selected sequence's cache, row t at
+ * position pos0 + t (seq == NULL); or, for attention_multi, row t in
+ * sequence seq[t]'s cache at position pos[t]. */
+struct at_rows {
+    const int *seq, *pos;
+    int pos0;
+};
+
+static inline int row_pos(const struct at_rows *r, int t) { return r->seq ? r->pos[t] : r->pos0 + t; }
+
+/* row_kc / row_vc: the key / value cache row t's sequence uses. */
+static inline float *row_kc(const struct cpu *s, const struct at_rows *r, int t) {
+    return r->seq ? s->k_all + (size_t)r->seq[t] * s->seq_floats : s->k_cache;
+}
+static inline float *row_vc(const struct cpu *s, const struct at_rows *r, int t) {
+    return r->seq ? s->v_all + (size_t)r->seq[t] * s->seq_floats : s->v_cache;
+}
+
+/* key_block: block b of KV head h of layer l in key cache kc as
+ * [head_dim][ATT_KB]; a last block narrower than ATT_KB (n_ctx not a
+ * multiple of it) is copied into `pad` with zeros after its positions. */
+static const float *key_block(const struct cpu *s, const float *kc, int l, int h, int b, float *pad) {
     const int hd = s->m->cfg.head_dim, w = s->p.n_ctx - b * ATT_KB < ATT_KB ? s->p.n_ctx - b * ATT_KB : ATT_KB;
-    const float *base = s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
+    const float *base = kc + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
                         (size_t)b * ATT_KB * hd;
     if (w == ATT_KB) return base;
     for (int d = 0; d < hd; d++)
@@ -605,12 +636,12 @@ static const float *key_block(const struct cpu *s, int l, int h, int b, float *p
 }
 
 /* key_store: position p's keys (kv_dim floats, every KV head) into layer l's
- * key blocks. */
-static void key_store(struct cpu *s, int l, int p, const float *k) {
+ * key blocks of key cache kc. */
+static void key_store(struct cpu *s, float *kc, int l, int p, const float *k) {
     const int hd = s->m->cfg.head_dim, b = p / ATT_KB;
     const int w = s->p.n_ctx - b * ATT_KB < ATT_KB ? s->p.n_ctx - b * ATT_KB : ATT_KB;
     for (int h = 0; h < s->m->cfg.n_head_kv; h++) {
-        float *dst = s->k_cache + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
+        float *dst = kc + ((size_t)l * (size_t)s->kv_dim + (size_t)h * hd) * (size_t)s->p.n_ctx +
                      (size_t)b * ATT_KB * hd + p % ATT_KB;
         for (int d = 0; d < hd; d++) dst[(size_t)d * w] = k[h * hd + d];
     }
@@ -618,10 +649,13 @@ static void key_store(struct cpu *s, int l, int p, const float *k) {
 
 struct att_ctx {
     struct cpu *s;
-    int layer, pos0, n_tok;
+    int layer, n_tok;
+    const struct at_rows *r;
     int qt;          /* queries per tile: 1, 2 or 4 */
     int64_t n_pairs; /* (token, head) pairs per KV head: n_tok x group */
     int64_t n_tiles; /* tiles per KV head */
+    int tpt;         /* tiles per token when a tile must not span tokens (rows of
+                      * several sequences); 0: tiles run across tokens */
 };
 
 /* The per-thread scratch of attention: qt score rows of up to n_ctx +
@@ -633,14 +667,14 @@ static size_t att_stride(const struct cpu *s) {
 /* att_scores: scores of the QT queries q[] against NB key blocks from b
  * (relative block rb in the rows of sc, ns floats apart): per position, the
  * sum over d in order of q[d] k[d], times scale. */
-static inline __attribute__((always_inline)) void att_scores(const struct att_ctx *a, int kvh, int b, int rb,
-                                                             const float *const *q, float *sc, int ns, float *pad,
-                                                             const int QT, const int NB, const int FU) {
+static inline __attribute__((always_inline)) void att_scores(const struct att_ctx *a, const float *kc, int kvh, int b,
+                                                             int rb, const float *const *q, float *sc, int ns,
+                                                             float *pad, const int QT, const int NB, const int FU) {
     const struct cpu *s = a->s;
     const int hd = s->m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     const float *kb[4];
-    for (int u = 0; u < NB; u++) kb[u] = key_block(s, a->layer, kvh, b + u, pad);
+    for (int u = 0; u < NB; u++) kb[u] = key_block(s, kc, a->layer, kvh, b + u, pad);
     v8f acc[4][4];
     for (int r = 0; r < QT; r++)
         for (int u = 0; u < NB; u++) acc[r][u] = splat8(0.0f);
@@ -682,7 +716,9 @@ static inline __attribute__((always_inline)) void att_values(const float *vc, si
 
 /* att_tile: attention of the (token, head) pairs pair0 .. pair0 + n - 1 (n <=
  * QT; pairs t x group + g, token-major) of KV head kvh, which share its keys
- * and values. Rows past n repeat the last pair and are not written. Scores in
+ * and values (all in one sequence's cache: the tiles of rows of several
+ * sequences hold one token's pairs). Rows past n repeat the last pair and
+ * are not written. Scores in
  * blocks of NKB keys, values NV vectors of 8 columns at a time; every output
  * is computed with the same operations in the same order whatever QT, NKB,
  * NV, the tile or the chunk. */
@@ -700,7 +736,7 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
         const int64_t pr = pair0 + (r < n ? r : n - 1);
         const int t = (int)(pr / group);
         h[r] = kvh * group + (int)(pr % group);
-        p[r] = a->pos0 + t;
+        p[r] = row_pos(a->r, t);
         lo[r] = c->layer_sliding[l] && p[r] - c->sliding_window + 1 > 0 ? p[r] - c->sliding_window + 1 : 0;
         q[r] = s->q + (size_t)t * s->q_dim + (size_t)h[r] * hd;
         out[r] = s->att + (size_t)t * s->q_dim + (size_t)h[r] * hd;
@@ -709,9 +745,11 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
     }
     /* scores of positions j0 .. j0 + ns - 1 (whole key blocks) */
     const int b0 = klo / ATT_KB, b1 = khi / ATT_KB, ns = (b1 - b0 + 1) * ATT_KB, j0 = b0 * ATT_KB;
+    const int t0 = (int)(pair0 / group);
+    const float *kc = row_kc(s, a->r, t0);
     int b = b0;
-    for (; b + NKB - 1 <= b1; b += NKB) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, NKB, FU);
-    for (; b <= b1; b++) att_scores(a, kvh, b, b - b0, q, sc, ns, pad, QT, 1, FU);
+    for (; b + NKB - 1 <= b1; b += NKB) att_scores(a, kc, kvh, b, b - b0, q, sc, ns, pad, QT, NKB, FU);
+    for (; b <= b1; b++) att_scores(a, kc, kvh, b, b - b0, q, sc, ns, pad, QT, 1, FU);
     /* softmax numerators in place (masked positions: 0) and their sums, in
      * 8 lanes by position mod 8, then sum8 */
     for (int r = 0; r < QT; r++) {
@@ -736,7 +774,7 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
     }
     /* out = sum_j e_j v_j / sum over positions j0 .. khi (exact zeros past a
      * row's own position) */
-    const float *vc = s->v_cache + (size_t)l * s->p.n_ctx * s->kv_dim + (size_t)kvh * hd;
+    const float *vc = row_vc(s, a->r, t0) + (size_t)l * s->p.n_ctx * s->kv_dim + (size_t)kvh * hd;
     int d = 0;
     for (; d + 8 * NV <= hd; d += 8 * NV)
         att_values(vc, (size_t)s->kv_dim, j0, khi, sc, ns, sum, out, n, d, QT, NV, FU);
@@ -751,7 +789,8 @@ static inline __attribute__((always_inline)) void att_tile(const struct att_ctx 
 
 /* att_items: work items [b, e) of the attention loop: item i is KV head i %
  * n_kv of tile n_tiles - 1 - i / n_kv (the latest tokens, with the most
- * positions to attend to, first: the threads finish together). */
+ * positions to attend to, first: the threads finish together). With tpt set,
+ * tile T is part T % tpt of token T / tpt's pairs. */
 static inline __attribute__((always_inline)) void att_items(const struct att_ctx *a, int64_t b, int64_t e, int tid,
                                                             const int NKB, const int NV, const int FU) {
     const struct cpu *s = a->s;
@@ -760,8 +799,13 @@ static inline __attribute__((always_inline)) void att_items(const struct att_ctx
     float *pad = sc + (size_t)4 * (size_t)(s->p.n_ctx + ATT_KB);
     for (int64_t it = b; it < e; it++) {
         const int kvh = (int)(it % nkv);
-        const int64_t pair0 = (a->n_tiles - 1 - it / nkv) * a->qt;
-        const int n = (int)(a->n_pairs - pair0 < a->qt ? a->n_pairs - pair0 : a->qt);
+        const int64_t tile = a->n_tiles - 1 - it / nkv;
+        int64_t pair0 = tile * a->qt, end = a->n_pairs;
+        if (a->tpt) { /* within one token's group of pairs */
+            const int64_t group = a->n_pairs / a->n_tok, t = tile / a->tpt;
+            pair0 = t * group + (tile % a->tpt) * a->qt, end = (t + 1) * group;
+        }
+        const int n = (int)(end - pair0 < a->qt ? end - pair0 : a->qt);
         if (a->qt == 4)
             att_tile(a, kvh, pair0, n, sc, pad, 4, NKB, NV, FU);
         else if (a->qt == 2)
@@ -800,8 +844,9 @@ static void att_range(void *vctx, int64_t b, int64_t e, int tid) {
 }
 
 /* qkv_post: token t's q, k and v after the projections: QK norms, clipping,
- * RoPE, then its keys and values into layer l's cache at position pos0 + t. */
-static void qkv_post(struct cpu *s, int l, int pos0, int t) {
+ * RoPE, then its keys and values into layer l of its sequence's cache at its
+ * position. */
+static void qkv_post(struct cpu *s, int l, const struct at_rows *r, int t) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
@@ -827,13 +872,15 @@ static void qkv_post(struct cpu *s, int l, int pos0, int t) {
     const float *sn = s->rope_sin + (size_t)t * (c->rope.n_rot / 2);
     rope_apply(q, c->n_head, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
     rope_apply(k, c->n_head_kv, hd, c->rope.n_rot, c->rope.interleave, cs, sn);
-    key_store(s, l, pos0 + t, k);
-    memcpy(s->v_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_dim, v, sizeof(float) * s->kv_dim);
+    const int p = row_pos(r, t);
+    key_store(s, row_kc(s, r, t), l, p, k);
+    memcpy(row_vc(s, r, t) + ((size_t)l * s->p.n_ctx + (size_t)p) * s->kv_dim, v, sizeof(float) * s->kv_dim);
 }
 
 struct qkv_ctx {
     struct cpu *s;
-    int layer, pos0;
+    int layer;
+    const struct at_rows *r;
 };
 
 /* qkv_range: the attention block's first step for tokens [b, e), whole rows
@@ -855,7 +902,7 @@ static void qkv_range(void *vctx, int64_t b, int64_t e, int tid) {
         mat_rows(&L->wq, L->bq, xq, xs, nt, s->q + t0 * s->q_dim, s->q_dim);
         mat_rows(&L->wk, L->bk, xq, xs, nt, s->k + t0 * s->kv_dim, s->kv_dim);
         mat_rows(&L->wv, L->bv, xq, xs, nt, s->v + t0 * s->kv_dim, s->kv_dim);
-        for (int i = 0; i < nt; i++) qkv_post(s, a->layer, a->pos0, (int)t0 + i);
+        for (int i = 0; i < nt; i++) qkv_post(s, a->layer, a->r, (int)t0 + i);
     }
 }
 
@@ -879,15 +926,15 @@ static void wo_range(void *vctx, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* attention: self-attention block of layer l for a chunk of n_tok tokens,
- * from the attention norm to the residual x += wo att. */
-static void attention(struct cpu *s, int l, int pos0, int n_tok) {
+/* attention: self-attention block of layer l for a chunk of n_tok tokens
+ * (rows where r says), from the attention norm to the residual x += wo att. */
+static void attention(struct cpu *s, int l, const struct at_rows *r, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int hd = c->head_dim;
     const enum moe_qtype at = moe_act_type(L->wq.type);
     const int shared_xq = int_path(s, L->wq.type) && moe_act_type(L->wk.type) == at && moe_act_type(L->wv.type) == at;
-    struct qkv_ctx qc = {s, l, pos0};
+    struct qkv_ctx qc = {s, l, r};
     if (shared_xq && token_split(s, weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv), n_tok)) {
         moe_pool_for(s->pool, n_tok, TOK_MIN, qkv_range, &qc);
     } else {
@@ -904,16 +951,21 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
             matmul(s, &L->wk, L->bk, s->xn, c->n_embd, s->k, s->kv_dim, n_tok);
             matmul(s, &L->wv, L->bv, s->xn, c->n_embd, s->v, s->kv_dim, n_tok);
         }
-        for (int t = 0; t < n_tok; t++) qkv_post(s, l, pos0, t);
+        for (int t = 0; t < n_tok; t++) qkv_post(s, l, r, t);
     }
     /* tiles of up to 4 (token, head) pairs of one KV head; a chunk of the
      * loop gets at least ~32K multiply-adds (scores and values over up to
      * pos0 + n_tok positions), or short contexts would cost more in
      * hand-offs than they gain */
-    const int64_t n_pairs = (int64_t)n_tok * (c->n_head / c->n_head_kv);
-    const int qt = n_pairs >= 4 ? 4 : n_pairs >= 2 ? 2 : 1;
-    struct att_ctx a = {s, l, pos0, n_tok, qt, n_pairs, (n_pairs + qt - 1) / qt};
-    const int64_t per_item = (int64_t)2 * hd * qt * (pos0 + n_tok);
+    const int group = c->n_head / c->n_head_kv;
+    const int64_t n_pairs = (int64_t)n_tok * group;
+    int top = row_pos(r, n_tok - 1); /* the most positions a row attends to, - 1 */
+    for (int t = 0; r->seq && t < n_tok; t++) top = r->pos[t] > top ? r->pos[t] : top;
+    int qt = n_pairs >= 4 ? 4 : n_pairs >= 2 ? 2 : 1;
+    if (r->seq && n_tok > 1 && qt > group) qt = group >= 2 ? 2 : 1; /* a tile holds one token's pairs */
+    const int tpt = r->seq && n_tok > 1 ? (group + qt - 1) / qt : 0;
+    struct att_ctx a = {s, l, n_tok, r, qt, n_pairs, tpt ? (int64_t)tpt * n_tok : (n_pairs + qt - 1) / qt, tpt};
+    const int64_t per_item = (int64_t)2 * hd * qt * (top + 1);
     moe_pool_for(s->pool, a.n_tiles * c->n_head_kv, (32768 + per_item - 1) / per_item, att_range, &a);
     if (int_path(s, L->wo.type) && token_split(s, weight_bytes(&L->wo), n_tok)) {
         moe_pool_for(s->pool, n_tok, TOK_MIN, wo_range, &qc);
@@ -940,7 +992,8 @@ static void attention(struct cpu *s, int l, int pos0, int n_tok) {
 struct mla_ctx {
     struct cpu *s;
     const struct moe_layer *L;
-    int layer, pos0, n_tok;
+    int layer, n_tok;
+    const struct at_rows *r;
 };
 
 /* mla_absorb_range: qlat[t][h] = W_UK[h]^T q_nope[t][h] for heads [b, e). */
@@ -971,9 +1024,9 @@ static void mla_score_range(void *vctx, int64_t b, int64_t e, int tid) {
     const struct moe_config *c = &s->m->cfg;
     const int nh = c->n_head, r = c->kv_lora_rank, rd = c->qk_rope_dim;
     float *sc = s->att_buf + (size_t)tid * att_stride(s);
-    const float *kc = s->k_cache + (size_t)a->layer * s->p.n_ctx * s->kv_row;
     for (int64_t it = b; it < e; it++) {
-        const int t = (int)(it / nh), h = (int)(it % nh), p = a->pos0 + t;
+        const int t = (int)(it / nh), h = (int)(it % nh), p = row_pos(a->r, t);
+        const float *kc = row_kc(s, a->r, t) + (size_t)a->layer * s->p.n_ctx * s->kv_row;
         const float *ql = s->qlat + ((size_t)t * nh + h) * r;
         const float *qr = s->q + (size_t)t * s->q_dim + (size_t)h * c->head_dim + c->qk_nope_dim;
         float mx = -INFINITY;
@@ -1008,8 +1061,9 @@ static void mla_value_range(void *vctx, int64_t b, int64_t e, int tid) {
         }
 }
 
-/* attention_mla: the latent attention block of layer l for n_tok tokens. */
-static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
+/* attention_mla: the latent attention block of layer l for n_tok tokens
+ * (rows where r says). */
+static void attention_mla(struct cpu *s, int l, const struct at_rows *rw, int n_tok) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[l];
     const int64_t H = c->n_embd, r = c->kv_lora_rank, qr = c->q_lora_rank;
@@ -1029,10 +1083,10 @@ static void attention_mla(struct cpu *s, int l, int pos0, int n_tok) {
         rope_apply(kv + r, 1, c->qk_rope_dim, c->rope.n_rot, c->rope.interleave, cs, sn);
         rope_apply(s->q + (size_t)t * s->q_dim + c->qk_nope_dim, c->n_head, c->head_dim, c->rope.n_rot,
                    c->rope.interleave, cs, sn);
-        memcpy(s->k_cache + ((size_t)l * s->p.n_ctx + (size_t)(pos0 + t)) * s->kv_row, kv,
+        memcpy(row_kc(s, rw, t) + ((size_t)l * s->p.n_ctx + (size_t)row_pos(rw, t)) * s->kv_row, kv,
                sizeof(float) * (size_t)s->kv_row);
     }
-    struct mla_ctx a = {s, L, l, pos0, n_tok};
+    struct mla_ctx a = {s, L, l, n_tok, rw};
     moe_pool_for(s->pool, c->n_head, 1, mla_absorb_range, &a);
     moe_pool_for(s->pool, (int64_t)n_tok * c->n_head, 1, mla_score_range, &a);
     moe_pool_for(s->pool, c->n_head, 1, mla_value_range, &a);
@@ -1219,21 +1273,66 @@ static enum moe_status cpu_get_xn(struct moe_backend *be, float *xn, int n) {
     return MOE_OK;
 }
 
-static enum moe_status cpu_attention(struct moe_backend *be, int layer, int pos0, int n, int seq_len) {
-    struct cpu *s = ctx(be);
+/* attention_rows: the attention block of layer l for n rows (where r says),
+ * the rope tables already made. */
+static void attention_rows(struct cpu *s, int layer, const struct at_rows *r, int n) {
     const struct moe_config *c = &s->m->cfg;
     const struct moe_layer *L = &s->m->layers[layer];
-    if (s->rope_pos0 != pos0 || s->rope_n != n || s->rope_len != seq_len) {
-        rope_tables(s, pos0, n, seq_len);
-        s->rope_pos0 = pos0, s->rope_n = n, s->rope_len = seq_len;
-    }
     if (c->attn != MOE_ATTN_MLA) {
-        attention(s, layer, pos0, n); /* norm to residual */
-        return MOE_OK;
+        attention(s, layer, r, n); /* norm to residual */
+        return;
     }
     norm_rows(c, s->xn, s->x, L->attn_norm, L->attn_norm_b, n);
-    attention_mla(s, layer, pos0, n);
+    attention_mla(s, layer, r, n);
     for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->tmp[i];
+}
+
+static enum moe_status cpu_attention(struct moe_backend *be, int layer, int pos0, int n, int seq_len) {
+    struct cpu *s = ctx(be);
+    if (s->rope_multi || s->rope_pos0 != pos0 || s->rope_n != n || s->rope_len != seq_len) {
+        rope_tables(s, pos0, n, seq_len);
+        s->rope_pos0 = pos0, s->rope_n = n, s->rope_len = seq_len, s->rope_multi = 0;
+    }
+    const struct at_rows r = {NULL, NULL, pos0};
+    attention_rows(s, layer, &r, n);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_kv_seq(struct moe_backend *be, int seq) {
+    struct cpu *s = ctx(be);
+    if (seq < 0 || seq >= s->n_seq) {
+        MOE_LOGE("KV cache of sequence %d asked; the backend holds %d", seq, s->n_seq);
+        return MOE_ERR_INVALID;
+    }
+    s->k_cache = s->k_all + (size_t)seq * s->seq_floats;
+    if (s->v_all) s->v_cache = s->v_all + (size_t)seq * s->seq_floats;
+    return MOE_OK;
+}
+
+/* cpu_attention_multi: each row's rope table at its own position (its
+ * seq_len pos + 1, as a one-token forward call has), then the block with
+ * every row in its own sequence's cache. */
+static enum moe_status cpu_attention_multi(struct moe_backend *be, int layer, const int *seq, const int *pos, int n) {
+    struct cpu *s = ctx(be);
+    if (n < 1 || n > s->p.n_batch) {
+        MOE_LOGE("attention over %d rows; the backend takes 1 .. %d", n, s->p.n_batch);
+        return MOE_ERR_INVALID;
+    }
+    for (int i = 0; i < n; i++)
+        if (seq[i] < 0 || seq[i] >= s->n_seq || pos[i] < 0 || pos[i] >= s->p.n_ctx) {
+            MOE_LOGE("row %d: sequence %d at position %d (the backend holds %d sequences of %d)", i, seq[i], pos[i],
+                     s->n_seq, s->p.n_ctx);
+            return MOE_ERR_INVALID;
+        }
+    int same = s->rope_multi && s->rope_n == n;
+    for (int i = 0; same && i < n; i++) same = s->rope_at[i] == pos[i];
+    if (!same) { /* once per step: every layer's rows are at the same positions */
+        for (int i = 0; i < n; i++) rope_row(s, i, pos[i], pos[i] + 1);
+        memcpy(s->rope_at, pos, sizeof(int) * (size_t)n);
+        s->rope_multi = 1, s->rope_n = n;
+    }
+    const struct at_rows r = {seq, pos, 0};
+    attention_rows(s, layer, &r, n);
     return MOE_OK;
 }
 
@@ -1502,6 +1601,8 @@ static const struct moe_backend_iface k_cpu_iface = {
     .kv_cache_bytes = cpu_kv_cache_bytes,
     .expert_batch = cpu_expert_batch,
     .supports = cpu_supports,
+    .kv_seq = cpu_kv_seq,
+    .attention_multi = cpu_attention_multi,
 };
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -1549,12 +1650,13 @@ static void cpu_free(struct moe_backend *be) {
                  s->adapt.choice ? "the caller alone" : "every thread", (unsigned long long)s->adapt.switches);
     if (s) {
         moe_pool_free(s->pool);
-        float *bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->acc, s->part,
+        float *bufs[] = {s->k_all, s->v_all, s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->acc, s->part,
                          s->xe, s->ge, s->ue, s->ye, s->sg, s->row_buf, s->att_buf, s->inv_freq, s->rope_cos,
                          s->rope_sin, s->qa, s->ckv, s->qlat, s->olat};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
         free(s->part_used);
         free(s->aq);
+        free(s->rope_at);
         free(s);
     }
     free(be);
@@ -1591,11 +1693,15 @@ enum moe_status moe_backend_cpu_new(const struct moe_model *model, const struct 
     const int64_t att_dim = mla ? (int64_t)c->n_head * c->v_head_dim : s->q_dim;
     s->max_ff = max64(max64(c->n_ff_expert, c->n_ff_dense), c->n_ff_shared);
     s->max_in = max64(max64(max64(H, s->q_dim), s->max_ff), max64(att_dim, max64(c->kv_lora_rank, c->q_lora_rank)));
-    s->kv_bytes = moe_config_kv_cache_bytes(c, s->p.n_ctx); /* k_cache: kv_row, v_cache: kv_dim per position */
-    size_t kv = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_row;
+    s->n_seq = s->p.n_seq > 1 ? s->p.n_seq : 1;
+    /* k_cache: kv_row, v_cache: kv_dim per position, per sequence */
+    s->kv_bytes = moe_config_kv_cache_bytes(c, s->p.n_ctx) * (size_t)s->n_seq;
+    s->seq_floats = (size_t)c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_row;
     int ok = 1;
-    ok &= (s->k_cache = zalloc(kv, sizeof *s->k_cache)) != NULL;
-    if (!mla) ok &= (s->v_cache = zalloc(kv, sizeof *s->v_cache)) != NULL;
+    ok &= (s->k_all = zalloc(s->seq_floats * (size_t)s->n_seq, sizeof *s->k_all)) != NULL;
+    if (!mla) ok &= (s->v_all = zalloc(s->seq_floats * (size_t)s->n_seq, sizeof *s->v_all)) != NULL;
+    s->k_cache = s->k_all, s->v_cache = s->v_all;
+    ok &= (s->rope_at = zalloc((size_t)B, sizeof *s->rope_at)) != NULL;
 #define ALLOC(ptr, count) ok &= ((ptr) = zalloc_touched((size_t)(count), sizeof *(ptr))) != NULL
     ALLOC(s->x, B * H);
     ALLOC(s->xn, B * H);

@@ -1098,6 +1098,7 @@ const moe_backend_iface k_cuda_iface = {
     cu_get_x, cu_get_xn, cu_attention, cu_ffn_norm, cu_router, cu_expert, cu_dense, cu_residual, cu_lm_head,
     cu_ffn_rows, cu_lm_head_rows, cu_kv_cache_bytes, cu_expert_batch, cu_place, cu_stage_begin, cu_stage_end,
     cu_supports, cu_stats_json,
+    nullptr, nullptr, // kv_seq, attention_multi: one sequence only (a session with n_seq > 1 is refused)
 };
 
 void cu_free(moe_backend *be) {
