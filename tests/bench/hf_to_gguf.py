@@ -13,7 +13,8 @@ attn_output, ffn_norm, ffn_gate_inp (the router, float32) and the experts
 stacked as ffn_gate_exps / ffn_up_exps / ffn_down_exps. Matrices keep their
 stored type (BF16 stays BF16), vectors become float32. The vocabulary is a
 placeholder of the right size (<unk>, <s>, </s>, the 256 byte tokens, then
-filler pieces): the benchmark feeds token ids, never text. Only numpy and
+filler pieces; the benchmark feeds token ids), or with --vocab hf the
+checkpoint's own byte-level BPE tokenizer (bench-offload-llama.sh feeds text). Only numpy and
 gguf are needed; safetensors are read by hand (u64 header length, JSON
 header, data), tensors are streamed to the file one at a time.
 """
@@ -76,6 +77,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("out")
+    ap.add_argument("--vocab", choices=["placeholder", "hf"], default="placeholder",
+                    help="placeholder: V filler pieces (id input only); hf: the checkpoint's own byte-level BPE "
+                         "tokenizer.json (Qwen2-style pre-tokenizer) so llama.cpp tokenizes text as the checkpoint does")
     a = ap.parse_args()
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     assert cfg.get("model_type") == "mixtral", "only Mixtral checkpoints"
@@ -148,6 +152,63 @@ def main():
     w.add_expert_used_count(K)
     w.add_vocab_size(V)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if raw == gguf.GGMLQuantizationType.BF16 else gguf.LlamaFileType.ALL_F32)
+    if a.vocab == "hf":
+        add_hf_vocab(w, a.model, V, cfg)
+    else:
+        add_placeholder_vocab(w, V)
+
+    # tensor infos first (shapes from the headers), then the data streamed
+    for name, make, rt in plan:
+        nbytes = int(np.prod(make.shape)) * make.dtype.itemsize
+        w.add_tensor_info(name, make.shape, make.dtype, nbytes, raw_dtype=rt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, make, rt in plan:
+        t = np.ascontiguousarray(make())
+        w.write_tensor_data(t)
+        del t
+    w.close()
+    print(f"{a.out}: {os.path.getsize(a.out) / 1e9:.2f} GB")
+
+
+def add_hf_vocab(w, model_dir, V, cfg):
+    """The checkpoint's byte-level BPE vocabulary as llama.cpp's "gpt2" tokenizer
+    model with the "qwen2" pre-tokenizer (the regex train_moe.py's tokenizer
+    uses); ids past the tokenizer's vocabulary (vocab_size padding) become
+    unused filler pieces."""
+    tj = json.load(open(os.path.join(model_dir, "tokenizer.json")))
+    m = tj["model"]
+    assert m["type"] == "BPE", "only byte-level BPE tokenizers"
+    toks = [None] * V
+    types = [gguf.TokenType.NORMAL] * V
+    for piece, i in m["vocab"].items():
+        if i < V:
+            toks[i] = piece
+    for t in tj.get("added_tokens", []):
+        if t["id"] < V:
+            toks[t["id"]] = t["content"]
+            types[t["id"]] = gguf.TokenType.CONTROL if t.get("special") else gguf.TokenType.USER_DEFINED
+    for i in range(V):
+        if toks[i] is None:
+            toks[i], types[i] = f"[PAD{i}]", gguf.TokenType.UNUSED
+    merges = [" ".join(x) if isinstance(x, list) else x for x in m.get("merges", [])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    bos, eos = cfg.get("bos_token_id"), cfg.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0]
+    if bos is not None:
+        w.add_bos_token_id(int(bos))
+    if eos is not None:
+        w.add_eos_token_id(int(eos))
+    w.add_add_bos_token(False)
+
+
+def add_placeholder_vocab(w, V):
     # placeholder SentencePiece-style vocabulary of V pieces
     toks, types = ["<unk>", "<s>", "</s>"], [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     toks += [f"<0x{b:02X}>" for b in range(256)]
@@ -163,20 +224,6 @@ def main():
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-
-    # tensor infos first (shapes from the headers), then the data streamed
-    for name, make, rt in plan:
-        nbytes = int(np.prod(make.shape)) * make.dtype.itemsize
-        w.add_tensor_info(name, make.shape, make.dtype, nbytes, raw_dtype=rt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, make, rt in plan:
-        t = np.ascontiguousarray(make())
-        w.write_tensor_data(t)
-        del t
-    w.close()
-    print(f"{a.out}: {os.path.getsize(a.out) / 1e9:.2f} GB")
 
 
 if __name__ == "__main__":
