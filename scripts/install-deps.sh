@@ -6,7 +6,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libzstd-dev libhdf5-dev libcsv-dev libcjson-dev
-      libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev)
+      libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev curl)
 if [ "${1:-}" = "--fuzz" ]; then
   pkgs+=(clang libclang-rt-dev)
 fi

@@ -10,7 +10,10 @@
 #           <- tools/common
 #           <- the stage folders (tools/quantize, profile, calibrate, plan)
 #           <- the CLIs (tools/moe-prep.c, runtime/cli, and every *-cmd.c:
-#              a subcommand's CLI half lives beside its stage's library)
+#              a subcommand's CLI half lives beside its stage's library),
+#              and beside them runtime/server (moe-serve: the HTTP server
+#              and its engine thread over the session, and its CLI, which
+#              uses runtime/cli's option tables)
 #
 # Every #include "x.h" of every .c/.h/.cu file is resolved to the folder that
 # holds x.h; an edge from a lower layer to a higher one, an include between
@@ -20,14 +23,14 @@
 set -u
 cd "$1" || exit 2
 folders="formats datasets runtime/tokenizer runtime/model runtime/backend runtime/offload runtime/cpu runtime/cuda
-runtime runtime/cli tools tools/common tools/quantize tools/profile tools/calibrate tools/plan"
+runtime runtime/cli runtime/server tools tools/common tools/quantize tools/profile tools/calibrate tools/plan"
 rank() {
     case "$1" in
     formats) echo 0 ;; datasets) echo 10 ;;
     runtime/tokenizer) echo 20 ;; runtime/model) echo 21 ;; runtime/backend) echo 22 ;; runtime/offload) echo 23 ;;
     runtime/cpu|runtime/cuda) echo 24 ;; runtime) echo 25 ;;
     tools/common) echo 30 ;; tools/quantize|tools/profile|tools/calibrate|tools/plan) echo 40 ;;
-    tools|runtime/cli) echo 50 ;; *) echo 99 ;;
+    tools|runtime/cli|runtime/server) echo 50 ;; *) echo 99 ;;
     esac
 }
 # every folder that holds sources must be in the list above (a new room is placed in the layering)

@@ -4,7 +4,8 @@
  * devices) named as datasets, configs, shards, bundles, profiles or prompts;
  * outputs that are the same file as an input; symlinks planted at temporary
  * names; results files and configs that contradict themselves; values out of
- * range. Each row sets up a scratch directory with shell commands, runs one
+ * range; chat templates that are malformed, hostile or not files (issue 26).
+ * Each row sets up a scratch directory with shell commands, runs one
  * command under a time limit (a hang is a failure, not a stuck test), and
  * checks its exit status, that its stderr names the problem, and optionally a
  * shell condition afterwards (e.g. the input is intact).
@@ -485,6 +486,26 @@ static const struct row k_rows[] = {
      "test -s p.h5", .max_rss_mb = 600},
     {"moe-run with a KV cache larger than memory", "", "$RUN -m wide --tokens 1,2 -n 1 --ctx $HUGE_CTX", 1,
      "needs a KV cache of", NULL, wide_heads},
+
+    /* ---- issue 26: chat templates and conversations */
+    {"--chat-template is a FIFO", "mkfifo t.jinja", "echo hi | $RUN -m $DEMO --chat --chat-template t.jinja -n 2", 1,
+     "t.jinja: is a FIFO", NULL},
+    {"--render-chat messages file is a FIFO", "mkfifo m.json", "$RUN --render-chat m.json --chat-template chatml", 1,
+     "m.json: is a FIFO", NULL},
+    {"an unterminated chat template", "printf '{%% for m in messages %%}{{ m.content' > t.jinja",
+     "echo hi | $RUN -m $DEMO --chat --chat-template t.jinja -n 2", 1, "unterminated '{{' expression", NULL},
+    {"a chat template nested 100000 deep", "for i in $(seq 100000); do printf '{%% if 1 %%}'; done > t.jinja",
+     "echo hi | $RUN -m $DEMO --chat --chat-template t.jinja -n 2", 1, "nested more than 256 deep", NULL},
+    {"a chat template with an endless loop",
+     "printf '{%% set r = range(99999) %%}{%% for a in r %%}{%% for b in r %%}{%% endfor %%}{%% endfor %%}' > t.jinja",
+     "echo hi | $RUN -m $DEMO --chat --chat-template t.jinja -n 2", 1, "more than 50000000 steps", NULL},
+    {"a chat template that includes a file", "printf \"{%% include '/etc/passwd' %%}\" > t.jinja",
+     "$RUN --render-chat - --chat-template t.jinja", 1, "unsupported tag 'include'", NULL},
+    {"--render-chat of messages that are not an array", "printf '{\"role\": \"user\"}' > m.json",
+     "$RUN --render-chat m.json --chat-template chatml", 1, "must be a JSON array", NULL},
+    {"--chat-template-kwargs that are not JSON", "",
+     "echo '[]' | $RUN --render-chat - --chat-template chatml --chat-template-kwargs '{x'", 1,
+     "not a JSON object", NULL},
 };
 
 /* run_sh: run cmd with /bin/sh in dir, stdout and stderr to files there,

@@ -5,6 +5,8 @@
  * --device names a registered backend in moe-run and in every moe-prep command
  * that runs a model (an unknown one exits 2, one this build lacks exits 2 and
  * says how to build it, one without a device exits 1 naming --device cpu).
+ * --chat / -cnv keeps the KV cache across turns read from a pipe and
+ * --render-chat prints transformers' bytes (chat()).
  * argv[1] is the moe-run binary, argv[2] (optional) moe-prep.
  */
 #include <cjson/cJSON.h>
@@ -153,6 +155,103 @@ static void devices(const char *prep) {
     }
 }
 
+/* chat: --chat / -cnv through a pipe on the tiny trained model (not
+ * instruction-tuned, so with a committed template): two turns answered, the
+ * second running only its new tokens (the KV cache kept), end of input exits
+ * 0; --render-chat prints what transformers renders; errors are clear. */
+static void chat(const char *prep) {
+    char model[1024], cmd[8192], out[65536], stats[] = "/tmp/moe-test-chat-XXXXXX";
+    snprintf(model, sizeof model, "%s/../../datasets/models/tiny-moe-mixtral", MOE_FIXTURES);
+    int fd = mkstemp(stats);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "printf 'Hello there\\nWhat is two plus two?\\n' | %s -m %s -cnv --chat-template chatml "
+             "-sys 'You are helpful.' -n 12 -t 2 --stats-json %s 2>/dev/null", moe_run, model, stats);
+    CHECK(run(cmd, out, sizeof out) == 0, "-cnv with two piped turns exits 0");
+    char *text = NULL;
+    size_t len;
+    cJSON *j = moe_read_file(stats, 1 << 20, &text, &len) == MOE_OK ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *c = j ? cJSON_GetObjectItem(j, "chat") : NULL, *turns = c ? cJSON_GetObjectItem(c, "turn") : NULL;
+    CHECK(c && cJSON_GetObjectItem(c, "turns")->valueint == 2 && cJSON_GetArraySize(turns) == 2, "two turns in --stats-json");
+    if (turns && cJSON_GetArraySize(turns) == 2) {
+        const cJSON *t0 = cJSON_GetArrayItem(turns, 0), *t1 = cJSON_GetArrayItem(turns, 1);
+        const int p0 = cJSON_GetObjectItem(t0, "prompt_tokens")->valueint, g0 = cJSON_GetObjectItem(t0, "generated_tokens")->valueint;
+        const int p1 = cJSON_GetObjectItem(t1, "prompt_tokens")->valueint, r1 = cJSON_GetObjectItem(t1, "reused_tokens")->valueint;
+        const int f1 = cJSON_GetObjectItem(t1, "prefilled_tokens")->valueint;
+        CHECK(cJSON_GetObjectItem(t0, "reused_tokens")->valueint == 0 && cJSON_GetObjectItem(t0, "prefilled_tokens")->valueint == p0,
+              "the first turn runs its whole prompt");
+        /* the cache held the first prompt and every generated token run back (all but a last one not fed) */
+        CHECK(r1 >= p0 + g0 - 1 && r1 <= p0 + g0 && f1 == p1 - r1 && f1 > 0 && f1 < p1 - p0,
+              "the second turn reuses the cache: prompt %d, reused %d, ran %d (first turn: prompt %d, generated %d)", p1, r1,
+              f1, p0, g0);
+        CHECK(cJSON_GetObjectItem(c, "reprefills")->valueint == 0, "no re-run of the conversation");
+    }
+    cJSON_Delete(j);
+    /* end of input at once: no turn, exit 0; -cnv is not read as -c nv */
+    snprintf(cmd, sizeof cmd, "%s -m %s -cnv --chat-template chatml -n 4 < /dev/null 2>&1", moe_run, model);
+    CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "0 turns"), "-cnv at end of input exits 0: %s", out);
+    /* no template in the model and no override: a clear error */
+    snprintf(cmd, sizeof cmd, "echo hi | %s -m %s --chat -n 4 2>&1", moe_run, model);
+    CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "--chat-template"), "a model without a template: %s", out);
+    /* --render-chat: transformers' bytes (the fixture of the Qwen3 template), no weights needed */
+    char fx[1024];
+    snprintf(fx, sizeof fx, "%s/chat/expected/qwen3.json", MOE_FIXTURES);
+    j = moe_read_file(fx, 1 << 20, &text, &len) == MOE_OK ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *e, *want = NULL, *msgs = NULL, *cases = j ? cJSON_GetObjectItem(j, "cases") : NULL;
+    cJSON_ArrayForEach(e, cases)
+        if (!strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "non_ascii+gen"))
+            want = cJSON_GetObjectItem(e, "expected"), msgs = cJSON_GetObjectItem(e, "messages");
+    CHECK(want && msgs, "the qwen3 fixture has the non_ascii+gen case");
+    if (want && msgs) {
+        char mpath[] = "/tmp/moe-test-msgs-XXXXXX";
+        fd = mkstemp(mpath);
+        char *m = cJSON_Print(msgs);
+        CHECK(write(fd, m, strlen(m)) == (ssize_t)strlen(m), "write the messages");
+        close(fd);
+        cJSON_free(m);
+        snprintf(cmd, sizeof cmd, "%s --render-chat %s --chat-template %s/chat/templates/qwen3.jinja 2>&1", moe_run, mpath,
+                 MOE_FIXTURES);
+        CHECK(run(cmd, out, sizeof out) == 0 && !strcmp(out, want->valuestring), "--render-chat prints transformers' bytes: %s", out);
+        snprintf(cmd, sizeof cmd, "printf '[{\"role\": \"user\"' | %s --render-chat - --chat-template chatml 2>&1", moe_run);
+        CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "not valid JSON"), "--render-chat of malformed JSON: %s", out);
+        snprintf(cmd, sizeof cmd, "%s --render-chat %s --chat-template %s/chat/templates/mistral-v0.jinja 2>&1", moe_run, mpath,
+                 MOE_FIXTURES);
+        CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "Conversation roles must alternate"),
+              "--render-chat shows the template's exception: %s", out);
+        unlink(mpath);
+    }
+    cJSON_Delete(j);
+    /* usage errors */
+    snprintf(cmd, sizeof cmd, "%s -m %s --chat --tokens 1,2 2>/dev/null", moe_run, model);
+    CHECK(run(cmd, out, sizeof out) == 2, "--chat with --tokens exits 2");
+    snprintf(cmd, sizeof cmd, "%s -m %s -p hi -sys x 2>/dev/null", moe_run, model);
+    CHECK(run(cmd, out, sizeof out) == 2, "-sys without --chat exits 2");
+    /* outputs are checked before the run: a missing directory fails at once */
+    snprintf(cmd, sizeof cmd, "echo hi | %s -m %s -cnv --chat-template chatml --stats-json /nonexistent-dir/s.json 2>&1",
+             moe_run, model);
+    CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "does not exist") && !strstr(out, "turns"),
+          "--stats-json into a missing directory fails before the chat: %s", out);
+    unlink(stats);
+    /* bundles carry the template (hf.chat_template.jinja, quantize) and a bundle without one asks for --chat-template */
+    char work[] = "/tmp/moe-test-chatb-XXXXXX";
+    if (prep && mkdtemp(work)) {
+        snprintf(cmd, sizeof cmd, "cp -r %s/models/mixtral-f32 %s/m && cp %s/chat/templates/mistral-v1.jinja "
+                 "%s/m/chat_template.jinja && %s quantize %s/m -o %s/t.moeb --experts q8_0 >/dev/null 2>&1 && "
+                 "%s quantize %s/models/mixtral-f32 -o %s/n.moeb --experts q8_0 >/dev/null 2>&1 && "
+                 "echo '[{\"role\": \"user\", \"content\": \"hi\"}]' > %s/m.json",
+                 MOE_FIXTURES, work, MOE_FIXTURES, work, prep, work, work, prep, MOE_FIXTURES, work, work);
+        CHECK(run(cmd, out, sizeof out) == 0, "quantize two bundles");
+        snprintf(cmd, sizeof cmd, "%s -m %s/t.moeb --render-chat %s/m.json 2>&1", moe_run, work, work);
+        CHECK(run(cmd, out, sizeof out) == 0 && !strcmp(out, "<s> [INST] hi [/INST]"),
+              "a bundle's own template, with its BOS: \"%s\"", out);
+        snprintf(cmd, sizeof cmd, "%s -m %s/n.moeb --render-chat %s/m.json 2>&1", moe_run, work, work);
+        CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "--chat-template"), "a bundle without a template: %s", out);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", work);
+        CHECK(run(cmd, out, sizeof out) == 0, "rm");
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test-moe-run PATH/TO/moe-run\n");
@@ -197,6 +296,7 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "%s -m %s/models/mixtral-f32 --tokens 99999 -n 1 2>/dev/null", moe_run, MOE_FIXTURES);
     CHECK(run(cmd, out, sizeof out) == 1, "out-of-vocabulary id exits 1");
     devices(argc > 2 ? argv[2] : NULL);
+    chat(argc > 2 ? argv[2] : NULL);
     printf("test-moe-run: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;
 }

@@ -15,8 +15,11 @@
 #include <stdio.h>
 
 #include "moe-gpu.h"
+#include "moe-model.h"
+#include "moe-session.h"
 #include "moe-status.h"
 #include "moe-store.h"
+#include "moe-tuning.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,6 +90,73 @@ int moe_device_option(const char *prog, struct moe_gpu_params *g, const char *na
  * do ("PROG: --device cuda: this build has no cuda backend (rebuild with
  * -DMOE_CUDA=ON)") and returns 0. */
 int moe_device_built(const char *prog, const char *spec);
+
+/* ---- the model and how it runs: what every program that serves or runs a
+ * model takes (moe-serve; moe-run's own table has the same options) ---- */
+
+/* The options as given, and what they decide. */
+struct moe_engine_args {
+    const char *model;            /* -m: checkpoint directory, GGUF file or bundle */
+    const char *expert_precision; /* bundles: the stored precision every expert uses */
+    int n_threads, n_ctx, n_batch; /* 0: the session's defaults */
+    int no_repack, no_plan;
+    struct moe_store_params store; /* the expert store's options (moe_store_option_table) */
+    int use_store;                /* a budget was asked for (set by moe_engine_load) */
+    struct moe_gpu_params gpu;    /* --device and the GPU options */
+    int n_store_opts;             /* the store options in order, applied again over a bundle's plan */
+    const char *store_name[64], *store_value[64];
+    struct moe_tuning_plan plan;  /* the bundle's applied plan, when used (store strings point here) */
+    int have_plan;
+    int little_k;                 /* --little-k; -1: not given (moe_big_little_option_table) */
+    double gamma;                 /* --gamma; NaN: not given */
+    int bl_prefetch;              /* --bl-prefetch; -1: not given */
+};
+
+/* moe_engine_args_init: the defaults (no model). */
+void moe_engine_args_init(struct moe_engine_args *e);
+
+/* moe_engine_option_table: -m/--model, --expert-precision, -t/--threads,
+ * -c/--ctx, -b/--batch, --no-repack, --no-plan as a moe_opt table (keys
+ * 'm', 't', 'c', 'b' and 0); static. */
+const struct moe_opt *moe_engine_option_table(void);
+
+/* moe_engine_options_help: its help text under a heading (static, thread-safe). */
+const char *moe_engine_options_help(void);
+
+/* moe_big_little_option_table: MoBiLE big-little decoding, --little-k,
+ * --gamma and --bl-prefetch (moe-run's own table has the same options) as a
+ * moe_opt table (keys 0); static. moe_engine_option applies them and
+ * moe_engine_load turns them into the session's little_k / gamma /
+ * bl_prefetch_layers (gamma's default: the bundle's mobile.gamma, else 0.7).
+ * They hold with several sequences too (moe_session_params.n_seq): a
+ * big-little session decodes each row of a batch on its own. */
+const struct moe_opt *moe_big_little_option_table(void);
+
+/* moe_big_little_options_help: its help text under a heading (static, thread-safe). */
+const char *moe_big_little_options_help(void);
+
+/* moe_engine_option: option o with value v (NULL for a flag) applied to *e
+ * when it is one of the engine table's, the big-little table's, the store's
+ * or the GPU's options.
+ * Returns -1 not one of them, 0 applied, 2 a bad value (printed to stderr as
+ * "PROG: message"). */
+int moe_engine_option(const char *prog, struct moe_engine_args *e, const struct moe_opt *o, const char *v);
+
+/* moe_engine_load: a bundle's applied plan (moe-prep plan --apply) as the
+ * starting point of the store options unless --no-plan (the options given
+ * applied again on top; a note on stderr says so), then the model (lazy
+ * experts with a budget) and the session parameters (store, device, threads,
+ * context, batch, big-little) in *sp, which points into *e (keep e alive
+ * while sp is used). 0 ok, else the exit status after a message on stderr
+ * (a --little-k the model cannot run: 2). */
+int moe_engine_load(const char *prog, struct moe_engine_args *e, struct moe_model **model,
+                    struct moe_session_params *sp);
+
+/* moe_engine_repack: the CPU kernels' interleaved layouts (moe_model_repack)
+ * when the backend reads them and --no-repack was not given (experts too
+ * without a budget: the store repacks its own copies). 1 ok. */
+int moe_engine_repack(const char *prog, const struct moe_engine_args *e, struct moe_model *m,
+                      const struct moe_backend *be);
 
 #ifdef __cplusplus
 }

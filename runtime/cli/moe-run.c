@@ -16,6 +16,7 @@
 
 #include "moe-bundle.h"
 #include "moe-base.h"
+#include "moe-chat.h"
 #include "hw-cmd.h"
 #include "moe-file.h"
 #include "moe-gguf.h"
@@ -36,7 +37,7 @@
 enum {
     O_TOKENS = 256, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_IGNORE_EOS, O_NO_SPECIAL, O_IDS, O_TOKENIZE, O_LOGITS_OUT,
     O_EXPERT_PRECISION, O_LITTLE_K, O_GAMMA, O_BL_PREFETCH, O_STATS_JSON, O_TRACE_OUT, O_MEASURE_HW, O_HW, O_NO_PLAN,
-    O_NO_REPACK, O_VERSION,
+    O_NO_REPACK, O_VERSION, O_CHAT, O_SYSTEM, O_CHAT_TEMPLATE, O_CHAT_KWARGS, O_RENDER_CHAT,
 };
 
 /* moe-run's options by help section; the store's and the GPU's tables follow. */
@@ -44,6 +45,25 @@ static const struct moe_opt k_input[] = {
     {"prompt", 'p', MOE_OPT_REQUIRED, "TEXT", "prompt text"},
     {"file", 'f', MOE_OPT_REQUIRED, "PATH", "read the prompt from a file (- = standard input)"},
     {"tokens", O_TOKENS, MOE_OPT_REQUIRED, "IDS", "comma-separated token ids instead of text (e.g. 1,415,2)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+static const struct moe_opt k_chat[] = {
+    {"chat", O_CHAT, MOE_OPT_NONE, NULL,
+     "conversation mode (also -cnv): read user turns from standard\ninput, one a line, render the conversation with the model's\n"
+     "chat template and stream each answer; the KV cache is kept\nacross turns (only a turn's new tokens are run); end of input\n"
+     "ends it. -p TEXT is the first user turn"},
+    {"system-prompt", O_SYSTEM, MOE_OPT_REQUIRED, "TEXT", "the conversation's system message (also -sys)"},
+    {"reverse-prompt", 'r', MOE_OPT_REQUIRED, "STR",
+     "also end the assistant's turn when it writes STR (shown;\nrepeatable). A turn always ends at the template's end-of-turn\n"
+     "strings and the end-of-sequence token"},
+    {"chat-template", O_CHAT_TEMPLATE, MOE_OPT_REQUIRED, "NAME|FILE",
+     "the template to use instead of the model's: a built-in\n(chatml, deepseek, llama3, mistral, phi3, tulu), a Jinja file,\n"
+     "or a JSON file with a chat_template member"},
+    {"chat-template-kwargs", O_CHAT_KWARGS, MOE_OPT_REQUIRED, "JSON",
+     "extra template variables, e.g. '{\"enable_thinking\": false}'"},
+    {"render-chat", O_RENDER_CHAT, MOE_OPT_REQUIRED, "FILE",
+     "print the prompt the chat template makes of FILE, an OpenAI\n`messages` JSON array (- = standard input), with the assistant's\n"
+     "generation prompt, and exit (needs no weights)"},
     {NULL, 0, 0, NULL, NULL},
 };
 static const struct moe_opt k_generation[] = {
@@ -121,12 +141,15 @@ static void usage(FILE *f) {
 "  moe-run -m olmoe.moeb --expert-mem 2G --little-k 4 --gamma 0.7 -p \"Hi\" --stats-json s.json\n"
 "  moe-run -m ./Mixtral-8x7B-v0.1 -p \"Once upon a time\" --temp 0.8 --top-p 0.95 --seed 1\n"
 "  moe-run -m ./OLMoE-1B-7B --tokenize -p \"Hello world\"\n"
+"  moe-run -m qwen3-moe.moeb -cnv -sys \"You are terse.\" -n 256      (a chat in the terminal)\n"
+"  printf 'Hi\\nAnd bye\\n' | moe-run -m M --chat --chat-template chatml -n 32\n"
+"  moe-run -m ./Qwen3-30B-A3B --render-chat messages.json\n"
 "  moe-run -m ./OLMoE-1B-7B --tokens 13,4,99 -n 0 --logits-out logits.f32\n"
 "  moe-run -m mixtral.moeb --device cuda --expert-mem 6G --host-mem 24G -p \"Hi\" (GPU builds)\n";
     static const struct {
         const char *title;
         const struct moe_opt *table;
-    } sections[] = {{"input (one of)", k_input}, {"generation", k_generation}, {"checking against references", k_checking},
+    } sections[] = {{"input (one of)", k_input}, {"conversation", k_chat}, {"generation", k_generation}, {"checking against references", k_checking},
                     {"runtime", k_runtime}, {"big-little decoding (MoBiLE)", k_big_little},
                     {"statistics", k_statistics}, {"planning (moe-prep plan)", k_planning}};
     fprintf(f,
@@ -165,6 +188,11 @@ struct args {
     const char *engine_name[64], *engine_value[64];
     struct moe_tuning_plan plan; /* the applied plan (strings the store params point to) */
     int have_plan;
+    /* conversation */
+    int chat;
+    const char *system_prompt, *chat_template, *chat_kwargs, *render_chat;
+    const char *reverse[16];
+    int n_reverse;
 };
 
 /* parse_int: strict decimal integer in [lo, hi]. */
@@ -255,6 +283,22 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
         return 1;
     }
     case 'm': a->model = v; return 0;
+    case O_CHAT: a->chat = 1; return 0;
+    case O_SYSTEM: a->system_prompt = v; return 0;
+    case O_CHAT_TEMPLATE: a->chat_template = v; return 0;
+    case O_CHAT_KWARGS: a->chat_kwargs = v; return 0;
+    case O_RENDER_CHAT: a->render_chat = v; return 0;
+    case 'r':
+        if (a->n_reverse == 16) {
+            fprintf(stderr, "moe-run: at most 16 --reverse-prompt strings\n");
+            return 2;
+        }
+        if (!v[0]) {
+            fprintf(stderr, "moe-run: --reverse-prompt needs a non-empty string\n");
+            return 2;
+        }
+        a->reverse[a->n_reverse++] = v;
+        return 0;
     case 'p': a->prompt = v; return 0;
     case 'f': a->prompt_file = v; return 0;
     case O_TOKENS: a->tokens = v; return 0;
@@ -293,6 +337,20 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     }
 }
 
+/* takes_value: argv word w is an option that takes the next word as its value
+ * (so that a value spelled -cnv or -sys is left alone). */
+static int takes_value(const char *w) {
+    const struct moe_opt *ts[] = {k_input, k_chat, k_generation, k_checking, k_runtime, k_big_little, k_statistics,
+                                  k_planning, moe_store_option_table(), moe_gpu_option_table()};
+    if (w[0] != '-' || !w[1] || strchr(w, '=')) return 0;
+    for (size_t t = 0; t < sizeof ts / sizeof ts[0]; t++)
+        for (const struct moe_opt *o = ts[t]; o->name; o++) {
+            if (o->arg != MOE_OPT_REQUIRED) continue;
+            if (w[1] == '-' ? !strcmp(w + 2, o->name) : (o->key > 0 && o->key < 128 && w[1] == o->key && !w[2])) return 1;
+        }
+    return 0;
+}
+
 /* parse_args: returns 0 ok, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, struct args *a) {
     memset(a, 0, sizeof *a);
@@ -302,9 +360,18 @@ static int parse_args(int argc, char **argv, struct args *a) {
     a->top_p = 1.0f;
     a->seed = 42;
     a->little_k = -1, a->gamma = NAN, a->bl_prefetch = -1;
-    const struct moe_opt *tables[] = {k_input,      k_generation, k_checking,         k_runtime,           k_big_little,
-                                      k_statistics, k_planning,   moe_store_option_table(), moe_gpu_option_table()};
+    const struct moe_opt *tables[] = {k_input,      k_chat,     k_generation, k_checking,         k_runtime,           k_big_little,
+                                      k_statistics, k_planning, moe_store_option_table(), moe_gpu_option_table()};
     int first_pos = argc;
+    /* llama.cpp's spellings -cnv and -sys (getopt would read -cnv as -c nv): the
+     * long options they stand for; an option's value is left alone */
+    static char chat_opt[] = "--chat", sys_opt[] = "--system-prompt";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "-cnv")) argv[i] = chat_opt;
+        else if (!strcmp(argv[i], "-sys")) argv[i] = sys_opt;
+        else if (takes_value(argv[i]) && i + 1 < argc) i++;
+    }
     const int rc = moe_opt_parse("moe-run", argc, argv, 1, tables, (int)(sizeof tables / sizeof tables[0]), on_option, a,
                                  &first_pos);
     if (rc) return rc;
@@ -315,12 +382,26 @@ static int parse_args(int argc, char **argv, struct args *a) {
     }
     a->use_store = moe_store_params_active(&a->store);
     if (!moe_device_built("moe-run", a->gpu.device_spec)) return 2;
-    if (!a->model) {
+    if (!a->model && !(a->render_chat && a->chat_template)) {
         fprintf(stderr, "moe-run: no model given; use -m MODEL_DIR (see moe-run --help)\n");
         return 2;
     }
     if (a->measure_hw) return 0;
+    if (a->render_chat) return 0;
     int n_inputs = !!a->prompt + !!a->prompt_file + !!a->tokens;
+    if (a->chat) {
+        if (a->prompt_file || a->tokens || a->tokenize || a->logits_out || a->print_ids) {
+            fprintf(stderr, "moe-run: --chat reads the user's turns from standard input (-p TEXT may give the first); "
+                            "it does not take -f, --tokens, --tokenize, --logits-out or --ids\n");
+            return 2;
+        }
+        return 0;
+    }
+    if (a->system_prompt || a->n_reverse || a->chat_kwargs) {
+        fprintf(stderr, "moe-run: --system-prompt, --reverse-prompt and --chat-template-kwargs belong to --chat (or "
+                        "--render-chat for the kwargs)\n");
+        return 2;
+    }
     if (n_inputs != 1) {
         fprintf(stderr, "moe-run: give exactly one of -p TEXT, -f FILE or --tokens IDS\n");
         return 2;
@@ -453,7 +534,7 @@ static cJSON *big_little_json(const struct moe_session *sess, const struct moe_s
 
 /* stats_json: speed, peak memory, the store's and big-little's counts. */
 static cJSON *stats_json(const struct moe_session *sess, const struct moe_session_params *sp, size_t n_prompt,
-                         double t_prompt, int n_gen, double t_gen, size_t repacked) {
+                         double t_prompt, int n_gen, double t_gen, size_t repacked, cJSON *chat) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     cJSON *o = cJSON_CreateObject();
@@ -478,14 +559,15 @@ static cJSON *stats_json(const struct moe_session *sess, const struct moe_sessio
     cJSON_AddStringToObject(o, "backend", moe_backend_name(moe_session_backend(sess)));
     cJSON *g = moe_backend_stats_json(moe_session_backend(sess)); /* the backend's own counters (a GPU's) */
     if (g) cJSON_AddItemToObject(o, "gpu", g);
+    if (chat) cJSON_AddItemToObject(o, "chat", chat); /* --chat: the turns and what each one ran */
     return o;
 }
 
 /* write_stats: stats_json written to an exclusive temporary file beside path
  * and renamed over it. */
 static int write_stats(const char *path, const struct moe_session *sess, const struct moe_session_params *sp,
-                       size_t repacked, size_t n_prompt, double t_prompt, int n_gen, double t_gen) {
-    cJSON *o = stats_json(sess, sp, n_prompt, t_prompt, n_gen, t_gen, repacked);
+                       size_t repacked, size_t n_prompt, double t_prompt, int n_gen, double t_gen, cJSON *chat) {
+    cJSON *o = stats_json(sess, sp, n_prompt, t_prompt, n_gen, t_gen, repacked, chat);
     char *text = o ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
     struct moe_tmp_file t;
@@ -872,9 +954,352 @@ static int finish(const struct args *a, struct run *r) {
                 r->sp.n_expert_used, b.tokens ? 100.0 * (double)b.fallbacks / (double)b.tokens : 0.0);
     }
     /* decode time counts the steps that fed a generated token back (n_gen - 1 of them) */
-    if (a->stats_json && !write_stats(a->stats_json, r->sess, &r->sp, r->repacked, r->n_ids, tp, r->n_gen > 1 ? r->n_gen - 1 : 0, tg))
+    if (a->stats_json && !write_stats(a->stats_json, r->sess, &r->sp, r->repacked, r->n_ids, tp, r->n_gen > 1 ? r->n_gen - 1 : 0, tg, NULL))
         return 0;
     return !a->trace_out || write_trace(r->sess, r->model, a->model, a->trace_out);
+}
+
+/* ---- conversation: --render-chat and --chat ------------------------------ */
+
+/* render_chat: --render-chat FILE: the prompt the chat template makes of an
+ * OpenAI `messages` array, printed as it is (no newline added). */
+static int render_chat(const struct args *a) {
+    char *text = NULL, *out = NULL, err[1024] = "";
+    size_t len = 0;
+    if (strcmp(a->render_chat, "-") == 0 ? !read_stdin(&text, &len)
+                                         : moe_read_file(a->render_chat, 64u << 20, &text, &len) != MOE_OK)
+        return 1;
+    struct moe_chat_template *t = NULL;
+    if (moe_chat_template_load(a->model, a->chat_template, &t) != MOE_OK) {
+        free(text);
+        return 1;
+    }
+    struct moe_chat_render_params p = moe_chat_render_default_params();
+    p.add_generation_prompt = 1, p.extra_json = a->chat_kwargs, p.err = err, p.err_size = sizeof err;
+    const enum moe_status st = moe_chat_render_json(t, text, &p, &out);
+    if (st) fprintf(stderr, "moe-run: --render-chat %s: %s\n", a->render_chat, err);
+    else fwrite(out, 1, strlen(out), stdout);
+    fflush(stdout);
+    free(out);
+    free(text);
+    moe_chat_template_free(t);
+    return st ? 1 : 0;
+}
+
+/* One conversation's state. */
+struct chat {
+    struct moe_chat_template *t;
+    cJSON *msgs;                /* the conversation so far (OpenAI messages) */
+    int32_t *kv;                /* the tokens in the KV cache, in order */
+    size_t n_kv, cap_kv;
+    char *kv_text;              /* the text those tokens spell (NULL: unknown) */
+    size_t kv_text_n, n_kv_prompt; /* its length; the tokens of the last prompt */
+    const char *stops[48];      /* the template's end-of-turn strings, then the reverse prompts */
+    int n_stops, n_template_stops;
+    cJSON *turns;               /* one object a turn, for --stats-json */
+    int n_turns, reprefills, n_decode, n_sampled;
+    size_t prefilled, reused;
+    double t_prefill, t_decode;
+};
+
+static int kv_push(struct chat *c, const int32_t *ids, size_t n) {
+    if (c->n_kv + n > c->cap_kv) {
+        size_t cap = c->cap_kv ? c->cap_kv : 1024;
+        while (cap < c->n_kv + n) cap *= 2;
+        int32_t *k = realloc(c->kv, cap * sizeof *k);
+        if (!k) return 0;
+        c->kv = k, c->cap_kv = cap;
+    }
+    memcpy(c->kv + c->n_kv, ids, n * sizeof *ids);
+    c->n_kv += n;
+    return 1;
+}
+
+static void add_message(cJSON *msgs, const char *role, const char *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    cJSON_AddItemToArray(msgs, m);
+}
+
+/* chat_prefill: the conversation rendered with the generation prompt; only
+ * what the KV cache does not hold yet is run: the tokens after the cache when
+ * the new rendering's tokens begin with the cache's, else the tokens of the
+ * text after the cache's text when the new rendering begins with that text
+ * (a turn's answer may tokenize differently once the template closes it),
+ * else (a template that rewrites earlier turns) everything, after a reset.
+ * The last position's logits end in r->logits. 1 ok. */
+static int chat_prefill(const struct args *a, struct run *r, struct chat *c, cJSON *turn) {
+    char *msgs = cJSON_PrintUnformatted(c->msgs), *prompt = NULL, err[1024] = "";
+    struct moe_chat_render_params p = moe_chat_render_default_params();
+    p.add_generation_prompt = 1, p.extra_json = a->chat_kwargs, p.err = err, p.err_size = sizeof err;
+    enum moe_status st = msgs ? moe_chat_render_json(c->t, msgs, &p, &prompt) : MOE_ERR_NOMEM;
+    free(msgs);
+    if (st) {
+        fprintf(stderr, "moe-run: the chat template failed: %s\n", err[0] ? err : moe_status_str(st));
+        return 0;
+    }
+    const size_t plen = strlen(prompt);
+    const struct moe_tokenizer *tok = r->model->tok;
+    int32_t *ids = NULL, *run_ids = NULL;
+    size_t n = 0, n_run = 0, same = 0;
+    st = moe_tokenizer_encode(tok, prompt, plen, 0, &ids, &n); /* the template writes BOS itself */
+    while (!st && same < c->n_kv && same < n && c->kv[same] == ids[same]) same++;
+    const char *how = "all of it";
+    if (st) {
+    } else if (c->n_kv && same == c->n_kv && same < n) {
+        run_ids = ids + same, n_run = n - same, how = "its new tokens";
+    } else if (c->n_kv && c->kv_text && plen > c->kv_text_n && !memcmp(prompt, c->kv_text, c->kv_text_n)) {
+        int32_t *sfx = NULL;
+        size_t ns = 0;
+        st = moe_tokenizer_encode(tok, prompt + c->kv_text_n, plen - c->kv_text_n, 0, &sfx, &ns);
+        free(ids);
+        ids = sfx, run_ids = sfx, n_run = ns, same = c->n_kv, how = "the tokens of its new text";
+    } else {
+        if (a->verbose && c->n_kv) {
+            const char *x = same < c->n_kv ? moe_tokenizer_token(tok, c->kv[same]) : NULL;
+            const char *y = same < n ? moe_tokenizer_token(tok, ids[same]) : NULL;
+            fprintf(stderr, "moe-run: the new rendering leaves the KV cache at token %zu of %zu (cache \"%s\", now \"%s\") "
+                            "and its text: running the conversation again\n", same, c->n_kv, x ? x : "", y ? y : "");
+        }
+        if (c->n_kv) {
+            moe_session_reset(r->sess);
+            c->reprefills++;
+        }
+        c->n_kv = 0, same = 0, run_ids = ids, n_run = n;
+    }
+    int ok = !st && n_run > 0;
+    if (ok && (int)(same + n_run) + a->n_predict > moe_session_n_ctx(r->sess)) {
+        fprintf(stderr, "moe-run: the conversation (%zu tokens) + %d to generate exceed the context of %d; start again "
+                        "with a larger --ctx\n", same + n_run, a->n_predict, moe_session_n_ctx(r->sess));
+        ok = 0;
+    }
+    const double t0 = moe_now_s();
+    if (ok && moe_session_forward(r->sess, run_ids, (int)n_run, r->logits, 0) != MOE_OK) ok = 0;
+    if (ok && moe_logits_first_bad(r->logits, (size_t)r->model->cfg.n_vocab) >= 0) {
+        fprintf(stderr, "moe-run: the model produced a non-finite logit (NaN or infinity): its weights or config are damaged\n");
+        ok = 0;
+    }
+    c->t_prefill += moe_now_s() - t0;
+    if (ok && !kv_push(c, run_ids, n_run)) ok = 0;
+    c->prefilled += n_run, c->reused += same;
+    c->n_kv_prompt = c->n_kv;
+    free(c->kv_text);
+    c->kv_text = prompt, c->kv_text_n = plen;
+    cJSON_AddNumberToObject(turn, "prompt_tokens", (double)(same + n_run));
+    cJSON_AddNumberToObject(turn, "reused_tokens", (double)same);
+    cJSON_AddNumberToObject(turn, "prefilled_tokens", (double)n_run);
+    if (a->verbose)
+        fprintf(stderr, "moe-run: turn %d: %zu prompt tokens, %zu reused from the KV cache, %zu run (%s)\n", c->n_turns + 1,
+                same + n_run, same, n_run, how);
+    free(ids);
+    return ok;
+}
+
+/* chat_kv_text: after a turn, the cache's text: the prompt's, then the text
+ * the answer's tokens run into the cache add to it (decoded with what came
+ * before, so that a decoder's leading-space rule does not apply to them). */
+static void chat_kv_text(const struct run *r, struct chat *c) {
+    char *all = NULL, *pre = NULL;
+    size_t na = 0, np = 0;
+    const struct moe_tokenizer *tok = r->model->tok;
+    int known = c->kv_text && moe_tokenizer_decode(tok, c->kv, c->n_kv, 0, &all, &na) == MOE_OK &&
+                moe_tokenizer_decode(tok, c->kv, c->n_kv_prompt, 0, &pre, &np) == MOE_OK && np <= na && !memcmp(all, pre, np);
+    char *t = known ? realloc(c->kv_text, c->kv_text_n + (na - np) + 1) : NULL;
+    if (t) {
+        memcpy(t + c->kv_text_n, all + np, na - np);
+        c->kv_text_n += na - np;
+        t[c->kv_text_n] = 0;
+        c->kv_text = t;
+    } else {
+        free(c->kv_text);
+        c->kv_text = NULL, c->kv_text_n = 0;
+    }
+    free(all);
+    free(pre);
+}
+
+/* stop_at: the first end-of-turn string in text[0..n): its start (*end: where
+ * the shown text ends: before a template stop, after a reverse prompt); -1 if none. */
+static long stop_at(const struct chat *c, const char *text, size_t n, size_t *end) {
+    long best = -1;
+    for (int i = 0; i < c->n_stops; i++) {
+        const size_t l = strlen(c->stops[i]);
+        for (size_t k = 0; k + l <= n && (best < 0 || (long)k < best); k++)
+            if (!memcmp(text + k, c->stops[i], l)) {
+                best = (long)k;
+                *end = k + (i >= c->n_template_stops ? l : 0);
+                break;
+            }
+    }
+    return best;
+}
+
+/* held_back: how many bytes at the end of text could begin an end-of-turn string. */
+static size_t held_back(const struct chat *c, const char *text, size_t n) {
+    size_t hold = 0;
+    for (int i = 0; i < c->n_stops; i++) {
+        const size_t l = strlen(c->stops[i]);
+        for (size_t k = l - 1; k > hold; k--)
+            if (k <= n && !memcmp(text + n - k, c->stops[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* chat_generate: sample the assistant's answer, streaming its text, until an
+ * end-of-turn token or string, a reverse prompt or -n tokens; the answer is
+ * added to the conversation. 1 ok. */
+static int chat_generate(const struct args *a, struct run *r, struct chat *c, cJSON *turn) {
+    const struct moe_tokenizer *tok = r->model->tok;
+    int32_t *gen = malloc(sizeof(int32_t) * ((size_t)a->n_predict + 1));
+    char *text = NULL;
+    size_t tlen = 0, printed = 0, shown = 0;
+    const char *why = "length";
+    int ok = gen != NULL, ng = 0, found = 0;
+    const double t0 = moe_now_s();
+    for (int i = 0; ok && i < a->n_predict; i++) {
+        const int32_t next = moe_sampler_sample(r->sampler, r->logits);
+        c->n_sampled++;
+        const char *piece = moe_tokenizer_token(tok, next);
+        int stop_tok = !a->ignore_eos && is_eos(r->model, next);
+        for (int k = 0; piece && k < c->n_template_stops && !stop_tok; k++) stop_tok = !strcmp(piece, c->stops[k]);
+        if (stop_tok) {
+            why = "stop";
+            break;
+        }
+        gen[ng++] = next;
+        free(text);
+        text = NULL;
+        if (moe_tokenizer_decode(tok, gen, (size_t)ng, 0, &text, &tlen) != MOE_OK) {
+            ok = 0;
+            break;
+        }
+        size_t end;
+        if (stop_at(c, text, tlen, &end) >= 0) {
+            shown = end, found = 1, why = "stop";
+            break;
+        }
+        const size_t safe = tlen - held_back(c, text, tlen);
+        if (safe > printed) {
+            fwrite(text + printed, 1, safe - printed, stdout);
+            fflush(stdout);
+            printed = safe;
+        }
+        if (i + 1 == a->n_predict) break; /* the last token is not run */
+        if (!(ok = decode_step(r, next, i)) || !(ok = kv_push(c, &next, 1))) break;
+        c->n_decode++;
+    }
+    c->t_decode += moe_now_s() - t0;
+    if (!found) shown = tlen;
+    if (ok && shown > printed) fwrite(text + printed, 1, shown - printed, stdout);
+    printf("\n");
+    fflush(stdout);
+    if (ok) {
+        char *content = malloc(shown + 1);
+        if (content) {
+            memcpy(content, text ? text : "", shown);
+            content[shown] = 0;
+            add_message(c->msgs, "assistant", content);
+            free(content);
+        } else {
+            ok = 0;
+        }
+    }
+    cJSON_AddNumberToObject(turn, "generated_tokens", ng);
+    cJSON_AddStringToObject(turn, "stop", why);
+    free(text);
+    free(gen);
+    return ok;
+}
+
+/* read_turn: the next non-empty line of standard input (newline removed);
+ * NULL at the end of input. */
+static char *read_turn(char **line, size_t *cap) {
+    for (;;) {
+        if (isatty(STDIN_FILENO)) {
+            printf("> ");
+            fflush(stdout);
+        }
+        ssize_t n = getline(line, cap, stdin);
+        if (n < 0) return NULL;
+        while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = 0;
+        for (ssize_t i = 0; i < n; i++)
+            if ((*line)[i] != ' ' && (*line)[i] != '\t') return *line;
+    }
+}
+
+/* chat_setup: the template, its stops and the reverse prompts, the system message. 1 ok. */
+static int chat_setup(const struct args *a, struct run *r, struct chat *c) {
+    if (!r->model->tok) {
+        fprintf(stderr, "moe-run: %s has no tokenizer; --chat needs one\n", a->model);
+        return 0;
+    }
+    if (moe_chat_template_load(a->model, a->chat_template, &c->t) != MOE_OK) return 0;
+    for (const char *const *s = moe_chat_template_stops(c->t); *s && c->n_stops < 32; s++) c->stops[c->n_stops++] = *s;
+    c->n_template_stops = c->n_stops;
+    for (int i = 0; i < a->n_reverse; i++) c->stops[c->n_stops++] = a->reverse[i];
+    c->msgs = cJSON_CreateArray();
+    c->turns = cJSON_CreateArray();
+    if (a->system_prompt) add_message(c->msgs, "system", a->system_prompt);
+    if (!(r->logits = malloc(sizeof(float) * (size_t)r->model->cfg.n_vocab))) return 0;
+    if (a->verbose) {
+        fprintf(stderr, "moe-run: chat: a turn ends at");
+        for (int i = 0; i < c->n_stops; i++) fprintf(stderr, " \"%s\"", c->stops[i]);
+        fprintf(stderr, " and the end-of-sequence token\n");
+    }
+    return 1;
+}
+
+/* chat_finish: the session's speed and counts, --stats-json with a "chat"
+ * object (its turns), --trace-out. 1 ok. */
+static int chat_finish(const struct args *a, struct run *r, struct chat *c) {
+    fprintf(stderr, "moe-run: chat: %d turns; ran %zu prompt tokens in %.3f s (%zu reused from the KV cache, %d "
+                    "re-runs); generated %d tokens in %.3f s (%.2f tok/s)\n",
+            c->n_turns, c->prefilled, c->t_prefill, c->reused, c->reprefills, c->n_sampled, c->t_decode,
+            c->n_sampled > 0 && c->t_decode > 0 ? c->n_sampled / c->t_decode : 0.0);
+    print_store_stats(r->sess);
+    if (a->stats_json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "turns", c->n_turns);
+        cJSON_AddNumberToObject(o, "prefilled_tokens", (double)c->prefilled);
+        cJSON_AddNumberToObject(o, "reused_tokens", (double)c->reused);
+        cJSON_AddNumberToObject(o, "reprefills", c->reprefills);
+        cJSON_AddItemToObject(o, "turn", c->turns);
+        c->turns = NULL;
+        if (!write_stats(a->stats_json, r->sess, &r->sp, r->repacked, c->prefilled, c->t_prefill, c->n_decode, c->t_decode, o))
+            return 0;
+    }
+    return !a->trace_out || write_trace(r->sess, r->model, a->model, a->trace_out);
+}
+
+/* run_chat: --chat: turns read from standard input until its end. 0 ok, else the exit status. */
+static int run_chat(struct args *a, struct run *r) {
+    struct chat c;
+    memset(&c, 0, sizeof c);
+    char *line = NULL;
+    size_t cap = 0;
+    int ok = chat_setup(a, r, &c);
+    const char *user = a->prompt;
+    while (ok && (user || (user = read_turn(&line, &cap)))) {
+        add_message(c.msgs, "user", user);
+        cJSON *turn = cJSON_CreateObject();
+        cJSON_AddItemToArray(c.turns, turn);
+        ok = chat_prefill(a, r, &c, turn) && chat_generate(a, r, &c, turn);
+        if (ok) chat_kv_text(r, &c);
+        c.n_turns++;
+        user = NULL;
+    }
+    if (ok) ok = chat_finish(a, r, &c);
+    free(line);
+    free(c.kv);
+    free(c.kv_text);
+    cJSON_Delete(c.msgs);
+    cJSON_Delete(c.turns);
+    moe_chat_template_free(c.t);
+    return ok ? 0 : 1;
 }
 
 int main(int argc, char **argv) {
@@ -884,10 +1309,16 @@ int main(int argc, char **argv) {
     moe_file_cleanup_on_signals(); /* no temporary output survives Ctrl-C */
     if (!a.verbose) moe_log_set_level(MOE_LOG_WARN);
     if (a.measure_hw) return moe_hw_command(a.model, a.n_threads, a.gpu.device_spec, &a.gpu, a.hw, 0, "moe-run");
+    if (a.render_chat) return render_chat(&a);
     if (!apply_plan(&a)) return 2;
     struct run r = {0};
     r.lt = (struct moe_tmp_file){NULL, NULL, -1, NULL, 0}; /* --logits-out, written beside it and renamed */
     int status = load_model(&a, &r);
+    if (a.chat) {
+        if (!status) status = make_session(&a, &r) && repack(&a, &r) ? run_chat(&a, &r) : 1;
+        run_free(&r);
+        return status;
+    }
     if (!status) status = prompt_ids(&a, &r);
     if (!status && a.tokenize) {
         for (size_t i = 0; i < r.n_ids; i++) printf("%s%d", i ? "," : "", r.ids[i]);

@@ -10,11 +10,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "moe-backend.h"
 #include "moe-base.h"
+#include "moe-bundle.h"
+#include "moe-gguf.h"
+#include "moe-mmap.h"
 #include "moe-opt.h"
 #include "moe-options.h"
 
@@ -347,4 +351,220 @@ void moe_store_stats_json(const struct moe_store_stats *s, FILE *f) {
     fputs(t ? t : "null", f);
     cJSON_free(t);
     cJSON_Delete(o);
+}
+
+/* ---- the model and how it runs (moe_engine_*) ------------------------------ */
+
+static const struct moe_opt k_engine_opts[] = {
+    {"model", 'm', MOE_OPT_REQUIRED, "MODEL", "checkpoint directory, GGUF file or .moeb bundle (required)"},
+    {"expert-precision", 0, MOE_OPT_REQUIRED, "P",
+     "bundles: the stored precision every expert uses (e.g. q4_k;\ndefault: the first stored)"},
+    {"threads", 't', MOE_OPT_REQUIRED, "N", "CPU threads (default: all)"},
+    {"ctx", 'c', MOE_OPT_REQUIRED, "N", "context length / KV cache size (default: min(model max, 4096))"},
+    {"batch", 'b', MOE_OPT_REQUIRED, "N", "prompt tokens per forward chunk (default 256)"},
+    {"no-repack", 0, MOE_OPT_NONE, NULL, "CPU: keep q4_k and q8_0 weights in their stored row layout"},
+    {"no-plan", 0, MOE_OPT_NONE, NULL, "ignore the plan moe-prep plan --apply wrote into the bundle"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+const struct moe_opt *moe_engine_option_table(void) { return k_engine_opts; }
+
+static const struct moe_opt k_big_little_opts[] = {
+    {"little-k", 0, MOE_OPT_REQUIRED, "K2",
+     "decode each token with K2 experts per MoE layer (the little\nmodel; default K/2 when --gamma is given); when the largest\n"
+     "next-token probability is below gamma, run the token again\nwith all K experts. 0 = off. Prompts always run with K"},
+    {"gamma", 0, MOE_OPT_REQUIRED, "G",
+     "the confidence threshold in [0, 1] (default: the bundle's\nmobile.gamma from moe-prep profile, else 0.7); 0 = never fall\n"
+     "back (the K2 model), 1 = always (the K model's output)"},
+    {"bl-prefetch", 0, MOE_OPT_REQUIRED, "D",
+     "prefetch the big pass's experts D MoE layers ahead (default 2;\n0 = off; with an expert budget)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+const struct moe_opt *moe_big_little_option_table(void) { return k_big_little_opts; }
+
+static char *g_bl_help;
+static pthread_once_t g_bl_help_once = PTHREAD_ONCE_INIT;
+
+static void make_bl_help(void) {
+    struct moe_buf b = {0};
+    char *t = moe_opt_help_text(k_big_little_opts);
+    if (moe_buf_printf(&b, "big-little decoding (MoBiLE):\n%s", t ? t : "") == MOE_OK) g_bl_help = moe_buf_take(&b);
+    moe_buf_free(&b);
+    free(t);
+}
+
+const char *moe_big_little_options_help(void) {
+    pthread_once(&g_bl_help_once, make_bl_help);
+    return g_bl_help ? g_bl_help : "";
+}
+
+static char *g_engine_help;
+static pthread_once_t g_engine_help_once = PTHREAD_ONCE_INIT;
+
+static void make_engine_help(void) {
+    struct moe_buf b = {0};
+    char *t = moe_opt_help_text(k_engine_opts);
+    if (moe_buf_printf(&b, "model and runtime:\n%s", t ? t : "") == MOE_OK) g_engine_help = moe_buf_take(&b);
+    moe_buf_free(&b);
+    free(t);
+}
+
+const char *moe_engine_options_help(void) {
+    pthread_once(&g_engine_help_once, make_engine_help);
+    return g_engine_help ? g_engine_help : "";
+}
+
+void moe_engine_args_init(struct moe_engine_args *e) {
+    memset(e, 0, sizeof *e);
+    e->store = moe_store_default_params();
+    e->gpu = moe_gpu_default_params();
+    e->little_k = -1, e->gamma = NAN, e->bl_prefetch = -1;
+}
+
+int moe_engine_option(const char *prog, struct moe_engine_args *e, const struct moe_opt *o, const char *v) {
+    const char *n = o->name;
+    if (!strcmp(n, "model")) return e->model = v, 0;
+    if (!strcmp(n, "expert-precision")) return e->expert_precision = v, 0;
+    if (!strcmp(n, "no-repack")) return e->no_repack = 1, 0;
+    if (!strcmp(n, "no-plan")) return e->no_plan = 1, 0;
+    if (!strcmp(n, "little-k") || !strcmp(n, "bl-prefetch")) {
+        if (!opt_int(v, 0, 64, !strcmp(n, "little-k") ? &e->little_k : &e->bl_prefetch)) {
+            fprintf(stderr, "%s: --%s expects an integer in [0, 64], got \"%s\"\n", prog, n, v);
+            return 2;
+        }
+        return 0;
+    }
+    if (!strcmp(n, "gamma")) {
+        if (!opt_double(v, 0, 1, &e->gamma)) {
+            fprintf(stderr, "%s: --gamma expects a number in [0, 1], got \"%s\"\n", prog, v);
+            return 2;
+        }
+        return 0;
+    }
+    int *ip = !strcmp(n, "threads") ? &e->n_threads : !strcmp(n, "ctx") ? &e->n_ctx : !strcmp(n, "batch") ? &e->n_batch : NULL;
+    if (ip) {
+        const long hi = ip == &e->n_threads ? 1024 : ip == &e->n_ctx ? 1 << 24 : 1 << 16;
+        if (!opt_int(v, 1, hi, ip)) {
+            fprintf(stderr, "%s: --%s expects an integer in [1, %ld], got \"%s\"\n", prog, n, hi, v);
+            return 2;
+        }
+        return 0;
+    }
+    char err[256];
+    if (moe_store_option_takes_value(n) >= 0) {
+        if (moe_store_parse_option(&e->store, n, v, err, sizeof err) != MOE_OK) {
+            fprintf(stderr, "%s: %s\n", prog, err);
+            return 2;
+        }
+        if (e->n_store_opts == 64) {
+            fprintf(stderr, "%s: too many expert-store options\n", prog);
+            return 2;
+        }
+        e->store_name[e->n_store_opts] = n, e->store_value[e->n_store_opts++] = v;
+        return 0;
+    }
+    return moe_device_option(prog, &e->gpu, n, v);
+}
+
+/* engine_plan: a bundle's applied plan under the options given. 1 ok. */
+static int engine_plan(const char *prog, struct moe_engine_args *e) {
+    if (e->no_plan || moe_is_dir(e->model) || access(e->model, R_OK) != 0 || moe_gguf_is_gguf_file(e->model)) return 1;
+    struct moe_bundle *b = NULL;
+    if (moe_bundle_open(e->model, &b) != MOE_OK) return 1; /* the model load reports it */
+    uint32_t nl = 0, ne = 0, np = 0;
+    moe_bundle_expert_layout(b, &nl, &ne, &np);
+    int L = 0;
+    for (uint32_t l = 0; l < nl; l++) L += moe_bundle_layer_has_experts(b, l);
+    struct moe_tuning t;
+    if (L > 0 && ne > 0 && moe_tuning_read(moe_bundle_tuning(b), L, (int)ne, &t) == MOE_OK && t.has_plan)
+        e->plan = t.plan, e->have_plan = 1;
+    moe_bundle_free(b);
+    if (!e->have_plan) return 1;
+    struct moe_store_params sp = moe_store_default_params();
+    moe_store_params_from_plan(&sp, &e->plan);
+    for (int i = 0; i < e->n_store_opts; i++) {
+        char err[256];
+        if (moe_store_parse_option(&sp, e->store_name[i], e->store_value[i], err, sizeof err) != MOE_OK) {
+            fprintf(stderr, "%s: %s\n", prog, err);
+            return 0;
+        }
+    }
+    e->store = sp;
+    fprintf(stderr, "%s: using the bundle's plan (moe-prep plan --apply): expert memory %.1f MiB, policy %s "
+                    "(--no-plan ignores it)\n", prog, (double)e->plan.expert_mem / 1048576, e->plan.policy);
+    return 1;
+}
+
+/* engine_big_little: --little-k / --gamma / --bl-prefetch into *sp (gamma's
+ * default: the bundle's mobile.gamma, else 0.7). 1 ok (or off), 0 after a message. */
+static int engine_big_little(const char *prog, const struct moe_engine_args *e, const struct moe_model *m,
+                             struct moe_session_params *sp) {
+    const struct moe_config *c = &m->cfg;
+    if (e->little_k == 0 || (e->little_k < 0 && isnan(e->gamma))) return 1; /* off */
+    const int K = c->n_expert_used;
+    const int k2 = e->little_k > 0 ? e->little_k : K / 2;
+    if (k2 < 1 || k2 >= K) {
+        fprintf(stderr, "%s: big-little needs a little model with 1 .. %d experts per token (the model routes "
+                        "to %d); got %d\n", prog, K - 1, K, k2);
+        return 0;
+    }
+    double g = e->gamma;
+    if (isnan(g)) {
+        struct moe_tuning t;
+        int L = 0;
+        for (int l = 0; l < c->n_layer; l++) L += c->layer_moe[l] != 0;
+        g = 0.7;
+        if (m->bundle && L > 0 && moe_tuning_read(moe_bundle_tuning(m->bundle), L, c->n_expert, &t) == MOE_OK &&
+            t.has_gamma)
+            g = t.gamma;
+        else
+            fprintf(stderr, "%s: no mobile.gamma in the model's tuning (moe-prep profile writes one); gamma 0.7\n", prog);
+    }
+    sp->n_expert_used = K;
+    sp->little_k = k2;
+    sp->gamma = g;
+    if (e->bl_prefetch >= 0) sp->bl_prefetch_layers = e->bl_prefetch;
+    return 1;
+}
+
+int moe_engine_load(const char *prog, struct moe_engine_args *e, struct moe_model **model,
+                    struct moe_session_params *sp) {
+    *model = NULL;
+    if (!e->model) {
+        fprintf(stderr, "%s: no model given; use -m MODEL (see %s --help)\n", prog, prog);
+        return 2;
+    }
+    if (!moe_device_built(prog, e->gpu.device_spec) || !engine_plan(prog, e)) return 2;
+    e->use_store = moe_store_params_active(&e->store);
+    struct moe_model_params mp = moe_model_default_params();
+    mp.expert_precision = e->expert_precision;
+    mp.lazy_experts = e->use_store;
+    if (moe_model_load(e->model, &mp, model) != MOE_OK) {
+        fprintf(stderr, "%s: cannot load model from %s\n", prog, e->model);
+        return 1;
+    }
+    *sp = moe_session_default_params();
+    if (e->use_store) sp->store = &e->store;
+    e->store.repack = !e->no_repack;
+    sp->device = e->gpu.device_spec;
+    sp->device_options = &e->gpu;
+    sp->n_threads = e->n_threads, sp->n_ctx = e->n_ctx, sp->n_batch = e->n_batch;
+    if (!engine_big_little(prog, e, *model, sp)) {
+        moe_model_free(*model);
+        *model = NULL;
+        return 2;
+    }
+    return 0;
+}
+
+int moe_engine_repack(const char *prog, const struct moe_engine_args *e, struct moe_model *m,
+                      const struct moe_backend *be) {
+    if (e->no_repack || !moe_backend_supports(be, MOE_BACKEND_FEAT_CPU_LAYOUTS)) return 1;
+    size_t bytes = 0;
+    if (moe_model_repack(m, !e->use_store, &bytes) != MOE_OK) {
+        fprintf(stderr, "%s: cannot repack the weights for the CPU kernels\n", prog);
+        return 0;
+    }
+    return 1;
 }

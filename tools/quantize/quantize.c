@@ -152,11 +152,24 @@ static enum moe_status write_source_texts(struct moe_bundle_writer *w, const str
         if ((st = moe_bundle_writer_set_meta_str(w, "hf.config.json", moe_gguf_model_config_json(m->gguf_view)))) return st;
         if (tj && (st = moe_bundle_writer_set_meta_str(w, "hf.tokenizer.json", tj))) return st;
         if (tc && (st = moe_bundle_writer_set_meta_str(w, "hf.tokenizer_config.json", tc))) return st;
+        /* the chat template (moe-chat.h reads it back): tokenizer.chat_template as its own text */
+        const struct moe_gguf_kv *ct = moe_gguf_find_kv(m->gguf, "tokenizer.chat_template");
+        struct moe_gguf_str cs;
+        if (ct && moe_gguf_kv_str(ct, 0, &cs) && cs.n > 0 && !memchr(cs.p, 0, (size_t)cs.n)) {
+            char *text = malloc((size_t)cs.n + 1);
+            if (!text) return MOE_ERR_NOMEM;
+            memcpy(text, cs.p, (size_t)cs.n), text[cs.n] = 0;
+            st = moe_bundle_writer_set_meta_str(w, "hf.chat_template.jinja", text);
+            free(text);
+            if (st == MOE_ERR_NOMEM) return st;
+            if (st) MOE_LOGW("quantize: the GGUF's tokenizer.chat_template is not valid text; the bundle goes without it");
+        }
         return moe_bundle_writer_set_meta_str(w, "provenance.source_format", "gguf");
     }
     if ((st = meta_file_text(w, model, "config.json", "hf.config.json", 1))) return st;
     if ((st = meta_file_text(w, model, "generation_config.json", "hf.generation_config.json", 0))) return st;
     if ((st = meta_file_text(w, model, "tokenizer.json", "hf.tokenizer.json", 0))) return st;
+    if ((st = meta_file_text(w, model, "chat_template.jinja", "hf.chat_template.jinja", 0))) return st;
     return meta_file_text(w, model, "tokenizer_config.json", "hf.tokenizer_config.json", 0);
 }
 
