@@ -154,6 +154,16 @@ int moe_session_n_seq(const struct moe_session *s);
  * restart when a step begins with every sequence empty. */
 void moe_session_seq_reset(struct moe_session *s, int seq);
 
+/* moe_session_seq_truncate: keep only the first pos tokens of sequence seq's
+ * cache (0 <= pos <= its length), so the next forward continues at pos: a
+ * conversation whose new rendering shares only a prefix with what the cache
+ * holds reruns from there, not from the start. MOE_ERR_INVALID for a bad seq
+ * or pos; MOE_ERR_UNSUPPORTED (the session unchanged; reset and run the whole
+ * sequence instead) with record_trace, and for Phi-MoE's longrope when the
+ * sequence has outgrown original_max_position_embeddings and pos would fall
+ * back within it (its cached keys were rotated with the long scale). */
+enum moe_status moe_session_seq_truncate(struct moe_session *s, int seq, int pos);
+
 /* moe_session_seq_pos: number of tokens in sequence seq's cache; -1 for an
  * out-of-range seq. */
 int moe_session_seq_pos(const struct moe_session *s, int seq);

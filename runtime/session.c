@@ -556,6 +556,24 @@ void moe_session_seq_reset(struct moe_session *s, int seq) {
     if (seq == s->cur) s->pos = 0;
 }
 
+enum moe_status moe_session_seq_truncate(struct moe_session *s, int seq, int pos) {
+    const int len = moe_session_seq_pos(s, seq);
+    if (len < 0 || pos < 0 || pos > len) {
+        MOE_LOGE("truncating sequence %d to %d tokens: the session holds sequences 0 .. %d%s", seq, pos,
+                 s->n_seq - 1, len >= 0 ? " and that one is shorter" : "");
+        return MOE_ERR_INVALID;
+    }
+    if (pos == len) return MOE_OK;
+    const struct moe_rope *r = &s->m->cfg.rope;
+    if (s->p.record_trace || (r->has_mscale && len > r->original_max_pos && pos <= r->original_max_pos))
+        return MOE_ERR_UNSUPPORTED;
+    if (seq == s->cur)
+        s->pos = pos;
+    else
+        s->seq_pos[seq] = pos;
+    return MOE_OK;
+}
+
 /* select_seq: make seq the current sequence (s->pos, s->history) and its KV
  * cache the backend's. */
 static enum moe_status select_seq(struct moe_session *s, int seq) {

@@ -494,6 +494,43 @@ static void check_fixtures(void) {
     }
 }
 
+/* check_truncate: sequence 1 runs prompt 2 and three tokens it will take
+ * back; truncated to the prompt, the reference's greedy tokens then give the
+ * reference's rows (bit for bit where c->exact), while sequence 0 keeps its
+ * own; bad calls are refused and change nothing. */
+static void check_truncate(const struct moe_model *m, const struct src *c) {
+    struct moe_session *s = make(m, c, 2, 64);
+    CHECK(s != NULL, "%s: truncate: session", c->name);
+    if (!s) return;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t ids[32], junk[3] = {5, 17, 29};
+    prompt(2, ids);
+    int ok = moe_session_forward_seq(s, 0, ids, 4, lg, 0) == MOE_OK &&
+             moe_session_forward_seq(s, 1, ids, plen[2], lg, 0) == MOE_OK &&
+             moe_session_forward_seq(s, 1, junk, 3, lg, 0) == MOE_OK;
+    CHECK(ok && moe_session_seq_pos(s, 1) == plen[2] + 3, "%s: truncate: the runs before", c->name);
+    CHECK(moe_session_seq_truncate(s, 1, plen[2] + 4) == MOE_ERR_INVALID &&
+              moe_session_seq_truncate(s, 1, -1) == MOE_ERR_INVALID &&
+              moe_session_seq_truncate(s, 2, 0) == MOE_ERR_INVALID && moe_session_seq_pos(s, 1) == plen[2] + 3,
+          "%s: truncate: past the end, negative and out-of-range refused, nothing changed", c->name);
+    CHECK(moe_session_seq_truncate(s, 1, plen[2]) == MOE_OK && moe_session_seq_pos(s, 1) == plen[2] &&
+              moe_session_seq_pos(s, 0) == 4,
+          "%s: truncate: sequence 1 back to its prompt, sequence 0 untouched", c->name);
+    float err = 0;
+    int n_diff = 0;
+    for (int j = 0; ok && j < 4; j++) {
+        ok = moe_session_forward_seq(s, 1, &tok[2][j], 1, lg, 0) == MOE_OK;
+        int same;
+        const float d = diff(lg, ref[2] + (size_t)(j + 1) * V, &same);
+        err = d > err ? d : err, n_diff += !same;
+    }
+    CHECK(ok && (c->exact ? n_diff == 0 : err <= TOL),
+          "%s: truncate: the steps after it against the reference: max |d| %g, %d rows not bit-identical", c->name,
+          err, n_diff);
+    free(lg);
+    moe_session_free(s);
+}
+
 static void run_src(const struct src *c) {
     struct moe_model *m = load(c);
     CHECK(m != NULL, "%s: load", c->name);
@@ -516,6 +553,7 @@ static void run_src(const struct src *c) {
         g_n_batch = 0;
     }
     if (c->store) check_loads(m, c);
+    if (!c->backend_new) check_truncate(m, c);
     for (int i = 0; i < NP; i++) free(ref[i]);
     moe_model_free(m);
 }

@@ -1060,13 +1060,19 @@ static int chat_prefill(const struct args *a, struct run *r, struct chat *c, cJS
             const char *x = same < c->n_kv ? moe_tokenizer_token(tok, c->kv[same]) : NULL;
             const char *y = same < n ? moe_tokenizer_token(tok, ids[same]) : NULL;
             fprintf(stderr, "moe-run: the new rendering leaves the KV cache at token %zu of %zu (cache \"%s\", now \"%s\") "
-                            "and its text: running the conversation again\n", same, c->n_kv, x ? x : "", y ? y : "");
+                            "and its text: running it again from there\n", same, c->n_kv, x ? x : "", y ? y : "");
         }
-        if (c->n_kv) {
-            moe_session_reset(r->sess);
+        if (same >= n) same = n ? n - 1 : 0; /* rerun at least the last token, for its logits */
+        if (c->n_kv && same > 0 && moe_session_seq_truncate(r->sess, 0, (int)same) == MOE_OK) {
+            c->n_kv = same, run_ids = ids + same, n_run = n - same, how = "from the tokens it shares with the cache";
             c->reprefills++;
+        } else {
+            if (c->n_kv) {
+                moe_session_reset(r->sess);
+                c->reprefills++;
+            }
+            c->n_kv = 0, same = 0, run_ids = ids, n_run = n;
         }
-        c->n_kv = 0, same = 0, run_ids = ids, n_run = n;
     }
     int ok = !st && n_run > 0;
     if (ok && (int)(same + n_run) + a->n_predict > moe_session_n_ctx(r->sess)) {
