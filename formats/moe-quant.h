@@ -591,6 +591,16 @@ int moe_qtype_group_rows(enum moe_qtype t);
 enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, const void *src,
                            void *dst);
 
+/* moe_repack_in_place: moe_repack with dst = src = data: the matrix is
+ * rewritten group by group (a group of 16 rows occupies the same bytes in
+ * both layouts) through tmp, which must hold one group: 16 *
+ * moe_qtype_row_bytes(t, n_in) bytes. The bytes equal moe_repack's. For a
+ * copy just read (the expert store's loaders): one pass over memory, no
+ * second buffer of the matrix's size. Errors as moe_repack, and for a tmp
+ * smaller than a group. Thread-safe for distinct data and tmp. */
+enum moe_status moe_repack_in_place(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, void *data,
+                                    void *tmp, size_t tmp_size);
+
 /* moe_unpack_row: row `row` of a matrix of type t (a stored type or a
  * runtime layout) in the stored layout: moe_qtype_row_bytes(t, n_in) bytes at
  * dst, which moe_dequantize_row(moe_stored_type(t), ...) then reads. */

@@ -79,6 +79,46 @@ static void move_block(enum moe_qtype layout, const uint8_t *from, uint8_t *to, 
 
 void moe_r16_unpack_block(enum moe_qtype t, const uint8_t *g, int r, uint8_t *block) { move_block(t, g, block, r, 0); }
 
+static inline uint32_t ld_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline void st_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/* pack_group: 16 stored rows (rb bytes each, nb blocks) at src into one group
+ * of layout `to` at dst (not overlapping). The same byte moves as move_block,
+ * written out per layout with fixed offsets so that they compile to plain
+ * 32-bit loads and stores: a miss's copy is repacked at memory speed. */
+static void pack_group(enum moe_qtype to, const uint8_t *src, size_t rb, int64_t nb, uint8_t *dst) {
+    if (to == MOE_QTYPE_Q8_0_R16) {
+        const size_t bb = sizeof(moe_block_q8_0);
+        for (int64_t i = 0; i < nb; i++) {
+            uint8_t *g = dst + (size_t)i * R16_ROWS * bb;
+            for (int r = 0; r < R16_ROWS; r++) {
+                const uint8_t *b = src + (size_t)r * rb + (size_t)i * bb;
+                memcpy(g + 2 * r, b + offsetof(moe_block_q8_0, d), 2);
+                const uint8_t *q = b + offsetof(moe_block_q8_0, qs);
+                for (int c = 0; c < 8; c++) st_u32(g + 32 + 64 * c + 4 * r, ld_u32(q + 4 * c) ^ 0x80808080u);
+            }
+        }
+        return;
+    }
+    /* q4_k_r16 */
+    const size_t bb = sizeof(moe_block_q4_K);
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *g = dst + (size_t)i * R16_ROWS * bb;
+        for (int r = 0; r < R16_ROWS; r++) {
+            const uint8_t *b = src + (size_t)r * rb + (size_t)i * bb;
+            memcpy(g + 2 * r, b + offsetof(moe_block_q4_K, d), 2);
+            memcpy(g + 32 + 2 * r, b + offsetof(moe_block_q4_K, dmin), 2);
+            for (int k = 0; k < 3; k++) st_u32(g + 64 + 64 * k + 4 * r, ld_u32(b + offsetof(moe_block_q4_K, scales) + 4 * k));
+            const uint8_t *q = b + offsetof(moe_block_q4_K, qs);
+            for (int c = 0; c < 32; c++) st_u32(g + 256 + 64 * c + 4 * r, ld_u32(q + 4 * c));
+        }
+    }
+}
+
 enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, const void *src,
                            void *dst) {
     const size_t rb = moe_qtype_row_bytes(t, n_in);
@@ -100,16 +140,34 @@ enum moe_status moe_repack(enum moe_qtype t, enum moe_qtype to, int64_t n_out, i
         memcpy(dst, src, (size_t)n_out * rb);
         return MOE_OK;
     }
-    const size_t bb = moe_qtype_block_bytes(t), gb = R16_ROWS * bb;
     const int64_t nb = n_in / moe_qtype_block_size(t);
-    const uint8_t *s = src;
-    uint8_t *d = dst;
+    const size_t gbytes = R16_ROWS * rb; /* a group's bytes, the same in both layouts */
     for (int64_t g = 0; g < n_out / R16_ROWS; g++)
-        for (int r = 0; r < R16_ROWS; r++) {
-            const uint8_t *row = s + (size_t)(g * R16_ROWS + r) * rb;
-            for (int64_t i = 0; i < nb; i++)
-                move_block(to, row + i * bb, d + (size_t)(g * nb + i) * gb, r, 1);
-        }
+        pack_group(to, (const uint8_t *)src + (size_t)g * gbytes, rb, nb, (uint8_t *)dst + (size_t)g * gbytes);
+    return MOE_OK;
+}
+
+enum moe_status moe_repack_in_place(enum moe_qtype t, enum moe_qtype to, int64_t n_out, int64_t n_in, void *data,
+                                    void *tmp, size_t tmp_size) {
+    const size_t rb = moe_qtype_row_bytes(t, n_in);
+    if (!moe_qtype_valid(t) || n_out < 0 || n_in < 0 || (rb == 0 && n_in > 0) ||
+        (to != t && !(to == layout_of(t) && n_out % moe_qtype_group_rows(to) == 0))) {
+        MOE_LOGE("invalid matrix or layout: type %s, %lld x %lld, to %s", moe_qtype_name(t), (long long)n_out,
+                 (long long)n_in, moe_qtype_name(to));
+        return MOE_ERR_INVALID;
+    }
+    if (to == t || n_out == 0 || n_in == 0) return MOE_OK;
+    const size_t gbytes = R16_ROWS * rb;
+    if (!data || !tmp || tmp_size < gbytes) {
+        MOE_LOGE("NULL matrix pointer or a scratch buffer under one group (%zu bytes)", gbytes);
+        return MOE_ERR_INVALID;
+    }
+    const int64_t nb = n_in / moe_qtype_block_size(t);
+    for (int64_t g = 0; g < n_out / R16_ROWS; g++) {
+        uint8_t *p = (uint8_t *)data + (size_t)g * gbytes;
+        memcpy(tmp, p, gbytes); /* 16 rows: small enough to stay in cache while they are scattered back */
+        pack_group(to, tmp, rb, nb, p);
+    }
     return MOE_OK;
 }
 

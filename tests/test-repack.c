@@ -124,6 +124,17 @@ static void test_layout(void) {
                   "row %lld of the layout dequantizes as the stored row", (long long)r);
         }
         CHECK(moe_repack(ST, ST, nw, n, w, c) == MOE_OK && memcmp(w, c, (size_t)nw * rb) == 0, "same type: a copy");
+        /* in place through a scratch of one group: moe_repack's bytes */
+        uint8_t *tmp = malloc(16 * rb);
+        memcpy(c, w, (size_t)nw * rb);
+        CHECK(moe_repack_in_place(ST, LY, nw, n, c, tmp, 16 * rb) == MOE_OK && memcmp(c, p, (size_t)nw * rb) == 0,
+              "in place %lld x %lld: the bytes of moe_repack", (long long)nw, (long long)n);
+        memcpy(c, w, (size_t)nw * rb);
+        CHECK(moe_repack_in_place(ST, LY, nw, n, c, tmp, 16 * rb - 1) == MOE_ERR_INVALID && memcmp(c, w, (size_t)nw * rb) == 0,
+              "in place: a scratch under one group is refused, the matrix untouched");
+        CHECK(moe_repack_in_place(ST, ST, nw, n, c, tmp, 0) == MOE_OK && memcmp(c, w, (size_t)nw * rb) == 0,
+              "in place to the same type: nothing to do");
+        free(tmp);
         free(w), free(p), free(c), free(row), free(f1), free(f2);
     }
     CHECK(moe_qtype_row_bytes(LY, 512) == moe_qtype_row_bytes(ST, 512) && moe_qtype_block_size(LY) == moe_qtype_block_size(ST) &&

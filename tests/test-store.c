@@ -186,6 +186,12 @@ static void prefetching(const char *bundle, const char *text) {
         CHECK(st.prefetch_loads > 0 && st.prefetch_used > 0 && st.prefetch_used <= st.prefetch_loads,
               "%s prefetch: %lld loads, %lld used", mode ? "path" : "stacked-gate", (long long)st.prefetch_loads,
               (long long)st.prefetch_used);
+        /* loads count the reads that started: cancelled ones are apart, and every read is timed */
+        CHECK(st.reads_cancelled >= st.prefetch_cancelled && st.loads > 0 && st.queue_depth_max >= 1 &&
+                  st.read_s > 0 && st.read_s_max > 0 && st.read_s_max <= st.read_s,
+              "%s prefetch: %lld reads, %lld cancelled (%lld prefetches), depth %d, %.4f s reading",
+              mode ? "path" : "stacked-gate", (long long)st.loads, (long long)st.reads_cancelled,
+              (long long)st.prefetch_cancelled, st.queue_depth_max, st.read_s);
     }
     free(ref);
     free(got);
@@ -263,6 +269,160 @@ static void too_small(const char *bundle) {
     CHECK(moe_read_file(path, 1 << 20, &text, &len) == MOE_OK && text && strstr(text, "needs at least"),
           "the message names the minimum: %s", text ? text : "");
     free(text);
+    /* the minimum named is the true one: one byte less is refused, it is accepted */
+    static const char *const opts[] = {"", "--dynamic off", "--dynamic on --low q2_k"};
+    for (int i = 0; i < 3; i++) {
+        char out[4096] = "";
+        long long min = 0;
+        moe_test_sh_out(out, sizeof out, "'%s' -m '%s' --expert-mem 100K %s -p hi -n 1 2>&1 >/dev/null", moe_run, bundle,
+                        opts[i]);
+        const char *at = strstr(out, "needs at least ");
+        if (!at || sscanf(at, "needs at least %lld bytes", &min) != 1 || min <= 100000) {
+            CHECK(0, "'%s': the minimum named: %s", opts[i], out);
+            continue;
+        }
+        CHECK(moe_test_sh("'%s' -m '%s' --expert-mem %lld %s -p hi -n 1 >/dev/null 2>&1", moe_run, bundle, min - 1,
+                          opts[i]) == 1, "'%s': the minimum - 1 (%lld) is refused", opts[i], min - 1);
+        CHECK(moe_test_sh("'%s' -m '%s' --expert-mem %lld %s -p hi -n 1 >/dev/null 2>&1", moe_run, bundle, min, opts[i]) == 0,
+              "'%s': the minimum (%lld) is accepted", opts[i], min);
+    }
+}
+
+/* thresholds: T1 > T2 (or outside [0, 1]) would turn dynamic precision off
+ * without a word: an error, from the library and from moe-run. */
+static void thresholds(const char *bundle) {
+    struct moe_model_params mp = moe_model_default_params();
+    mp.lazy_experts = 1;
+    struct moe_model *m = NULL;
+    CHECK(moe_model_load(bundle, &mp, &m) == MOE_OK, "load");
+    static const double bad[][2] = {{0.9, 0.5}, {-0.1, 0.5}, {0.5, 1.5}};
+    for (int i = 0; m && i < 3; i++) {
+        struct moe_store_params sp = moe_store_default_params();
+        sp.high_cap = 6, sp.low_cap = 4, sp.dynamic = 1, sp.low = "q2_k";
+        sp.t1 = bad[i][0], sp.t2 = bad[i][1];
+        struct moe_session_params p = moe_session_default_params();
+        p.store = &sp;
+        struct moe_session *s = NULL;
+        CHECK(moe_session_create(m, &p, &s) == MOE_ERR_INVALID && !s, "T1 %g T2 %g refused", bad[i][0], bad[i][1]);
+        moe_session_free(s);
+    }
+    moe_model_free(m);
+    CHECK(moe_test_sh("'%s' -m '%s' --expert-mem 50%% --t1 0.9 --t2 0.5 -p hi -n 1 >/dev/null 2>&1", moe_run, bundle) == 1,
+          "moe-run --t1 0.9 --t2 0.5 exits 1");
+    CHECK(moe_test_sh("'%s' -m '%s' --expert-mem 50%% --t1 0.5 --t2 0.9 -p hi -n 1 >/dev/null 2>&1", moe_run, bundle) == 0,
+          "moe-run --t1 0.5 --t2 0.9 runs");
+}
+
+/* mixed_run: one-token steps of a model whose experts are bound at q2_k
+ * except expert 0 of every layer (q8_0), as a bit-width map binds them;
+ * with store params sp (NULL: none). Logits of every step into out. */
+static int mixed_run(const char *bundle, const struct moe_store_params *sp, float *out, int n,
+                     struct moe_store_stats *stats, int64_t *home_bytes) {
+    struct moe_model_params mp = moe_model_default_params();
+    mp.lazy_experts = sp != NULL;
+    struct moe_model *m = NULL;
+    struct moe_session *s = NULL;
+    if (moe_model_load(bundle, &mp, &m) != MOE_OK) return 0;
+    struct moe_bundle *b = NULL;
+    uint32_t q8 = 0, q2 = 0;
+    int ok = moe_bundle_open(bundle, &b) == MOE_OK && moe_bundle_find_precision(b, "q8_0", &q8) == MOE_OK &&
+             moe_bundle_find_precision(b, "q2_k", &q2) == MOE_OK;
+    *home_bytes = 0;
+    for (int l = 0; ok && l < m->cfg.n_layer; l++)
+        for (int e = 0; ok && m->cfg.layer_moe[l] && e < m->cfg.n_expert; e++) {
+            const uint32_t pr = e == 0 ? q8 : q2;
+            struct moe_bundle_blob bl;
+            ok = moe_model_set_expert_precision(m, l, e, (int)pr) == MOE_OK &&
+                 moe_bundle_expert(b, (uint32_t)l, (uint32_t)e, pr, &bl) == MOE_OK;
+            *home_bytes += ok ? (int64_t)((bl.raw_size + 4095) / 4096 * 4096) : 0;
+        }
+    moe_bundle_free(b);
+    struct moe_session_params p = moe_session_default_params();
+    p.n_threads = 2;
+    p.store = sp;
+    ok = ok && moe_session_create(m, &p, &s) == MOE_OK;
+    const size_t V = (size_t)m->cfg.n_vocab;
+    for (int i = 0; ok && i < n; i++) {
+        const int32_t id = (int32_t)((41 * i + 3) % m->cfg.n_vocab);
+        ok = moe_session_forward(s, &id, 1, out + (size_t)i * V, 0) == MOE_OK;
+    }
+    if (ok && stats && moe_session_store(s)) moe_store_get_stats(moe_session_store(s), stats);
+    moe_session_free(s);
+    moe_model_free(m);
+    return ok;
+}
+
+/* size_classes: high slots are sized per home precision: with a bit-width
+ * map of mostly q2_k copies, a budget of every home copy's bytes holds every
+ * expert (slots of the largest copy would hold a third of them), and the
+ * logits stay those of the run without a budget. */
+static void size_classes(const char *bundle) {
+    enum { N = 16 };
+    struct moe_model *m = NULL;
+    CHECK(moe_model_load(bundle, NULL, &m) == MOE_OK, "load");
+    if (!m) return;
+    const size_t V = (size_t)m->cfg.n_vocab;
+    int all = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) all += m->cfg.layer_moe[l] ? m->cfg.n_expert : 0;
+    moe_model_free(m);
+    float *ref = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
+    int64_t home = 0;
+    CHECK(ref && got && mixed_run(bundle, NULL, ref, N, NULL, &home), "mixed precisions without a budget");
+    struct moe_store_params sp = moe_store_default_params();
+    sp.expert_mem = home;
+    sp.dynamic = 0;
+    sp.policy = (int)MOE_CACHE_LRU;
+    struct moe_store_stats st;
+    memset(&st, 0, sizeof st);
+    int64_t h2 = 0;
+    CHECK(got && mixed_run(bundle, &sp, got, N, &st, &h2), "mixed precisions with a budget of every home copy");
+    CHECK(st.high_cap == all, "the budget of every home copy (%lld bytes) holds all %d experts (cap %d)",
+          (long long)home, all, st.high_cap);
+    CHECK(st.slot_bytes <= home + 2 * st.high_copy_bytes + 2 * 4096, "slots %lld bytes within the budget + scratch",
+          (long long)st.slot_bytes);
+    CHECK(ref && got && !memcmp(ref, got, sizeof(float) * N * V), "mixed precisions: logits as without a budget");
+    sp.expert_mem = home / 2; /* half: more copies than slots of the largest copy would give */
+    CHECK(got && mixed_run(bundle, &sp, got, N, &st, &h2), "mixed precisions at half the bytes");
+    CHECK(st.high_cap > (int)(home / 2 / st.high_copy_bytes) && st.misses_high > 0,
+          "half the bytes hold %d copies, more than %lld of the largest size", st.high_cap,
+          (long long)(home / 2 / st.high_copy_bytes));
+    CHECK(ref && got && !memcmp(ref, got, sizeof(float) * N * V), "mixed precisions at half: logits as without a budget");
+    free(ref);
+    free(got);
+}
+
+/* low_not_lower: experts whose home copy is already the lowest precision
+ * (bound at q2_k) never load a second, "low" copy of themselves: every use
+ * is a high hit or miss, with dynamic precision on. */
+static void low_not_lower(const char *bundle) {
+    struct moe_model_params mp = moe_model_default_params();
+    mp.expert_precision = "q2_k";
+    mp.lazy_experts = 1;
+    struct moe_model *m = NULL;
+    struct moe_session *s = NULL;
+    CHECK(moe_model_load(bundle, &mp, &m) == MOE_OK, "load at q2_k");
+    struct moe_store_params sp = moe_store_default_params();
+    sp.high_cap = 6, sp.low_cap = 4, sp.dynamic = 1, sp.t1 = 0.2, sp.t2 = 0.99, sp.low = "q2_k", sp.warm = 0;
+    struct moe_session_params p = moe_session_default_params();
+    p.store = &sp;
+    CHECK(m && moe_session_create(m, &p, &s) == MOE_OK, "session");
+    int ok = s != NULL;
+    float *logits = m ? malloc(sizeof(float) * (size_t)m->cfg.n_vocab) : NULL;
+    for (int i = 0; ok && logits && i < 24; i++) {
+        const int32_t id = (int32_t)((53 * i + 7) % m->cfg.n_vocab);
+        ok = moe_session_forward(s, &id, 1, logits, 0) == MOE_OK;
+    }
+    CHECK(ok, "24 one-token steps");
+    struct moe_store_stats st;
+    memset(&st, 0, sizeof st);
+    if (s) moe_store_get_stats(moe_session_store(s), &st);
+    CHECK(st.accesses > 0 && st.hits_low == 0 && st.misses_low == 0 && st.hits_high + st.misses_high == st.accesses,
+          "no low copies of experts already at the lowest precision (high %lld + %lld, low %lld + %lld of %lld)",
+          (long long)st.hits_high, (long long)st.misses_high, (long long)st.hits_low, (long long)st.misses_low,
+          (long long)st.accesses);
+    free(logits);
+    moe_session_free(s);
+    moe_model_free(m);
 }
 
 /* peak_memory: an inflated model's experts are >= 4x the budget; moe-run's
@@ -286,31 +446,42 @@ static void peak_memory(void) {
     for (size_t i = 0; i < moe_bundle_tensor_count(b); i++) nonexpert += (int64_t)moe_bundle_tensor_at(b, i)->size;
     const int64_t experts = (int64_t)info.raw_blob_bytes, budget = experts / 5;
     moe_bundle_free(b);
-    CHECK(moe_test_sh("'%s' -m '%s' --expert-mem %lld -p 'Once upon a time there was' -n 32 -t 2 --stats-json '%s' "
-             ">/dev/null 2>&1",
-             moe_run, bundle, (long long)budget, stats) == 0,
-          "moe-run with a budget of a fifth of the experts");
-    char *text = NULL;
-    size_t len = 0;
-    cJSON *j = moe_read_file(stats, 1 << 20, &text, &len) == MOE_OK ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *rss = cJSON_GetObjectItem(j, "peak_rss_bytes"), *store = cJSON_GetObjectItem(j, "store");
-    const cJSON *over = cJSON_GetObjectItem(j, "store_overhead_bytes");
-    const cJSON *loads = cJSON_GetObjectItem(store, "loads");
-    const double bound = (double)nonexpert + (double)budget + (over ? over->valuedouble : 0) + 32.0 * 1048576;
-    CHECK(rss && store && over && loads && loads->valuedouble > 0, "stats with store counts");
-    CHECK(experts >= 4 * budget, "experts %lld >= 4 x budget %lld", (long long)experts, (long long)budget);
-#ifdef __SANITIZE_ADDRESS__
-    /* AddressSanitizer's shadow memory and quarantine make RSS meaningless here */
-    printf("test-store: peak RSS not checked under AddressSanitizer\n");
-    cJSON_Delete(j);
-    return;
+    static const char *const modes[] = {"direct", "buffered", "mmap"};
+    for (int mi = 0; mi < 3; mi++) {
+        CHECK(moe_test_sh("'%s' -m '%s' --expert-mem %lld --io %s -p 'Once upon a time there was' -n 32 -t 2 "
+                          "--stats-json '%s' >/dev/null 2>&1",
+                          moe_run, bundle, (long long)budget, modes[mi], stats) == 0,
+              "moe-run --io %s with a budget of a fifth of the experts", modes[mi]);
+        char *text = NULL;
+        size_t len = 0;
+        cJSON *j = moe_read_file(stats, 1 << 20, &text, &len) == MOE_OK ? cJSON_Parse(text) : NULL;
+        free(text);
+        const cJSON *rss = cJSON_GetObjectItem(j, "peak_rss_bytes"), *store = cJSON_GetObjectItem(j, "store");
+        const cJSON *over = cJSON_GetObjectItem(j, "store_overhead_bytes");
+        const cJSON *loads = cJSON_GetObjectItem(store, "loads");
+        const cJSON *copy = cJSON_GetObjectItem(store, "high_copy_bytes");
+        CHECK(rss && store && over && loads && loads->valuedouble > 0, "%s: stats with store counts", modes[mi]);
+        CHECK(experts >= 4 * budget, "experts %lld >= 4 x budget %lld", (long long)experts, (long long)budget);
+        /* the documented fixed overhead: two scratch copies (4 KiB-rounded) + the loaders' staging of a group
+         * of rows (at most MOE_STORE_GROUP_MAX each) + bookkeeping under 1 MiB */
+        const double copy_b = copy ? (double)((((int64_t)copy->valuedouble) + 4095) / 4096 * 4096) : 0;
+        CHECK(over && copy && over->valuedouble <= 2 * copy_b + 2.0 * (double)MOE_STORE_GROUP_MAX + 1048576.0,
+              "%s: store overhead %.2f MB <= 2 high copies (%.2f MB) + 2 x staging + 1 MiB", modes[mi],
+              over ? over->valuedouble / 1e6 : 0, copy_b / 1e6);
+        const double bound = (double)nonexpert + (double)budget + (over ? over->valuedouble : 0) + 32.0 * 1048576;
+#ifndef __SANITIZE_ADDRESS__
+        /* (AddressSanitizer's shadow memory and quarantine make RSS meaningless) */
+        CHECK(rss && rss->valuedouble <= bound,
+              "--io %s: peak RSS %.1f MB within non-expert %.1f + budget %.1f + overhead %.1f + 32 MiB", modes[mi],
+              rss ? rss->valuedouble / 1e6 : 0, (double)nonexpert / 1e6, (double)budget / 1e6,
+              over ? over->valuedouble / 1e6 : 0);
+        CHECK(rss && rss->valuedouble < (double)experts, "--io %s: peak RSS %.1f MB below the experts' %.1f MB",
+              modes[mi], rss ? rss->valuedouble / 1e6 : 0, (double)experts / 1e6);
+        if (rss) printf("test-store: --io %s peak RSS %.1f MB (bound %.1f MB)\n", modes[mi], rss->valuedouble / 1e6,
+                        bound / 1e6);
 #endif
-    CHECK(rss && rss->valuedouble <= bound, "peak RSS %.1f MB within non-expert %.1f + budget %.1f + overhead + 32 MiB",
-          rss ? rss->valuedouble / 1e6 : 0, (double)nonexpert / 1e6, (double)budget / 1e6);
-    CHECK(rss && rss->valuedouble < (double)experts, "peak RSS %.1f MB below the experts' %.1f MB",
-          rss ? rss->valuedouble / 1e6 : 0, (double)experts / 1e6);
-    cJSON_Delete(j);
+        cJSON_Delete(j);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -330,6 +501,9 @@ int main(int argc, char **argv) {
     identical(bundle);
     same_as_simulator(bundle);
     too_small(bundle);
+    thresholds(bundle);
+    low_not_lower(bundle);
+    size_classes(bundle);
     char text[1200];
     snprintf(text, sizeof text, "%s/heldout/c4.txt", model_dir);
     struct stat sb;

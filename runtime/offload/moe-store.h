@@ -21,9 +21,14 @@
  * bundle's file is still the one mapped (moe_bundle_check_file); a truncated
  * or rewritten file fails the read with MOE_ERR_IO and a message naming it
  * ("changed while the model was running ...; restart"), and so does every
- * later read. Memory: the slots (at most the budget)
- * + two scratch slots of the largest copy (for copies a policy does not keep)
- * + a small fixed bookkeeping size (moe_store_overhead_bytes).
+ * later read. Memory: the slots (at most the budget; high slots sized per
+ * home precision) + two scratch slots of the largest copy (for copies a
+ * policy does not keep) + per loader a group of rows for the in-place
+ * interleave + bookkeeping (moe_store_overhead_bytes). A missed copy is read
+ * in 1 MiB chunks (with direct I/O all in flight at once, Linux AIO) into its
+ * slot, and checked (XXH3) and interleaved for the CPU kernels chunk by chunk
+ * as the chunks arrive: no second copy and no pass after the read but the
+ * last chunk's.
  *
  * Used by the session (moe-session.h): it is created by moe_session_create
  * when moe_session_params.store is set, and driven by the session's thread;
@@ -49,7 +54,8 @@ extern "C" {
 enum moe_io_mode {
     MOE_IO_DIRECT = 0,   /* O_DIRECT reads (falls back to buffered where the file system refuses it) */
     MOE_IO_BUFFERED = 1, /* pread through the page cache */
-    MOE_IO_MMAP = 2,     /* copies out of the bundle's mapping */
+    MOE_IO_MMAP = 2,     /* copies out of the bundle's mapping; the pages copied are then dropped
+                          * from the process (madvise MADV_DONTNEED), so they do not add to its RSS */
 };
 
 /* What the engine does; moe_store_default_params() gives the defaults noted. */
@@ -79,8 +85,9 @@ struct moe_store_params {
     int n_loaders;          /* loader threads (2) */
     int repack;             /* 1: on the CPU backend, the q4_k / q8_0 matrices of each copy read
                              * are interleaved (moe_repack_type) for its faster kernels,
-                             * as moe_model_repack does for resident weights; 0 (default): the
-                             * stored rows as read */
+                             * as moe_model_repack does for resident weights, in place and in
+                             * the same pass as the checksum (about 1 ms per 6.7 MB copy);
+                             * 0 (default): the stored rows as read */
 };
 
 struct moe_store_params moe_store_default_params(void);
@@ -96,7 +103,8 @@ struct moe_store_stats {
     int64_t decode_tokens;
     int64_t accesses;               /* (step, expert) uses asked of the cache */
     int64_t hits_high, hits_low, misses_high, misses_low, skips;
-    int64_t loads, load_bytes;      /* blobs read from storage and their stored bytes (demand + prefetch) */
+    int64_t loads, load_bytes;      /* blobs read from storage and their stored bytes (demand + prefetch):
+                                     * reads a loader started; one cancelled while queued is not counted */
     int64_t loads_decode, load_bytes_decode; /* of which started during decode steps */
     int64_t prefetch_loads;         /* of which prefetches */
     int64_t prefetch_used;          /* prefetched copies that served a demand access */
@@ -113,6 +121,13 @@ struct moe_store_stats {
     double t1, t2;
     enum moe_io_mode io;            /* the mode used (after any fallback) */
     int64_t host_runs;              /* uses computed on the host by the backend's choice (Twiddler) */
+    double read_s, read_s_max;      /* per read started (loads): seconds from its start to its copy
+                                     * ready (I/O, checksum, interleave), summed, and the longest */
+    int queue_depth_max;            /* most reads queued or in progress at once */
+    int64_t reads_cancelled;        /* reads queued and dropped before a loader started them (the
+                                     * copy evicted or the prefetch mispredicted; not in loads) */
+    int64_t reads_queued;           /* reads queued and not started when the stats were taken;
+                                     * loads + reads_cancelled + reads_queued = reads asked for */
 };
 
 struct moe_store;
@@ -143,7 +158,13 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
 void moe_store_free(struct moe_store *st);
 
 /* moe_store_overhead_bytes: the store's memory beyond the slots of the
- * budget: scratch slots and bookkeeping (for the peak-memory check). */
+ * budget: two scratch slots (copies a policy does not keep), each loader's
+ * staging buffer and bookkeeping (for the peak-memory check). With
+ * uncompressed blobs read into host slots (the CPU backend, every --io mode)
+ * staging holds one group of 16 rows for the in-place interleave, so the
+ * overhead is two copies of the largest high copy + n_loaders x at most
+ * MOE_STORE_GROUP_MAX + about 100 kB per 1000 experts; compressed blobs and
+ * device slots need staging of two copies per loader. */
 int64_t moe_store_overhead_bytes(const struct moe_store *st);
 
 /* One expert's work in a layer step, as planned by moe_store_plan. */
@@ -205,13 +226,22 @@ void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out
  * computes them: high = mem (1 - low_share) / high_bytes, low = mem
  * low_share / low_bytes (0 without dynamic precision), each at most
  * n_experts; high_bytes / low_bytes the slot size of each cache (the largest
- * copy's bytes, rounded up to 4096). For the planner (moe-prep plan). */
+ * copy's bytes, rounded up to 4096). For the planner (moe-prep plan). When
+ * the experts' home copies differ in size (a bit-width map), the store sizes
+ * its high slots per precision and holds at least this many high copies,
+ * more when most home copies are small. */
 void moe_store_capacities(int64_t mem, double low_share, int dynamic, int64_t high_bytes, int64_t low_bytes,
                           int n_experts, int *high, int *low);
 
+/* The staging a loader needs for the in-place interleave of one group of 16
+ * rows (moe_repack_in_place) when the rows are at most 64 KiB: a bound for
+ * moe_store_overhead_estimate; the store allocates what the bundle needs. */
+#define MOE_STORE_GROUP_MAX ((int64_t)1 << 20)
+
 /* moe_store_overhead_estimate: moe_store_overhead_bytes of a store whose
  * largest slot is copy_bytes, with n_loaders threads, n_experts routed
- * experts, n_slots cache slots and top-k. */
+ * experts, n_slots cache slots and top-k, for uncompressed blobs read into
+ * host memory. */
 int64_t moe_store_overhead_estimate(int64_t copy_bytes, int n_loaders, int n_experts, int n_slots, int k);
 
 struct moe_tuning_plan;

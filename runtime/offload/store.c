@@ -30,8 +30,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <linux/aio_abi.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "moe-bundle.h"
@@ -46,6 +50,7 @@ struct slot {
     struct moe_buffer buf;
     size_t cap;           /* bytes a read may fill */
     int kind;             /* 1 high cache, 0 low cache, 2 scratch */
+    int cls;              /* high slots: the home precision it is sized for */
     int32_t g;            /* expert held (or being read), -1 none */
     int prec;             /* its stored precision */
     enum slot_state state;
@@ -61,9 +66,19 @@ struct slot {
     int pend_prec, pend_prefetch, pend_layer;
 };
 
+/* A loader's Linux AIO context and its chunk bookkeeping (direct I/O). */
+struct loader_io {
+    aio_context_t ctx;        /* 0: none (read a chunk at a time) */
+    int max_chunks;
+    struct iocb *cbs;
+    struct iocb **cbp;
+    int64_t *got;             /* per chunk: bytes read, or -errno; -1 while in flight */
+};
+
 struct req {
     int slot;
     uint64_t gen;
+    uint8_t decode, prefetch; /* for the counts, made when the read starts */
 };
 
 struct moe_store {
@@ -82,24 +97,37 @@ struct moe_store {
     enum moe_cache_policy policy;
     int32_t *order;          /* [L*E] placement order (twiddler.placement_order) or NULL */
     int16_t *home;           /* [L*E] precision of each expert's high copy */
+    uint8_t *lower;          /* [L*E] 1: the low copy is smaller than the home copy (else a
+                              * low need is served by the home copy: no second copy of it) */
     int low;                 /* precision of low copies */
     int dynamic, skip;
     double t1, t2;
     struct slot *slots;
     int n_slots, scratch0;   /* scratch slots are [scratch0, scratch0 + MOE_STORE_SCRATCH) */
     int32_t *slot_hi, *slot_lo; /* [L*E] slot holding the expert's copy, -1 */
-    int32_t *free_hi, *free_lo;
-    int n_free_hi, n_free_lo;
+    int32_t *free_lo;
+    int n_free_lo;
+    /* high slots come in classes, one per home precision: cls_n[c] experts
+     * have their home copy at precision c, read in at most cls_read[c] bytes;
+     * the class has min(cls_n[c], high cap) slots of that size, so any set of
+     * high copies the policy keeps has slots, and a bit-width map of mostly
+     * small copies holds more of them than slots of the largest copy would */
+    int cls_n[MOE_BUNDLE_MAX_PRECISIONS];
+    size_t cls_read[MOE_BUNDLE_MAX_PRECISIONS];
+    int32_t *free_c[MOE_BUNDLE_MAX_PRECISIONS];
+    int n_free_c[MOE_BUNDLE_MAX_PRECISIONS];
     int scratch_turn;
     /* I/O */
     const struct moe_bundle *bundle;
     int fd;
     enum moe_io_mode io;
+    int drop_pages;          /* MOE_IO_MMAP of a file mapping: drop the pages after each copy */
     size_t staging_size;
     /* loaders */
     pthread_t *threads;
     int n_threads, started;
     void **staging;          /* [n_threads] for compressed blobs and device-only slots */
+    struct loader_io *lio;   /* [n_threads] with direct I/O, else NULL */
     uint8_t pack[MOE_BUNDLE_MAX_PRECISIONS][3]; /* per precision and part (gate, up, down): the
                                                  * layout it is repacked to after each read, 0 =
                                                  * none (params.repack) */
@@ -107,6 +135,7 @@ struct moe_store {
     pthread_cond_t cv;       /* any state change: queue, slot ready, users released */
     struct req *q;
     int q_head, q_len, q_cap;
+    int n_reading;           /* loaders reading now */
     int stop;
     /* the current step */
     int step_layer, step_n;
@@ -157,10 +186,30 @@ static enum moe_status blob(const struct moe_store *st, int32_t g, int prec, str
 
 /* ---- loaders -------------------------------------------------------- */
 
+/* copy_mapped: bytes [from, to) of blob b from the bundle's mapping to dst +
+ * from. For a file mapping the pages copied would stay in the RSS: they are
+ * dropped a MiB at a time (a later access, e.g. a neighbour's copy, reads
+ * them in again), so a copy in progress holds at most 1 MiB + 2 pages. */
+static void copy_mapped(const struct moe_store *st, const struct moe_bundle_blob *b, void *dst, uint64_t from,
+                        uint64_t to) {
+    if (!st->drop_pages) {
+        memcpy((char *)dst + from, (const char *)b->stored + from, (size_t)(to - from));
+        return;
+    }
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), s0 = (uintptr_t)b->stored;
+    const uintptr_t end = s0 + (uintptr_t)to;
+    for (uintptr_t a = s0 + (uintptr_t)from; a < end;) {
+        const uintptr_t e = (a & ~(pg - 1)) + ((uintptr_t)1 << 20) < end ? (a & ~(pg - 1)) + ((uintptr_t)1 << 20) : end;
+        memcpy((char *)dst + (a - s0), (const void *)a, (size_t)(e - a));
+        madvise((void *)(a & ~(pg - 1)), ((e + pg - 1) & ~(pg - 1)) - (a & ~(pg - 1)), MADV_DONTNEED);
+        a = e;
+    }
+}
+
 /* read_stored: the stored bytes of b into dst (cap bytes of room). */
 static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle_blob *b, void *dst, size_t cap) {
     if (st->io == MOE_IO_MMAP) {
-        memcpy(dst, b->stored, (size_t)b->stored_size);
+        copy_mapped(st, b, dst, 0, b->stored_size);
         return MOE_OK;
     }
     size_t want = st->io == MOE_IO_DIRECT ? round4k(b->stored_size) : (size_t)b->stored_size, got = 0;
@@ -211,42 +260,250 @@ static enum moe_status load_staged(struct moe_store *st, struct slot *s, const s
 }
 
 /* pack_copy: the parts of a copy just read into host memory that st->pack
- * names, interleaved in place through the loader's staging buffer (which
- * holds a whole blob: staging_size). */
-static enum moe_status pack_copy(const struct moe_store *st, int prec, void *host, size_t raw, void *staging) {
+ * names, interleaved in place a group of 16 rows at a time through the
+ * loader's staging buffer (moe_repack_in_place: one pass over the copy at
+ * memory speed, no second copy of it). */
+static enum moe_status pack_copy(const struct moe_store *st, int prec, void *host, void *staging) {
     if (!st->pack[prec][0] && !st->pack[prec][1] && !st->pack[prec][2]) return MOE_OK;
     const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, (uint32_t)prec);
-    memcpy(staging, host, raw);
     for (uint32_t k = 0; k < 3 && k < d->n_parts; k++) {
         if (!st->pack[prec][k]) continue;
         const struct moe_bundle_part *q = &d->parts[k];
-        enum moe_status rc = moe_repack((enum moe_qtype)q->type_id, (enum moe_qtype)st->pack[prec][k], (int64_t)q->rows,
-                                        (int64_t)q->cols, (const char *)staging + q->offset, (char *)host + q->offset);
+        enum moe_status rc = moe_repack_in_place((enum moe_qtype)q->type_id, (enum moe_qtype)st->pack[prec][k],
+                                                 (int64_t)q->rows, (int64_t)q->cols, (char *)host + q->offset, staging,
+                                                 st->staging_size);
         if (rc) return rc;
     }
     return MOE_OK;
 }
 
+/* An in-order pass over an uncompressed copy as it arrives in host memory:
+ * the streaming XXH3 of the stored bytes, and the in-place interleave of the
+ * parts st->pack names, a chunk of <= 64 KiB of rows at a time, each chunk
+ * interleaved right after it is hashed, while it is in cache. The read feeds
+ * it the bytes that have arrived (pass_feed), so checking and interleaving a
+ * copy overlap its read and only the last chunk's work follows the read.
+ * Before, the loader copied the blob to staging, hashed it and interleaved it
+ * with per-field memcpy calls: three passes over memory after the read. */
+struct pass {
+    XXH3_state_t hs;
+    uint64_t pos;   /* bytes [0, pos) hashed, and interleaved where due */
+    uint32_t np, a; /* parts in file order ord[0..np); the next one ord[a] */
+    uint32_t ord[4];
+    int64_t r0;     /* rows of part ord[a] done */
+    int pack;       /* a part to interleave */
+    int seq;        /* the parts are a plain sequence (always, for a valid bundle); else the
+                     * whole copy is hashed, then interleaved, at the end */
+};
+
+static void pass_begin(const struct moe_store *st, const struct moe_bundle_blob *b, int prec, struct pass *ps) {
+    const struct moe_bundle_precision *d = b->desc;
+    ps->pos = 0, ps->a = 0, ps->r0 = 0, ps->seq = 1;
+    ps->pack = st->pack[prec][0] || st->pack[prec][1] || st->pack[prec][2];
+    ps->np = d->n_parts < 4 ? d->n_parts : 4;
+    for (uint32_t k = 0; k < ps->np; k++) ps->ord[k] = k;
+    for (uint32_t a = 1; a < ps->np; a++) /* parts in file order */
+        for (uint32_t k = a; k > 0 && d->parts[ps->ord[k]].offset < d->parts[ps->ord[k - 1]].offset; k--) {
+            uint32_t t = ps->ord[k];
+            ps->ord[k] = ps->ord[k - 1], ps->ord[k - 1] = t;
+        }
+    uint64_t end = 0;
+    for (uint32_t a = 0; a < ps->np; a++) {
+        const struct moe_bundle_part *q = &d->parts[ps->ord[a]];
+        const size_t rb = moe_qtype_row_bytes((enum moe_qtype)q->type_id, (int64_t)q->cols);
+        if (q->offset < end || q->offset + q->nbytes > b->stored_size ||
+            (ps->ord[a] < 3 && st->pack[prec][ps->ord[a]] && (uint64_t)rb * q->rows != q->nbytes))
+            ps->seq = 0;
+        end = q->offset + q->nbytes;
+    }
+    XXH3_64bits_reset(&ps->hs);
+}
+
+/* pass_feed: bytes [0, avail) of the copy at host have arrived. */
+static enum moe_status pass_feed(const struct moe_store *st, const struct moe_bundle_blob *b, int prec, char *host,
+                                 void *staging, struct pass *ps, uint64_t avail) {
+    if (!ps->seq) return MOE_OK;
+    if (avail > b->stored_size) avail = b->stored_size;
+    const struct moe_bundle_precision *d = b->desc;
+    while (ps->pack && ps->a < ps->np) {
+        const uint32_t k = ps->ord[ps->a];
+        const struct moe_bundle_part *q = &d->parts[k];
+        if (k >= 3 || !st->pack[prec][k]) { /* hashed with the bytes around it */
+            ps->a++;
+            continue;
+        }
+        if (ps->pos < q->offset) { /* the bytes before the part */
+            const uint64_t e = avail < q->offset ? avail : q->offset;
+            if (e > ps->pos) XXH3_64bits_update(&ps->hs, host + ps->pos, (size_t)(e - ps->pos));
+            ps->pos = e > ps->pos ? e : ps->pos;
+            if (ps->pos < q->offset) return MOE_OK;
+        }
+        const enum moe_qtype t = (enum moe_qtype)q->type_id;
+        const size_t rb = moe_qtype_row_bytes(t, (int64_t)q->cols);
+        int64_t chunk = rb ? (int64_t)(65536 / rb) / 16 * 16 : 16;
+        if (chunk < 16) chunk = 16;
+        while (ps->r0 < (int64_t)q->rows) {
+            const int64_t n = (int64_t)q->rows - ps->r0 < chunk ? (int64_t)q->rows - ps->r0 : chunk;
+            const uint64_t e = q->offset + (uint64_t)(ps->r0 + n) * rb;
+            if (e > avail) return MOE_OK;
+            char *p = host + q->offset + (size_t)ps->r0 * rb;
+            XXH3_64bits_update(&ps->hs, p, (size_t)n * rb);
+            enum moe_status rc = moe_repack_in_place(t, (enum moe_qtype)st->pack[prec][k], n, (int64_t)q->cols, p,
+                                                     staging, st->staging_size);
+            if (rc) return rc;
+            ps->r0 += n, ps->pos = e;
+        }
+        ps->a++, ps->r0 = 0;
+    }
+    if (avail > ps->pos) XXH3_64bits_update(&ps->hs, host + ps->pos, (size_t)(avail - ps->pos));
+    if (avail > ps->pos) ps->pos = avail;
+    return MOE_OK;
+}
+
+/* pass_end: all stored bytes arrived (and were fed): the checksum's verdict. */
+static enum moe_status pass_end(const struct moe_store *st, const struct moe_bundle_blob *b, int prec, char *host,
+                                void *staging, struct pass *ps) {
+    if (!ps->seq) { /* not a plain sequence of parts: hash, then interleave */
+        enum moe_status rc = check_sum(st, b, host);
+        return rc ? rc : pack_copy(st, prec, host, staging);
+    }
+    if (ps->pos == b->stored_size && XXH3_64bits_digest(&ps->hs) == b->checksum) return MOE_OK;
+    if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO; /* changed since the check before the read */
+    MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)", moe_bundle_path(st->bundle),
+             b->layer, b->expert, b->desc->name);
+    return MOE_ERR_FORMAT;
+}
+
+/* Reads are split into chunks of this many bytes (a multiple of 4096): with
+ * direct I/O all of a copy's chunks are in flight at once (Linux AIO), and
+ * each is checked and interleaved as soon as the bytes before it are in. */
+#define CHUNK ((uint64_t)1 << 20)
+
+/* read_error: the message of a failed read of b (the file changed: said by
+ * moe_bundle_check_file). */
+static enum moe_status read_error(const struct moe_store *st, const struct moe_bundle_blob *b, int err) {
+    if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO;
+    MOE_LOGE("%s: reading layer %u expert %u (%llu bytes at %llu): %s", moe_bundle_path(st->bundle), b->layer,
+             b->expert, (unsigned long long)b->stored_size, (unsigned long long)b->offset,
+             err ? strerror(err) : "unexpected end of file");
+    return MOE_ERR_IO;
+}
+
+/* pread_all: bytes [from, to) of blob b into dst + from (direct I/O: from
+ * and the length 4096-aligned, reading past the blob's end into the room cap
+ * allows). */
+static enum moe_status pread_all(const struct moe_store *st, const struct moe_bundle_blob *b, char *dst, size_t cap,
+                                 uint64_t from, uint64_t to) {
+    uint64_t want = to;
+    if (st->io == MOE_IO_DIRECT) want = round4k(to) <= cap ? round4k(to) : to;
+    while (from < to) {
+        ssize_t r = pread(st->fd, dst + from, (size_t)(want - from), (off_t)(b->offset + from));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return read_error(st, b, r < 0 ? errno : 0);
+        from += (uint64_t)r;
+    }
+    return MOE_OK;
+}
+
+/* read_aio: direct I/O with every chunk of the blob in flight at once
+ * (Linux AIO on the loader's context), fed to the pass in order as they
+ * complete. MOE_ERR_UNSUPPORTED (nothing read) if the kernel refuses. */
+static enum moe_status read_aio(struct moe_store *st, int id, const struct moe_bundle_blob *b, int prec, char *host,
+                                size_t cap, void *staging, struct pass *ps) {
+    struct loader_io *io = &st->lio[id];
+    const uint64_t want = round4k(b->stored_size) <= cap ? round4k(b->stored_size) : b->stored_size;
+    const int n = (int)((want + CHUNK - 1) / CHUNK);
+    if (n > io->max_chunks || io->ctx == 0) return MOE_ERR_UNSUPPORTED;
+    for (int i = 0; i < n; i++) {
+        const uint64_t from = (uint64_t)i * CHUNK, to = from + CHUNK < want ? from + CHUNK : want;
+        memset(&io->cbs[i], 0, sizeof io->cbs[i]);
+        io->cbs[i].aio_data = (uint64_t)i;
+        io->cbs[i].aio_lio_opcode = IOCB_CMD_PREAD;
+        io->cbs[i].aio_fildes = (uint32_t)st->fd;
+        io->cbs[i].aio_buf = (uint64_t)(uintptr_t)(host + from);
+        io->cbs[i].aio_nbytes = to - from;
+        io->cbs[i].aio_offset = (int64_t)(b->offset + from);
+        io->cbp[i] = &io->cbs[i];
+        io->got[i] = -1;
+    }
+    int sent = 0;
+    while (sent < n) {
+        long r = syscall(SYS_io_submit, io->ctx, (long)(n - sent), io->cbp + sent);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        sent += (int)r;
+    }
+    if (sent == 0) return MOE_ERR_UNSUPPORTED;
+    enum moe_status rc = MOE_OK;
+    int next = 0, done = 0;
+    while (done < sent) {
+        struct io_event ev[64];
+        long r = syscall(SYS_io_getevents, io->ctx, 1L, 64L, ev, NULL);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { /* cannot reap: destroying the context waits for the reads still in flight */
+            MOE_LOGE("io_getevents: %s; reading a chunk at a time from now on", strerror(errno));
+            syscall(SYS_io_destroy, io->ctx);
+            io->ctx = 0;
+            return MOE_ERR_IO;
+        }
+        for (long e = 0; e < r; e++) io->got[ev[e].data] = ev[e].res, done++;
+        while (!rc && next < sent && io->got[next] != -1) { /* the chunks in order that are in */
+            const uint64_t from = (uint64_t)next * CHUNK, to = from + CHUNK < want ? from + CHUNK : want;
+            const int64_t res = io->got[next];
+            const uint64_t need = to < b->stored_size ? to : b->stored_size;
+            if (res < 0) rc = read_error(st, b, (int)-res);
+            else if (from + (uint64_t)res < need) rc = pread_all(st, b, host, cap, from + (uint64_t)res, need); /* short */
+            if (!rc) rc = pass_feed(st, b, prec, host, staging, ps, need);
+            next++;
+        }
+    }
+    if (!rc && sent < n) { /* the kernel took fewer: read the rest here */
+        const uint64_t from = (uint64_t)sent * CHUNK;
+        if (!(rc = pread_all(st, b, host, cap, from, b->stored_size))) rc = pass_feed(st, b, prec, host, staging, ps, b->stored_size);
+    }
+    return rc;
+}
+
+/* read_checked: an uncompressed copy into host memory (cap bytes of room),
+ * checked and interleaved as it arrives. */
+static enum moe_status read_checked(struct moe_store *st, int id, const struct moe_bundle_blob *b, int prec, char *host,
+                                    size_t cap, void *staging) {
+    struct pass ps;
+    pass_begin(st, b, prec, &ps);
+    enum moe_status rc = MOE_ERR_UNSUPPORTED;
+    if (st->io == MOE_IO_DIRECT && st->lio) rc = read_aio(st, id, b, prec, host, cap, staging, &ps);
+    if (rc == MOE_ERR_UNSUPPORTED) { /* a chunk at a time, each fed after its read */
+        rc = MOE_OK;
+        for (uint64_t from = 0; !rc && from < b->stored_size; from += CHUNK) {
+            const uint64_t to = from + CHUNK < b->stored_size ? from + CHUNK : b->stored_size;
+            if (st->io == MOE_IO_MMAP) copy_mapped(st, b, host, from, to);
+            else rc = pread_all(st, b, host, cap, from, to);
+            if (!rc) rc = pass_feed(st, b, prec, host, staging, &ps, to);
+        }
+    }
+    return rc ? rc : pass_end(st, b, prec, host, staging, &ps);
+}
+
 /* load: read and check expert g at precision prec into slot s's buffer,
  * after checking that the bundle's file is still the one mapped (a miss is a
  * read: moe_bundle_check_file, two system calls, next to a read of the blob). */
-static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int prec, void *staging) {
+static enum moe_status load(struct moe_store *st, int id, struct slot *s, int32_t g, int prec, void *staging) {
     struct moe_bundle_blob b;
     enum moe_status rc = blob(st, g, prec, &b);
     if (rc || (rc = moe_bundle_check_file(st->bundle))) return rc;
     void *host = s->buf.host;
     if (!host && moe_backend_supports(st->be, MOE_BACKEND_FEAT_STAGE)) return load_staged(st, s, &b, g, prec, staging);
     const int direct_ok = host != NULL && b.compression == MOE_BUNDLE_COMP_NONE;
-    void *dst = direct_ok ? host : staging;
-    if ((rc = read_stored(st, &b, dst, direct_ok ? s->cap : st->staging_size))) return rc;
+    if (direct_ok) return read_checked(st, id, &b, prec, host, s->cap, staging);
+    void *dst = staging;
+    if ((rc = read_stored(st, &b, dst, st->staging_size))) return rc;
     if (b.compression == MOE_BUNDLE_COMP_NONE) {
         if ((rc = check_sum(st, &b, dst))) return rc;
-        if (!host) rc = moe_backend_buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
-        return rc ? rc : host ? pack_copy(st, prec, host, (size_t)b.raw_size, staging) : MOE_OK;
+        return moe_backend_buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
     }
     if (host) {
         if ((rc = moe_bundle_blob_decode(st->bundle, &b, staging, host, s->cap))) return rc;
-        return pack_copy(st, prec, host, (size_t)b.raw_size, staging);
+        return pack_copy(st, prec, host, staging);
     }
     /* device-only slot: decode after the stored bytes in staging, then copy */
     char *raw = (char *)staging + round4k(b.stored_size);
@@ -254,8 +511,10 @@ static enum moe_status load(struct moe_store *st, struct slot *s, int32_t g, int
     return moe_backend_buffer_write(st->be, &s->buf, 0, raw, (size_t)b.raw_size);
 }
 
-/* enqueue: a read of slot i's current content (lock held). */
-static void enqueue(struct moe_store *st, int i) {
+/* enqueue: a read of slot i's current content (lock held); `prefetch`: a
+ * prefetch's read. It is counted (stats.loads ...) only when a loader starts
+ * it: a read cancelled before that never happened. */
+static void enqueue(struct moe_store *st, int i, int prefetch) {
     struct slot *s = &st->slots[i];
     s->state = S_QUEUED;
     if (st->q_len == st->q_cap) { /* cannot happen: the queue holds one entry per slot and reassignment */
@@ -269,13 +528,19 @@ static void enqueue(struct moe_store *st, int i) {
         free(st->q);
         st->q = q, st->q_head = 0, st->q_cap = cap;
     }
-    st->q[(st->q_head + st->q_len++) % st->q_cap] = (struct req){i, s->gen};
-    st->stats.loads++;
+    st->q[(st->q_head + st->q_len++) % st->q_cap] = (struct req){i, s->gen, st->step_n == 1, prefetch != 0};
+    if (st->q_len + st->n_reading > st->stats.queue_depth_max) st->stats.queue_depth_max = st->q_len + st->n_reading;
+    pthread_cond_broadcast(&st->cv);
+}
+
+/* count_read: a loader starts the read r of slot s (lock held). */
+static void count_read(struct moe_store *st, const struct req *r, const struct slot *s) {
     struct moe_bundle_blob b;
     const int64_t bytes = blob(st, s->g, s->prec, &b) == MOE_OK ? (int64_t)b.stored_size : 0;
+    st->stats.loads++;
     st->stats.load_bytes += bytes;
-    if (st->step_n == 1) st->stats.loads_decode++, st->stats.load_bytes_decode += bytes;
-    pthread_cond_broadcast(&st->cv);
+    if (r->decode) st->stats.loads_decode++, st->stats.load_bytes_decode += bytes;
+    if (r->prefetch) st->stats.prefetch_loads++;
 }
 
 struct loader_arg {
@@ -299,11 +564,18 @@ static void *loader_main(void *arg) {
         if (s->gen != r.gen || s->state != S_QUEUED) continue;
         s->state = S_LOADING;
         s->reading = 1;
+        count_read(st, &r, s);
         const int32_t g = s->g;
         const int prec = s->prec;
+        st->n_reading++;
         pthread_mutex_unlock(&st->mu);
-        enum moe_status rc = load(st, s, g, prec, st->staging[id]);
+        const double t0 = moe_now_s();
+        enum moe_status rc = load(st, id, s, g, prec, st->staging[id]);
+        const double dt = moe_now_s() - t0;
         pthread_mutex_lock(&st->mu);
+        st->n_reading--;
+        st->stats.read_s += dt;
+        if (dt > st->stats.read_s_max) st->stats.read_s_max = dt;
         s->reading = 0;
         if (s->gen == r.gen) s->state = rc ? S_FAILED : S_READY;
         pthread_cond_broadcast(&st->cv);
@@ -325,6 +597,7 @@ static void assign(struct moe_store *st, int i, int32_t g, int prec) {
     struct slot *s = &st->slots[i];
     if (s->g >= 0) resident_add(st, -s->bytes);
     if (s->prefetch && s->state == S_QUEUED) st->stats.prefetch_cancelled++;
+    if (s->state == S_QUEUED) st->stats.reads_cancelled++;
     s->g = g, s->prec = prec, s->gen++, s->state = S_EMPTY, s->prefetch = 0;
     struct moe_bundle_blob b;
     s->bytes = blob(st, g, prec, &b) == MOE_OK ? (int64_t)b.raw_size : 0;
@@ -332,16 +605,28 @@ static void assign(struct moe_store *st, int i, int32_t g, int prec) {
 }
 
 /* take_slot: the slot a kept copy of g goes to in cache `high`: the evicted
- * expert's, or a free one (-1: none; the cache core never keeps more copies
- * than there are slots, so this only happens on a broken invariant). */
-static int take_slot(struct moe_store *st, int high, int32_t evicted) {
+ * expert's when it has the size class of g's copy, else a free one of that
+ * class (the evicted expert's slot then returns to its class's free list;
+ * -1: none; the cache core never keeps more copies than there are slots, so
+ * this only happens on a broken invariant). */
+static int take_slot(struct moe_store *st, int high, int32_t g, int32_t evicted) {
     int32_t *map = high ? st->slot_hi : st->slot_lo;
+    const int c = high ? st->home[g] : 0;
     if (evicted >= 0 && map[evicted] >= 0) {
         int i = map[evicted];
         map[evicted] = -1;
-        return i;
+        if (!high || st->slots[i].cls == c) return i;
+        struct slot *s = &st->slots[i];
+        if (s->pend_g == evicted) s->pend_g = -1; /* evicted before it took the slot */
+        if (s->users == 0 && s->pend_g < 0) { /* its copy is dropped now (a queued read of it cancelled) */
+            if (s->g >= 0) resident_add(st, -s->bytes);
+            if (s->prefetch && s->state == S_QUEUED) st->stats.prefetch_cancelled++;
+            if (s->state == S_QUEUED) st->stats.reads_cancelled++;
+            s->g = -1, s->bytes = 0, s->gen++, s->state = S_EMPTY, s->prefetch = 0;
+        }
+        st->free_c[s->cls][st->n_free_c[s->cls]++] = i;
     }
-    if (high) return st->n_free_hi > 0 ? st->free_hi[--st->n_free_hi] : -1;
+    if (high) return st->n_free_c[c] > 0 ? st->free_c[c][--st->n_free_c[c]] : -1;
     return st->n_free_lo > 0 ? st->free_lo[--st->n_free_lo] : -1;
 }
 
@@ -351,7 +636,7 @@ static int take_slot(struct moe_store *st, int high, int32_t evicted) {
  * step releases it: a demand access then reads into scratch for this use)
  * or no slot could be found. Lock held. */
 static int place(struct moe_store *st, int high, int32_t g, int prec, int32_t evicted, int prefetch, int layer) {
-    int i = take_slot(st, high, evicted);
+    int i = take_slot(st, high, g, evicted);
     if (i < 0) {
         if (!st->warned_evict) MOE_LOGW("expert store: no slot for a kept copy (policy and slots disagree)");
         st->warned_evict = 1;
@@ -364,11 +649,8 @@ static int place(struct moe_store *st, int high, int32_t g, int prec, int32_t ev
         return -1;
     }
     assign(st, i, g, prec);
-    enqueue(st, i);
-    if (prefetch) {
-        s->prefetch = 1, s->pf_layer = layer;
-        st->stats.prefetch_loads++;
-    }
+    enqueue(st, i, prefetch);
+    if (prefetch) s->prefetch = 1, s->pf_layer = layer;
     return i;
 }
 
@@ -439,9 +721,29 @@ static enum moe_status setup_precisions(struct moe_store *st) {
             if (moe_bundle_precision_at(b, (uint32_t)p)->raw_size < moe_bundle_precision_at(b, (uint32_t)st->low)->raw_size)
                 st->low = p;
     }
-    st->t1 = isnan(st->p.t1) ? (st->tun.has_thresholds ? st->tun.t1 : NAN) : st->p.t1;
-    st->t2 = isnan(st->p.t2) ? (st->tun.has_thresholds ? st->tun.t2 : NAN) : st->p.t2;
-    if (!(st->t1 >= 0 && st->t1 <= st->t2 && st->t2 <= 1)) st->t1 = st->t2 = NAN;
+    if (!(st->lower = malloc(LE + 1))) return MOE_ERR_NOMEM;
+    for (size_t g = 0; g < LE; g++) {
+        struct moe_bundle_blob hb, lb;
+        st->lower[g] = blob(st, (int32_t)g, st->home[g], &hb) == MOE_OK && blob(st, (int32_t)g, st->low, &lb) == MOE_OK &&
+                       lb.raw_size < hb.raw_size;
+    }
+    /* thresholds: the caller's, else the tuning's; one given alone takes the
+     * other from the tuning, else the default (T1 0.6, T2 0.9) */
+    const int user = !isnan(st->p.t1) || !isnan(st->p.t2);
+    const int tun = st->tun.has_thresholds;
+    st->t1 = !isnan(st->p.t1) ? st->p.t1 : tun ? st->tun.t1 : user ? 0.6 : NAN;
+    st->t2 = !isnan(st->p.t2) ? st->p.t2 : tun ? st->tun.t2 : user ? 0.9 : NAN;
+    if (!isnan(st->t1) && !(st->t1 >= 0 && st->t1 <= st->t2 && st->t2 <= 1)) {
+        if (user) { /* contradictory thresholds would turn dynamic precision off without a word */
+            MOE_LOGE("HOBBIT thresholds T1 = %g (%s), T2 = %g (%s): need 0 <= T1 <= T2 <= 1", st->t1,
+                     !isnan(st->p.t1) ? "given" : tun ? "the bundle's tuning" : "default", st->t2,
+                     !isnan(st->p.t2) ? "given" : tun ? "the bundle's tuning" : "default");
+            return MOE_ERR_INVALID;
+        }
+        MOE_LOGW("%s: the tuning's HOBBIT thresholds T1 = %g, T2 = %g are not 0 <= T1 <= T2 <= 1; ignored",
+                 moe_bundle_path(b), st->t1, st->t2);
+        st->t1 = st->t2 = NAN;
+    }
     return MOE_OK;
 }
 
@@ -469,6 +771,40 @@ static int64_t all_high_bytes(const struct moe_store *st) {
     return t;
 }
 
+/* high_cost: the bytes of the high slots for a cache of h copies: per size
+ * class min(experts of the class, h) slots. */
+static int64_t high_cost(const struct moe_store *st, int h) {
+    int64_t t = 0;
+    for (int c = 0; c < MOE_BUNDLE_MAX_PRECISIONS; c++)
+        t += (int64_t)(st->cls_n[c] < h ? st->cls_n[c] : h) * (int64_t)st->cls_read[c];
+    return t;
+}
+
+/* high_cap_for: the most high copies (<= all) whose slots fit in `bytes`. */
+static int high_cap_for(const struct moe_store *st, double bytes, int all) {
+    int lo = 0, hi = all; /* high_cost is non-decreasing in h */
+    while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        if ((double)high_cost(st, mid) <= bytes) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* budget_fits: the caches a byte budget `mem` gives (*H high and *Lc low
+ * copies, *dyn: dynamic precision on), exactly as moe_store_new sizes them,
+ * and whether they can serve one layer's top-k: k high copies, or with
+ * dynamic precision at least one high copy and room for k low ones. */
+static int budget_fits(const struct moe_store *st, int64_t mem, int k, int all, size_t hread, size_t lread,
+                       int low_exists, int *H, int *Lc, int *dyn) {
+    const struct moe_store_params *p = &st->p;
+    *dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && high_cost(st, all) > mem);
+    moe_store_capacities(mem, p->low_share, *dyn, (int64_t)hread, (int64_t)lread, all, H, Lc);
+    *H = high_cap_for(st, (double)mem * (*dyn ? 1 - p->low_share : 1.0), all); /* by size class */
+    const int64_t min_bytes = (int64_t)k * (int64_t)(*dyn ? lread : hread);
+    return !(*H < (*dyn ? 1 : k) || high_cost(st, *H) + (int64_t)*Lc * (int64_t)lread < min_bytes);
+}
+
 /* warm: fill the high cache in Twiddler's placement order (least popular of
  * the chosen ones first, so LRU keeps the most popular longest). */
 static void warm(struct moe_store *st) {
@@ -487,6 +823,34 @@ static void warm(struct moe_store *st) {
     }
     pthread_mutex_unlock(&st->mu);
     free(pick);
+}
+
+/* staging_bytes: what each loader's staging buffer must hold. A compressed
+ * blob is read there and decoded into its slot, and a slot without a host
+ * view (device memory) is filled through it: then the stored and the raw
+ * bytes of the largest copy (`copy` each, rounded). Otherwise reads land in
+ * their slots and staging only holds one group of 16 rows for the in-place
+ * interleave (moe_repack_in_place): the store's memory stays the budget + two
+ * scratch copies + a little. */
+static size_t staging_bytes(const struct moe_store *st, size_t copy) {
+    int full = st->slots[0].buf.host == NULL;
+    for (int32_t g = 0; g < st->L * st->E && !full; g++) {
+        struct moe_bundle_blob b;
+        full = (blob(st, g, st->home[g], &b) == MOE_OK && b.compression != MOE_BUNDLE_COMP_NONE) ||
+               (st->low >= 0 && blob(st, g, st->low, &b) == MOE_OK && b.compression != MOE_BUNDLE_COMP_NONE);
+    }
+    if (full) return 2 * copy + 4096;
+    size_t need = 4096;
+    for (uint32_t pi = 0; pi < MOE_BUNDLE_MAX_PRECISIONS; pi++) {
+        const struct moe_bundle_precision *d = moe_bundle_precision_at(st->bundle, pi);
+        if (!d) break;
+        for (uint32_t q = 0; q < 3 && q < d->n_parts; q++)
+            if (st->pack[pi][q]) {
+                const size_t grp = 16 * moe_qtype_row_bytes((enum moe_qtype)d->parts[q].type_id, (int64_t)d->parts[q].cols);
+                if (grp > need) need = grp;
+            }
+    }
+    return round4k(need);
 }
 
 enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be, const struct moe_store_params *p,
@@ -548,6 +912,14 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     size_t hread, lread;
     max_copy(st, 1, &hraw, &hread);
     max_copy(st, 0, &lraw, &lread);
+    for (int32_t g = 0; g < st->L * st->E; g++) { /* the high slots' size classes */
+        struct moe_bundle_blob b;
+        const int c = st->home[g];
+        if (c < 0 || c >= MOE_BUNDLE_MAX_PRECISIONS || blob(st, g, c, &b)) continue;
+        const size_t r = round4k(b.raw_size > b.stored_size ? b.raw_size : b.stored_size);
+        st->cls_n[c]++;
+        if (r > st->cls_read[c]) st->cls_read[c] = r;
+    }
     const int low_exists = st->low >= 0 && lraw < hraw;
     int H = p->high_cap, Lc = p->low_cap;
     int64_t mem = p->expert_mem;
@@ -557,10 +929,30 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         MOE_LOGI("--expert-mem %.4g%%: %lld bytes", 100.0 * p->expert_mem_share, (long long)mem);
     }
     if (mem > 0) {
-        int want_dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) &&
-                                           (int64_t)hread * all > mem);
-        st->dynamic = want_dyn;
-        moe_store_capacities(mem, p->low_share, want_dyn, (int64_t)hread, (int64_t)lread, all, &H, &Lc);
+        if (!budget_fits(st, mem, k, all, hread, lread, low_exists, &H, &Lc, &st->dynamic)) {
+            /* the true minimum: the smallest budget that fits (fits is monotone in mem) */
+            int64_t lo = mem, hi = mem;
+            int h2 = 0, l2 = 0, d2 = 0;
+            while (!budget_fits(st, hi, k, all, hread, lread, low_exists, &h2, &l2, &d2) && hi < ((int64_t)1 << 61))
+                lo = hi, hi *= 2;
+            while (hi - lo > 1) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (budget_fits(st, mid, k, all, hread, lread, low_exists, &h2, &l2, &d2)) hi = mid;
+                else lo = mid;
+            }
+            budget_fits(st, hi, k, all, hread, lread, low_exists, &h2, &l2, &d2);
+            if (d2)
+                MOE_LOGE("expert memory too small: %lld bytes hold %d high and %d low copies; one layer's top-%d needs "
+                         "at least %lld bytes (%.2f MiB: %d high copy of %zu bytes and %d low of %zu, dynamic "
+                         "precision on)", (long long)mem, H, Lc, k, (long long)hi, (double)hi / 1048576.0, h2, hread,
+                         l2, lread);
+            else
+                MOE_LOGE("expert memory too small: %lld bytes hold %d copies; one layer's top-%d needs at least %lld "
+                         "bytes (%.2f MiB: %d copies of %zu bytes)", (long long)mem, H, k, (long long)hi,
+                         (double)hi / 1048576.0, h2, hread);
+            rc = MOE_ERR_INVALID;
+            goto fail;
+        }
     } else {
         st->dynamic = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && H < all);
     }
@@ -583,32 +975,39 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     st->cc.high_bytes = (double)hraw, st->cc.low_bytes = (double)lraw;
     if (!st->cc.freq_high) st->cc.low_cost = hraw > 0 ? (double)lraw / (double)hraw : 0.5;
     if ((rc = moe_cache_new(st->L, st->E, st->policy, &st->cc, &st->cache))) goto fail;
-    /* slots */
-    st->n_slots = H + Lc + MOE_STORE_SCRATCH;
-    st->scratch0 = H + Lc;
+    /* slots: per size class min(its experts, H) high slots, then the low ones, then scratch */
+    int nh = 0;
+    for (int c = 0; c < MOE_BUNDLE_MAX_PRECISIONS; c++) {
+        const int n = st->cls_n[c] < H ? st->cls_n[c] : H;
+        nh += n;
+        if (n > 0 && !(st->free_c[c] = malloc(sizeof(int32_t) * (size_t)n))) goto nomem;
+    }
+    st->n_slots = nh + Lc + MOE_STORE_SCRATCH;
+    st->scratch0 = nh + Lc;
     const size_t LE = (size_t)st->L * (size_t)st->E;
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
     st->slot_hi = malloc(sizeof(int32_t) * LE), st->slot_lo = malloc(sizeof(int32_t) * LE);
-    st->free_hi = malloc(sizeof(int32_t) * ((size_t)H + 1)), st->free_lo = malloc(sizeof(int32_t) * ((size_t)Lc + 1));
+    st->free_lo = malloc(sizeof(int32_t) * ((size_t)Lc + 1));
     st->q_cap = 4 * st->n_slots + 16;
     st->q = malloc(sizeof *st->q * (size_t)st->q_cap);
-    if (!st->slots || !st->slot_hi || !st->slot_lo || !st->free_hi || !st->free_lo || !st->q) goto nomem;
+    if (!st->slots || !st->slot_hi || !st->slot_lo || !st->free_lo || !st->q) goto nomem;
     for (size_t g = 0; g < LE; g++) st->slot_hi[g] = st->slot_lo[g] = -1;
     const size_t scratch = hread > lread ? hread : lread;
-    for (int i = 0; i < st->n_slots; i++) {
+    for (int i = 0, c = 0, in_c = 0; i < st->n_slots; i++) {
         struct slot *s = &st->slots[i];
-        s->kind = i < H ? 1 : i < H + Lc ? 0 : 2;
-        s->cap = s->kind == 1 ? hread : s->kind == 0 ? lread : scratch;
+        s->kind = i < nh ? 1 : i < nh + Lc ? 0 : 2;
+        if (s->kind == 1) {
+            while (in_c >= (st->cls_n[c] < H ? st->cls_n[c] : H)) c++, in_c = 0;
+            s->cls = c, in_c++;
+        }
+        s->cap = s->kind == 1 ? st->cls_read[s->cls] : s->kind == 0 ? lread : scratch;
         s->g = s->pend_g = -1;
         if ((rc = moe_backend_buffer_alloc(be, s->cap, &s->buf))) goto fail;
         st->stats.slot_bytes += (int64_t)s->cap;
-        if (s->kind == 1) st->free_hi[st->n_free_hi++] = i;
-        else if (s->kind == 0) st->free_lo[st->n_free_lo++] = i;
+        if (s->kind == 0) st->free_lo[st->n_free_lo++] = i;
     }
-    for (int a = 0, b = st->n_free_hi - 1; a < b; a++, b--) { /* take slots in ascending order */
-        int32_t t = st->free_hi[a];
-        st->free_hi[a] = st->free_hi[b], st->free_hi[b] = t;
-    }
+    for (int i = nh - 1; i >= 0; i--) /* taken in ascending order */
+        st->free_c[st->slots[i].cls][st->n_free_c[st->slots[i].cls]++] = i;
     for (int a = 0, b = st->n_free_lo - 1; a < b; a++, b--) {
         int32_t t = st->free_lo[a];
         st->free_lo[a] = st->free_lo[b], st->free_lo[b] = t;
@@ -631,7 +1030,13 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     /* I/O */
     st->io = p->io;
     if ((rc = moe_bundle_check_file(st->bundle))) goto fail; /* changed since the model was loaded: say so by name */
-    if (st->io != MOE_IO_MMAP) {
+    if (st->io == MOE_IO_MMAP) { /* a file's mapping (not a bundle in memory, whose pages must stay)? */
+        int fd = -1;
+        if (moe_bundle_open_fd(st->bundle, &fd) == MOE_OK) {
+            close(fd);
+            st->drop_pages = 1;
+        }
+    } else {
         /* the very file that was mapped, opened without blocking (a FIFO or
          * another file put at the path since is refused) */
         const char *path = moe_bundle_path(st->bundle);
@@ -671,7 +1076,27 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
                 }
         }
     }
-    st->staging_size = 2 * scratch + 4096;
+    st->staging_size = staging_bytes(st, scratch);
+    if (st->io == MOE_IO_DIRECT) { /* each loader's AIO context: every chunk of a copy in flight */
+        if (!(st->lio = calloc((size_t)(p->n_loaders > 0 ? p->n_loaders : 1), sizeof *st->lio))) goto nomem;
+        for (int i = 0; i < (p->n_loaders > 0 ? p->n_loaders : 1); i++) {
+            struct loader_io *io = &st->lio[i];
+            io->max_chunks = (int)((scratch + CHUNK - 1) / CHUNK) + 1;
+            io->cbs = calloc((size_t)io->max_chunks, sizeof *io->cbs);
+            io->cbp = calloc((size_t)io->max_chunks, sizeof *io->cbp);
+            io->got = calloc((size_t)io->max_chunks, sizeof *io->got);
+            if (!io->cbs || !io->cbp || !io->got) goto nomem;
+#ifdef MOE_STORE_NO_AIO /* a build to measure the AIO path against: a chunk at a time */
+            errno = ENOSYS;
+            if (1) {
+#else
+            if (syscall(SYS_io_setup, (long)io->max_chunks, &io->ctx) != 0) {
+#endif
+                io->ctx = 0; /* no AIO here: a chunk at a time */
+                if (i == 0) MOE_LOGI("Linux AIO unavailable (%s): expert reads a chunk at a time", strerror(errno));
+            }
+        }
+    }
     st->n_threads = p->n_loaders > 0 ? p->n_loaders : 1;
     st->threads = calloc((size_t)st->n_threads, sizeof *st->threads);
     st->staging = calloc((size_t)st->n_threads, sizeof *st->staging);
@@ -706,6 +1131,14 @@ fail:
     return rc;
 }
 
+/* bookkeeping: the store's tables beyond slots and staging (per expert,
+ * per slot, the read queue, the step's plan of up to 4096 x k rows). */
+static int64_t bookkeeping(int n_experts, int n_slots, int k) {
+    const int64_t slots = (int64_t)n_slots + MOE_STORE_SCRATCH;
+    return (int64_t)n_experts * 17 + slots * (int64_t)sizeof(struct slot) + (4 * slots + 16) * (int64_t)sizeof(struct req) +
+           (int64_t)4096 * k * 13;
+}
+
 void moe_store_free(struct moe_store *st) {
     if (!st) return;
     pthread_mutex_lock(&st->mu);
@@ -716,6 +1149,13 @@ void moe_store_free(struct moe_store *st) {
     for (int i = 0; st->slots && i < st->n_slots; i++)
         if (st->slots[i].buf.data) moe_backend_buffer_free(st->be, &st->slots[i].buf);
     for (int i = 0; st->staging && i < st->n_threads; i++) free(st->staging[i]);
+    for (int i = 0; st->lio && i < (st->p.n_loaders > 0 ? st->p.n_loaders : 1); i++) {
+        if (st->lio[i].ctx) syscall(SYS_io_destroy, st->lio[i].ctx);
+        free(st->lio[i].cbs);
+        free(st->lio[i].cbp);
+        free(st->lio[i].got);
+    }
+    free(st->lio);
     if (st->fd >= 0) close(st->fd);
     moe_cache_free(st->cache);
     moe_path_table_free(st->paths);
@@ -727,7 +1167,7 @@ void moe_store_free(struct moe_store *st) {
     free(st->slots);
     free(st->slot_hi);
     free(st->slot_lo);
-    free(st->free_hi);
+    for (int c = 0; c < MOE_BUNDLE_MAX_PRECISIONS; c++) free(st->free_c[c]);
     free(st->free_lo);
     free(st->q);
     free(st->items);
@@ -741,21 +1181,22 @@ void moe_store_free(struct moe_store *st) {
     free(st->need);
     free(st->order);
     free(st->home);
+    free(st->lower);
     free(st->layer_of);
     free(st->moe_of);
     free(st);
 }
 
 int64_t moe_store_overhead_bytes(const struct moe_store *st) {
-    int64_t big = 0;
-    for (int i = st->scratch0; i < st->n_slots; i++) big = (int64_t)st->slots[i].cap > big ? (int64_t)st->slots[i].cap : big;
-    return moe_store_overhead_estimate(big, st->n_threads, st->L * st->E, st->n_slots - 2, st->K);
+    if (st->in_place) return 0;
+    int64_t scratch = 0;
+    for (int i = st->scratch0; i < st->n_slots; i++) scratch += (int64_t)st->slots[i].cap;
+    return scratch + (int64_t)st->n_threads * (int64_t)st->staging_size + bookkeeping(st->L * st->E, st->n_slots - 2, st->K);
 }
 
 int64_t moe_store_overhead_estimate(int64_t copy_bytes, int n_loaders, int n_experts, int n_slots, int k) {
-    const int64_t scratch = 2 * copy_bytes, staging = 2 * copy_bytes + 4096, slots = (int64_t)n_slots + 2;
-    return scratch + (int64_t)n_loaders * staging + (int64_t)n_experts * 16 + slots * (int64_t)sizeof(struct slot) +
-           (4 * slots + 16) * (int64_t)sizeof(struct req) + (int64_t)4096 * k * 13;
+    /* uncompressed blobs into host slots: staging holds a group of rows (at most MOE_STORE_GROUP_MAX) */
+    return 2 * copy_bytes + (int64_t)n_loaders * MOE_STORE_GROUP_MAX + bookkeeping(n_experts, n_slots, k);
 }
 
 void moe_store_capacities(int64_t mem, double low_share, int dynamic, int64_t high_bytes, int64_t low_bytes,
@@ -847,6 +1288,7 @@ static int scratch_slot(struct moe_store *st) {
 static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, int decode) {
     struct moe_store_item *it = &st->items[i];
     struct moe_cache_result r;
+    if (need == MOE_CACHE_NEED_LOW && !st->lower[g]) need = MOE_CACHE_NEED_HIGH; /* its home copy is the lowest */
     moe_cache_access(st->cache, g, (enum moe_cache_need)need, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
     st->stats.accesses++;
     st->item_slot[i] = -1;
@@ -862,7 +1304,7 @@ static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, in
         if (slot < 0) break;
         struct slot *s = &st->slots[slot];
         if (s->prefetch) st->stats.prefetch_used++, s->prefetch = 0;
-        if (s->state == S_EMPTY) enqueue(st, slot); /* a cancelled prefetch, or placed while busy */
+        if (s->state == S_EMPTY) enqueue(st, slot, 0); /* a cancelled prefetch, or placed while busy */
         break;
     }
     case MOE_CACHE_MISS_HIGH:
@@ -1027,6 +1469,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     for (int i = 0; i < st->scratch0; i++) {
         struct slot *s = &st->slots[i];
         if (s->prefetch && s->pf_layer == layer && s->users == 0 && s->state == S_QUEUED) {
+            st->stats.reads_cancelled++;
             s->state = S_EMPTY;
             s->prefetch = 0;
             st->stats.prefetch_cancelled++;
@@ -1068,7 +1511,7 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
         int si = scratch_slot(st);
         struct slot *s = &st->slots[si];
         assign(st, si, g, it->precision);
-        enqueue(st, si);
+        enqueue(st, si, 0);
         s->users++;
         st->item_slot[i] = si;
         st->item_gen[i] = s->gen;
@@ -1079,7 +1522,7 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
     double t0 = 0;
     int waited = 0;
     while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY)) {
-        if (s->state == S_EMPTY) enqueue(st, si);
+        if (s->state == S_EMPTY) enqueue(st, si, 0);
         if (!waited) t0 = moe_now_s(), waited = 1;
         pthread_cond_wait(&st->cv, &st->mu);
     }
@@ -1107,10 +1550,15 @@ void moe_store_release(struct moe_store *st, int i) {
         s->pend_g = -1;
         assign(st, si, g, s->pend_prec);
         if (s->pend_prefetch) {
-            enqueue(st, si);
+            enqueue(st, si, 1);
             s->prefetch = 1, s->pf_layer = s->pend_layer;
-            st->stats.prefetch_loads++;
         }
+    }
+    if (s->kind == 1 && s->users == 0 && s->g >= 0 && st->slot_hi[s->g] != si) { /* evicted while in use, into
+                                                                                 * another class's place: dropped */
+        resident_add(st, -s->bytes);
+        if (s->state == S_QUEUED) st->stats.reads_cancelled++;
+        s->bytes = 0, s->g = -1, s->gen++, s->state = S_EMPTY, s->prefetch = 0;
     }
     if (s->kind == 2 && s->users == 0) { /* scratch: the copy is dropped */
         resident_add(st, -s->bytes);
@@ -1134,8 +1582,8 @@ int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *expe
         /* with dynamic precision only the predictions that would need their
          * high copy are read ahead: a low-need one costs a high read that the
          * token would not make, and evicts a copy to hold it */
-        if (weights && needs[j] != MOE_CACHE_NEED_HIGH) continue;
         const int32_t g = layer * st->E + experts[j];
+        if (weights && needs[j] != MOE_CACHE_NEED_HIGH && !(needs[j] == MOE_CACHE_NEED_LOW && !st->lower[g])) continue;
         struct moe_cache_result r;
         if (!moe_cache_prefetch(st->cache, g, ahead, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
         place(st, 1, g, st->home[g], r.evicted, 1, layer);
@@ -1153,6 +1601,8 @@ void moe_store_count_tokens(struct moe_store *st, int n, int decode) {
 void moe_store_get_stats(const struct moe_store *st, struct moe_store_stats *out) {
     pthread_mutex_lock((pthread_mutex_t *)&st->mu);
     *out = st->stats;
+    out->reads_queued = 0;
+    for (int i = 0; !st->in_place && i < st->n_slots; i++) out->reads_queued += st->slots[i].state == S_QUEUED;
     pthread_mutex_unlock((pthread_mutex_t *)&st->mu);
 }
 
