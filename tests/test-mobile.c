@@ -278,6 +278,14 @@ static void cli(void) {
     CHECK(t == 11 && f >= 0 && f <= t && fabs(jnum(j, "big_little", "fallback_ratio") - f / t) < 1e-8 &&
               jnum(j, "big_little", "little_k") == K / 2 && jnum(j, "store", "loads") > 0,
           "stats JSON: %g of %g tokens fell back", f, t);
+    /* the store's read statistics (issue 31): every read counted once, times ordered */
+    const double loads = jnum(j, "store", "loads"), mean = jnum(j, "store", "read_s_mean"),
+                 mx = jnum(j, "store", "read_s_max");
+    CHECK(jnum(j, "store", "reads_cancelled") >= 0 && jnum(j, "store", "reads_queued") == 0 && mean > 0 && mx >= mean &&
+              jnum(j, "store", "read_bytes_per_s") > 0 && jnum(j, "store", "queue_depth_max") >= 1 &&
+              jnum(j, "store", "load_bytes") >= loads * 4096,
+          "stats JSON: %g reads, mean %g s, max %g s, queue depth %g", loads, mean, mx,
+          jnum(j, "store", "queue_depth_max"));
     cJSON_Delete(j);
     CHECK(moe_test_sh("'%s' -m '%s' %s --gamma 1.5 >/dev/null 2>&1", moe_run, bundle, run) == 2, "--gamma 1.5 refused");
     CHECK(moe_test_sh("'%s' -m '%s' %s --little-k %d >/dev/null 2>&1", moe_run, bundle, run, K) == 1,

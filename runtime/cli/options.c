@@ -340,6 +340,10 @@ cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
                                 : NAN},
         {"peak_resident_bytes", (double)s->peak_resident_bytes}, {"slot_bytes", (double)s->slot_bytes},
         {"host_runs", (double)s->host_runs},
+        {"reads_cancelled", (double)s->reads_cancelled}, {"reads_queued", (double)s->reads_queued},
+        {"read_s_mean", s->loads > 0 ? s->read_s / (double)s->loads : NAN}, {"read_s_max", s->read_s_max},
+        {"read_bytes_per_s", s->read_s > 0 ? (double)s->load_bytes / s->read_s : NAN},
+        {"queue_depth_max", (double)s->queue_depth_max},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
     return o;
