@@ -673,6 +673,16 @@ static void basic(void) {
         CHECK(metric(&s, "moe_batched_decode") == 0, "--sequential is not batched");
         CHECK(stop(&s) == 0, "exit status after SIGTERM");
     }
+    /* big-little decoding (MoBiLE) with several sequences (the session
+     * decides each row on its own): the answers are moe-run's with the same
+     * options, four at once */
+    if (start(&s, "--little-k 1 --gamma 0.5 --parallel 4 --ctx 256")) {
+        for (int i = 0; i < N_PROMPTS; i++) free(texts[i]), texts[i] = moe_run_text(k_prompts[i], N_GEN, "--little-k 1 --gamma 0.5");
+        concurrent(&s, texts);
+        const double bl = metric(&s, "moe_big_little_tokens_total"), fb = metric(&s, "moe_big_little_fallbacks_total");
+        CHECK(bl > 0 && fb > 0 && fb < bl, "big-little decided %g tokens, %g fell back", bl, fb);
+        CHECK(stop(&s) == 0, "exit status after SIGTERM");
+    }
     for (int i = 0; i < N_PROMPTS; i++) free(texts[i]);
     if (!start(&s, "--ctx 64 --max-body 4096")) return;
     bad_requests(&s);

@@ -78,6 +78,7 @@ struct moe_sched_stats {
     int batched;                        /* 1: one session, batched decode; 0: one session per sequence */
     int have_store;                     /* an expert budget: store holds the counts summed over sessions */
     struct moe_store_stats store;
+    struct moe_big_little_stats big_little; /* summed over sessions (all 0 when it is off) */
 };
 
 struct moe_sched;

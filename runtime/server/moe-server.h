@@ -5,12 +5,15 @@
  *   POST /v1/chat/completions   messages rendered with the chat template
  *   POST /v1/completions        a raw prompt
  *        both: max_tokens, temperature, top_p, seed, stop, stream (SSE:
- *        "data: {chunk}" events, then "data: [DONE]")
+ *        "data: {chunk}" events, then "data: [DONE]"), and ignore_eos (as
+ *        llama.cpp's server and vLLM: end-of-sequence tokens do not stop)
  *   GET  /v1/models             the one model, under its name
  *   GET  /health                {"status":"ok"} (no API key needed)
  *   GET  /metrics               Prometheus text: requests, tokens, tokens/s,
  *                               queue depth, active sequences, expert hit
- *                               ratio, bytes read and stall per token, RSS
+ *                               ratio (and the counts it comes from), bytes
+ *                               read and stall per token, big-little's
+ *                               tokens and fallbacks, RSS
  *
  * (the same paths without "/v1" are accepted too). Bad requests get OpenAI's
  * error object ({"error":{"message","type","param","code"}}): 400 for

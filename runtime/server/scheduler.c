@@ -142,6 +142,16 @@ static int eng_store_stats(const struct engine *e, struct moe_store_stats *sum) 
     return have;
 }
 
+/* eng_big_little_stats: big-little's counts summed over the sessions. */
+static void eng_big_little_stats(const struct engine *e, struct moe_big_little_stats *sum) {
+    memset(sum, 0, sizeof *sum);
+    for (int i = 0; i < e->n_sess; i++) {
+        struct moe_big_little_stats x;
+        moe_session_big_little_stats(e->sess[i], &x);
+        sum->tokens += x.tokens, sum->fallbacks += x.fallbacks, sum->little_s += x.little_s, sum->big_s += x.big_s;
+    }
+}
+
 /* ---- requests ---------------------------------------------------------- */
 
 static void req_free(struct moe_sched_req *r) {
@@ -379,10 +389,13 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < n_new; i++) prefill(s, fresh[i]);
         step(s);
         struct moe_store_stats ss;
+        struct moe_big_little_stats bl;
         const int have = eng_store_stats(&s->eng, &ss);
+        eng_big_little_stats(&s->eng, &bl);
         pthread_mutex_lock(&s->mu);
         s->st.have_store = have;
         if (have) s->st.store = ss;
+        s->st.big_little = bl;
     }
     free(fresh);
     /* shutting down: everything queued or running ends */

@@ -551,6 +551,10 @@ static enum MHD_Result metrics(struct moe_server *srv, struct MHD_Connection *c)
            s.have_store);
     metric(&b, "moe_expert_hit_ratio", "gauge", "Expert uses served from memory (1 when every expert is resident).",
            !s.have_store ? 1.0 : served > 0 ? (double)(x->hits_high + x->hits_low) / served : NAN);
+    metric(&b, "moe_expert_uses_total", "counter", "Expert uses by tokens (prompt and decode), skipped ones excluded.",
+           s.have_store ? served : 0.0);
+    metric(&b, "moe_expert_hits_total", "counter", "Of which served from memory.",
+           s.have_store ? (double)(x->hits_high + x->hits_low) : 0.0);
     metric(&b, "moe_expert_loads_total", "counter", "Expert copies read from storage.", (double)x->loads);
     metric(&b, "moe_expert_bytes_read_total", "counter", "Bytes of experts read from storage.", (double)x->load_bytes);
     metric(&b, "moe_expert_bytes_read_per_token", "gauge", "Expert bytes read per token run.",
@@ -558,6 +562,10 @@ static enum MHD_Result metrics(struct moe_server *srv, struct MHD_Connection *c)
     metric(&b, "moe_expert_stall_seconds_total", "counter", "Time the engine waited for expert reads.", x->stall_s);
     metric(&b, "moe_expert_stall_seconds_per_token", "gauge", "Stall per token run.",
            !s.have_store ? 0.0 : x->stall_s / tok);
+    metric(&b, "moe_big_little_tokens_total", "counter",
+           "Tokens big-little decoding decided (--little-k; 0 when it is off).", (double)s.big_little.tokens);
+    metric(&b, "moe_big_little_fallbacks_total", "counter", "Of which the big model ran again (below --gamma).",
+           (double)s.big_little.fallbacks);
     metric(&b, "process_resident_memory_bytes", "gauge", "Resident memory of the server.", rss_bytes());
     metric(&b, "moe_uptime_seconds", "counter", "Seconds since the server started.", moe_now_s() - srv->t_start);
     const enum MHD_Result ok = reply(srv, c, 200, "text/plain; version=0.0.4", b.data ? b.data : "");
