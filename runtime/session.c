@@ -241,6 +241,54 @@ static void route(const struct moe_session *s, int l, int K, const float *logits
     for (int t = 0; t < n; t++) moe_route(s->m, l, K, logits + (size_t)t * E, sel + (size_t)t * K, w + (size_t)t * K);
 }
 
+/* ---- cache-aware routing ------------------------------------------------ */
+
+struct route_ctx {
+    const struct moe_store *st;
+    int layer;
+};
+
+static int route_served(int e, int rank, void *user) {
+    const struct route_ctx *r = user;
+    return moe_store_serves(r->st, r->layer, e, rank == 0);
+}
+
+/* cache_route: a decode step's top-K of layer l (sel/w from route()) with
+ * cache-aware routing: each chosen expert that no cached copy serves is
+ * replaced by the most probable cached expert not chosen, if its router
+ * probability is within the store's margin (moe_cache_route_pick); the
+ * weights are then the router's for the new set (softmax top-k:
+ * renormalised when the model does, x routed_scale), largest first. Only
+ * the softmax top-k router (Mixtral, Qwen-MoE, OLMoE); a no-op otherwise. */
+static void cache_route(struct moe_session *s, int l, int K, const float *logits, int32_t *sel, float *w) {
+    const struct moe_config *c = &s->m->cfg;
+    const double margin = moe_store_route_margin(s->store);
+    if (!(margin > 0) || c->router != MOE_ROUTER_SOFTMAX_TOPK) return;
+    const int E = c->n_expert;
+    float probs[E], mx = -INFINITY, sum = 0;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, logits[e]);
+    for (int e = 0; e < E; e++) sum += (probs[e] = expf(logits[e] - mx));
+    for (int e = 0; e < E; e++) probs[e] /= sum;
+    struct route_ctx rc = {s->store, l};
+    double mass = 0;
+    const int n = moe_cache_route_pick(probs, E, sel, K, margin, route_served, &rc, &mass);
+    if (!n) return;
+    moe_store_count_route(s->store, n, mass);
+    float ws = 0;
+    for (int k = 0; k < K; k++) ws += (w[k] = probs[sel[k]]);
+    for (int k = 0; k < K; k++) {
+        if (c->norm_topk_prob) w[k] /= ws;
+        w[k] *= c->routed_scale;
+    }
+    for (int i = 1; i < K; i++) /* by weight, largest first (stable) */
+        for (int j = i; j > 0 && w[j] > w[j - 1]; j--) {
+            const float tw = w[j];
+            const int32_t te = sel[j];
+            w[j] = w[j - 1], sel[j] = sel[j - 1];
+            w[j - 1] = tw, sel[j - 1] = te;
+        }
+}
+
 /* ---- session ---------------------------------------------------------- */
 
 
@@ -339,6 +387,9 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
             memcpy(s->tr_weights + (t0 + t) * row + ml * Kmax, s->sel_w + (size_t)t * K, sizeof(float) * (size_t)K);
         }
     }
+    /* cache-aware routing changes what runs, after the observers and the
+     * trace have seen the router's own choice (what fit-cache fits on) */
+    if (n_tok == 1) cache_route(s, l, K, s->router_logits, s->sel, s->sel_w);
     struct moe_store_plan *plan;
     if ((st = moe_store_plan(s->store, l, pos0, n_tok, s->sel, s->sel_w, K, &plan))) return st;
     if (n_tok == 1 && s->p.store && s->p.store->prefetch_layers > 0) { /* HOBBIT's stacked gating */
@@ -517,7 +568,10 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
     s->history = s->hist_all;
     for (int l = 0; l < c->n_layer; l++) s->moe_of[l] = c->layer_moe[l] ? s->n_moe++ : -1;
     { /* with a budget the store reads copies into it; without one it works in place */
-        if ((st = s->p.store ? moe_store_new(model, s->be, s->p.store, (int)K, &s->store)
+        struct moe_store_params sp = s->p.store ? *s->p.store : moe_store_default_params();
+        if (sp.prefetch_slots < 0 && s->p.little_k > 0 && s->p.bl_prefetch_layers > 0)
+            sp.prefetch_slots = 1; /* big-little's hints need a prefetch slot */
+        if ((st = s->p.store ? moe_store_new(model, s->be, &sp, (int)K, &s->store)
                              : moe_store_new_in_place(model, s->be, (int)K, (int)B, &s->store))) {
             session_free_parts(s);
             free(s);

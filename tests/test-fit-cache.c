@@ -5,8 +5,9 @@
  *   - --cache-experts 8,4 --json --csv: exit 0; the JSON names every policy
  *     at each of the 3 sizes (8, 16 and 24 of 32 experts), picks q8_0 / q2_k
  *     with low_cost their size ratio, takes T1/T2 from the profile, and
- *     reports on held-out sequences; every gap to Belady is >= 0 here; the
- *     CSV has a row per policy and size;
+ *     reports on held-out sequences; each size has the offline optimum
+ *     (a lower bound no policy is below: every gap to it >= 0, and a best
+ *     schedule at or above it); the CSV has a row per policy and size;
  *   - the fit is no worse than HOBBIT's corners (LRU, LFU-seq, LHU) on the
  *     fit part;
  *   - the bundle's tuning section holds hobbit.cache.* (the JSON's five
@@ -15,7 +16,9 @@
  *   - the profile gained the cache.* arrays with their shapes (penalty
  *     finite, Belady's lowest, every policy better with a larger cache) and
  *     kept its trace; `profile report` shows the section;
- *   - --fast-mem splits the budget by --low-share with the real blob sizes;
+ *   - --fast-mem splits the budget by --low-share with the real blob sizes
+ *     (with --opt-iters 0: the closed-form bound only); with --prefetch the
+ *     policies that do not prefetch stay above the bound;
  *     --paper-hobbit fits the paper's four weights without admission;
  *     --no-tuning and --no-profile-update leave both files as they were;
  *   - usage errors exit 2 naming the option, a missing profile or one of
@@ -165,7 +168,7 @@ static void test_main_run(void) {
               "model shape");
         CHECK(num(get(js, "fitted_size"), "high_experts") == 8 && num(get(js, "fitted_size"), "low_experts") == 4,
               "fitted size 8 + 4");
-        int n_fitted = 0, n_belady = 1, hs[3] = {0, 0, 0}, n_gap = 0, neg = 0;
+        int n_fitted = 0, n_belady = 1, hs[3] = {0, 0, 0}, n_gap = 0, neg = 0, bad_opt = 0;
         const cJSON *z;
         CHECK(cJSON_GetArraySize(sizes) == 3, "three sizes (%d)", cJSON_GetArraySize(sizes));
         cJSON_ArrayForEach(z, sizes) {
@@ -173,10 +176,14 @@ static void test_main_run(void) {
             if (i < 3) hs[i] = (int)num(z, "high_experts");
             n_fitted += cJSON_IsTrue(get(z, "fitted"));
             n_belady += policy_entry(get(z, "results"), "belady") != NULL;
-            const cJSON *e;
+            const cJSON *e, *o = get(z, "offline_optimum");
+            const double lb = num(o, "lower_bound_per_token"), ub = num(o, "best_schedule_per_token");
+            bad_opt += !(lb > 0 && ub >= lb && cJSON_IsBool(get(o, "exact")) && num(o, "requests") > 0 &&
+                         num(o, "closed_form") <= num(o, "lower_bound") + 1e-9);
             cJSON_ArrayForEach(e, get(z, "results")) {
                 n_gap++;
-                neg += !(num(e, "gap_to_belady_pct") >= 0);
+                neg += !(num(e, "gap_to_bound_pct") >= -1e-9) || !(num(e, "penalty_per_token") >= lb - 1e-12) ||
+                       !isfinite(num(e, "gap_to_belady_pct"));
             }
         }
         CHECK(hs[0] == 8 && hs[1] == 16 && hs[2] == 24, "sizes 8, 16, 24 (%d %d %d)", hs[0], hs[1], hs[2]);
@@ -206,13 +213,16 @@ static void test_main_run(void) {
         CHECK(num(h, "tokens") > 0 && num(h, "accesses") >= num(h, "tokens") &&
                   fabs(num(h, "penalty_per_token") - num(h, "penalty") / num(h, "tokens")) < 1e-9,
               "per-token values agree with the counts");
-        CHECK(n_gap == 27 && neg == 0, "27 gaps to Belady, none negative (%d, %d)", n_gap, neg);
+        CHECK(n_gap == 27 && neg == 0, "27 gaps to the offline optimum's bound, none negative (%d, %d)", n_gap, neg);
+        CHECK(bad_opt == 0, "each size's offline optimum: a positive bound, a schedule at or above it (%d bad)", bad_opt);
         CHECK(num(js, "tuning_keys") > 6 && cJSON_IsTrue(get(js, "profile_updated")), "outputs written");
     }
     cJSON_Delete(js);
     CHECK(err && strstr(err, "fitting HOBBIT"), "progress on stderr");
     char *csv = slurp(path("t.csv"), NULL);
-    CHECK(csv && count(csv, "\n") == 1 + 27 && strncmp(csv, "high_experts,low_experts,", 25) == 0, "CSV rows");
+    CHECK(csv && count(csv, "\n") == 1 + 27 && strncmp(csv, "high_experts,low_experts,", 25) == 0 &&
+              strstr(csv, ",prefetch_hits,gap_to_bound_pct,bound_per_token,bound_exact\n"),
+          "CSV rows, the bound's columns last");
     free(err), free(csv);
 
     /* the tuning section */
@@ -304,7 +314,7 @@ static void test_fast_mem(void) {
     const int want_h = (int)floor(0.75 * budget / hb), want_l = (int)floor(0.25 * budget / lb);
     sh("cp %s %s && cp %s %s", path("m.moeb"), path("m0.moeb"), path("p.h5"), path("p0.h5"));
     int rc = sh("%s fit-cache %s --profile %s --fast-mem 3MiB --no-tuning --no-profile-update --json --heldout 0.5 "
-                "--sizes 4,12 >%s 2>/dev/null",
+                "--sizes 4,12 --opt-iters 0 >%s 2>/dev/null",
                 moe_prep, path("m.moeb"), path("p.h5"), path("fm.json"));
     CHECK(rc == 0, "--fast-mem exits 0 (%d)", rc);
     cJSON *js = load_json(path("fm.json"));
@@ -316,6 +326,10 @@ static void test_fast_mem(void) {
         CHECK(num(js, "fast_mem_bytes") == budget && num(js, "low_share") == 0.25, "the budget echoed");
         CHECK(cJSON_GetArraySize(get(js, "sizes")) == 3, "sizes 4, 12 and the fitted one");
         CHECK(num(js, "tuning_keys") == 0 && cJSON_IsFalse(get(js, "profile_updated")), "nothing written");
+        const cJSON *o = get(cJSON_GetArrayItem(get(js, "sizes"), 0), "offline_optimum");
+        CHECK(num(o, "iterations") == 0 && num(o, "lower_bound") >= num(o, "closed_form") - 1e-9 &&
+                  num(o, "lagrangian") == 0,
+              "--opt-iters 0: the closed-form bound only");
     }
     CHECK(js != NULL, "--fast-mem JSON parses");
     cJSON_Delete(js);
@@ -323,7 +337,7 @@ static void test_fast_mem(void) {
           "--no-tuning and --no-profile-update leave the files alone");
     /* prefetch from the fit part's path dictionary, a prompt batch, weights per size */
     rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --prefetch 2 --path-order 1 --prompt-len 16 "
-            "--fit-per-size --sizes 12 --no-tuning --no-profile-update --json >%s 2>/dev/null",
+            "--fit-per-size --sizes 12 --no-tuning --no-profile-update --opt-iters 200 --json >%s 2>/dev/null",
             moe_prep, path("m.moeb"), path("p.h5"), path("pf.json"));
     CHECK(rc == 0, "--prefetch exits 0 (%d)", rc);
     js = load_json(path("pf.json"));
@@ -331,13 +345,18 @@ static void test_fast_mem(void) {
     const cJSON *h = policy_entry(get(z0, "results"), "hobbit"), *bl = policy_entry(get(z0, "results"), "belady");
     CHECK(num(h, "prefetch_loads") > 0 && num(h, "prefetch_hits") > 0, "hobbit prefetches");
     CHECK(bl && num(bl, "prefetch_loads") == 0, "Belady does not");
+    const cJSON *tw = policy_entry(get(z0, "results"), "twiddler");
+    CHECK(num(bl, "gap_to_bound_pct") >= -1e-9 && num(tw, "gap_to_bound_pct") >= -1e-9 &&
+              num(get(z0, "offline_optimum"), "iterations") <= 200,
+          "the policies that do not prefetch are above the bound (%g, %g %%)", num(bl, "gap_to_bound_pct"),
+          num(tw, "gap_to_bound_pct"));
     CHECK(num(js, "prompt_len") == 16 && num(js, "prefetch") == 2 && num(js, "path_order") == 1 &&
               cJSON_GetArraySize(get(js, "sizes")) == 2 && get(cJSON_GetArrayItem(get(js, "sizes"), 1), "weights"),
           "settings and weights per size");
     cJSON_Delete(js);
     /* the paper's HOBBIT: no popularity term, no admission control */
     rc = sh("%s fit-cache %s --profile %s --cache-experts 8,4 --paper-hobbit --sizes 12 --no-tuning "
-            "--no-profile-update --json >%s 2>/dev/null",
+            "--no-profile-update --opt-iters 200 --json >%s 2>/dev/null",
             moe_prep, path("m.moeb"), path("p.h5"), path("pp.json"));
     js = load_json(path("pp.json"));
     int n_pop0 = 0, n_noadmit = 0;

@@ -34,6 +34,7 @@
 #include "moe-options.h"
 #include "moe-session.h"
 #include "moe-test.h"
+#include "moe-tuning.h"
 
 static const char *prep, *moe_run, *inflate, *model_dir, *work;
 
@@ -183,6 +184,32 @@ static void prefetching(const char *bundle, const char *text) {
         memset(&st, 0, sizeof st);
         CHECK(run(bundle, &sp, got, 0, &st, NULL, NULL, NULL), "%s prefetch run", mode ? "path" : "stacked-gate");
         CHECK(!memcmp(ref, got, n * sizeof *ref), "%s prefetch changed the logits", mode ? "path" : "stacked-gate");
+        /* a prefetch never evicts a cached copy: the policy decides exactly as
+         * in the same store (same prefetch slot) without prefetching, and
+         * every prefetched copy used is a demand read saved */
+        struct moe_store_params sp0 = sp;
+        sp0.prefetch_layers = sp0.prefetch_paths = 0, sp0.prefetch_slots = 1;
+        struct moe_store_stats s0;
+        memset(&s0, 0, sizeof s0);
+        CHECK(run(bundle, &sp0, got, 0, &s0, NULL, NULL, NULL), "run without prefetch");
+        CHECK(s0.hits_high == st.hits_high && s0.misses_high == st.misses_high && s0.accesses == st.accesses &&
+                  s0.prefetch_loads == 0,
+              "%s prefetch changed the policy's decisions: hits %lld / %lld, misses %lld / %lld",
+              mode ? "path" : "stacked-gate", (long long)st.hits_high, (long long)s0.hits_high,
+              (long long)st.misses_high, (long long)s0.misses_high);
+        /* reads asked for (started + cancelled + queued: what the policy asked, whatever the timing) */
+        const long long asked = st.loads + st.reads_cancelled + st.reads_queued,
+                        asked0 = s0.loads + s0.reads_cancelled + s0.reads_queued;
+        CHECK(asked == asked0 - st.prefetch_used + st.prefetch_loads + st.prefetch_cancelled,
+              "%s prefetch: %lld reads asked = %lld without - %lld used + %lld prefetched + %lld cancelled",
+              mode ? "path" : "stacked-gate", asked, asked0, (long long)st.prefetch_used, (long long)st.prefetch_loads,
+              (long long)st.prefetch_cancelled);
+        /* mispredictions are dropped (their slot reused), never kept */
+        CHECK(st.prefetch_dropped + st.prefetch_used <= st.prefetch_loads &&
+                  (mode == 1 || st.prefetch_dropped + st.prefetch_cancelled > 0),
+              "%s prefetch: %lld dropped, %lld used, %lld loads, %lld cancelled", mode ? "path" : "stacked-gate",
+              (long long)st.prefetch_dropped, (long long)st.prefetch_used, (long long)st.prefetch_loads,
+              (long long)st.prefetch_cancelled);
         CHECK(st.prefetch_loads > 0 && st.prefetch_used > 0 && st.prefetch_used <= st.prefetch_loads,
               "%s prefetch: %lld loads, %lld used", mode ? "path" : "stacked-gate", (long long)st.prefetch_loads,
               (long long)st.prefetch_used);
@@ -192,6 +219,86 @@ static void prefetching(const char *bundle, const char *text) {
               "%s prefetch: %lld reads, %lld cancelled (%lld prefetches), depth %d, %.4f s reading",
               mode ? "path" : "stacked-gate", (long long)st.loads, (long long)st.reads_cancelled,
               (long long)st.prefetch_cancelled, st.queue_depth_max, st.read_s);
+    }
+    free(ref);
+    free(got);
+}
+
+/* served_set: the fake cache of route_pick (served[e]). */
+static int served_set(int e, int rank, void *user) {
+    (void)rank;
+    return ((const int *)user)[e];
+}
+
+/* cache_route: the substitution rule (never the top-1, only within the
+ * margin, the most probable cached expert), the option off by default and
+ * at 0, counted when on, and the tuning key read back. */
+static void cache_route(const char *bundle) {
+    const float probs[6] = {0.40f, 0.21f, 0.20f, 0.15f, 0.03f, 0.01f};
+    int served[6] = {0, 0, 0, 1, 1, 0};
+    int32_t sel[2] = {0, 1};
+    double mass = -1;
+    CHECK(moe_cache_route_pick(probs, 6, sel, 2, 0.05, served_set, served, &mass) == 0 && sel[0] == 0 && sel[1] == 1 &&
+              mass == 0,
+          "a margin of 0.05 does not reach 0.21 -> 0.15 (%d %d)", sel[0], sel[1]);
+    CHECK(moe_cache_route_pick(probs, 6, sel, 2, 0.07, served_set, served, &mass) == 1 && sel[0] == 0 && sel[1] == 3 &&
+              fabs(mass - 0.06) < 1e-6,
+          "0.07 replaces rank 1 by the most probable cached expert (%d %d, mass %g)", sel[0], sel[1], mass);
+    sel[0] = 0, sel[1] = 1;
+    CHECK(moe_cache_route_pick(probs, 6, sel, 2, 0, served_set, served, NULL) == 0 && sel[1] == 1, "margin 0 is off");
+    served[1] = 1, sel[0] = 0, sel[1] = 1;
+    CHECK(moe_cache_route_pick(probs, 6, sel, 2, 1, served_set, served, NULL) == 0 && sel[0] == 0 && sel[1] == 1,
+          "the top-1 is never replaced, a served choice stays (%d %d)", sel[0], sel[1]);
+
+    struct moe_model *m = NULL;
+    CHECK(moe_model_load(bundle, NULL, &m) == MOE_OK, "load");
+    if (!m) return;
+    const size_t n = 2 * (NP + ND) * (size_t)m->cfg.n_vocab;
+    moe_model_free(m);
+    float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
+    CHECK(ref && got && run(bundle, NULL, ref, 0, NULL, NULL, NULL, NULL), "reference run");
+    for (int on = 0; ref && got && on < 3; on++) { /* default (no tuning key), 0, 0.5 */
+        struct moe_store_params sp = moe_store_default_params();
+        sp.dynamic = 0, sp.high_cap = 12, sp.low_cap = 0, sp.policy = MOE_CACHE_LRU;
+        if (on) sp.route_margin = on == 1 ? 0 : 0.5;
+        struct moe_store_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK(run(bundle, &sp, got, 0, &st, NULL, NULL, NULL), "route run %d", on);
+        if (on < 2)
+            CHECK(!memcmp(ref, got, n * sizeof *ref) && st.route_substituted == 0 && st.route_margin == 0,
+                  "cache-aware routing %s: nothing replaced, logits unchanged", on ? "at 0" : "by default");
+        else
+            CHECK(st.route_substituted > 0 && st.route_margin == 0.5 && st.route_mass_moved > 0 &&
+                      st.route_mass_moved <= 0.5 * (double)st.route_substituted,
+                  "cache-aware routing at 0.5: %lld replaced, mass %g", (long long)st.route_substituted,
+                  st.route_mass_moved);
+    }
+    /* the tuning key: written, read back, used by default, overridden by the option */
+    struct moe_bundle_kv *kv = NULL;
+    struct moe_bundle *b = NULL;
+    struct moe_tuning t;
+    CHECK(moe_bundle_kv_new(&kv) == MOE_OK && moe_tuning_set_cache_route(kv, 1.5, NAN) == MOE_ERR_INVALID &&
+              moe_tuning_set_cache_route(kv, 0.25, 0.001) == MOE_OK && moe_tuning_read(kv, 4, 8, &t) == MOE_OK &&
+              t.has_route_margin && t.route_margin == 0.25 && t.route_target == 0.001,
+          "cache_route.margin round-trips through the tuning");
+    moe_bundle_kv_free(kv);
+    kv = NULL;
+    CHECK(moe_bundle_open(bundle, &b) == MOE_OK && moe_bundle_kv_new(&kv) == MOE_OK &&
+              moe_bundle_kv_copy(kv, moe_bundle_tuning(b)) == MOE_OK && moe_tuning_set_cache_route(kv, 0.25, NAN) == MOE_OK,
+          "tuning with a margin");
+    moe_bundle_free(b);
+    CHECK(kv && moe_bundle_replace_tuning(bundle, kv) == MOE_OK, "write the margin into the bundle");
+    moe_bundle_kv_free(kv);
+    for (int opt = 0; ref && got && opt < 2; opt++) {
+        struct moe_store_params sp = moe_store_default_params();
+        sp.dynamic = 0, sp.high_cap = 12, sp.low_cap = 0, sp.policy = MOE_CACHE_LRU;
+        if (opt) sp.route_margin = 0;
+        struct moe_store_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK(run(bundle, &sp, got, 0, &st, NULL, NULL, NULL) && st.route_margin == (opt ? 0 : 0.25) &&
+                  (opt ? st.route_substituted == 0 : st.route_substituted > 0),
+              "the bundle's margin %s (margin %g, %lld replaced)", opt ? "overridden by --route-margin 0" : "used",
+              st.route_margin, (long long)st.route_substituted);
     }
     free(ref);
     free(got);
@@ -510,6 +617,7 @@ int main(int argc, char **argv) {
     if (stat(text, &sb) != 0) snprintf(text, sizeof text, "%s", MOE_FIXTURES "/demo/calibration.txt");
     prefetching(bundle, text);
     through_eval(bundle, text);
+    cache_route(bundle); /* last: it writes a margin into the bundle's tuning */
     peak_memory();
     printf("test-store: %d checks, %s\n", checks, fails ? "FAILED" : "ok");
     if (!fails) moe_test_sh("rm -rf '%s'", work);

@@ -44,13 +44,19 @@ static const struct moe_opt k_store_opts[] = {
     {"t2", 0, MOE_OPT_REQUIRED, "Y", "threshold T2 (default: the bundle's hobbit.t2)"},
     {"low-share", 0, MOE_OPT_REQUIRED, "X", "share of --expert-mem for low copies (default 0.25)"},
     {"prefetch", 0, MOE_OPT_REQUIRED, "on|off",
-     "stacked gating 1 layer ahead + path dictionary, 2 experts\n(default off: on small caches it evicts more than it saves)"},
+     "stacked gating 1 layer ahead + path dictionary, 2 experts,\ninto prefetch slots (default off: not faster where measured)"},
     {"prefetch-layers", 0, MOE_OPT_REQUIRED, "P", "stacked gating up to P layers ahead (default 0)"},
     {"prefetch-paths", 0, MOE_OPT_REQUIRED, "M",
      "EdgeMoE: preload the M most probable experts of the next\nlayer from the path dictionary in the tuning (default 0)"},
     {"path-order", 0, MOE_OPT_REQUIRED, "N", "path dictionary keyed on 1 or 2 previous layers (default 1)"},
     {"warm", 0, MOE_OPT_REQUIRED, "on|off", "start with the most popular experts loaded (default on)"},
     {"loaders", 0, MOE_OPT_REQUIRED, "N", "I/O threads (default 2)"},
+    {"prefetch-slots", 0, MOE_OPT_REQUIRED, "N",
+     "slots for prefetched copies, out of --expert-mem (default 1\nwhen a prefetcher or big-little is on): a prefetch never\n"
+     "evicts a cached copy"},
+    {"route-margin", 0, MOE_OPT_REQUIRED, "X",
+     "cache-aware routing (decode): an expert with no cached copy is\nreplaced by the most probable cached one whose router\n"
+     "probability is at most X lower (0 = off; default: the\nbundle's fitted cache_route.margin, else off)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -166,6 +172,10 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         ok = opt_onoff(v, 0, &p->warm);
     } else if (!strcmp(o, "loaders")) {
         ok = opt_int(v, 1, 64, &p->n_loaders);
+    } else if (!strcmp(o, "prefetch-slots")) {
+        ok = opt_int(v, 0, 64, &p->prefetch_slots);
+    } else if (!strcmp(o, "route-margin")) {
+        ok = opt_double(v, 0, 1, &p->route_margin);
     } else {
         snprintf(err, err_size, "unknown option --%s", o);
         return MOE_ERR_NOT_FOUND;
@@ -344,6 +354,9 @@ cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
         {"read_s_mean", s->loads > 0 ? s->read_s / (double)s->loads : NAN}, {"read_s_max", s->read_s_max},
         {"read_bytes_per_s", s->read_s > 0 ? (double)s->load_bytes / s->read_s : NAN},
         {"queue_depth_max", (double)s->queue_depth_max},
+        {"route_margin", s->route_margin}, {"route_substituted", (double)s->route_substituted},
+        {"route_substituted_share", s->accesses > 0 ? (double)s->route_substituted / (double)s->accesses : NAN},
+        {"route_mass_moved", s->route_mass_moved}, {"prefetch_dropped", (double)s->prefetch_dropped},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
     return o;

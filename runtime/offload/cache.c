@@ -538,3 +538,28 @@ int moe_cache_count(const struct moe_cache *s, int high) {
     if (s->p == MOE_CACHE_STATIC) return s->n_in[high ? 1 : 0];
     return high ? s->hi.n : s->lo.n;
 }
+
+int moe_cache_route_pick(const float *probs, int E, int32_t *sel, int k, double margin,
+                         int (*served)(int expert, int rank, void *user), void *user, double *mass) {
+    int n = 0;
+    double moved = 0;
+    if (!(margin > 0)) goto out;
+    for (int j = 1; j < k; j++) { /* never the top-1: replacing it costs the most quality */
+        const int32_t e = sel[j];
+        if (e < 0 || e >= E || served(e, j, user)) continue;
+        int best = -1;
+        for (int o = 0; o < E; o++) {
+            int taken = 0;
+            for (int q = 0; q < k; q++) taken |= sel[q] == o;
+            if (taken || (best >= 0 && !(probs[o] > probs[best])) || !served(o, j, user)) continue;
+            best = o;
+        }
+        if (best < 0 || !((double)probs[e] - (double)probs[best] <= margin)) continue;
+        moved += (double)probs[e] - (double)probs[best];
+        sel[j] = best;
+        n++;
+    }
+out:
+    if (mass) *mass = moved;
+    return n;
+}

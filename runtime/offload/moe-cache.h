@@ -177,6 +177,18 @@ int moe_cache_contains(const struct moe_cache *c, int32_t g, int high);
 /* moe_cache_count: copies cached in the high (high != 0) or low cache. */
 int moe_cache_count(const struct moe_cache *c, int high);
 
+/* moe_cache_route_pick: cache-aware routing of one token's top-k (the
+ * rule the session applies and fit-cache's simulator replays): probs[E]
+ * the router's probabilities, sel[k] its choice in rank order; served(e,
+ * rank, user) says whether expert e has a cached copy for a use at that rank
+ * (rank 0 needs the high copy). For each rank in order whose expert is not
+ * served, the served expert outside sel with the largest probability
+ * replaces it if probs[chosen] - probs[it] <= margin. Returns the number of
+ * replacements; *mass (may be NULL) gets the probability given up. sel is
+ * changed in place (not re-sorted; the caller recomputes the weights). */
+int moe_cache_route_pick(const float *probs, int E, int32_t *sel, int k, double margin,
+                         int (*served)(int expert, int rank, void *user), void *user, double *mass);
+
 #ifdef __cplusplus
 }
 #endif

@@ -88,6 +88,17 @@ struct moe_store_params {
                              * as moe_model_repack does for resident weights, in place and in
                              * the same pass as the checksum (about 1 ms per 6.7 MB copy);
                              * 0 (default): the stored rows as read */
+    int prefetch_slots;     /* slots of the largest high copy kept for prefetched copies,
+                             * taken out of expert_mem (in addition with high_cap/low_cap):
+                             * a prefetch never evicts a cached copy. -1 (default) = 1 when a
+                             * prefetcher is on (prefetch_layers, prefetch_paths, or the
+                             * session's big-little hints), else 0 */
+    double route_margin;    /* cache-aware routing (decode steps): when a token's chosen expert
+                             * has no cached copy that serves it and an expert the router did
+                             * not choose has one, with a router probability at most this much
+                             * lower (absolute, in [0, 1]), the cached one is used instead.
+                             * 0 = off; NaN (default) = the bundle's tuning cache_route.margin
+                             * (moe-prep fit-cache --fit-route), else off */
 };
 
 struct moe_store_params moe_store_default_params(void);
@@ -128,6 +139,12 @@ struct moe_store_stats {
                                      * copy evicted or the prefetch mispredicted; not in loads) */
     int64_t reads_queued;           /* reads queued and not started when the stats were taken;
                                      * loads + reads_cancelled + reads_queued = reads asked for */
+    double route_margin;            /* cache-aware routing's margin in use (0: off) */
+    int64_t route_substituted;      /* uses whose expert cache-aware routing replaced by a cached one */
+    double route_mass_moved;        /* sum over those of the router probability given up
+                                     * (p(chosen) - p(substitute)) */
+    int64_t prefetch_dropped;       /* prefetched copies dropped unused (a misprediction, or their
+                                     * slot taken by a newer prefetch) */
 };
 
 struct moe_store;
@@ -215,6 +232,21 @@ void moe_store_release(struct moe_store *st, int i);
  * steps only. */
 int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
                             int ahead);
+
+/* moe_store_route_margin: the margin of cache-aware routing in use (0: off;
+ * see moe_store_params.route_margin). An in-place store: 0. */
+double moe_store_route_margin(const struct moe_store *st);
+
+/* moe_store_serves: whether a copy of expert `expert` of model layer `layer`
+ * is cached (or being read into its cache slot) that serves a use needing
+ * the high copy (high != 0: the high copy) or any copy (high == 0; with
+ * dynamic precision off only the high copy exists). 0 for an in-place store
+ * or a layer without experts. Called by the session's thread only. */
+int moe_store_serves(const struct moe_store *st, int layer, int expert, int high);
+
+/* moe_store_count_route: cache-aware routing replaced n uses' experts,
+ * giving up `mass` of router probability in all (the counts of the stats). */
+void moe_store_count_route(struct moe_store *st, int n, double mass);
 
 /* moe_store_count_tokens: n tokens were run (decode != 0: one-token steps). */
 void moe_store_count_tokens(struct moe_store *st, int n, int decode);

@@ -73,6 +73,11 @@ extern "C" {
 #define MOE_TUNING_MOBILE_TARGET_FALLBACK "mobile.target_fallback" /* f64: the fallback ratio gamma was chosen for */
 #define MOE_TUNING_MOBILE_LITTLE_K "mobile.little_k"               /* i64: experts per token of the little model */
 
+/* moe-prep fit-cache --fit-route: cache-aware routing (moe_store_params.route_margin) */
+#define MOE_TUNING_ROUTE_MARGIN "cache_route.margin"     /* f64 in [0, 1]: the margin (0 = off) */
+#define MOE_TUNING_ROUTE_TARGET "cache_route.target_mass" /* f64 >= 0: router probability per use it
+                                                           * was allowed to give up on calibration */
+
 /* moe-prep fit-cache: HOBBIT's cache-priority weights and what they were fitted for */
 #define MOE_TUNING_CACHE_W_LRU "hobbit.cache.w_lru"                   /* f64: recency R/T */
 #define MOE_TUNING_CACHE_W_LFU "hobbit.cache.w_lfu"                   /* f64: uses in the sequence F/T */
@@ -176,6 +181,9 @@ struct moe_tuning {
                                       * [0, 1], t1 <= t2, policy a known name, little_k in [0, E],
                                       * gamma in [0, 1], counts >= 0 */
     struct moe_tuning_plan plan;
+    int has_route_margin;            /* cache_route.margin in [0, 1] */
+    double route_margin;
+    double route_target;             /* cache_route.target_mass >= 0; NaN when absent or bad */
 };
 
 /* moe_tuning_read: fill *out from the tuning KV set kv (NULL = empty) of a
@@ -236,6 +244,11 @@ enum moe_status moe_tuning_set_paths(struct moe_bundle_kv *kv, int order, int ke
 /* moe_tuning_set_big_little: mobile.gamma, target_fallback, little_k. */
 enum moe_status moe_tuning_set_big_little(struct moe_bundle_kv *kv, double gamma, double target_fallback,
                                           int little_k);
+
+/* moe_tuning_set_cache_route: cache_route.margin (in [0, 1]) and the
+ * probability mass per use it was fitted for (>= 0, or NaN: not written).
+ * MOE_ERR_INVALID (logged) out of range. */
+enum moe_status moe_tuning_set_cache_route(struct moe_bundle_kv *kv, double margin, double target_mass);
 
 /* moe_tuning_remove_big_little: drops the mobile.* keys (a profile without a
  * big-little pass must not leave a stale gamma). */

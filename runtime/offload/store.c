@@ -19,7 +19,20 @@
  * when the policy evicts such a copy (possible only when a step uses more
  * experts than a cache holds), the incoming copy is read into scratch for
  * this use and its slot is filled at its next use (a demand access) or once
- * the step has released it (a prefetch).
+ * the step has released it.
+ *
+ * Prefetch. Prefetched copies never enter the policy's caches on their own:
+ * they are read into dedicated prefetch slots (counted in the budget), at
+ * the precision the prediction would need (high for the top-1 or s <= T1,
+ * else the low copy), queued behind every demand read (loaders take demand
+ * reads first, and at most n_loaders - 1 prefetch reads run at once). When a
+ * demand miss finds its copy in a prefetch slot, no read is made: if the
+ * policy keeps the copy, the prefetch slot becomes the cache slot and the
+ * slot the policy freed becomes a prefetch slot (roles swap, no bytes move);
+ * if it does not, the item computes from the prefetch slot. A misprediction
+ * costs its read and nothing else: its slot is simply reused, and its read
+ * is cancelled if it has not started when its layer's step is planned. The
+ * policy's decisions are those of a run without prefetch.
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include <errno.h>
@@ -49,7 +62,7 @@ enum slot_state { S_EMPTY, S_QUEUED, S_LOADING, S_READY, S_FAILED };
 struct slot {
     struct moe_buffer buf;
     size_t cap;           /* bytes a read may fill */
-    int kind;             /* 1 high cache, 0 low cache, 2 scratch */
+    int kind;             /* 1 high cache, 0 low cache, 2 scratch, 3 prefetch */
     int cls;              /* high slots: the home precision it is sized for */
     int32_t g;            /* expert held (or being read), -1 none */
     int prec;             /* its stored precision */
@@ -103,6 +116,7 @@ struct moe_store {
     int dynamic, skip;
     double t1, t2;
     struct slot *slots;
+    size_t low_read;         /* a low slot's size */
     int n_slots, scratch0;   /* scratch slots are [scratch0, scratch0 + MOE_STORE_SCRATCH) */
     int32_t *slot_hi, *slot_lo; /* [L*E] slot holding the expert's copy, -1 */
     int32_t *free_lo;
@@ -135,6 +149,12 @@ struct moe_store {
     pthread_cond_t cv;       /* any state change: queue, slot ready, users released */
     struct req *q;
     int q_head, q_len, q_cap;
+    struct req *pq;          /* prefetch reads: taken only when q is empty */
+    int pq_head, pq_len, pq_cap;
+    int n_pf_reading;        /* prefetch reads in progress (at most n_threads - 1, or 1) */
+    int32_t *pf_slot;        /* [n_pf] slot indices in the prefetch role (they move: roles swap) */
+    int n_pf, pf_turn;
+    int32_t *pf_of;          /* [L*E] prefetch slot holding the expert's prefetched copy, -1 */
     int n_reading;           /* loaders reading now */
     int stop;
     /* the current step */
@@ -171,6 +191,8 @@ struct moe_store_params moe_store_default_params(void) {
     p.path_order = 1;
     p.warm = 1;
     p.n_loaders = 2;
+    p.route_margin = NAN;
+    p.prefetch_slots = -1;
     return p;
 }
 
@@ -517,20 +539,42 @@ static enum moe_status load(struct moe_store *st, int id, struct slot *s, int32_
 static void enqueue(struct moe_store *st, int i, int prefetch) {
     struct slot *s = &st->slots[i];
     s->state = S_QUEUED;
-    if (st->q_len == st->q_cap) { /* cannot happen: the queue holds one entry per slot and reassignment */
-        int cap = st->q_cap * 2;
-        struct req *q = malloc(sizeof *q * (size_t)cap);
+    struct req **qq = prefetch ? &st->pq : &st->q;
+    int *head = prefetch ? &st->pq_head : &st->q_head, *len = prefetch ? &st->pq_len : &st->q_len,
+        *cap = prefetch ? &st->pq_cap : &st->q_cap;
+    if (*len == *cap) { /* cannot happen: the queue holds one entry per slot and reassignment */
+        int ncap = *cap * 2;
+        struct req *q = malloc(sizeof *q * (size_t)ncap);
         if (!q) {
             s->state = S_FAILED;
             return;
         }
-        for (int k = 0; k < st->q_len; k++) q[k] = st->q[(st->q_head + k) % st->q_cap];
-        free(st->q);
-        st->q = q, st->q_head = 0, st->q_cap = cap;
+        for (int k = 0; k < *len; k++) q[k] = (*qq)[(*head + k) % *cap];
+        free(*qq);
+        *qq = q, *head = 0, *cap = ncap;
     }
-    st->q[(st->q_head + st->q_len++) % st->q_cap] = (struct req){i, s->gen, st->step_n == 1, prefetch != 0};
-    if (st->q_len + st->n_reading > st->stats.queue_depth_max) st->stats.queue_depth_max = st->q_len + st->n_reading;
+    (*qq)[(*head + (*len)++) % *cap] = (struct req){i, s->gen, st->step_n == 1, prefetch != 0};
+    const int depth = st->q_len + st->pq_len + st->n_reading;
+    if (depth > st->stats.queue_depth_max) st->stats.queue_depth_max = depth;
     pthread_cond_broadcast(&st->cv);
+}
+
+/* next_req: the read a loader takes (lock held): the oldest demand read,
+ * else the oldest prefetch while fewer than max(1, n_threads - 1) prefetch
+ * reads run (a loader stays free for the next demand miss). 0: none. */
+static int next_req(struct moe_store *st, struct req *r) {
+    if (st->q_len > 0) {
+        *r = st->q[st->q_head];
+        st->q_head = (st->q_head + 1) % st->q_cap, st->q_len--;
+        return 1;
+    }
+    const int max_pf = st->n_threads > 1 ? st->n_threads - 1 : 1;
+    if (st->pq_len > 0 && st->n_pf_reading < max_pf) {
+        *r = st->pq[st->pq_head];
+        st->pq_head = (st->pq_head + 1) % st->pq_cap, st->pq_len--;
+        return 1;
+    }
+    return 0;
 }
 
 /* count_read: a loader starts the read r of slot s (lock held). */
@@ -554,10 +598,9 @@ static void *loader_main(void *arg) {
     free(arg);
     pthread_mutex_lock(&st->mu);
     for (;;) {
-        while (!st->stop && st->q_len == 0) pthread_cond_wait(&st->cv, &st->mu);
+        struct req r;
+        while (!st->stop && !next_req(st, &r)) pthread_cond_wait(&st->cv, &st->mu);
         if (st->stop) break;
-        struct req r = st->q[st->q_head];
-        st->q_head = (st->q_head + 1) % st->q_cap, st->q_len--;
         struct slot *s = &st->slots[r.slot];
         if (s->gen != r.gen || s->state != S_QUEUED) continue; /* cancelled or reassigned */
         while (s->reading && s->gen == r.gen) pthread_cond_wait(&st->cv, &st->mu); /* an older read still writes */
@@ -568,12 +611,14 @@ static void *loader_main(void *arg) {
         const int32_t g = s->g;
         const int prec = s->prec;
         st->n_reading++;
+        st->n_pf_reading += r.prefetch;
         pthread_mutex_unlock(&st->mu);
         const double t0 = moe_now_s();
         enum moe_status rc = load(st, id, s, g, prec, st->staging[id]);
         const double dt = moe_now_s() - t0;
         pthread_mutex_lock(&st->mu);
         st->n_reading--;
+        st->n_pf_reading -= r.prefetch;
         st->stats.read_s += dt;
         if (dt > st->stats.read_s_max) st->stats.read_s_max = dt;
         s->reading = 0;
@@ -895,6 +940,14 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     if ((rc = moe_tuning_read(moe_bundle_tuning(st->bundle), st->L > 0 ? st->L : 1, st->E, &st->tun)) ||
         (rc = setup_precisions(st)) || (rc = setup_policy(st)))
         goto fail;
+    if (!isnan(p->route_margin) && !(p->route_margin >= 0 && p->route_margin <= 1)) {
+        MOE_LOGE("cache-aware routing margin %g: want [0, 1] (0 = off)", p->route_margin);
+        rc = MOE_ERR_INVALID;
+        goto fail;
+    }
+    st->stats.route_margin = !isnan(p->route_margin) ? p->route_margin
+                             : st->tun.has_route_margin ? st->tun.route_margin
+                                                        : 0.0;
     if (p->prefetch_paths > 0 && st->L > p->path_order) {
         enum moe_status pr = moe_path_table_from_tuning(moe_bundle_tuning(st->bundle), p->path_order, st->L, st->E, k,
                                                         &st->paths);
@@ -928,6 +981,20 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         if (mem <= 0) mem = 1;
         MOE_LOGI("--expert-mem %.4g%%: %lld bytes", 100.0 * p->expert_mem_share, (long long)mem);
     }
+    /* prefetch slots: out of the budget, if what is left still serves a layer */
+    int P = p->prefetch_slots >= 0 ? p->prefetch_slots : (p->prefetch_layers > 0 || p->prefetch_paths > 0) ? 1 : 0;
+    if (P > 64) P = 64;
+    if (P > 0 && mem > 0) {
+        int h2 = 0, l2 = 0, d2 = 0;
+        while (P > 0 && !budget_fits(st, mem - (int64_t)P * (int64_t)hread, k, all, hread, lread, low_exists, &h2, &l2,
+                                     &d2))
+            P--;
+        if (P < (p->prefetch_slots >= 0 ? p->prefetch_slots : 1))
+            MOE_LOGW("expert memory: room for %d prefetch slot%s only (prefetched copies need their own slots)", P,
+                     P == 1 ? "" : "s");
+        mem -= (int64_t)P * (int64_t)hread;
+    }
+    st->n_pf = P;
     if (mem > 0) {
         if (!budget_fits(st, mem, k, all, hread, lread, low_exists, &H, &Lc, &st->dynamic)) {
             /* the true minimum: the smallest budget that fits (fits is monotone in mem) */
@@ -982,25 +1049,31 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         nh += n;
         if (n > 0 && !(st->free_c[c] = malloc(sizeof(int32_t) * (size_t)n))) goto nomem;
     }
-    st->n_slots = nh + Lc + MOE_STORE_SCRATCH;
+    st->n_slots = nh + Lc + MOE_STORE_SCRATCH + st->n_pf;
+    st->low_read = lread;
     st->scratch0 = nh + Lc;
     const size_t LE = (size_t)st->L * (size_t)st->E;
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
     st->slot_hi = malloc(sizeof(int32_t) * LE), st->slot_lo = malloc(sizeof(int32_t) * LE);
     st->free_lo = malloc(sizeof(int32_t) * ((size_t)Lc + 1));
-    st->q_cap = 4 * st->n_slots + 16;
+    st->q_cap = st->pq_cap = 4 * st->n_slots + 16;
     st->q = malloc(sizeof *st->q * (size_t)st->q_cap);
-    if (!st->slots || !st->slot_hi || !st->slot_lo || !st->free_lo || !st->q) goto nomem;
-    for (size_t g = 0; g < LE; g++) st->slot_hi[g] = st->slot_lo[g] = -1;
+    st->pq = malloc(sizeof *st->pq * (size_t)st->pq_cap);
+    st->pf_of = malloc(sizeof(int32_t) * LE);
+    st->pf_slot = malloc(sizeof(int32_t) * ((size_t)st->n_pf + 1));
+    if (!st->slots || !st->slot_hi || !st->slot_lo || !st->free_lo || !st->q || !st->pq || !st->pf_of || !st->pf_slot)
+        goto nomem;
+    for (size_t g = 0; g < LE; g++) st->slot_hi[g] = st->slot_lo[g] = st->pf_of[g] = -1;
     const size_t scratch = hread > lread ? hread : lread;
     for (int i = 0, c = 0, in_c = 0; i < st->n_slots; i++) {
         struct slot *s = &st->slots[i];
-        s->kind = i < nh ? 1 : i < nh + Lc ? 0 : 2;
+        s->kind = i < nh ? 1 : i < nh + Lc ? 0 : i < nh + Lc + MOE_STORE_SCRATCH ? 2 : 3;
+        if (s->kind == 3) st->pf_slot[i - (nh + Lc + MOE_STORE_SCRATCH)] = i;
         if (s->kind == 1) {
             while (in_c >= (st->cls_n[c] < H ? st->cls_n[c] : H)) c++, in_c = 0;
             s->cls = c, in_c++;
         }
-        s->cap = s->kind == 1 ? st->cls_read[s->cls] : s->kind == 0 ? lread : scratch;
+        s->cap = s->kind == 1 ? st->cls_read[s->cls] : s->kind == 0 ? lread : scratch; /* prefetch: as scratch */
         s->g = s->pend_g = -1;
         if ((rc = moe_backend_buffer_alloc(be, s->cap, &s->buf))) goto fail;
         st->stats.slot_bytes += (int64_t)s->cap;
@@ -1170,6 +1243,9 @@ void moe_store_free(struct moe_store *st) {
     for (int c = 0; c < MOE_BUNDLE_MAX_PRECISIONS; c++) free(st->free_c[c]);
     free(st->free_lo);
     free(st->q);
+    free(st->pq);
+    free(st->pf_of);
+    free(st->pf_slot);
     free(st->items);
     free(st->item_slot);
     free(st->item_gen);
@@ -1190,13 +1266,17 @@ void moe_store_free(struct moe_store *st) {
 int64_t moe_store_overhead_bytes(const struct moe_store *st) {
     if (st->in_place) return 0;
     int64_t scratch = 0;
-    for (int i = st->scratch0; i < st->n_slots; i++) scratch += (int64_t)st->slots[i].cap;
+    for (int i = st->scratch0; i < st->scratch0 + MOE_STORE_SCRATCH; i++) scratch += (int64_t)st->slots[i].cap;
     return scratch + (int64_t)st->n_threads * (int64_t)st->staging_size + bookkeeping(st->L * st->E, st->n_slots - 2, st->K);
 }
 
 int64_t moe_store_overhead_estimate(int64_t copy_bytes, int n_loaders, int n_experts, int n_slots, int k) {
-    /* uncompressed blobs into host slots: staging holds a group of rows (at most MOE_STORE_GROUP_MAX) */
-    return 2 * copy_bytes + (int64_t)n_loaders * MOE_STORE_GROUP_MAX + bookkeeping(n_experts, n_slots, k);
+    /* uncompressed blobs into host slots: staging holds a group of 16 rows of one part, never more than
+     * the copy itself (rounded to 4096) nor MOE_STORE_GROUP_MAX */
+    int64_t group = (copy_bytes + 4095) / 4096 * 4096;
+    if (group > MOE_STORE_GROUP_MAX) group = MOE_STORE_GROUP_MAX;
+    if (group < 4096) group = 4096;
+    return 2 * copy_bytes + (int64_t)n_loaders * group + bookkeeping(n_experts, n_slots, k);
 }
 
 void moe_store_capacities(int64_t mem, double low_share, int dynamic, int64_t high_bytes, int64_t low_bytes,
@@ -1284,6 +1364,103 @@ static int scratch_slot(struct moe_store *st) {
     return i;
 }
 
+/* ---- prefetch slots ---------------------------------------------------- */
+
+/* pf_clear: prefetch slot i forgets its copy (a queued read of it is
+ * cancelled by the new generation; one in progress finishes into nothing).
+ * `dropped`: the copy was a prefetch no demand access used. Lock held. */
+static void pf_clear(struct moe_store *st, int i, int dropped) {
+    struct slot *s = &st->slots[i];
+    if (s->g >= 0 && st->pf_of[s->g] == i) st->pf_of[s->g] = -1;
+    if (s->g >= 0) resident_add(st, -s->bytes);
+    if (s->state == S_QUEUED) st->stats.reads_cancelled++, st->stats.prefetch_cancelled++;
+    if (dropped && s->prefetch && s->state != S_QUEUED) st->stats.prefetch_dropped++; /* read, never used */
+    s->g = -1, s->bytes = 0, s->gen++, s->state = S_EMPTY, s->prefetch = 0;
+}
+
+/* pf_take: a prefetch slot for a copy of `bytes` read bytes: a free one
+ * first, else the oldest prediction (round robin), never one the current
+ * step uses or a copy predicted for the current layer. -1: none. Lock held. */
+static int pf_take(struct moe_store *st, size_t bytes) {
+    int best = -1;
+    for (int t = 0; t < st->n_pf; t++) {
+        const int i = st->pf_slot[(st->pf_turn + t) % st->n_pf];
+        const struct slot *s = &st->slots[i];
+        if (s->users > 0 || s->cap < bytes || s->reading) continue;
+        if (s->g < 0) return i;
+        if (best < 0 && !(s->prefetch && s->pf_layer == st->step_layer && s->state != S_READY)) best = i;
+    }
+    if (best >= 0) st->pf_turn = (st->pf_turn + 1) % (st->n_pf > 0 ? st->n_pf : 1);
+    return best;
+}
+
+/* pf_start: read expert g's copy at precision prec into a prefetch slot for
+ * MoE layer `layer` (lock held). 1: a read was started. */
+static int pf_start(struct moe_store *st, int32_t g, int prec, int layer) {
+    if (st->n_pf <= 0 || st->pf_of[g] >= 0) return 0;
+    struct moe_bundle_blob b;
+    if (blob(st, g, prec, &b)) return 0;
+    const size_t need = round4k(b.raw_size > b.stored_size ? b.raw_size : b.stored_size);
+    const int i = pf_take(st, need);
+    if (i < 0) return 0;
+    pf_clear(st, i, 1);
+    assign(st, i, g, prec);
+    st->pf_of[g] = i;
+    st->slots[i].prefetch = 1, st->slots[i].pf_layer = layer;
+    enqueue(st, i, 1);
+    return 1;
+}
+
+/* pf_claim: a demand access takes prefetch slot j's copy: a prefetch that
+ * was read (or is being read) is used; one still queued becomes a demand
+ * read, ahead of every prefetch (not counted as a prefetch at all). */
+static void pf_claim(struct moe_store *st, int j) {
+    struct slot *sj = &st->slots[j];
+    if (sj->state == S_QUEUED) enqueue(st, j, 0);
+    else if (sj->prefetch) st->stats.prefetch_used++;
+    sj->prefetch = 0;
+}
+
+/* pf_role_swap: the prefetch slot j (holding g) becomes the cache slot of
+ * g in cache `high` (class cls), and slot i, which the policy freed for g,
+ * takes j's place among the prefetch slots (its old copy stays readable by
+ * the current step's users, then is forgotten). Lock held. */
+static void pf_role_swap(struct moe_store *st, int j, int i, int high, int32_t g) {
+    struct slot *sj = &st->slots[j], *si = &st->slots[i];
+    for (int t = 0; t < st->n_pf; t++)
+        if (st->pf_slot[t] == j) st->pf_slot[t] = i;
+    sj->kind = high ? 1 : 0, sj->cls = high ? st->home[g] : 0;
+    st->pf_of[g] = -1;
+    (high ? st->slot_hi : st->slot_lo)[g] = j;
+    pf_claim(st, j);
+    si->kind = 3, si->pend_g = -1;
+    if (si->users == 0) pf_clear(st, i, 0);
+    else si->prefetch = 0; /* dropped at release */
+}
+
+/* pf_serve: a demand miss of g at precision prec (kept by the policy or not,
+ * evicting `evicted`) finds its copy in a prefetch slot: bind it without a
+ * read. Returns the slot the item uses, or -1 (no prefetched copy). */
+static int pf_serve(struct moe_store *st, int32_t g, int prec, int high, int kept, int32_t evicted) {
+    const int j = st->pf_of[g];
+    if (j < 0) return -1;
+    struct slot *sj = &st->slots[j];
+    if (sj->g != g || sj->state == S_FAILED) return -1;
+    if (sj->prec != prec) { /* a high copy serves a low use not kept; any other mismatch reads */
+        if (kept || high || sj->prec != st->home[g]) return -1;
+    }
+    if (!kept) {
+        pf_claim(st, j);
+        return j;
+    }
+    if (sj->cap < (high ? st->cls_read[st->home[g]] : st->low_read)) return -1; /* too small for the cache's
+                                                                                  * other copies: read */
+    const int i = take_slot(st, high, g, evicted);
+    if (i < 0) return -1;
+    pf_role_swap(st, j, i, high, g);
+    return j;
+}
+
 /* access_item: ask the cache about item i's expert and bind a slot. Lock held. */
 static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, int decode) {
     struct moe_store_item *it = &st->items[i];
@@ -1312,6 +1489,11 @@ static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, in
         const int high = r.outcome == MOE_CACHE_MISS_HIGH;
         high ? st->stats.misses_high++ : st->stats.misses_low++;
         const int prec = high ? st->home[g] : st->low;
+        if (st->n_pf > 0) slot = pf_serve(st, g, prec, high, r.kept, r.evicted); /* prefetched: no read */
+        if (slot >= 0) {
+            it->precision = st->slots[slot].prec;
+            break;
+        }
         if (r.kept) slot = place(st, high, g, prec, r.evicted, 0, -1);
         if (slot < 0) { /* not kept, or its slot still busy: read into scratch when reached */
             st->item_lazy[i] = 1;
@@ -1346,11 +1528,10 @@ static void path_prefetch(struct moe_store *st, int ml, const int32_t *sel) {
     int32_t out[64];
     const int m = st->p.prefetch_paths < 64 ? st->p.prefetch_paths : 64;
     const int n = moe_path_table_lookup(st->paths, next, st->prev + (size_t)(next - order) * K, m, out);
-    for (int j = 0; j < n; j++) {
+    for (int j = 0, started = 0; j < n && started < st->n_pf; j++) {
         const int32_t g = next * st->E + out[j];
-        struct moe_cache_result r;
-        if (!moe_cache_prefetch(st->cache, g, 1, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
-        place(st, 1, g, st->home[g], r.evicted, 1, next);
+        if (moe_cache_contains(st->cache, g, 1)) continue;
+        started += pf_start(st, g, st->home[g], next);
     }
 }
 
@@ -1465,15 +1646,12 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     }
     if (decode && st->paths && k == st->K) path_prefetch(st, layer, sel); /* keyed on top-K sets: not for
                                                                             * big-little's little passes */
-    /* mispredicted prefetches for this layer whose read has not started are cancelled */
-    for (int i = 0; i < st->scratch0; i++) {
+    /* mispredicted prefetches for this layer: a read not started is
+     * cancelled; a copy read stays in its slot until the slot is reused */
+    for (int t = 0; t < st->n_pf; t++) {
+        const int i = st->pf_slot[t];
         struct slot *s = &st->slots[i];
-        if (s->prefetch && s->pf_layer == layer && s->users == 0 && s->state == S_QUEUED) {
-            st->stats.reads_cancelled++;
-            s->state = S_EMPTY;
-            s->prefetch = 0;
-            st->stats.prefetch_cancelled++;
-        }
+        if (s->prefetch && s->pf_layer == layer && s->users == 0 && s->state == S_QUEUED) pf_clear(st, i, 1);
     }
     pthread_mutex_unlock(&st->mu);
     if (moe_backend_supports(st->be, MOE_BACKEND_FEAT_PLACE)) place_items(st, layer, ni);
@@ -1560,6 +1738,9 @@ void moe_store_release(struct moe_store *st, int i) {
         if (s->state == S_QUEUED) st->stats.reads_cancelled++;
         s->bytes = 0, s->g = -1, s->gen++, s->state = S_EMPTY, s->prefetch = 0;
     }
+    if (s->kind == 3 && s->users == 0 && s->g >= 0 && st->pf_of[s->g] != si) /* a cache slot that became a
+                                                                               * prefetch slot while in use */
+        pf_clear(st, si, 0);
     if (s->kind == 2 && s->users == 0) { /* scratch: the copy is dropped */
         resident_add(st, -s->bytes);
         s->bytes = 0;
@@ -1572,25 +1753,44 @@ void moe_store_release(struct moe_store *st, int i) {
 int moe_store_prefetch_hint(struct moe_store *st, int layer, const int32_t *experts, const float *weights, int n,
                             int ahead) {
     int started = 0;
-    if (st->in_place || layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
+    (void)ahead; /* a prefetched copy waits in its slot until used or replaced */
+    if (st->in_place || st->n_pf <= 0 || layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0) return 0;
     layer = st->moe_of[layer];
     uint8_t needs[64];
     if (n > 64) n = 64;
     if (weights) token_needs(st, weights, n, needs);
     pthread_mutex_lock(&st->mu);
-    for (int j = 0; j < n; j++) {
-        /* with dynamic precision only the predictions that would need their
-         * high copy are read ahead: a low-need one costs a high read that the
-         * token would not make, and evicts a copy to hold it */
+    for (int j = 0; j < n && started < st->n_pf; j++) {
+        /* the copy the prediction would need: the high copy for the top-1
+         * and s <= T1, the low copy for an uncertain one (T1 < s) */
         const int32_t g = layer * st->E + experts[j];
-        if (weights && needs[j] != MOE_CACHE_NEED_HIGH && !(needs[j] == MOE_CACHE_NEED_LOW && !st->lower[g])) continue;
-        struct moe_cache_result r;
-        if (!moe_cache_prefetch(st->cache, g, ahead, &r) || r.outcome != MOE_CACHE_MISS_HIGH) continue;
-        place(st, 1, g, st->home[g], r.evicted, 1, layer);
-        started++;
+        const int low = weights && st->dynamic && needs[j] != MOE_CACHE_NEED_HIGH && st->lower[g];
+        if (moe_cache_contains(st->cache, g, 1) || (low && moe_cache_contains(st->cache, g, 0))) continue;
+        started += pf_start(st, g, low ? st->low : st->home[g], layer);
     }
     pthread_mutex_unlock(&st->mu);
     return started;
+}
+
+double moe_store_route_margin(const struct moe_store *st) {
+    return st && !st->in_place ? st->stats.route_margin : 0.0;
+}
+
+int moe_store_serves(const struct moe_store *st, int layer, int expert, int high) {
+    if (!st || st->in_place || layer < 0 || layer >= st->c->n_layer || st->moe_of[layer] < 0 || expert < 0 ||
+        expert >= st->E)
+        return 0;
+    const int32_t g = st->moe_of[layer] * st->E + expert;
+    if (moe_cache_contains(st->cache, g, 1)) return 1;
+    return !high && st->dynamic && st->lower[g] && moe_cache_contains(st->cache, g, 0);
+}
+
+void moe_store_count_route(struct moe_store *st, int n, double mass) {
+    if (!st || n <= 0) return;
+    pthread_mutex_lock(&st->mu);
+    st->stats.route_substituted += n;
+    st->stats.route_mass_moved += mass;
+    pthread_mutex_unlock(&st->mu);
 }
 
 void moe_store_count_tokens(struct moe_store *st, int n, int decode) {

@@ -239,6 +239,16 @@ static void read_big_little(const struct moe_bundle_kv *kv, int E, struct moe_tu
     }
 }
 
+/* read_route: cache_route.margin (and the target it was fitted for). */
+static void read_route(const struct moe_bundle_kv *kv, struct moe_tuning *t) {
+    struct moe_bundle_kv_item m, f;
+    t->route_target = NAN;
+    if (get(kv, MOE_TUNING_ROUTE_TARGET, MOE_KV_F64, &f) == 1 && f.f64 >= 0 && isfinite(f.f64)) t->route_target = f.f64;
+    if (get(kv, MOE_TUNING_ROUTE_MARGIN, MOE_KV_F64, &m) != 1) return;
+    if (m.f64 >= 0 && m.f64 <= 1) t->has_route_margin = 1, t->route_margin = m.f64;
+    else MOE_LOGW("tuning: %s %g out of [0, 1]: ignored", MOE_TUNING_ROUTE_MARGIN, m.f64);
+}
+
 /* plan_ok: the checks of moe_tuning_read on a plan; NULL or what is wrong. */
 static const char *plan_ok(const struct moe_tuning_plan *p, int E) {
     enum moe_cache_policy pol;
@@ -359,6 +369,7 @@ enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, in
     read_bitwidth(kv, n_layers, n_experts, out);
     read_big_little(kv, n_experts, out);
     read_plan(kv, n_experts, out);
+    read_route(kv, out);
     return read_order(kv, LE, out);
 }
 
@@ -482,6 +493,19 @@ enum moe_status moe_tuning_set_big_little(struct moe_bundle_kv *kv, double gamma
         (st = moe_bundle_kv_set_f64(kv, MOE_TUNING_MOBILE_TARGET_FALLBACK, target_fallback)) ||
         (st = moe_bundle_kv_set_i64(kv, MOE_TUNING_MOBILE_LITTLE_K, little_k)))
         return st;
+    return MOE_OK;
+}
+
+enum moe_status moe_tuning_set_cache_route(struct moe_bundle_kv *kv, double margin, double target_mass) {
+    enum moe_status st;
+    if (!(margin >= 0 && margin <= 1) || (!isnan(target_mass) && !(target_mass >= 0 && isfinite(target_mass)))) {
+        MOE_LOGE("cache-aware routing margin %g (want [0, 1]) or target mass %g (want >= 0) out of range", margin,
+                 target_mass);
+        return MOE_ERR_INVALID;
+    }
+    if ((st = moe_bundle_kv_set_f64(kv, MOE_TUNING_ROUTE_MARGIN, margin))) return st;
+    if (!isnan(target_mass)) return moe_bundle_kv_set_f64(kv, MOE_TUNING_ROUTE_TARGET, target_mass);
+    moe_bundle_kv_remove(kv, MOE_TUNING_ROUTE_TARGET);
     return MOE_OK;
 }
 

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "fit-cache.h"
+#include "fit-cache-route.h"
 #include "moe-base.h"
 #include "moe-bundle.h"
 #include "moe-file.h"
@@ -31,12 +32,14 @@ struct fc_args {
     const char *bundle, *profile, *csv;
     struct moe_fit_cache_params fp;
     int json, no_tuning, no_profile_update;
+    int fit_route;          /* --fit-route: cache-aware routing's margin (fit-cache-route.h) */
+    double route_target;    /* --route-target */
 };
 
 enum {
     O_PROFILE = 256, O_FAST_MEM, O_CACHE_EXPERTS, O_LOW_SHARE, O_SIZES, O_HELDOUT, O_HIGH, O_LOW, O_LOW_COST, O_T1,
     O_T2, O_PROMPT_LEN, O_PREFETCH, O_PATH_ORDER, O_FIT_ONCE, O_FIT_PER_SIZE, O_PAPER, O_JSON, O_CSV, O_NO_TUNING,
-    O_NO_PROFILE_UPDATE
+    O_NO_PROFILE_UPDATE, O_OPT_ITERS, O_OPT_SECONDS, O_FIT_ROUTE, O_ROUTE_TARGET
 };
 
 static const struct moe_opt k_opts[] = {
@@ -68,6 +71,15 @@ static const struct moe_opt k_opts[] = {
     {"fit-per-size", O_FIT_PER_SIZE, MOE_OPT_NONE, NULL, "the default, accepted for scripts"},
     {"paper-hobbit", O_PAPER, MOE_OPT_NONE, NULL,
      "fit the paper's HOBBIT only: four weights (w_pop = 0, no\npopularity term) and no admission control"},
+    {"opt-iters", O_OPT_ITERS, MOE_OPT_REQUIRED, "N",
+     "offline optimum: subgradient iterations per size (default\n5000; 0 = the closed-form bound only)"},
+    {"opt-seconds", O_OPT_SECONDS, MOE_OPT_REQUIRED, "S",
+     "offline optimum: time limit per size (default 20; 0 = none)"},
+    {"fit-route", O_FIT_ROUTE, MOE_OPT_NONE, NULL,
+     "also fit cache-aware routing's margin (moe-run --route-margin)\non the profile's router logits (profile --router-logits f16)\n"
+     "and write it into the tuning (cache_route.margin)"},
+    {"route-target", O_ROUTE_TARGET, MOE_OPT_REQUIRED, "X",
+     "router probability given up per expert use that the margin\nmay cost on the calibration text (default 0.001)"},
     {"json", O_JSON, MOE_OPT_NONE, NULL, "everything as JSON on stdout"},
     {"csv", O_CSV, MOE_OPT_REQUIRED, "FILE", "also write the table as CSV"},
     {"no-tuning", O_NO_TUNING, MOE_OPT_NONE, NULL, "do not write the bundle's tuning section"},
@@ -88,7 +100,9 @@ static void fc_usage(FILE *f) {
                "control) on the fit part of the sequences and prints,\n"
                "for the held-out part at each cache size: hit ratio, miss penalty per token\n"
                "(a high-precision miss costs 1, a low one B_low/B_high), bytes moved per\n"
-               "token and the gap to Belady. Writes the weights and the cache sizes into\n"
+               "token and the gap to the offline optimum (a proven lower bound on every\n"
+               "policy that does not prefetch; exact where the best schedule found meets\n"
+               "it). Writes the weights and the cache sizes into\n"
                "the bundle's tuning section (hobbit.cache.*) and the curves into the profile\n"
                "(cache.* arrays, shown by `moe-prep profile report`). See docs/cache-sim.md.\n"
                "\noptions:\n");
@@ -162,6 +176,9 @@ static int on_value(struct fc_args *a, const struct moe_opt *o, const char *v) {
     case O_PROMPT_LEN: return integer(o, v, 0, 1 << 24, &fp->prompt_len);
     case O_PREFETCH: return integer(o, v, 0, 4096, &fp->prefetch);
     case O_PATH_ORDER: return integer(o, v, 1, 2, &fp->path_order);
+    case O_OPT_ITERS: return integer(o, v, 0, 10000000, &fp->opt_iters);
+    case O_OPT_SECONDS: return num(o, v, 0, 1e6, &fp->opt_seconds);
+    case O_ROUTE_TARGET: return num(o, v, 0, 1, &a->route_target);
     }
     return 2;
 }
@@ -177,6 +194,7 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
     case O_FIT_PER_SIZE: a->fp.fit_per_size = 1; return 0;
     case O_FIT_ONCE: a->fp.fit_per_size = 0; return 0;
     case O_PAPER: a->fp.paper = 1; return 0;
+    case O_FIT_ROUTE: a->fit_route = 1; return 0;
     }
     return on_value(a, o, v);
 }
@@ -185,6 +203,7 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
 static int fc_parse(int argc, char **argv, struct fc_args *a) {
     memset(a, 0, sizeof *a);
     a->fp = moe_fit_cache_default_params();
+    a->route_target = MOE_FIT_ROUTE_DEFAULT_TARGET;
     const struct moe_opt *tables[] = {k_opts};
     int first = argc;
     int rc = moe_opt_parse("moe-prep " CMD, argc, argv, 1, tables, 1, on_option, a, &first);
@@ -227,7 +246,7 @@ static void print_size(const struct fc_args *a, const struct moe_fit_cache_model
     if (a->fp.fit_per_size && !z->primary)
         printf("  hobbit weights fitted at this size: w_lru %.4f  w_lfu %.4f  w_lhu %.4f  w_fld %.4f  "
                "w_pop %.4f  admission %s\n", z->w[0], z->w[1], z->w[2], z->w[3], z->w[4], z->admit ? "on" : "off");
-    printf("  %-11s %10s %14s %14s %14s\n", "policy", "hit ratio", "penalty/token", "bytes/token", "gap to Belady");
+    printf("  %-11s %10s %14s %14s %14s\n", "policy", "hit ratio", "penalty/token", "bytes/token", "gap to bound");
     for (int q = 0; q < P; q++) {
         const struct moe_cache_stats *st = &z->st[q];
         double g = moe_fit_cache_gap(z, q);
@@ -238,6 +257,17 @@ static void print_size(const struct fc_args *a, const struct moe_fit_cache_model
         printf("  %-11s %8.2f %% %14.4f %14s %14s\n", moe_cache_policy_name((enum moe_cache_policy)q),
                100 * moe_cache_hit_ratio(st), per_tok(st->penalty, st), b2, gs);
     }
+    const struct moe_cache_opt_result *o = &z->opt;
+    printf("  %-11s %10s %14.4f %14s %14s\n", o->exact ? "optimum" : "bound", "-", per_tok(o->lower, &z->st[0]), "-",
+           "0");
+    if (o->exact)
+        printf("  offline optimum %.4f per token, exact: a schedule meets the bound (%d iterations, %.1f s)\n",
+               per_tok(o->lower, &z->st[0]), o->iters, o->seconds);
+    else
+        printf("  offline optimum between %.4f (proven bound) and %.4f per token (best schedule found, %+.1f %%); "
+               "%d iterations, %.1f s, stopped: %s\n", per_tok(o->lower, &z->st[0]), per_tok(o->upper, &z->st[0]),
+               o->lower > 0 ? 100 * (o->upper - o->lower) / o->lower : 0.0, o->iters, o->seconds,
+               moe_cache_opt_stop_name(o->stop));
     int b = moe_fit_cache_best_single(z->st);
     double hp = z->st[MOE_CACHE_HOBBIT].penalty, sp = z->st[b].penalty;
     printf("  hobbit against the best other online policy (%s): %+.1f %% penalty\n",
@@ -265,6 +295,9 @@ static void print_table(const struct fc_args *a, const struct moe_fit_cache_mode
     printf("  fit-part penalty per token: hobbit %.4f, best other online policy %s %.4f\n",
            per_tok(r->fit_best.penalty, &r->fit_best), moe_cache_policy_name((enum moe_cache_policy)bs),
            per_tok(r->fit_single[bs].penalty, &r->fit_single[bs]));
+    printf("gap to bound: penalty above the offline optimum's proven lower bound, which no policy without prefetch\n"
+           "goes below; belady is a heuristic with two precisions, not a bound%s\n",
+           a->fp.prefetch ? "; policies that prefetch (all but twiddler and belady here) may go below" : "");
     for (int s = 0; s < r->n_sizes; s++) print_size(a, m, &r->sizes[s]);
 }
 static const char *const k_wnames[MOE_CACHE_N_WEIGHTS] = {"lru", "lfu", "lhu", "fld", "pop"};
@@ -299,7 +332,8 @@ static cJSON *jresults(const struct moe_cache_stats *st, const struct moe_fit_ca
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "policy", moe_cache_policy_name((enum moe_cache_policy)q));
         jstats(o, &st[q]);
-        if (z) cJSON_AddItemToObject(o, "gap_to_belady_pct", jnum(moe_fit_cache_gap(z, q)));
+        if (z) cJSON_AddItemToObject(o, "gap_to_bound_pct", jnum(moe_fit_cache_gap(z, q)));
+        if (z) cJSON_AddItemToObject(o, "gap_to_belady_pct", jnum(moe_fit_cache_gap_belady(z, q)));
         cJSON_AddItemToArray(a, o);
     }
     return a;
@@ -312,6 +346,25 @@ static cJSON *jprecision(const char *name, double bytes, double stored) {
     cJSON_AddNumberToObject(o, "bytes", round(bytes));
     cJSON_AddNumberToObject(o, "stored_bytes", round(stored));
     return o;
+}
+
+/* jopt: the offline optimum at size z (penalties per token and in all). */
+static cJSON *jopt(const struct moe_fit_cache_size *z) {
+    const struct moe_cache_opt_result *o = &z->opt;
+    const struct moe_cache_stats *t = &z->st[0];
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddItemToObject(x, "lower_bound_per_token", jnum(per_tok(o->lower, t)));
+    cJSON_AddItemToObject(x, "best_schedule_per_token", jnum(per_tok(o->upper, t)));
+    cJSON_AddBoolToObject(x, "exact", o->exact);
+    cJSON_AddItemToObject(x, "lower_bound", jnum(o->lower));
+    cJSON_AddItemToObject(x, "best_schedule", jnum(o->upper));
+    cJSON_AddItemToObject(x, "lagrangian", jnum(o->lagrangian));
+    cJSON_AddItemToObject(x, "closed_form", jnum(o->closed_form));
+    cJSON_AddNumberToObject(x, "requests", (double)o->requests);
+    cJSON_AddNumberToObject(x, "iterations", o->iters);
+    cJSON_AddItemToObject(x, "seconds", jnum(o->seconds));
+    cJSON_AddStringToObject(x, "stopped", moe_cache_opt_stop_name(o->stop));
+    return x;
 }
 
 /* json_setup: what the run was given and found (files, shape, split, precisions, settings). */
@@ -374,6 +427,7 @@ static cJSON *json_tree(const struct fc_args *a, const struct moe_fit_cache_mode
         cJSON_AddBoolToObject(y, "fitted", z->primary);
         cJSON_AddItemToObject(y, "weights", jweights(z->w));
         cJSON_AddBoolToObject(y, "admission", z->admit);
+        cJSON_AddItemToObject(y, "offline_optimum", jopt(z));
         cJSON_AddItemToObject(y, "results", jresults(z->st, z));
         cJSON_AddItemToArray(x, y);
     }
@@ -404,20 +458,28 @@ static int write_csv(const char *path, const struct moe_fit_cache_result *r) {
     int ok = 0;
     if (moe_tmp_create(path, &t) || !(f = moe_tmp_stream(&t))) goto done;
     fputs("high_experts,low_experts,fitted,policy,hit_ratio,penalty_per_token,bytes_per_token,gap_to_belady_pct,"
-          "accesses,hits_high,hits_low,misses_high,misses_low,skips,prefetch_loads,prefetch_hits\n", f);
+          "accesses,hits_high,hits_low,misses_high,misses_low,skips,prefetch_loads,prefetch_hits,gap_to_bound_pct,"
+          "bound_per_token,bound_exact\n", f);
     for (int s = 0; s < r->n_sizes; s++)
         for (int q = 0; q < P; q++) {
             const struct moe_fit_cache_size *z = &r->sizes[s];
             const struct moe_cache_stats *st = &z->st[q];
-            double v[4] = {moe_cache_hit_ratio(st), per_tok(st->penalty, st), per_tok(st->bytes, st), moe_fit_cache_gap(z, q)};
+            double v[4] = {moe_cache_hit_ratio(st), per_tok(st->penalty, st), per_tok(st->bytes, st),
+                           moe_fit_cache_gap_belady(z, q)};
             fprintf(f, "%d,%d,%d,%s", z->hi, z->lo, z->primary, moe_cache_policy_name((enum moe_cache_policy)q));
             for (int i = 0; i < 4; i++) {
                 if (isfinite(v[i])) fprintf(f, ",%.10g", v[i]);
                 else fputs(",", f);
             }
-            fprintf(f, ",%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", (long long)st->accesses, (long long)st->hits_high,
+            fprintf(f, ",%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld", (long long)st->accesses, (long long)st->hits_high,
                     (long long)st->hits_low, (long long)st->misses_high, (long long)st->misses_low,
                     (long long)st->skips, (long long)st->prefetch_loads, (long long)st->prefetch_hits);
+            const double gb = moe_fit_cache_gap(z, q), bt = per_tok(z->opt.lower, st);
+            if (isfinite(gb)) fprintf(f, ",%.10g", gb);
+            else fputs(",", f);
+            if (isfinite(bt)) fprintf(f, ",%.10g", bt);
+            else fputs(",", f);
+            fprintf(f, ",%d\n", z->opt.exact);
         }
     ok = moe_tmp_commit(&t) == MOE_OK; /* flush, fsync, rename; removed on failure */
 done:
@@ -433,6 +495,10 @@ static void on_progress(const struct moe_fit_cache_event *ev, void *user) {
     if (ev->stage == MOE_FIT_CACHE_FIT_START) {
         fprintf(stderr, "moe-prep " CMD ": fitting HOBBIT's weights on %d sequences (%lld accesses) with %d high + %d "
                         "low experts\n", ev->n_fit, (long long)ev->accesses, ev->hi, ev->lo);
+        *last = t;
+    } else if (ev->stage == MOE_FIT_CACHE_OPT) {
+        fprintf(stderr, "moe-prep " CMD ": bounding the offline optimum for %d high + %d low experts (%lld accesses)\n",
+                ev->hi, ev->lo, (long long)ev->accesses);
         *last = t;
     } else if (ev->stage == MOE_FIT_CACHE_FIT_SIZE) {
         fprintf(stderr, "moe-prep " CMD ": fitting HOBBIT's weights for %d high + %d low experts\n", ev->hi, ev->lo);
@@ -494,6 +560,40 @@ static int write_outputs(const struct fc_args *a, struct moe_profile *p, const s
     return 0;
 }
 
+/* fit_route: --fit-route: the margin of cache-aware routing on the
+ * profile's sequences at the fitted size, its table (stderr with --json,
+ * else stdout) and the tuning key; 0 or the exit status. */
+static int fit_route(const struct fc_args *a, const struct moe_profile *p, const struct moe_fit_cache_model *m,
+                     const struct moe_fit_cache_result *r) {
+    struct moe_fit_route_result res;
+    enum moe_status st = moe_fit_cache_route(p, m, r, a->route_target, &res);
+    if (st) {
+        fprintf(stderr, "moe-prep " CMD ": --fit-route: %s (see the message above)\n", moe_status_str(st));
+        return st == MOE_ERR_NOT_FOUND || st == MOE_ERR_INVALID ? 2 : 1;
+    }
+    FILE *f = a->json ? stderr : stdout;
+    fprintf(f, "\ncache-aware routing at %d high + %d low copies (hobbit), %lld tokens decoded:\n", r->H, r->Lc,
+            (long long)res.tokens);
+    fprintf(f, "  %-8s %12s %14s %12s %14s\n", "margin", "loads/token", "MiB/token", "replaced", "mass/use");
+    for (int i = 0; i < res.n_points; i++) {
+        const struct moe_fit_route_point *q = &res.pts[i];
+        fprintf(f, "  %-8.4g %12.3f %14.3f %11.2f%% %14.5f%s\n", q->margin, q->loads_per_token,
+                q->bytes_per_token / 1048576.0, 100.0 * q->subst_share, q->mass_per_use,
+                q->margin == res.margin ? "  <- fitted" : "");
+    }
+    fprintf(f, "  fitted margin %g: the largest with mass/use <= %g\n", res.margin, res.target);
+    if (!a->no_tuning) {
+        if ((st = moe_fit_cache_route_write(a->bundle, &res))) {
+            fprintf(stderr, "moe-prep " CMD ": cannot write cache_route.margin into %s: %s\n", a->bundle,
+                    moe_status_str(st));
+            return 1;
+        }
+        fprintf(stderr, "moe-prep " CMD ": wrote cache_route.margin %g into the tuning section of %s\n", res.margin,
+                a->bundle);
+    }
+    return 0;
+}
+
 int moe_prep_fit_cache(int argc, char **argv) {
     struct fc_args a;
     int rc = fc_parse(argc, argv, &a);
@@ -520,6 +620,7 @@ int moe_prep_fit_cache(int argc, char **argv) {
     moe_bundle_free(b); /* closed before the tuning is replaced */
     b = NULL;
     rc = write_outputs(&a, p, &m, r);
+    if (!rc && a.fit_route) rc = fit_route(&a, p, &m, r);
 done:
     moe_profile_free(p);
     moe_bundle_free(b);

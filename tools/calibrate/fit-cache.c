@@ -22,6 +22,8 @@ struct moe_fit_cache_params moe_fit_cache_default_params(void) {
     fp.fast_mem = -1, fp.cache_high = fp.cache_low = -1;
     fp.low_share = 0.25, fp.heldout = 0.3, fp.t1 = fp.t2 = fp.low_cost = -1;
     fp.path_order = 2, fp.fit_per_size = 1;
+    const struct moe_cache_opt_params op = moe_cache_opt_default_params();
+    fp.opt_iters = op.max_iters, fp.opt_seconds = op.max_seconds;
     return fp;
 }
 
@@ -309,7 +311,22 @@ static enum moe_status fit_primary(struct sweep *w, struct moe_cache_config *c, 
     return MOE_OK;
 }
 
-/* replay_sizes: every policy on the held-out part at each size (fitted again per size if asked). */
+/* bound_size: the offline optimum of the held-out part at size z, with the
+ * best replayed policy that does not prefetch as the known schedule. */
+static enum moe_status bound_size(struct sweep *w, const struct moe_cache_config *c, struct moe_fit_cache_size *z) {
+    struct moe_cache_opt_params op = moe_cache_opt_default_params();
+    struct moe_cache_trace_info hi;
+    moe_cache_trace_info(w->th, &hi);
+    op.max_iters = w->fp->opt_iters, op.max_seconds = w->fp->opt_seconds, op.upper = -1;
+    for (int q = 0; q < P; q++) /* with --prefetch only Twiddler and Belady do not prefetch */
+        if ((!c->prefetch || q == MOE_CACHE_STATIC || q == MOE_CACHE_BELADY) &&
+            (op.upper < 0 || z->st[q].penalty < op.upper))
+            op.upper = z->st[q].penalty;
+    emit(w, MOE_FIT_CACHE_OPT, 0, hi.accesses, z->hi, z->lo, 0, 0);
+    return moe_cache_opt_solve(w->th, c, &op, &z->opt);
+}
+
+/* replay_sizes: every policy on the held-out part at each size (fitted again per size if asked), and its bound. */
 static enum moe_status replay_sizes(struct sweep *w, struct moe_cache_config *c, struct moe_cache_fit_params *cfp,
                                     struct moe_fit_cache_result *r) {
     enum moe_status st;
@@ -326,6 +343,7 @@ static enum moe_status replay_sizes(struct sweep *w, struct moe_cache_config *c,
         c->admit = z->admit;
         for (int q = 0; q < P; q++)
             if ((st = moe_cache_simulate(w->th, (enum moe_cache_policy)q, c, &z->st[q]))) return st;
+        if ((st = bound_size(w, c, z))) return st;
     }
     return MOE_OK;
 }
@@ -378,6 +396,11 @@ double moe_fit_cache_per_token(double x, const struct moe_cache_stats *s) {
 }
 
 double moe_fit_cache_gap(const struct moe_fit_cache_size *z, int q) {
+    double b = z->opt.lower;
+    return b > 0 ? 100.0 * (z->st[q].penalty - b) / b : NAN;
+}
+
+double moe_fit_cache_gap_belady(const struct moe_fit_cache_size *z, int q) {
     double b = z->st[MOE_CACHE_BELADY].penalty;
     return b > 0 ? 100.0 * (z->st[q].penalty - b) / b : NAN;
 }

@@ -2,8 +2,8 @@
  * fit-cache.h - fit-cache as library calls: from a bundle and its profile,
  * the cache sizes to study, HOBBIT's priority fitted on the fit part of the
  * sequences (cache-sim.h) and every policy replayed on the held-out part at
- * each size, then the results written where moe-run and the report read
- * them. docs/cache-sim.md describes the model, the policies and the outputs.
+ * each size against the offline optimum there (cache-opt.h), then the
+ * results written where moe-run and the report read them. docs/cache-sim.md describes the model, the policies and the outputs.
  *
  *     struct moe_fit_cache_params fp = moe_fit_cache_default_params();
  *     fp.cache_high = 8, fp.cache_low = 4;
@@ -28,6 +28,7 @@
 
 #include <stdint.h>
 
+#include "cache-opt.h"
 #include "cache-sim.h"
 #include "moe-bundle.h"
 #include "moe-status.h"
@@ -44,6 +45,7 @@ enum moe_fit_cache_stage {
     MOE_FIT_CACHE_FIT_START, /* the fit at the primary size begins: n_fit, accesses, hi, lo */
     MOE_FIT_CACHE_FIT_SIZE,  /* a fit at another size begins: hi, lo */
     MOE_FIT_CACHE_FIT_STEP,  /* done of total grid points (done > total: refining), seconds */
+    MOE_FIT_CACHE_OPT,       /* the offline optimum at a size begins: hi, lo, accesses */
 };
 
 struct moe_fit_cache_event {
@@ -67,13 +69,17 @@ struct moe_fit_cache_params {
     int prefetch, path_order;     /* EdgeMoE path prefetch of the M most probable, keyed on 1 or 2 layers */
     int fit_per_size;             /* fit again at each size (default 1) */
     int paper;                    /* the paper's four weights, no admission control */
+    int opt_iters;                /* offline optimum: subgradient iterations per size (0: the
+                                   * closed-form bound only; cache-opt.h) */
+    double opt_seconds;           /* and its time limit per size (<= 0: none) */
     void (*progress)(const struct moe_fit_cache_event *ev, void *user); /* may be NULL */
     void *user;
 };
 
 /* moe_fit_cache_default_params: nothing sized yet (fast_mem and cache_high
  * < 0: set one), low share 0.25, held-out 0.3, t1/t2/low_cost from the files,
- * path order 2, a fit per size. */
+ * path order 2, a fit per size, the offline optimum's defaults (5000
+ * iterations, 20 s per size). */
 struct moe_fit_cache_params moe_fit_cache_default_params(void);
 
 /* What the sweep works with, from the bundle and the profile. */
@@ -103,6 +109,7 @@ struct moe_fit_cache_size {
     double w[MOE_CACHE_N_WEIGHTS]; /* HOBBIT weights used at this size */
     int admit;                     /* and its admission control */
     struct moe_cache_stats st[MOE_CACHE_N_POLICIES];
+    struct moe_cache_opt_result opt; /* the offline optimum of the held-out part (penalties, not per token) */
 };
 
 /* What a sweep computed. */
@@ -137,7 +144,9 @@ enum moe_status moe_fit_cache_plan(const struct moe_fit_cache_params *fp, const 
 /* moe_fit_cache_sweep: split the sequences (every k-th held out), fit
  * HOBBIT's weights on the fit part at the primary size (and at every size
  * with fit_per_size), replay every policy on the fit part at the primary size
- * and on the held-out part at each size of r. p is only read. Errors:
+ * and on the held-out part at each size of r, and bound the offline optimum
+ * of the held-out part at each size (moe_cache_opt_solve, given the best
+ * replayed policy that does not prefetch as a known schedule). p is only read. Errors:
  * MOE_ERR_NOT_FOUND when the profile holds no tokens to replay, the
  * simulator's errors (bad traces), MOE_ERR_NOMEM. */
 enum moe_status moe_fit_cache_sweep(const struct moe_fit_cache_params *fp, const struct moe_profile *p,
@@ -161,9 +170,15 @@ enum moe_status moe_fit_cache_write_tuning(const char *path, const struct moe_fi
 /* moe_fit_cache_per_token: x / the tokens of s; NaN without tokens. */
 double moe_fit_cache_per_token(double x, const struct moe_cache_stats *s);
 
-/* moe_fit_cache_gap: policy q's penalty above Belady's at size z, in
- * percent; NaN when Belady's is 0. */
+/* moe_fit_cache_gap: policy q's penalty above the offline optimum's lower
+ * bound at size z (z->opt.lower), in percent; NaN when the bound is 0. A
+ * policy that does not prefetch is never below it (>= 0 up to rounding). */
 double moe_fit_cache_gap(const struct moe_fit_cache_size *z, int q);
+
+/* moe_fit_cache_gap_belady: policy q's penalty above Belady's at size z, in
+ * percent; NaN when Belady's is 0. With two precisions Belady is a heuristic,
+ * not a bound: this gap can be negative. */
+double moe_fit_cache_gap_belady(const struct moe_fit_cache_size *z, int q);
 
 /* moe_fit_cache_best_single: the online policy (not HOBBIT, not Belady)
  * with the lowest penalty in st[MOE_CACHE_N_POLICIES]. */

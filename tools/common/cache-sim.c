@@ -65,6 +65,12 @@ void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_tra
     out->prefetch_slots = tr->n_pf;
 }
 
+int64_t moe_cache_trace_accesses(const struct moe_cache_trace *tr, const int32_t **g, const uint8_t **need) {
+    *g = tr->acc_g;
+    *need = tr->acc_need;
+    return tr->n_acc;
+}
+
 void moe_cache_trace_need_freq(const struct moe_cache_trace *tr, double *f_high, double *f_low) {
     const size_t LE = (size_t)tr->L * tr->E;
     memset(f_high, 0, sizeof *f_high * LE);

@@ -88,6 +88,12 @@ struct moe_cache_trace_info {
 /* moe_cache_trace_info: the counts of tr. */
 void moe_cache_trace_info(const struct moe_cache_trace *tr, struct moe_cache_trace_info *out);
 
+/* moe_cache_trace_accesses: the access stream of tr in replay order: *g
+ * (layer * E + expert) and *need (enum moe_cache_need values), both borrowed
+ * for the life of tr; returns the number of accesses. The offline optimum
+ * (tools/calibrate/cache-opt.h) reads it. */
+int64_t moe_cache_trace_accesses(const struct moe_cache_trace *tr, const int32_t **g, const uint8_t **need);
+
 /* moe_cache_trace_need_freq: per expert, the accesses of tr with need high
  * (f_high[L*E]) and low (f_low[L*E]) divided by its tokens: the token shares
  * of moe_cache_config.freq_high / freq_low (a prompt batch step counts once
