@@ -8,6 +8,10 @@
 # a memory size. The default model is the small MoE trained for the project
 # (datasets/models/tiny-moe-mixtral: Mixtral architecture, BF16); MOE_DEMO_MODEL
 # picks another checkpoint directory, MOE_DEMO_TEXT another calibration text.
+# Then the same stages, shorter, on the second trained model, fine-grained
+# routing (datasets/models/tiny-moe-qwen3: Qwen3-MoE, 12 layers of 32 experts of
+# 32, top-4) when its weights are there; MOE_DEMO_MODEL2 picks another
+# checkpoint of that kind, MOE_DEMO_MODEL2=none skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -148,3 +152,53 @@ echo "offload    25 % of the expert bytes: $(grep '^moe-run: prompt' "$work/offl
 echo "big-little gamma $gamma (the profile's, for a 20 % fallback ratio): $(grep '^moe-run: prompt' "$work/bl-big-little.txt" | sed 's/.*generated/generated/')"
 echo "           vs top-2 $(grep '^moe-run: prompt' "$work/bl-K.txt" | sed 's/.*generated/generated/'); quality on $(basename "$text3"): $bl_quality"
 echo "plan       $mem: predicted $predicted tokens/s, measured $measured tokens/s ($work/plan.txt)"
+
+# ---- the second model: fine-grained routing (issue 25) ----------------------------------------------
+model2=${MOE_DEMO_MODEL2:-datasets/models/tiny-moe-qwen3}
+echo
+if [ "$model2" = none ] || [ ! -f "$model2/model.safetensors" ]; then
+  echo "== second model: skipped ($model2 has no model.safetensors yet: datasets/models/train_moe.py --arch qwen3_moe)"
+  exit 0
+fi
+w2=$work/model2
+mkdir -p "$w2"
+text2b="$model2/heldout/python_docs.txt"
+[ -f "$text2b" ] || text2b="$text"
+text2c="$model2/heldout/c4.txt"
+[ -f "$text2c" ] || text2c="$text2b"
+echo "== second model: $model2 (fine-grained routing, shorter runs)"
+build/moe-prep check "$model2"
+echo "-- quantize: q8_0,q4_k,q2_k (an expert's down rows are its FFN width: k-quants need 256, so narrower ones fall back)"
+build/moe-prep quantize "$model2" -o "$w2/model.moeb" --experts q8_0,q4_k,q2_k --dense q8_0 2>&1 |
+    grep -v '^quantize: ' | grep -E 'note|wrote|experts'
+build/moe-prep inspect "$w2/model.moeb" --verify | grep -E 'bits/weight|checksums'
+echo "-- each expert precision against the checkpoint ($(basename "$text2b"))"
+for p in q8_0 q4_k q2_k; do
+  printf '%-5s %s\n' "$p" "$(build/moe-prep eval "$w2/model.moeb" --expert-precision "$p" --ref "$model2" --dataset "$text2b" \
+      --ctx 256 --max-chunks 4 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //')"
+done
+echo "-- generate (q4_k experts, greedy, 40 tokens)"
+build/moe-run -m "$w2/model.moeb" --expert-precision q4_k -p "The function returns" -n 40 2>"$w2/speed.txt"
+grep '^moe-run: prompt' "$w2/speed.txt" | sed 's/^moe-run: //'
+echo "-- profile: HOBBIT thresholds, stacked-gate accuracy 1-4 layers ahead, placement, big-little with K/2"
+build/moe-prep profile "$w2/model.moeb" --dataset "$text2b" -o "$w2/profile.h5" --ctx 256 --max-tokens 4096 \
+    --csv-dir "$w2/profile-csv" >"$w2/profile.txt" 2>"$w2/profile.log"
+grep -E '^HOBBIT|^gate weight|suggested gamma' "$w2/profile.txt"
+sed -n '/^placement by popularity/,/^ *random/p;/^stacked-gate/,/^ *4 /p' "$w2/profile.txt"
+echo "-- expert cache in a quarter of the q8_0 expert bytes: every policy, HOBBIT fitted, the offline bound"
+q8=$(build/moe-prep inspect "$w2/model.moeb" --json | sed -n '/"name":[[:space:]]*"q8_0"/,/total_bytes/s/.*"total_bytes":[[:space:]]*\([0-9]*\).*/\1/p' | head -n 1)
+build/moe-prep fit-cache "$w2/model.moeb" --profile "$w2/profile.h5" --fast-mem $((q8 / 4)) --fit-once \
+    --opt-seconds 2 2>/dev/null >"$w2/cache.txt" || true
+awk '/^cache:/ { n++ } n == 1' "$w2/cache.txt" # the fitted size; 25/50/75 % of the experts in $w2/cache.txt
+echo "-- offloading: a quarter of the expert bytes against all resident; big-little (K/2) at the profile's gamma"
+build/moe-run -m "$w2/model.moeb" -p "The function returns" -n 64 --ignore-eos >/dev/null 2>"$w2/resident.txt"
+build/moe-run -m "$w2/model.moeb" -p "The function returns" -n 64 --ignore-eos --expert-mem 25% >/dev/null 2>"$w2/offload.txt"
+build/moe-run -m "$w2/model.moeb" -p "The function returns" -n 64 --ignore-eos --expert-mem 25% --little-k 2 \
+    >/dev/null 2>"$w2/bl.txt"
+printf 'all resident  %s\n' "$(grep '^moe-run: prompt' "$w2/resident.txt" | sed 's/.*generated/generated/')"
+printf '25 %% resident %s\n' "$(grep '^moe-run: prompt' "$w2/offload.txt" | sed 's/.*generated/generated/')"
+printf 'big-little    %s; %s\n' "$(grep '^moe-run: prompt' "$w2/bl.txt" | sed 's/.*generated/generated/')" \
+    "$(grep '^moe-run: big-little' "$w2/bl.txt" | sed 's/^moe-run: big-little: //')"
+echo "   quality through the engine at 25 % (one token per step, $(basename "$text2c")): $(build/moe-prep eval "$w2/model.moeb" \
+    --ref "$w2/model.moeb" --dataset "$text2c" --ctx 256 --max-chunks 2 --batch 1 --expert-mem 25% 2>&1 >/dev/null |
+    tail -n 1 | sed 's/^moe-prep eval: //')"

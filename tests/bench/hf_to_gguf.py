@@ -1,22 +1,36 @@
 #!/usr/bin/env python3
-"""Write a Mixtral checkpoint directory (config.json + safetensors, BF16 or
-F32) as a GGUF file that llama.cpp loads, with the `gguf` package: for the
-side-by-side benchmark (tests/bench/bench-llama.py). Not run by CI.
+"""Write a Mixtral or Qwen3-MoE checkpoint directory (config.json +
+safetensors, BF16 or F32) as a GGUF file that llama.cpp loads, with the
+`gguf` package: for the side-by-side benchmark (tests/bench/bench-llama.py)
+and the GGUF round trip of the fine-grained model (tests/bench/gguf-roundtrip.sh).
+Not run by CI.
 
     python3 tests/bench/hf_to_gguf.py datasets/models/tiny-moe-mixtral /tmp/tiny.gguf
+    python3 tests/bench/hf_to_gguf.py datasets/models/tiny-moe-qwen3 /tmp/qwen3.gguf --vocab hf
 
-What it writes: llama.cpp's "llama" architecture with experts (its Mixtral
-layout): token_embd, output_norm, output (unless the embeddings are tied),
-and per layer attn_norm, attn_q/k (rows permuted from the Hugging Face
-rotate-half order to llama.cpp's interleaved RoPE pairs), attn_v,
+What it writes for Mixtral: llama.cpp's "llama" architecture with experts
+(its Mixtral layout): token_embd, output_norm, output (unless the embeddings
+are tied), and per layer attn_norm, attn_q/k (rows permuted from the Hugging
+Face rotate-half order to llama.cpp's interleaved RoPE pairs), attn_v,
 attn_output, ffn_norm, ffn_gate_inp (the router, float32) and the experts
-stacked as ffn_gate_exps / ffn_up_exps / ffn_down_exps. Matrices keep their
-stored type (BF16 stays BF16), vectors become float32. The vocabulary is a
-placeholder of the right size (<unk>, <s>, </s>, the 256 byte tokens, then
-filler pieces; the benchmark feeds token ids), or with --vocab hf the
-checkpoint's own byte-level BPE tokenizer (bench-offload-llama.sh feeds text). Only numpy and
-gguf are needed; safetensors are read by hand (u64 header length, JSON
-header, data), tensors are streamed to the file one at a time.
+stacked as ffn_gate_exps / ffn_up_exps / ffn_down_exps.
+
+For Qwen3-MoE (model_type qwen3_moe): llama.cpp's "qwen3moe" architecture,
+the same names plus attn_q_norm / attn_k_norm (per-head RMSNorm weights), q/k
+rows unpermuted (qwen3moe uses NeoX RoPE, the Hugging Face order), the router
+from mlp.gate, the experts from mlp.experts.E.{gate,up,down}_proj, and
+qwen3moe.expert_feed_forward_length = moe_intermediate_size. llama.cpp's
+qwen3moe always renormalises the top-k weights and has no dense layers, so a
+checkpoint with norm_topk_prob false, mlp_only_layers or decoder_sparse_step
+> 1 is refused.
+
+Matrices keep their stored type (BF16 stays BF16), vectors become float32.
+The vocabulary is a placeholder of the right size (<unk>, <s>, </s>, the 256
+byte tokens, then filler pieces; the benchmark feeds token ids), or with
+--vocab hf the checkpoint's own byte-level BPE tokenizer
+(bench-offload-llama.sh feeds text). Only numpy and gguf are needed;
+safetensors are read by hand (u64 header length, JSON header, data), tensors
+are streamed to the file one at a time.
 """
 import argparse
 import json
@@ -82,13 +96,22 @@ def main():
                          "tokenizer.json (Qwen2-style pre-tokenizer) so llama.cpp tokenizes text as the checkpoint does")
     a = ap.parse_args()
     cfg = json.load(open(os.path.join(a.model, "config.json")))
-    assert cfg.get("model_type") == "mixtral", "only Mixtral checkpoints"
+    mt = cfg.get("model_type")
+    if mt not in ("mixtral", "qwen3_moe"):
+        raise SystemExit(f"hf_to_gguf.py: model_type {mt!r}: only mixtral and qwen3_moe checkpoints")
+    qwen3 = mt == "qwen3_moe"
+    if qwen3 and (not cfg.get("norm_topk_prob", False) or cfg.get("mlp_only_layers")
+                  or cfg.get("decoder_sparse_step", 1) != 1):
+        raise SystemExit("hf_to_gguf.py: llama.cpp's qwen3moe renormalises the top-k weights and has no dense "
+                         "layers: norm_topk_prob must be true, mlp_only_layers empty, decoder_sparse_step 1")
     H, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     nh, nkv, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
     hd = cfg.get("head_dim") or H // nh
-    E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    E = cfg["num_experts"] if qwen3 and "num_experts" in cfg else cfg["num_local_experts"]
+    K = cfg["num_experts_per_tok"]
     theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     ck = Checkpoint(a.model)
+    arch = "qwen3moe" if qwen3 else "llama"
 
     # (name, producer, raw type): producers return numpy arrays in GGUF's row-major order
     plan = []
@@ -109,7 +132,14 @@ def main():
         return make
 
     def experts(kind, l):
-        names = [f"model.layers.{l}.block_sparse_moe.experts.{e}.{kind}.weight" for e in range(E)]
+        if qwen3:
+            names = [f"model.layers.{l}.mlp.experts.{e}.{kind}.weight" for e in range(E)]
+        else:
+            names = [f"model.layers.{l}.block_sparse_moe.experts.{e}.{kind}.weight" for e in range(E)]
+        missing = [n for n in names if not ck.has(n)]
+        if missing:
+            raise SystemExit(f"hf_to_gguf.py: no tensor {missing[0]} (only per-expert tensors are read, not the "
+                             "fused experts.gate_up_proj layout)")
         make = lambda: np.stack([ck.get(n)[0] for n in names])
         w0 = ck.get(names[0])[0]
         make.shape, make.dtype = (E,) + tuple(w0.shape), w0.dtype
@@ -122,6 +152,22 @@ def main():
         plan.append(("output.weight", matrix("lm_head.weight"), raw))
     for l in range(L):
         p, q = f"model.layers.{l}.", f"blk.{l}."
+        if qwen3:  # NeoX RoPE: q/k rows stay in the Hugging Face order
+            plan += [
+                (q + "attn_norm.weight", vector(p + "input_layernorm.weight"), None),
+                (q + "attn_q.weight", matrix(p + "self_attn.q_proj.weight"), raw),
+                (q + "attn_q_norm.weight", vector(p + "self_attn.q_norm.weight"), None),
+                (q + "attn_k.weight", matrix(p + "self_attn.k_proj.weight"), raw),
+                (q + "attn_k_norm.weight", vector(p + "self_attn.k_norm.weight"), None),
+                (q + "attn_v.weight", matrix(p + "self_attn.v_proj.weight"), raw),
+                (q + "attn_output.weight", matrix(p + "self_attn.o_proj.weight"), raw),
+                (q + "ffn_norm.weight", vector(p + "post_attention_layernorm.weight"), None),
+                (q + "ffn_gate_inp.weight", vector(p + "mlp.gate.weight"), None),
+                (q + "ffn_gate_exps.weight", experts("gate_proj", l), raw),
+                (q + "ffn_down_exps.weight", experts("down_proj", l), raw),
+                (q + "ffn_up_exps.weight", experts("up_proj", l), raw),
+            ]
+            continue
         plan += [
             (q + "attn_norm.weight", vector(p + "input_layernorm.weight"), None),
             (q + "attn_q.weight", matrix(p + "self_attn.q_proj.weight", lambda w: permute_rope(w, nh)), raw),
@@ -135,7 +181,7 @@ def main():
             (q + "ffn_up_exps.weight", experts("w3", l), raw),
         ]
 
-    w = gguf.GGUFWriter(a.out, "llama")
+    w = gguf.GGUFWriter(a.out, arch)
     w.add_name(os.path.basename(os.path.normpath(a.model)))
     w.add_context_length(cfg.get("max_position_embeddings", 4096))
     w.add_embedding_length(H)
@@ -150,6 +196,8 @@ def main():
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-5)))
     w.add_expert_count(E)
     w.add_expert_used_count(K)
+    if qwen3:
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_vocab_size(V)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if raw == gguf.GGMLQuantizationType.BF16 else gguf.LlamaFileType.ALL_F32)
     if a.vocab == "hf":

@@ -1,11 +1,13 @@
 /*
- * inflate-moe - widen every routed expert of a Mixtral-named checkpoint with
- * zeros, so that expert bytes grow while the model computes the same function.
+ * inflate-moe - widen every routed expert of a Mixtral- or Qwen-named
+ * checkpoint with zeros, so that expert bytes grow while the model computes
+ * the same function.
  *
  *   inflate-moe IN_DIR OUT_DIR --ffn N
  *
- * Each expert's gate and up matrices (w1, w3: [F x H]) get N - F zero rows and
- * its down matrix (w2: [H x F]) N - F zero columns. The extra hidden units see
+ * Each expert's gate and up matrices (w1, w3 or gate_proj, up_proj: [F x H])
+ * get N - F zero rows and its down matrix (w2 or down_proj: [H x F]) N - F
+ * zero columns. The extra hidden units see
  * gate = up = 0, so silu(0) * 0 = 0 enters the zero columns of down: routing,
  * hidden states and logits stay those of the original model, while every
  * expert holds N/F times the bytes. Used to benchmark expert offloading with a
@@ -13,14 +15,17 @@
  * test-inflate, which checks the "same logits" claim through moe-run.
  *
  * Every other tensor is copied unchanged in its dtype and order; config.json is
- * rewritten with intermediate_size = N (other fields parsed and printed again
- * by cJSON, same values); tokenizer.json, tokenizer_config.json,
- * generation_config.json and special_tokens_map.json are copied when present.
- * Output files are written to a temporary name in OUT_DIR and renamed when
- * complete. Only Mixtral / Phi-MoE tensor names
- * (model.layers.L.block_sparse_moe.experts.E.w{1,2,3}.weight) are handled; a
- * checkpoint with other expert names (Qwen/OLMoE per-expert *_proj, the fused
- * gate_up_proj layout) is refused with a message.
+ * rewritten with the routed experts' width = N (moe_intermediate_size when
+ * config.json has it, as Qwen-MoE and DeepSeek, else intermediate_size; other
+ * fields parsed and printed again by cJSON, same values); tokenizer.json,
+ * tokenizer_config.json, generation_config.json and special_tokens_map.json
+ * are copied when present. Output files are written to a temporary name in
+ * OUT_DIR and renamed when complete. Two namings of per-expert tensors are
+ * handled: Mixtral / Phi-MoE (model.layers.L.block_sparse_moe.experts.E.
+ * w{1,2,3}.weight) and Qwen-MoE / OLMoE / DeepSeek (model.layers.L.mlp.
+ * experts.E.{gate,up,down}_proj.weight; shared experts are not routed and stay
+ * as they are); a checkpoint with other expert names (the fused gate_up_proj
+ * layout) is refused with a message.
  *
  * Exit: 0 ok, 1 failure (bad input, I/O), 2 usage error.
  */
@@ -49,15 +54,16 @@ static void usage(FILE *f) {
             "usage: inflate-moe IN_DIR OUT_DIR --ffn N\n"
             "\n"
             "Widens every routed expert's FFN from F to N hidden units with zeros:\n"
-            "w1/w3 (gate/up, [F x H]) get zero rows, w2 (down, [H x F]) zero columns.\n"
+            "gate/up ([F x H]) get zero rows, down ([H x F]) zero columns.\n"
             "The model's routing and logits stay the same; expert bytes grow N/F times.\n"
             "Writes OUT_DIR/model.safetensors (other tensors unchanged, same dtypes),\n"
-            "config.json with intermediate_size = N, and copies the tokenizer and\n"
-            "generation files. Files are written to temporary names and renamed.\n"
+            "config.json with moe_intermediate_size (when present, as Qwen-MoE) or else\n"
+            "intermediate_size = N, and copies the tokenizer and generation files. Files\n"
+            "are written to temporary names and renamed.\n"
             "\n"
-            "Only Mixtral-style expert names are handled\n"
-            "(model.layers.L.block_sparse_moe.experts.E.w1|w2|w3.weight, as in Mixtral and\n"
-            "Phi-MoE); per-expert *_proj names and the fused gate_up_proj layout are refused.\n"
+            "Expert names handled: model.layers.L.block_sparse_moe.experts.E.w1|w2|w3.weight\n"
+            "(Mixtral, Phi-MoE) and model.layers.L.mlp.experts.E.gate_proj|up_proj|down_proj.weight\n"
+            "(Qwen-MoE, OLMoE, DeepSeek); the fused gate_up_proj layout is refused.\n"
             "\n"
             "options:\n"
             "  --ffn N     new expert FFN width (N >= the model's intermediate_size)\n"
@@ -67,15 +73,24 @@ static void usage(FILE *f) {
             "  inflate-moe datasets/models/tiny-moe-mixtral /tmp/moe-inflated --ffn 8192\n");
 }
 
-/* parse_expert_name: 1 and the matrix number (1..3) when `name` is a Mixtral
- * routed-expert weight, else 0. */
+/* parse_expert_name: 1 and the matrix number in Mixtral's terms (1 gate,
+ * 2 down, 3 up) when `name` is a routed-expert weight of either naming, else 0. */
 static int parse_expert_name(const char *name, int *which) {
     int l, e, w, end = -1;
-    if (sscanf(name, "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight%n", &l, &e, &w, &end) != 3 ||
-        end < 0 || name[end] != 0 || l < 0 || e < 0 || w < 1 || w > 3)
-        return 0;
-    *which = w;
-    return 1;
+    if (sscanf(name, "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight%n", &l, &e, &w, &end) == 3 && end >= 0 &&
+        name[end] == 0 && l >= 0 && e >= 0 && w >= 1 && w <= 3) {
+        *which = w;
+        return 1;
+    }
+    static const char *const proj[3] = {"gate_proj.weight", "down_proj.weight", "up_proj.weight"};
+    end = -1;
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%n", &l, &e, &end) != 2 || end < 0 || l < 0 || e < 0) return 0;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name + end, proj[i])) {
+            *which = i + 1;
+            return 1;
+        }
+    return 0;
 }
 
 /* looks_like_other_expert: a tensor of routed experts under a naming this tool
@@ -176,10 +191,10 @@ static int copy_side_file(const char *in_dir, const char *out_dir, const char *n
     return rc;
 }
 
-/* write_config: config.json with intermediate_size replaced by n_ffn. */
-static int write_config(cJSON *cfg, const char *out_dir, long long n_ffn) {
+/* write_config: config.json with the experts' width (`key`) replaced by n_ffn. */
+static int write_config(cJSON *cfg, const char *key, const char *out_dir, long long n_ffn) {
     cJSON *num = cJSON_CreateNumber((double)n_ffn);
-    if (!num || !cJSON_ReplaceItemInObjectCaseSensitive(cfg, "intermediate_size", num)) {
+    if (!num || !cJSON_ReplaceItemInObjectCaseSensitive(cfg, key, num)) {
         cJSON_Delete(num);
         return -1;
     }
@@ -235,7 +250,8 @@ static int plan(const struct moe_safetensors *st, long long F, long long H, enum
             if (looks_like_other_expert(t->name)) {
                 fprintf(stderr,
                         "inflate-moe: tensor '%s' is a routed expert under a naming this tool does not handle; "
-                        "only Mixtral-style model.layers.L.block_sparse_moe.experts.E.w1|w2|w3.weight are supported\n",
+                        "only per-expert model.layers.L.block_sparse_moe.experts.E.w1|w2|w3.weight and "
+                        "model.layers.L.mlp.experts.E.gate_proj|up_proj|down_proj.weight are supported\n",
                         t->name);
                 return -1;
             }
@@ -252,8 +268,8 @@ static int plan(const struct moe_safetensors *st, long long F, long long H, enum
         *n_experts += w == 1;
     }
     if (*n_experts == 0) {
-        fprintf(stderr, "inflate-moe: no Mixtral-style expert tensors "
-                        "(model.layers.L.block_sparse_moe.experts.E.w1.weight) found\n");
+        fprintf(stderr, "inflate-moe: no routed expert tensors (model.layers.L.block_sparse_moe.experts.E.w1.weight "
+                        "or model.layers.L.mlp.experts.E.gate_proj.weight) found\n");
         return -1;
     }
     return 0;
@@ -395,14 +411,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "inflate-moe: %s is not a JSON object\n", cfg_path);
         goto done;
     }
-    long long F = config_int(cfg, "intermediate_size"), H = config_int(cfg, "hidden_size");
+    /* the routed experts' width: Qwen-MoE and DeepSeek keep it apart from the dense MLP's */
+    const char *f_key = cJSON_GetObjectItemCaseSensitive(cfg, "moe_intermediate_size") ? "moe_intermediate_size"
+                                                                                         : "intermediate_size";
+    long long F = config_int(cfg, f_key), H = config_int(cfg, "hidden_size");
     if (F <= 0 || H <= 0) {
-        fprintf(stderr, "inflate-moe: %s needs positive integer intermediate_size and hidden_size\n", cfg_path);
+        fprintf(stderr, "inflate-moe: %s needs positive integer %s and hidden_size\n", cfg_path, f_key);
         goto done;
     }
     if (N < F) {
-        fprintf(stderr, "inflate-moe: --ffn %lld is smaller than the model's intermediate_size %lld; "
-                        "this tool only widens experts\n", N, F);
+        fprintf(stderr, "inflate-moe: --ffn %lld is smaller than the model's %s %lld; "
+                        "this tool only widens experts\n", N, f_key, F);
         goto done;
     }
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
@@ -431,7 +450,7 @@ int main(int argc, char **argv) {
         in_bytes += t->nbytes;
         if (kind[i] != PAD_NONE) in_expert += t->nbytes;
     }
-    if (write_model(st, kind, N, meta, out_dir, &out_bytes) || write_config(cfg, out_dir, N)) goto done;
+    if (write_model(st, kind, N, meta, out_dir, &out_bytes) || write_config(cfg, f_key, out_dir, N)) goto done;
     static const char *const side[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                        "special_tokens_map.json"};
     for (size_t i = 0; i < sizeof side / sizeof side[0]; i++) {
