@@ -36,7 +36,9 @@ struct moe_session_params moe_session_default_params(void) {
 
 struct moe_session {
     const struct moe_model *m;
-    struct moe_session_params p;
+    struct moe_session_params p; /* p.store is NULL after create (it was borrowed for that call) */
+    int budget;                 /* a budget's store (p.store was given) */
+    int prefetch_layers;        /* its stacked-gating prefetch distance (moe_store_params) */
     struct moe_backend *be;
     struct moe_store *store;    /* the expert store: a budget's, or in place (every expert resident) */
     int pos;                    /* tokens in the current sequence's cache */
@@ -392,8 +394,8 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
     if (n_tok == 1) cache_route(s, l, K, s->router_logits, s->sel, s->sel_w);
     struct moe_store_plan *plan;
     if ((st = moe_store_plan(s->store, l, pos0, n_tok, s->sel, s->sel_w, K, &plan))) return st;
-    if (n_tok == 1 && s->p.store && s->p.store->prefetch_layers > 0) { /* HOBBIT's stacked gating */
-        for (int j = l + 1, ahead = 1; j < c->n_layer && ahead <= s->p.store->prefetch_layers; j++) {
+    if (n_tok == 1 && s->budget && s->prefetch_layers > 0) { /* HOBBIT's stacked gating */
+        for (int j = l + 1, ahead = 1; j < c->n_layer && ahead <= s->prefetch_layers; j++) {
             if (!c->layer_moe[j]) continue;
             int32_t psel[64];
             float pw[64];
@@ -577,6 +579,8 @@ enum moe_status moe_session_create(const struct moe_model *model, const struct m
             free(s);
             return st;
         }
+        s->budget = s->p.store != NULL, s->prefetch_layers = sp.prefetch_layers;
+        s->p.store = NULL; /* borrowed for this call only */
     }
     *out = s;
     return MOE_OK;
@@ -744,7 +748,7 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     if (!fall) return MOE_OK;
     s->bl.fallbacks++;
     s->pos--;
-    if (s->p.store) /* the first MoE layers' experts, before the big pass starts */
+    if (s->budget) /* the first MoE layers' experts, before the big pass starts */
         for (int ml = 0; ml < s->n_moe && ml < s->p.bl_prefetch_layers; ml++) bl_hint(s, ml, ml + 1);
     s->bl_phase = 2, s->redo = 1, s->k_cur = s->p.n_expert_used;
     st = moe_backend_embed(s->be, tok, 1);

@@ -142,11 +142,31 @@ const char *moe_big_little_options_help(void);
  * "PROG: message"). */
 int moe_engine_option(const char *prog, struct moe_engine_args *e, const struct moe_opt *o, const char *v);
 
+/* moe_engine_read_plan: a bundle's applied plan (moe-prep plan --apply) as
+ * the starting point of the store options: *plan read from MODEL's tuning,
+ * *store made from it with the n store options given (names[i] = values[i],
+ * in command-line order) applied again on top, and a note on stderr naming
+ * the plan. 1 used, 0 none (no_plan, not a bundle, no plan in it: *store and
+ * *plan untouched; a file that cannot be opened is left for the model load to
+ * report), -1 an option that does not apply over the plan (after a message). */
+int moe_engine_read_plan(const char *prog, const char *model, int no_plan, const char *const *names,
+                         const char *const *values, int n, struct moe_store_params *store, struct moe_tuning_plan *plan);
+
+/* moe_engine_big_little: --little-k / --gamma / --bl-prefetch (-1, NaN, -1:
+ * not given) into sp's little_k, gamma, n_expert_used and
+ * bl_prefetch_layers; off when neither little_k nor gamma is given or
+ * little_k is 0; little_k's default K/2, gamma's the bundle's mobile.gamma,
+ * else 0.7 (with a note). 1 ok, 0 after a message (a little model the model
+ * cannot run). */
+int moe_engine_big_little(const char *prog, int little_k, double gamma, int bl_prefetch, const struct moe_model *m,
+                          struct moe_session_params *sp);
+
 /* moe_engine_load: a bundle's applied plan (moe-prep plan --apply) as the
  * starting point of the store options unless --no-plan (the options given
  * applied again on top; a note on stderr says so), then the model (lazy
  * experts with a budget) and the session parameters (store, device, threads,
- * context, batch, big-little) in *sp, which points into *e (keep e alive
+ * context, batch, big-little: the plan's when no big-little option was
+ * given) in *sp, which points into *e (keep e alive
  * while sp is used). 0 ok, else the exit status after a message on stderr
  * (a --little-k the model cannot run: 2). */
 int moe_engine_load(const char *prog, struct moe_engine_args *e, struct moe_model **model,

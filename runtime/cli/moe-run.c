@@ -625,37 +625,6 @@ static void print_store_stats(const struct moe_session *sess) {
             (long long)s.prefetch_loads, (long long)s.prefetch_used, (double)s.peak_resident_bytes / 1e6);
 }
 
-/* big_little_params: --little-k / --gamma (with the bundle's mobile.gamma as
- * the default threshold) into the session params; 0 after a message. */
-static int big_little_params(const struct args *a, const struct moe_model *m, struct moe_session_params *sp) {
-    const struct moe_config *c = &m->cfg;
-    if (a->little_k == 0 || (a->little_k < 0 && isnan(a->gamma))) return 1; /* off */
-    const int K = c->n_expert_used;
-    int k2 = a->little_k > 0 ? a->little_k : K / 2;
-    if (k2 < 1 || k2 >= K) {
-        fprintf(stderr, "moe-run: big-little needs a little model with 1 .. %d experts per token (the model routes "
-                        "to %d); got %d\n", K - 1, K, k2);
-        return 0;
-    }
-    double g = a->gamma;
-    if (isnan(g)) {
-        struct moe_tuning t;
-        int L = 0;
-        for (int l = 0; l < c->n_layer; l++) L += c->layer_moe[l] != 0;
-        g = 0.7;
-        if (m->bundle && L > 0 && moe_tuning_read(moe_bundle_tuning(m->bundle), L, c->n_expert, &t) == MOE_OK &&
-            t.has_gamma)
-            g = t.gamma;
-        else
-            fprintf(stderr, "moe-run: no mobile.gamma in the model's tuning (moe-prep profile writes one); gamma 0.7\n");
-    }
-    sp->n_expert_used = K;
-    sp->little_k = k2;
-    sp->gamma = g;
-    if (a->bl_prefetch >= 0) sp->bl_prefetch_layers = a->bl_prefetch;
-    return 1;
-}
-
 static int is_eos(const struct moe_model *m, int32_t id) {
     for (int i = 0; i < m->cfg.n_eos; i++)
         if (m->cfg.eos_ids[i] == id) return 1;
@@ -678,33 +647,13 @@ static void print_text_delta(const struct moe_tokenizer *tok, const int32_t *ids
 
 /* apply_plan: a bundle's applied plan (moe-prep plan --apply) as the
  * starting point of the engine options, the ones given on the command line
- * applied again on top. 0 after a message. */
+ * applied again on top (moe_engine_read_plan), and its big-little decoding
+ * unless an option chose. 0 after a message. */
 static int apply_plan(struct args *a) {
-    /* only a bundle has a plan; anything else (a missing file included) the model load reports, once */
-    if (a->no_plan || moe_is_dir(a->model) || access(a->model, R_OK) != 0 || moe_gguf_is_gguf_file(a->model)) return 1;
-    struct moe_bundle *b = NULL;
-    if (moe_bundle_open(a->model, &b) != MOE_OK) return 1; /* the model load reports it */
-    uint32_t nl = 0, ne = 0, np = 0;
-    moe_bundle_expert_layout(b, &nl, &ne, &np);
-    int L = 0;
-    for (uint32_t l = 0; l < nl; l++) L += moe_bundle_layer_has_experts(b, l);
-    struct moe_tuning t;
-    if (L > 0 && ne > 0 && moe_tuning_read(moe_bundle_tuning(b), L, (int)ne, &t) == MOE_OK && t.has_plan) {
-        a->plan = t.plan;
-        a->have_plan = 1;
-    }
-    moe_bundle_free(b);
-    if (!a->have_plan) return 1;
-    struct moe_store_params sp = moe_store_default_params();
-    moe_store_params_from_plan(&sp, &a->plan);
-    for (int i = 0; i < a->n_engine; i++) {
-        char err[256];
-        if (moe_store_parse_option(&sp, a->engine_name[i], a->engine_value[i], err, sizeof err) != MOE_OK) {
-            fprintf(stderr, "moe-run: %s\n", err);
-            return 0;
-        }
-    }
-    a->store = sp;
+    const int pl = moe_engine_read_plan("moe-run", a->model, a->no_plan, a->engine_name, a->engine_value, a->n_engine,
+                                        &a->store, &a->plan);
+    if (pl <= 0) return pl == 0;
+    a->have_plan = 1;
     a->use_store = moe_store_params_active(&a->store);
     if (a->little_k < 0 && isnan(a->gamma)) {
         if (a->trace_out && a->plan.little_k > 0)
@@ -714,11 +663,6 @@ static int apply_plan(struct args *a) {
             if (a->plan.little_k > 0) a->gamma = a->plan.gamma;
         }
     }
-    fprintf(stderr, "moe-run: using the bundle's plan for %.0f MiB (moe-prep plan --apply; %.2f tok/s predicted on %d "
-                    "threads): expert memory %.1f MiB%s%s, policy %s%s%s (--no-plan ignores it)\n",
-            (double)a->plan.mem / 1048576, a->plan.tok_s, a->plan.threads, (double)a->plan.expert_mem / 1048576,
-            a->plan.high[0] ? ", high " : "", a->plan.high, a->plan.policy,
-            a->plan.dynamic ? ", dynamic precision" : "", a->plan.little_k ? ", big-little" : "");
     return 1;
 }
 
@@ -834,7 +778,7 @@ static int make_session(struct args *a, struct run *r) {
     sp->record_trace = a->trace_out != NULL;
     sp->device = a->gpu.device_spec;
     sp->device_options = &a->gpu;
-    if (!big_little_params(a, r->model, sp)) return 0;
+    if (!moe_engine_big_little("moe-run", a->little_k, a->gamma, a->bl_prefetch, r->model, sp)) return 0;
     sp->n_threads = a->n_threads;
     sp->n_ctx = a->n_ctx;
     sp->n_batch = a->n_batch;

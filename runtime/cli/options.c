@@ -484,49 +484,51 @@ int moe_engine_option(const char *prog, struct moe_engine_args *e, const struct 
     return moe_device_option(prog, &e->gpu, n, v);
 }
 
-/* engine_plan: a bundle's applied plan under the options given. 1 ok. */
-static int engine_plan(const char *prog, struct moe_engine_args *e) {
-    if (e->no_plan || moe_is_dir(e->model) || access(e->model, R_OK) != 0 || moe_gguf_is_gguf_file(e->model)) return 1;
+int moe_engine_read_plan(const char *prog, const char *model, int no_plan, const char *const *names,
+                         const char *const *values, int n, struct moe_store_params *store, struct moe_tuning_plan *plan) {
+    /* only a bundle has a plan; anything else (a missing file included) the model load reports, once */
+    if (no_plan || !model || moe_is_dir(model) || access(model, R_OK) != 0 || moe_gguf_is_gguf_file(model)) return 0;
     struct moe_bundle *b = NULL;
-    if (moe_bundle_open(e->model, &b) != MOE_OK) return 1; /* the model load reports it */
+    if (moe_bundle_open(model, &b) != MOE_OK) return 0; /* the model load reports it */
     uint32_t nl = 0, ne = 0, np = 0;
     moe_bundle_expert_layout(b, &nl, &ne, &np);
-    int L = 0;
+    int L = 0, have = 0;
     for (uint32_t l = 0; l < nl; l++) L += moe_bundle_layer_has_experts(b, l);
     struct moe_tuning t;
     if (L > 0 && ne > 0 && moe_tuning_read(moe_bundle_tuning(b), L, (int)ne, &t) == MOE_OK && t.has_plan)
-        e->plan = t.plan, e->have_plan = 1;
+        *plan = t.plan, have = 1;
     moe_bundle_free(b);
-    if (!e->have_plan) return 1;
+    if (!have) return 0;
     struct moe_store_params sp = moe_store_default_params();
-    moe_store_params_from_plan(&sp, &e->plan);
-    for (int i = 0; i < e->n_store_opts; i++) {
+    moe_store_params_from_plan(&sp, plan);
+    for (int i = 0; i < n; i++) {
         char err[256];
-        if (moe_store_parse_option(&sp, e->store_name[i], e->store_value[i], err, sizeof err) != MOE_OK) {
+        if (moe_store_parse_option(&sp, names[i], values[i], err, sizeof err) != MOE_OK) {
             fprintf(stderr, "%s: %s\n", prog, err);
-            return 0;
+            return -1;
         }
     }
-    e->store = sp;
-    fprintf(stderr, "%s: using the bundle's plan (moe-prep plan --apply): expert memory %.1f MiB, policy %s "
-                    "(--no-plan ignores it)\n", prog, (double)e->plan.expert_mem / 1048576, e->plan.policy);
+    *store = sp;
+    fprintf(stderr, "%s: using the bundle's plan for %.0f MiB (moe-prep plan --apply; %.2f tok/s predicted on %d "
+                    "threads): expert memory %.1f MiB%s%s, policy %s%s%s (--no-plan ignores it)\n",
+            prog, (double)plan->mem / 1048576, plan->tok_s, plan->threads, (double)plan->expert_mem / 1048576,
+            plan->high[0] ? ", high " : "", plan->high, plan->policy, plan->dynamic ? ", dynamic precision" : "",
+            plan->little_k ? ", big-little" : "");
     return 1;
 }
 
-/* engine_big_little: --little-k / --gamma / --bl-prefetch into *sp (gamma's
- * default: the bundle's mobile.gamma, else 0.7). 1 ok (or off), 0 after a message. */
-static int engine_big_little(const char *prog, const struct moe_engine_args *e, const struct moe_model *m,
-                             struct moe_session_params *sp) {
+int moe_engine_big_little(const char *prog, int little_k, double gamma, int bl_prefetch, const struct moe_model *m,
+                          struct moe_session_params *sp) {
     const struct moe_config *c = &m->cfg;
-    if (e->little_k == 0 || (e->little_k < 0 && isnan(e->gamma))) return 1; /* off */
+    if (little_k == 0 || (little_k < 0 && isnan(gamma))) return 1; /* off */
     const int K = c->n_expert_used;
-    const int k2 = e->little_k > 0 ? e->little_k : K / 2;
+    const int k2 = little_k > 0 ? little_k : K / 2;
     if (k2 < 1 || k2 >= K) {
         fprintf(stderr, "%s: big-little needs a little model with 1 .. %d experts per token (the model routes "
                         "to %d); got %d\n", prog, K - 1, K, k2);
         return 0;
     }
-    double g = e->gamma;
+    double g = gamma;
     if (isnan(g)) {
         struct moe_tuning t;
         int L = 0;
@@ -541,7 +543,7 @@ static int engine_big_little(const char *prog, const struct moe_engine_args *e, 
     sp->n_expert_used = K;
     sp->little_k = k2;
     sp->gamma = g;
-    if (e->bl_prefetch >= 0) sp->bl_prefetch_layers = e->bl_prefetch;
+    if (bl_prefetch >= 0) sp->bl_prefetch_layers = bl_prefetch;
     return 1;
 }
 
@@ -552,7 +554,15 @@ int moe_engine_load(const char *prog, struct moe_engine_args *e, struct moe_mode
         fprintf(stderr, "%s: no model given; use -m MODEL (see %s --help)\n", prog, prog);
         return 2;
     }
-    if (!moe_device_built(prog, e->gpu.device_spec) || !engine_plan(prog, e)) return 2;
+    if (!moe_device_built(prog, e->gpu.device_spec)) return 2;
+    const int pl = moe_engine_read_plan(prog, e->model, e->no_plan, e->store_name, e->store_value, e->n_store_opts,
+                                        &e->store, &e->plan);
+    if (pl < 0) return 2;
+    e->have_plan = pl;
+    if (pl && e->little_k < 0 && isnan(e->gamma)) { /* the plan's big-little, unless the options say otherwise */
+        e->little_k = e->plan.little_k;
+        if (e->plan.little_k > 0) e->gamma = e->plan.gamma;
+    }
     e->use_store = moe_store_params_active(&e->store);
     struct moe_model_params mp = moe_model_default_params();
     mp.expert_precision = e->expert_precision;
@@ -567,7 +577,7 @@ int moe_engine_load(const char *prog, struct moe_engine_args *e, struct moe_mode
     sp->device = e->gpu.device_spec;
     sp->device_options = &e->gpu;
     sp->n_threads = e->n_threads, sp->n_ctx = e->n_ctx, sp->n_batch = e->n_batch;
-    if (!engine_big_little(prog, e, *model, sp)) {
+    if (!moe_engine_big_little(prog, e->little_k, e->gamma, e->bl_prefetch, *model, sp)) {
         moe_model_free(*model);
         *model = NULL;
         return 2;
