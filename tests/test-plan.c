@@ -290,8 +290,31 @@ static void hw_table(void) {
     free(b);
 }
 
+/* no_decode: a prompt as long as every sequence leaves nothing to decode:
+ * refused, not a plan of "nan" tokens/s. */
+static void no_decode(void) {
+    struct moe_trace t = make_trace(1);
+    struct moe_plan_model m = model();
+    struct moe_hw_model hm;
+    struct moe_hw_storage hs;
+    hw(&hm, &hs, 2e-4, 1e-4, 1e-3, 1e-6, 2e-4, 5e8);
+    struct moe_plan_params pp = moe_plan_default_params();
+    pp.mem = m.fixed_bytes + (int64_t)400000;
+    struct moe_plan p = exact_plan();
+    pp.prompt_len = NTOK;
+    CHECK(moe_plan_predict(&t, &m, &hm, &hs, &pp, &p) == MOE_ERR_INVALID, "a prompt of every token (%d) refused", NTOK);
+    pp.prompt_len = NTOK - 1;
+    p = exact_plan();
+    CHECK(moe_plan_predict(&t, &m, &hm, &hs, &pp, &p) == MOE_OK && isfinite(p.tok_s) && p.tok_s > 0,
+          "one token left to decode: %g tok/s", p.tok_s);
+    struct moe_plan_result r;
+    pp.prompt_len = NTOK + 5;
+    CHECK(moe_plan_search(&t, &m, &hm, &hs, &pp, &r) == MOE_ERR_INVALID, "the search refuses it too");
+}
+
 int main(void) {
     compute_bound();
+    no_decode();
     storage_bound();
     monotone();
     search();

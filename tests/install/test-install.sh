@@ -10,7 +10,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/moe-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
-for f in bin/moe-run bin/moe-prep include/moe/moe-model.h include/moe/moe-bundle.h include/moe/moe-dataset.h; do
+for f in bin/moe-run bin/moe-serve bin/moe-prep include/moe/moe-model.h include/moe/moe-bundle.h include/moe/moe-dataset.h; do
     [ -e "$prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done
 libdir=$(find "$prefix" -name moe.pc -path '*/pkgconfig/*' -exec dirname {} \; | head -n 1)

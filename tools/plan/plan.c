@@ -207,8 +207,19 @@ enum moe_status moe_plan_predict(const struct moe_trace *t, const struct moe_pla
     enum moe_status st = MOE_ERR_NOMEM;
     if (!held || !seqs || !tm.ready) goto done;
     int n_held = moe_cache_split(t->n_seq, pp->heldout, held), ns = 0;
+    int64_t longest = 0;
     for (int i = 0; i < t->n_seq; i++)
-        if (held[i] || n_held == 0) seqs[ns++] = i;
+        if (held[i] || n_held == 0) {
+            seqs[ns++] = i;
+            const int64_t len = t->seq_start[i + 1] - t->seq_start[i];
+            longest = len > longest ? len : longest;
+        }
+    if (longest <= pp->prompt_len) { /* every token would be a prompt token: no decode speed to predict */
+        MOE_LOGE("plan: the profile's sequences are at most %lld tokens, so a prompt of %d leaves none to decode; give "
+                 "a smaller --prompt-len or profile with a longer --ctx", (long long)longest, pp->prompt_len);
+        st = MOE_ERR_INVALID;
+        goto done;
+    }
     struct moe_cache_trace_params tp = moe_cache_trace_default_params();
     tp.prompt_len = pp->prompt_len;
     tp.t1 = p->low >= 0 ? p->t1 : 1, tp.t2 = 1; /* the store's default: nothing skipped, past T2 loads low */
