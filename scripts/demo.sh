@@ -98,6 +98,12 @@ printf 'all resident  %s\n' "$(grep '^moe-run: prompt' "$work/resident-speed.txt
 printf '25 %% resident %s\n' "$(grep '^moe-run: prompt' "$work/offload-speed.txt" | sed 's/^moe-run: //')"
 printf '              %s\n' "$(grep '^moe-run: experts:.*cache' "$work/offload-speed.txt" | sed 's/^moe-run: experts: //')"
 echo "   stats: $work/offload-stats.json; same text as all resident: $(cmp -s "$work/resident.txt" "$work/offload.txt" && echo yes || echo 'no (dynamic precision)')"
+# the miss path against the storage: each read's rate (read, checksum, interleave) next to a plain O_DIRECT read
+stat_of() { sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\([-0-9.eE+]*\).*/\1/p" "$work/offload-stats.json" | head -n 1; }
+storage=$(dd if="$work/model.moeb" of=/dev/null bs=1M iflag=direct 2>&1 | sed -n 's/.*, \([0-9.,]* [kMG]*B\/s\)$/\1/p')
+echo "   reads: $(awk -v b="$(stat_of bytes_read_per_decode_token)" 'BEGIN { printf "%.2f MB", b / 1e6 }') per decoded token," \
+     "each at $(awk -v r="$(stat_of read_bytes_per_s)" 'BEGIN { printf "%.0f MB/s", r / 1e6 }') (read, checksum, interleave);" \
+     "the storage: ${storage:-n/a} (dd, O_DIRECT, the whole bundle)"
 offload_quality=$(build/moe-prep eval "$work/model.moeb" --ref "$work/model.moeb" --dataset "$text3" --ctx 256 \
     --max-chunks 4 --batch 1 --expert-mem 25% 2>&1 >/dev/null | tail -n 1 | sed 's/^moe-prep eval: //')
 echo "   quality through the engine (one token per step) against all resident: $offload_quality"
