@@ -886,7 +886,7 @@ step_uma() {
   ib=$(offload_bundle)
   ids=$(fact ids40)
   V=$(sed -n 's/.*"vocab_size"[[:space:]]*:[[:space:]]*\([0-9]*\).*/\1/p' "$MODEL/config.json")
-  if ! "$GC_BIN/moe-run" --help 2>&1 | grep -q -- '--uma'; then
+  if ! grep -q -- '--uma' <<<"$("$GC_BIN/moe-run" --help 2>&1)"; then
     kv status option-missing
     kv reason "moe-run has no --uma"
     return
@@ -1236,7 +1236,7 @@ dry_checks() {
   if [ $cuda = 1 ]; then
     [ -x "$GC_BIN/tests/bench-cuda" ]
     check "program tests/bench-cuda" $?
-    "$GC_BIN/moe-run" --version 2>&1 | grep -q cuda
+    grep -q cuda <<<"$("$GC_BIN/moe-run" --version 2>&1)"
     check "moe-run --version lists the cuda backend" $?
     local list=$GC_WORK/gpu-tests.tsv n=0 name exe args
     while IFS=$'\t' read -r name exe args; do
@@ -1257,11 +1257,11 @@ dry_checks() {
   if [ -x "$GC_BIN/moe-run" ]; then
     help=$("$GC_BIN/moe-run" --help 2>&1)
     for o in $RUN_OPTS; do
-      echo "$help" | grep -q -e "^ *${o}[ ,=]" -e ", ${o}[ =]" -e "^ *${o}\$"
+      grep -q -e "^ *${o}[ ,=]" -e ", ${o}[ =]" -e "^ *${o}\$" <<<"$help"
       check "moe-run option $o" $?
     done
     local w found=""
-    for w in $GRAPH_WORDS; do echo "$help" | grep -q -i -- "--[a-z-]*$w" && found=1; done
+    for w in $GRAPH_WORDS; do grep -q -i -- "--[a-z-]*$w" <<<"$help" && found=1; done
     [ -n "$found" ] && echo "  note     moe-run has a graph option: step graphs reports it (extend it)" ||
       echo "  note     moe-run has no CUDA-graph option: step graphs will report not-implemented (expected)"
   fi
@@ -1269,7 +1269,8 @@ dry_checks() {
     for o in $PREP_OPTS; do
       sub=${o%%:*}
       opts=${o#*:}
-      "$GC_BIN/moe-prep" "$sub" --help 2>&1 | grep -q -e "^ *${opts}[ ,=]" -e ", ${opts}[ =]"
+      # the help captured first: grep -q leaving early would SIGPIPE a writer (pipefail)
+      grep -q -e "^ *${opts}[ ,=]" -e ", ${opts}[ =]" <<<"$("$GC_BIN/moe-prep" "$sub" --help 2>&1)"
       check "moe-prep $sub option $opts" $?
     done
   fi
