@@ -31,6 +31,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "moe-bundle.h"
 #include "moe-test.h"
 #include "moe-test-model.h"
 #include "moe-test-bundle-patch.h"
@@ -200,6 +201,32 @@ static int h_part_rows(const char *dir) {
         rc = 0;
     free(img);
     return fclose(f) == 0 ? rc : -1;
+}
+
+/* h_damaged_experts: one byte flipped in the middle of every expert blob of
+ * dir/b.moeb (the directory and its checksums untouched): storage that
+ * returns damaged bytes, which the expert store finds by their checksum. */
+static int h_damaged_experts(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/b.moeb", dir);
+    struct moe_bundle *b = NULL;
+    if (moe_bundle_open(path, &b) != MOE_OK) return -1;
+    uint32_t nl = 0, ne = 0, np = 0;
+    moe_bundle_expert_layout(b, &nl, &ne, &np);
+    FILE *f = fopen(path, "r+b");
+    int rc = f && nl > 0 ? 0 : -1;
+    for (uint32_t l = 0; !rc && l < nl; l++)
+        for (uint32_t e = 0; !rc && moe_bundle_layer_has_experts(b, l) && e < ne; e++)
+            for (uint32_t p = 0; !rc && p < np; p++) {
+                struct moe_bundle_blob bl;
+                int c;
+                const long at = moe_bundle_expert(b, l, e, p, &bl) == MOE_OK ? (long)(bl.offset + bl.stored_size / 2) : -1;
+                rc = at < 0 || fseek(f, at, SEEK_SET) || (c = fgetc(f)) == EOF || fseek(f, at, SEEK_SET) ||
+                     fputc(c ^ 0x5a, f) == EOF;
+            }
+    moe_bundle_free(b);
+    if (f && fclose(f)) rc = -1;
+    return rc ? -1 : 0;
 }
 
 /* A small calibration text: the same sentence mix the demo uses. */
@@ -449,6 +476,9 @@ static const struct row k_rows[] = {
      "$RUN -m b.moeb --tokens 1,2 -n 1 --expert-mem 50%", 1, "expert blobs do not hold", NULL, h_part_rows},
     {"precision descriptor contradicts the config (moe-run)", BUNDLE, "$RUN -m b.moeb --tokens 1,2 -n 1", 1,
      "expert blobs do not hold", NULL, h_part_rows},
+    /* issue 31 item 6: expert bytes damaged on disk: read twice, then exit 1 naming layer, expert, precision, offset */
+    {"damaged expert bytes (moe-run --expert-mem)", BUNDLE, "$RUN -m b.moeb --tokens 1,2 -n 2 --expert-mem 50%", 1,
+     "fail their checksum (2 reads", NULL, h_damaged_experts},
 
     /* ---- 4 (and 10): results files that contradict themselves are refused on read */
     {"profile merge with an infinite gate weight", TEXT " && " SHARDS, "$PREP profile merge s1.h5 s2.h5 -o m.h5", 1,

@@ -33,6 +33,8 @@ static const struct moe_opt k_store_opts[] = {
      "keep at most SIZE bytes of expert copies in memory (e.g. 512M,\n2G), or a share of every expert's high copy (e.g. 25%);\nmissed experts are read from the bundle"},
     {"cache-experts", 0, MOE_OPT_REQUIRED, "H,L", "keep H high- and L low-precision copies (as fit-cache)"},
     {"io", 0, MOE_OPT_REQUIRED, "MODE", "direct (O_DIRECT, default) | buffered | mmap"},
+    {"io-timeout", 0, MOE_OPT_REQUIRED, "SECONDS",
+     "fail the forward when one expert read has not completed after\nSECONDS (default 30; 0 = wait forever)"},
     {"policy", 0, MOE_OPT_REQUIRED, "NAME",
      "lru | lfu-seq | lfu-global | lhu | fld | edgemoe | twiddler |\nhobbit (default: hobbit with the bundle's fitted weights,\nelse lru)"},
     {"high", 0, MOE_OPT_REQUIRED, "P", "precision of high copies (default: each expert's bit-width-\nmap precision)"},
@@ -142,6 +144,8 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         else if (!strcmp(v, "buffered")) p->io = MOE_IO_BUFFERED;
         else if (!strcmp(v, "mmap")) p->io = MOE_IO_MMAP;
         else ok = 0;
+    } else if (!strcmp(o, "io-timeout")) {
+        ok = opt_double(v, 0, 1e6, &p->io_timeout);
     } else if (!strcmp(o, "policy")) {
         enum moe_cache_policy pol;
         ok = moe_cache_policy_parse(v, &pol) == MOE_OK && pol != MOE_CACHE_BELADY;
@@ -357,6 +361,8 @@ cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
         {"route_margin", s->route_margin}, {"route_substituted", (double)s->route_substituted},
         {"route_substituted_share", s->accesses > 0 ? (double)s->route_substituted / (double)s->accesses : NAN},
         {"route_mass_moved", s->route_mass_moved}, {"prefetch_dropped", (double)s->prefetch_dropped},
+        {"read_retries", (double)s->read_retries}, {"reads_failed", (double)s->reads_failed},
+        {"prefetch_failed", (double)s->prefetch_failed}, {"read_timeouts", (double)s->read_timeouts},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
     return o;

@@ -99,6 +99,61 @@ struct moe_store_params {
                              * lower (absolute, in [0, 1]), the cached one is used instead.
                              * 0 = off; NaN (default) = the bundle's tuning cache_route.margin
                              * (moe-prep fit-cache --fit-route), else off */
+    double io_timeout;      /* seconds moe_store_acquire waits for one copy's read before the
+                             * forward fails ("the storage did not answer"); also the most
+                             * moe_store_free waits for a loader still in a read. 0 = wait
+                             * forever. Default 30 (--io-timeout) */
+    const struct moe_store_io_hooks *io_hooks; /* a test seam: faults injected into the reads
+                             * (below); NULL (default) = none. Borrowed for the store's life */
+};
+
+/* Failed reads. A read that fails (an error from the kernel, the end of the
+ * file before the copy's end, bytes whose XXH3 does not match) is retried:
+ * a short read is continued where it stopped, and the whole copy is read
+ * again up to MOE_STORE_READ_TRIES times in all. When the last try fails, the
+ * moe_store_acquire that waits for the copy returns MOE_ERR_IO with one
+ * message naming the layer, the expert, the precision, the file offset and
+ * the cause; the copy is read again at its next use, so a later forward
+ * succeeds if the fault has passed (nothing is sticky in the store: a bundle
+ * changed on disk is, through moe_bundle_check_file). A prefetch read that
+ * fails is not retried and fails nothing: it is dropped and counted
+ * (stats.prefetch_failed); a read nobody waits for yet (the warm start) is
+ * dropped too and read again at its first use. */
+#define MOE_STORE_READ_TRIES 2
+
+/* The I/O path a read takes (moe_store_read_info.path). */
+enum moe_store_io_path {
+    MOE_STORE_PATH_AIO = 0,   /* a chunk in flight through Linux AIO (--io direct) */
+    MOE_STORE_PATH_PREAD = 1, /* pread (--io buffered, direct without AIO, a short read's rest) */
+    MOE_STORE_PATH_MMAP = 2,  /* a copy out of the bundle's mapping (--io mmap) */
+};
+
+/* One read a loader is about to make: a chunk (at most 1 MiB) of one copy. */
+struct moe_store_read_info {
+    int layer, expert;          /* model layer and expert of the copy */
+    const char *precision;      /* its stored precision's name (the bundle's) */
+    uint64_t offset, bytes;     /* the file range asked for */
+    enum moe_store_io_path path;
+    int prefetch;               /* 1: a prefetch read no forward waits for (yet) */
+    int attempt;                /* 0: the copy's first read; 1 .. MOE_STORE_READ_TRIES - 1: a retry */
+};
+
+/* What a hook makes of that read (moe_store_io_hooks.on_read). */
+struct moe_store_fault {
+    int err;        /* != 0: the read fails with this errno (e.g. EIO); nothing is read */
+    int64_t bytes;  /* 0 <= bytes < info.bytes: the read returns only this many bytes (a short
+                     * read, rounded down to 4096 with --io direct; 0 = end of file); -1 = all */
+    int corrupt;    /* 1: one byte of what the read returned is flipped (the checksum fails) */
+};
+
+/* A test seam for the store's reads, on every I/O path: on_read is called by
+ * a loader thread right before each read (concurrently from several loaders:
+ * it must be thread-safe), with *f cleared (err 0, bytes -1, corrupt 0), and
+ * may fill *f or sleep (a slow read). Unset, a read costs one test of
+ * moe_store_params.io_hooks. */
+struct moe_store_io_hooks {
+    void (*on_read)(void *user, const struct moe_store_read_info *info, struct moe_store_fault *f);
+    void *user;
 };
 
 struct moe_store_params moe_store_default_params(void);
@@ -145,6 +200,10 @@ struct moe_store_stats {
                                      * (p(chosen) - p(substitute)) */
     int64_t prefetch_dropped;       /* prefetched copies dropped unused (a misprediction, or their
                                      * slot taken by a newer prefetch) */
+    int64_t read_retries;           /* reads of a copy made again after a failed one */
+    int64_t reads_failed;           /* reads that failed for good (every try; prefetches included) */
+    int64_t prefetch_failed;        /* of which prefetches (dropped, never failing a forward) */
+    int64_t read_timeouts;          /* acquires that gave up waiting after io_timeout */
 };
 
 struct moe_store;
@@ -171,7 +230,10 @@ int moe_store_in_place(const struct moe_store *st);
 enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be, const struct moe_store_params *p,
                               int k, struct moe_store **out);
 
-/* moe_store_free: joins the loaders, frees the slots; NULL is a no-op. */
+/* moe_store_free: joins the loaders, frees the slots; NULL is a no-op. A
+ * loader still inside a read the storage has not answered io_timeout seconds
+ * after the call (0: no limit) is left behind, detached, with the store's
+ * memory (logged): the process should then exit rather than free the model. */
 void moe_store_free(struct moe_store *st);
 
 /* moe_store_overhead_bytes: the store's memory beyond the slots of the
@@ -219,7 +281,12 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
                                int k, struct moe_store_plan **plan);
 
 /* moe_store_acquire: the views of item i of the current plan, waiting for
- * its load; moe_store_release after computing it. */
+ * its load; moe_store_release after computing it. MOE_ERR_IO (one message
+ * naming layer, expert, precision and file offset) when the read failed
+ * after its retries, when the bundle changed, or when it did not complete
+ * within io_timeout seconds (the read goes on; a later use of the copy waits
+ * for it again). Items of a plan left unreleased after a failure are
+ * released by the next moe_store_plan. */
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view);
 void moe_store_release(struct moe_store *st, int i);
 

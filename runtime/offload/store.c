@@ -33,6 +33,12 @@
  * costs its read and nothing else: its slot is simply reused, and its read
  * is cancelled if it has not started when its layer's step is planned. The
  * policy's decisions are those of a run without prefetch.
+ *
+ * Failures (moe-store.h, "Failed reads"). A loader retries a failed read
+ * (load_tries) and records why it failed in the slot; it never logs. The
+ * acquire waiting for the copy (at most io_timeout) says it once; the slot
+ * is read again at its next use. Every read goes through fault_at, the test
+ * seam (moe_store_params.io_hooks).
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include <errno.h>
@@ -59,6 +65,25 @@
 
 enum slot_state { S_EMPTY, S_QUEUED, S_LOADING, S_READY, S_FAILED };
 
+/* Why a read failed (struct rd, slot.fail): the loaders say nothing; the
+ * acquire that waited for the copy says it once. */
+enum rd_kind {
+    RD_OK,
+    RD_ERRNO,    /* the kernel's error (err) */
+    RD_EOF,      /* the file ended inside the copy */
+    RD_CHECKSUM, /* the bytes read do not match the blob's XXH3 */
+    RD_CHANGED,  /* the bundle's file changed (moe_bundle_check_file said so, by name) */
+    RD_OTHER,    /* anything else (memory, the backend, a decoder): logged where it happened */
+};
+
+/* One read of a copy as a loader makes it: what it is for, and how it
+ * failed (kind, errno, the file range). */
+struct rd {
+    int prefetch, attempt;
+    int kind, err, tries;
+    uint64_t offset, bytes;
+};
+
 struct slot {
     struct moe_buffer buf;
     size_t cap;           /* bytes a read may fill */
@@ -77,6 +102,7 @@ struct slot {
      * the slot when the step releases it */
     int32_t pend_g;       /* -1: none */
     int pend_prec, pend_prefetch, pend_layer;
+    struct rd fail;       /* S_FAILED: why */
 };
 
 /* A loader's Linux AIO context and its chunk bookkeeping (direct I/O). */
@@ -86,6 +112,7 @@ struct loader_io {
     struct iocb *cbs;
     struct iocb **cbp;
     int64_t *got;             /* per chunk: bytes read, or -errno; -1 while in flight */
+    struct moe_store_fault *fault; /* per chunk: what the test seam made of it (io_hooks) */
 };
 
 struct req {
@@ -193,10 +220,22 @@ struct moe_store_params moe_store_default_params(void) {
     p.n_loaders = 2;
     p.route_margin = NAN;
     p.prefetch_slots = -1;
+    p.io_timeout = 30;
     return p;
 }
 
 enum moe_status moe_store_parse_size(const char *s, int64_t *out) { return moe_parse_size(s, out); }
+
+/* deadline: `seconds` from now on `clock`, as pthread's timed waits take it. */
+static struct timespec deadline(clockid_t clock, double seconds) {
+    struct timespec t;
+    clock_gettime(clock, &t);
+    const double whole = floor(seconds);
+    t.tv_sec += (time_t)whole;
+    t.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+    return t;
+}
 
 static size_t round4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
 
@@ -208,12 +247,36 @@ static enum moe_status blob(const struct moe_store *st, int32_t g, int prec, str
 
 /* ---- loaders -------------------------------------------------------- */
 
-/* copy_mapped: bytes [from, to) of blob b from the bundle's mapping to dst +
+/* fault_at: what the test seam (moe_store_params.io_hooks) makes of a read
+ * of bytes [from, from + len) of blob b on `path`; nothing without hooks. */
+static void fault_at(const struct moe_store *st, const struct rd *rd, const struct moe_bundle_blob *b, uint64_t from,
+                     uint64_t len, enum moe_store_io_path path, struct moe_store_fault *f) {
+    f->err = 0, f->bytes = -1, f->corrupt = 0;
+    const struct moe_store_io_hooks *h = st->p.io_hooks;
+    if (!h || !h->on_read) return;
+    const struct moe_store_read_info in = {(int)b->layer, (int)b->expert, b->desc ? b->desc->name : "?",
+                                           b->offset + from, len, path, rd->prefetch, rd->attempt};
+    h->on_read(h->user, &in, f);
+    if (f->bytes < 0 || (uint64_t)f->bytes >= len) f->bytes = -1;
+    else if (st->io == MOE_IO_DIRECT) f->bytes &= ~(int64_t)4095; /* direct I/O comes back in whole blocks */
+}
+
+/* read_error: a failed read of bytes at `from` of b (err: errno, 0 = the
+ * end of the file), recorded in rd; the file changed: said by
+ * moe_bundle_check_file, by name. */
+static enum moe_status read_error(const struct moe_store *st, const struct moe_bundle_blob *b, struct rd *rd, int err,
+                                  uint64_t from) {
+    rd->kind = moe_bundle_check_file(st->bundle) ? RD_CHANGED : err ? RD_ERRNO : RD_EOF;
+    rd->err = err, rd->offset = b->offset + from, rd->bytes = b->stored_size - from;
+    return MOE_ERR_IO;
+}
+
+/* copy_range: bytes [from, to) of blob b from the bundle's mapping to dst +
  * from. For a file mapping the pages copied would stay in the RSS: they are
  * dropped a MiB at a time (a later access, e.g. a neighbour's copy, reads
  * them in again), so a copy in progress holds at most 1 MiB + 2 pages. */
-static void copy_mapped(const struct moe_store *st, const struct moe_bundle_blob *b, void *dst, uint64_t from,
-                        uint64_t to) {
+static void copy_range(const struct moe_store *st, const struct moe_bundle_blob *b, void *dst, uint64_t from,
+                       uint64_t to) {
     if (!st->drop_pages) {
         memcpy((char *)dst + from, (const char *)b->stored + from, (size_t)(to - from));
         return;
@@ -228,36 +291,63 @@ static void copy_mapped(const struct moe_store *st, const struct moe_bundle_blob
     }
 }
 
-/* read_stored: the stored bytes of b into dst (cap bytes of room). */
-static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle_blob *b, void *dst, size_t cap) {
-    if (st->io == MOE_IO_MMAP) {
-        copy_mapped(st, b, dst, 0, b->stored_size);
-        return MOE_OK;
-    }
-    size_t want = st->io == MOE_IO_DIRECT ? round4k(b->stored_size) : (size_t)b->stored_size, got = 0;
-    if (want > cap) want = (size_t)b->stored_size;
-    while (got < b->stored_size) {
-        ssize_t r = pread(st->fd, (char *)dst + got, want - got, (off_t)(b->offset + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO; /* the file changed: said once, by name */
-            MOE_LOGE("%s: reading layer %u expert %u (%llu bytes at %llu): %s", moe_bundle_path(st->bundle), b->layer,
-                     b->expert, (unsigned long long)b->stored_size, (unsigned long long)b->offset,
-                     r < 0 ? strerror(errno) : "unexpected end of file");
-            return MOE_ERR_IO;
-        }
-        got += (size_t)r;
+/* copy_mapped: copy_range through the test seam (a copy out of memory
+ * cannot fail otherwise: a truncated file is caught by the check before). */
+static enum moe_status copy_mapped(const struct moe_store *st, const struct moe_bundle_blob *b, void *dst,
+                                   uint64_t from, uint64_t to, struct rd *rd) {
+    while (from < to) {
+        struct moe_store_fault f;
+        fault_at(st, rd, b, from, to - from, MOE_STORE_PATH_MMAP, &f);
+        const uint64_t e = f.err ? from : f.bytes >= 0 ? from + (uint64_t)f.bytes : to;
+        if (e == from) return read_error(st, b, rd, f.err, from);
+        copy_range(st, b, dst, from, e);
+        if (f.corrupt) ((char *)dst)[from] ^= 0x5a;
+        from = e;
     }
     return MOE_OK;
 }
 
+/* pread_all: bytes [from, to) of blob b into dst + from (direct I/O: from
+ * and the length 4096-aligned, reading past the blob's end into the room cap
+ * allows); a short read is continued where it stopped. */
+static enum moe_status pread_all(const struct moe_store *st, const struct moe_bundle_blob *b, char *dst, size_t cap,
+                                 uint64_t from, uint64_t to, struct rd *rd) {
+    uint64_t want = to;
+    if (st->io == MOE_IO_DIRECT) want = round4k(to) <= cap ? round4k(to) : to;
+    while (from < to) {
+        struct moe_store_fault f;
+        fault_at(st, rd, b, from, want - from, MOE_STORE_PATH_PREAD, &f);
+        ssize_t r = -1;
+        if (f.err) errno = f.err;
+        else r = pread(st->fd, dst + from, f.bytes >= 0 ? (size_t)f.bytes : (size_t)(want - from),
+                       (off_t)(b->offset + from));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return read_error(st, b, rd, r < 0 ? errno : 0, from);
+        if (f.corrupt) dst[from] ^= 0x5a;
+        from += (uint64_t)r;
+    }
+    return MOE_OK;
+}
+
+/* read_stored: the stored bytes of b into dst (cap bytes of room). */
+static enum moe_status read_stored(struct moe_store *st, const struct moe_bundle_blob *b, void *dst, size_t cap,
+                                   struct rd *rd) {
+    if (st->io == MOE_IO_MMAP) return copy_mapped(st, b, dst, 0, b->stored_size, rd);
+    return pread_all(st, b, dst, cap, 0, b->stored_size, rd);
+}
+
+/* mismatch: the checksum of b's bytes failed (recorded in rd): the file
+ * changed since the check before the read, or the bytes are damaged. */
+static enum moe_status mismatch(const struct moe_store *st, const struct moe_bundle_blob *b, struct rd *rd) {
+    rd->kind = moe_bundle_check_file(st->bundle) ? RD_CHANGED : RD_CHECKSUM;
+    rd->err = 0, rd->offset = b->offset, rd->bytes = b->stored_size;
+    return MOE_ERR_IO;
+}
+
 /* check_sum: the XXH3 of a stored (uncompressed) blob read into p. */
-static enum moe_status check_sum(const struct moe_store *st, const struct moe_bundle_blob *b, const void *p) {
-    if (XXH3_64bits(p, (size_t)b->stored_size) == b->checksum) return MOE_OK;
-    if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO; /* changed since the check before the read */
-    MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)", moe_bundle_path(st->bundle),
-             b->layer, b->expert, b->desc->name);
-    return MOE_ERR_FORMAT;
+static enum moe_status check_sum(const struct moe_store *st, const struct moe_bundle_blob *b, const void *p,
+                                 struct rd *rd) {
+    return XXH3_64bits(p, (size_t)b->stored_size) == b->checksum ? MOE_OK : mismatch(st, b, rd);
 }
 
 /* load_staged: a buffer without a host view on a backend with staging hooks
@@ -265,7 +355,7 @@ static enum moe_status check_sum(const struct moe_store *st, const struct moe_bu
  * the copy: the backend's host tier), and let the backend copy it over. The
  * key names the content: g * precisions + prec. */
 static enum moe_status load_staged(struct moe_store *st, struct slot *s, const struct moe_bundle_blob *b, int32_t g,
-                                   int prec, void *staging) {
+                                   int prec, void *staging, struct rd *rd) {
     const uint64_t key = (uint64_t)g * (uint64_t)st->m->n_expert_prec + (uint64_t)prec;
     const size_t room = round4k(b->raw_size > b->stored_size ? b->raw_size : b->stored_size);
     void *h = NULL;
@@ -273,9 +363,10 @@ static enum moe_status load_staged(struct moe_store *st, struct slot *s, const s
     enum moe_status rc = moe_backend_stage_begin(st->be, key, room, &h, &ready);
     if (rc) return rc;
     if (!ready && b->compression == MOE_BUNDLE_COMP_NONE) {
-        if (!(rc = read_stored(st, b, h, room))) rc = check_sum(st, b, h);
+        if (!(rc = read_stored(st, b, h, room, rd))) rc = check_sum(st, b, h, rd);
     } else if (!ready) {
-        if (!(rc = read_stored(st, b, staging, st->staging_size))) rc = moe_bundle_blob_decode(st->bundle, b, staging, h, room);
+        if (!(rc = read_stored(st, b, staging, st->staging_size, rd)))
+            rc = moe_bundle_blob_decode(st->bundle, b, staging, h, room);
     }
     enum moe_status rc2 = moe_backend_stage_end(st->be, key, h, rc == MOE_OK, &s->buf, (size_t)b->raw_size);
     return rc ? rc : rc2;
@@ -384,16 +475,13 @@ static enum moe_status pass_feed(const struct moe_store *st, const struct moe_bu
 
 /* pass_end: all stored bytes arrived (and were fed): the checksum's verdict. */
 static enum moe_status pass_end(const struct moe_store *st, const struct moe_bundle_blob *b, int prec, char *host,
-                                void *staging, struct pass *ps) {
+                                void *staging, struct pass *ps, struct rd *rd) {
     if (!ps->seq) { /* not a plain sequence of parts: hash, then interleave */
-        enum moe_status rc = check_sum(st, b, host);
+        enum moe_status rc = check_sum(st, b, host, rd);
         return rc ? rc : pack_copy(st, prec, host, staging);
     }
     if (ps->pos == b->stored_size && XXH3_64bits_digest(&ps->hs) == b->checksum) return MOE_OK;
-    if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO; /* changed since the check before the read */
-    MOE_LOGE("%s: layer %u expert %u precision %s: checksum mismatch (damaged bundle?)", moe_bundle_path(st->bundle),
-             b->layer, b->expert, b->desc->name);
-    return MOE_ERR_FORMAT;
+    return mismatch(st, b, rd);
 }
 
 /* Reads are split into chunks of this many bytes (a multiple of 4096): with
@@ -401,37 +489,11 @@ static enum moe_status pass_end(const struct moe_store *st, const struct moe_bun
  * each is checked and interleaved as soon as the bytes before it are in. */
 #define CHUNK ((uint64_t)1 << 20)
 
-/* read_error: the message of a failed read of b (the file changed: said by
- * moe_bundle_check_file). */
-static enum moe_status read_error(const struct moe_store *st, const struct moe_bundle_blob *b, int err) {
-    if (moe_bundle_check_file(st->bundle)) return MOE_ERR_IO;
-    MOE_LOGE("%s: reading layer %u expert %u (%llu bytes at %llu): %s", moe_bundle_path(st->bundle), b->layer,
-             b->expert, (unsigned long long)b->stored_size, (unsigned long long)b->offset,
-             err ? strerror(err) : "unexpected end of file");
-    return MOE_ERR_IO;
-}
-
-/* pread_all: bytes [from, to) of blob b into dst + from (direct I/O: from
- * and the length 4096-aligned, reading past the blob's end into the room cap
- * allows). */
-static enum moe_status pread_all(const struct moe_store *st, const struct moe_bundle_blob *b, char *dst, size_t cap,
-                                 uint64_t from, uint64_t to) {
-    uint64_t want = to;
-    if (st->io == MOE_IO_DIRECT) want = round4k(to) <= cap ? round4k(to) : to;
-    while (from < to) {
-        ssize_t r = pread(st->fd, dst + from, (size_t)(want - from), (off_t)(b->offset + from));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return read_error(st, b, r < 0 ? errno : 0);
-        from += (uint64_t)r;
-    }
-    return MOE_OK;
-}
-
 /* read_aio: direct I/O with every chunk of the blob in flight at once
  * (Linux AIO on the loader's context), fed to the pass in order as they
  * complete. MOE_ERR_UNSUPPORTED (nothing read) if the kernel refuses. */
 static enum moe_status read_aio(struct moe_store *st, int id, const struct moe_bundle_blob *b, int prec, char *host,
-                                size_t cap, void *staging, struct pass *ps) {
+                                size_t cap, void *staging, struct pass *ps, struct rd *rd) {
     struct loader_io *io = &st->lio[id];
     const uint64_t want = round4k(b->stored_size) <= cap ? round4k(b->stored_size) : b->stored_size;
     const int n = (int)((want + CHUNK - 1) / CHUNK);
@@ -447,6 +509,7 @@ static enum moe_status read_aio(struct moe_store *st, int id, const struct moe_b
         io->cbs[i].aio_offset = (int64_t)(b->offset + from);
         io->cbp[i] = &io->cbs[i];
         io->got[i] = -1;
+        fault_at(st, rd, b, from, to - from, MOE_STORE_PATH_AIO, &io->fault[i]); /* applied as it completes */
     }
     int sent = 0;
     while (sent < n) {
@@ -471,17 +534,22 @@ static enum moe_status read_aio(struct moe_store *st, int id, const struct moe_b
         for (long e = 0; e < r; e++) io->got[ev[e].data] = ev[e].res, done++;
         while (!rc && next < sent && io->got[next] != -1) { /* the chunks in order that are in */
             const uint64_t from = (uint64_t)next * CHUNK, to = from + CHUNK < want ? from + CHUNK : want;
-            const int64_t res = io->got[next];
+            const struct moe_store_fault *f = &io->fault[next];
+            int64_t res = f->err ? -(int64_t)f->err : io->got[next];
+            if (res > 0 && f->bytes >= 0 && res > f->bytes) res = f->bytes;
+            if (res > 0 && f->corrupt) host[from] ^= 0x5a;
             const uint64_t need = to < b->stored_size ? to : b->stored_size;
-            if (res < 0) rc = read_error(st, b, (int)-res);
-            else if (from + (uint64_t)res < need) rc = pread_all(st, b, host, cap, from + (uint64_t)res, need); /* short */
+            if (res < 0) rc = read_error(st, b, rd, (int)-res, from);
+            else if (from + (uint64_t)res < need) /* short: the rest a read at a time */
+                rc = pread_all(st, b, host, cap, from + (uint64_t)res, need, rd);
             if (!rc) rc = pass_feed(st, b, prec, host, staging, ps, need);
             next++;
         }
     }
     if (!rc && sent < n) { /* the kernel took fewer: read the rest here */
         const uint64_t from = (uint64_t)sent * CHUNK;
-        if (!(rc = pread_all(st, b, host, cap, from, b->stored_size))) rc = pass_feed(st, b, prec, host, staging, ps, b->stored_size);
+        if (!(rc = pread_all(st, b, host, cap, from, b->stored_size, rd)))
+            rc = pass_feed(st, b, prec, host, staging, ps, b->stored_size);
     }
     return rc;
 }
@@ -489,38 +557,44 @@ static enum moe_status read_aio(struct moe_store *st, int id, const struct moe_b
 /* read_checked: an uncompressed copy into host memory (cap bytes of room),
  * checked and interleaved as it arrives. */
 static enum moe_status read_checked(struct moe_store *st, int id, const struct moe_bundle_blob *b, int prec, char *host,
-                                    size_t cap, void *staging) {
+                                    size_t cap, void *staging, struct rd *rd) {
     struct pass ps;
     pass_begin(st, b, prec, &ps);
     enum moe_status rc = MOE_ERR_UNSUPPORTED;
-    if (st->io == MOE_IO_DIRECT && st->lio) rc = read_aio(st, id, b, prec, host, cap, staging, &ps);
+    if (st->io == MOE_IO_DIRECT && st->lio) rc = read_aio(st, id, b, prec, host, cap, staging, &ps, rd);
     if (rc == MOE_ERR_UNSUPPORTED) { /* a chunk at a time, each fed after its read */
         rc = MOE_OK;
         for (uint64_t from = 0; !rc && from < b->stored_size; from += CHUNK) {
             const uint64_t to = from + CHUNK < b->stored_size ? from + CHUNK : b->stored_size;
-            if (st->io == MOE_IO_MMAP) copy_mapped(st, b, host, from, to);
-            else rc = pread_all(st, b, host, cap, from, to);
+            if (st->io == MOE_IO_MMAP) rc = copy_mapped(st, b, host, from, to, rd);
+            else rc = pread_all(st, b, host, cap, from, to, rd);
             if (!rc) rc = pass_feed(st, b, prec, host, staging, &ps, to);
         }
     }
-    return rc ? rc : pass_end(st, b, prec, host, staging, &ps);
+    return rc ? rc : pass_end(st, b, prec, host, staging, &ps, rd);
 }
 
 /* load: read and check expert g at precision prec into slot s's buffer,
  * after checking that the bundle's file is still the one mapped (a miss is a
  * read: moe_bundle_check_file, two system calls, next to a read of the blob). */
-static enum moe_status load(struct moe_store *st, int id, struct slot *s, int32_t g, int prec, void *staging) {
+static enum moe_status load(struct moe_store *st, int id, struct slot *s, int32_t g, int prec, void *staging,
+                            struct rd *rd) {
     struct moe_bundle_blob b;
     enum moe_status rc = blob(st, g, prec, &b);
-    if (rc || (rc = moe_bundle_check_file(st->bundle))) return rc;
+    if (rc) return rc;
+    if ((rc = moe_bundle_check_file(st->bundle))) {
+        rd->kind = RD_CHANGED, rd->offset = b.offset, rd->bytes = b.stored_size;
+        return rc;
+    }
     void *host = s->buf.host;
-    if (!host && moe_backend_supports(st->be, MOE_BACKEND_FEAT_STAGE)) return load_staged(st, s, &b, g, prec, staging);
+    if (!host && moe_backend_supports(st->be, MOE_BACKEND_FEAT_STAGE))
+        return load_staged(st, s, &b, g, prec, staging, rd);
     const int direct_ok = host != NULL && b.compression == MOE_BUNDLE_COMP_NONE;
-    if (direct_ok) return read_checked(st, id, &b, prec, host, s->cap, staging);
+    if (direct_ok) return read_checked(st, id, &b, prec, host, s->cap, staging, rd);
     void *dst = staging;
-    if ((rc = read_stored(st, &b, dst, st->staging_size))) return rc;
+    if ((rc = read_stored(st, &b, dst, st->staging_size, rd))) return rc;
     if (b.compression == MOE_BUNDLE_COMP_NONE) {
-        if ((rc = check_sum(st, &b, dst))) return rc;
+        if ((rc = check_sum(st, &b, dst, rd))) return rc;
         return moe_backend_buffer_write(st->be, &s->buf, 0, dst, (size_t)b.raw_size);
     }
     if (host) {
@@ -587,6 +661,32 @@ static void count_read(struct moe_store *st, const struct req *r, const struct s
     if (r->prefetch) st->stats.prefetch_loads++;
 }
 
+/* load_tries: load() of request r, made again while it fails in a way a
+ * second read may not (the kernel's error, the end of the file, a checksum;
+ * not a changed file), up to MOE_STORE_READ_TRIES reads in all, as long as
+ * the slot still wants the copy and a demand waits for it: a prefetch read
+ * no demand has claimed yet is tried once (dropped on failure). rd->prefetch
+ * says whether the last try was still such a prefetch. */
+static enum moe_status load_tries(struct moe_store *st, int id, struct slot *s, const struct req *r, int32_t g,
+                                  int prec, struct rd *rd) {
+    for (;;) {
+        rd->kind = RD_OK;
+        enum moe_status rc = load(st, id, s, g, prec, st->staging[id], rd);
+        if (rc && rd->kind == RD_OK) rd->kind = RD_OTHER;
+        rd->tries = rd->attempt + 1;
+        const int transient = rd->kind == RD_ERRNO || rd->kind == RD_EOF || rd->kind == RD_CHECKSUM;
+        if (!rc || rd->tries >= MOE_STORE_READ_TRIES || !transient) return rc;
+        pthread_mutex_lock(&st->mu);
+        const int waited = s->users > 0 || !r->prefetch; /* a demand use holds the slot, or a demand read */
+        const int again = s->gen == r->gen && !st->stop && waited;
+        st->stats.read_retries += again;
+        if (again) rd->prefetch = 0;
+        pthread_mutex_unlock(&st->mu);
+        if (!again) return rc;
+        rd->attempt++;
+    }
+}
+
 struct loader_arg {
     struct moe_store *st;
     int id;
@@ -614,7 +714,8 @@ static void *loader_main(void *arg) {
         st->n_pf_reading += r.prefetch;
         pthread_mutex_unlock(&st->mu);
         const double t0 = moe_now_s();
-        enum moe_status rc = load(st, id, s, g, prec, st->staging[id]);
+        struct rd rd = {.prefetch = r.prefetch};
+        const enum moe_status rc = load_tries(st, id, s, &r, g, prec, &rd);
         const double dt = moe_now_s() - t0;
         pthread_mutex_lock(&st->mu);
         st->n_reading--;
@@ -622,7 +723,9 @@ static void *loader_main(void *arg) {
         st->stats.read_s += dt;
         if (dt > st->stats.read_s_max) st->stats.read_s_max = dt;
         s->reading = 0;
+        if (rc) st->stats.reads_failed++, st->stats.prefetch_failed += rd.prefetch;
         if (s->gen == r.gen) s->state = rc ? S_FAILED : S_READY;
+        if (s->gen == r.gen && rc) s->fail = rd;
         pthread_cond_broadcast(&st->cv);
     }
     pthread_mutex_unlock(&st->mu);
@@ -700,6 +803,17 @@ static int place(struct moe_store *st, int high, int32_t g, int prec, int32_t ev
 }
 
 /* ---- creation ------------------------------------------------------- */
+
+/* cv_init: the store's condition variable, its timed waits (io_timeout) on
+ * the monotonic clock: a change of the wall clock neither ends nor stretches
+ * them. */
+static void cv_init(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
 
 /* setup_policy: the policy, its fitted parameters and the placement order
  * (the tuning counts MoE layers, as the store's cache does). */
@@ -924,7 +1038,7 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         if (m->cfg.layer_moe[l]) st->layer_of[st->L++] = l;
     }
     pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->cv, NULL);
+    cv_init(&st->cv);
     st->cc = moe_cache_default_config();
     enum moe_status rc;
     if (p->repack && moe_backend_supports(be, MOE_BACKEND_FEAT_CPU_LAYOUTS)) /* layouts the CPU kernels read faster */
@@ -1158,7 +1272,8 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
             io->cbs = calloc((size_t)io->max_chunks, sizeof *io->cbs);
             io->cbp = calloc((size_t)io->max_chunks, sizeof *io->cbp);
             io->got = calloc((size_t)io->max_chunks, sizeof *io->got);
-            if (!io->cbs || !io->cbp || !io->got) goto nomem;
+            io->fault = calloc((size_t)io->max_chunks, sizeof *io->fault);
+            if (!io->cbs || !io->cbp || !io->got || !io->fault) goto nomem;
 #ifdef MOE_STORE_NO_AIO /* a build to measure the AIO path against: a chunk at a time */
             errno = ENOSYS;
             if (1) {
@@ -1218,7 +1333,21 @@ void moe_store_free(struct moe_store *st) {
     st->stop = 1;
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
-    for (int i = 0; i < st->started; i++) pthread_join(st->threads[i], NULL);
+    int stuck = 0;
+    const struct timespec dl = deadline(CLOCK_REALTIME, st->p.io_timeout);
+    for (int i = 0; i < st->started; i++) {
+        if (st->p.io_timeout <= 0 || pthread_timedjoin_np(st->threads[i], NULL, &dl) == 0) {
+            if (st->p.io_timeout <= 0) pthread_join(st->threads[i], NULL);
+            continue;
+        }
+        pthread_detach(st->threads[i]);
+        stuck++;
+    }
+    if (stuck) { /* its read may still write a slot and read the store: leave both to it */
+        MOE_LOGW("expert store: %d loader thread%s still waiting for the storage after %g s (--io-timeout); left "
+                 "behind with the store's memory", stuck, stuck > 1 ? "s are" : " is", st->p.io_timeout);
+        return;
+    }
     for (int i = 0; st->slots && i < st->n_slots; i++)
         if (st->slots[i].buf.data) moe_backend_buffer_free(st->be, &st->slots[i].buf);
     for (int i = 0; st->staging && i < st->n_threads; i++) free(st->staging[i]);
@@ -1227,6 +1356,7 @@ void moe_store_free(struct moe_store *st) {
         free(st->lio[i].cbs);
         free(st->lio[i].cbp);
         free(st->lio[i].got);
+        free(st->lio[i].fault);
     }
     free(st->lio);
     if (st->fd >= 0) close(st->fd);
@@ -1317,7 +1447,7 @@ enum moe_status moe_store_new_in_place(const struct moe_model *m, struct moe_bac
     st->E = m->cfg.n_expert, st->K = k, st->fd = -1, st->in_place = 1, st->max_n = n_batch;
     st->policy = MOE_CACHE_LRU, st->stats.policy = MOE_CACHE_LRU, st->low = -1;
     pthread_mutex_init(&st->mu, NULL); /* moe_store_free destroys them */
-    pthread_cond_init(&st->cv, NULL);
+    cv_init(&st->cv);
     st->max_items = st->E > k ? st->E : k;
     const size_t rows = (size_t)n_batch * (size_t)k;
     st->layer_of = malloc(sizeof(int) * (size_t)(m->cfg.n_layer + 1));
@@ -1445,7 +1575,11 @@ static int pf_serve(struct moe_store *st, int32_t g, int prec, int high, int kep
     const int j = st->pf_of[g];
     if (j < 0) return -1;
     struct slot *sj = &st->slots[j];
-    if (sj->g != g || sj->state == S_FAILED) return -1;
+    if (sj->g != g) return -1;
+    if (sj->state == S_FAILED) { /* its read failed: forgotten, and read as any miss */
+        if (sj->users == 0 && !sj->reading) pf_clear(st, j, 0);
+        return -1;
+    }
     if (sj->prec != prec) { /* a high copy serves a low use not kept; any other mismatch reads */
         if (kept || high || sj->prec != st->home[g]) return -1;
     }
@@ -1481,7 +1615,9 @@ static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, in
         if (slot < 0) break;
         struct slot *s = &st->slots[slot];
         if (s->prefetch) st->stats.prefetch_used++, s->prefetch = 0;
-        if (s->state == S_EMPTY) enqueue(st, slot, 0); /* a cancelled prefetch, or placed while busy */
+        if (s->state == S_EMPTY || (s->state == S_FAILED && !s->reading)) /* a cancelled prefetch, placed while
+                                                                            * busy, or a read that failed: read */
+            enqueue(st, slot, 0);
         break;
     }
     case MOE_CACHE_MISS_HIGH:
@@ -1613,6 +1749,9 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
         MOE_LOGE("expert store: layer %d has no routed experts", layer);
         return MOE_ERR_INVALID;
     }
+    if (!st->in_place) /* a step that failed (an acquire's error) may have left items held: released now */
+        for (int i = 0; i < st->plan.n_items; i++)
+            if (st->item_slot[i] >= 0) moe_store_release(st, i);
     layer = st->moe_of[layer];
     st->step_layer = layer, st->step_n = n;
     if (st->in_place) return plan_in_place(st, n, sel, w, k, plan);
@@ -1676,6 +1815,42 @@ static void view_of(const struct moe_store *st, const struct slot *s, int prec, 
     f->bias = d->n_parts > 3 ? (const float *)(const void *)((const char *)s->buf.data + d->parts[3].offset) : NULL;
 }
 
+/* why_failed: into msg, the one message of an item whose copy could not be
+ * had: the read failed (slot s's fail record), the bundle changed (said by
+ * name already), or the storage did not answer within io_timeout (waited >
+ * 0). Lock held. */
+static void why_failed(const struct moe_store *st, const struct slot *s, const struct moe_store_item *it,
+                       double waited, char *msg, size_t cap) {
+    const char *path = moe_bundle_path(st->bundle);
+    const int layer = st->layer_of[st->step_layer];
+    const struct moe_bundle_precision *d = s->prec >= 0 ? moe_bundle_precision_at(st->bundle, (uint32_t)s->prec) : NULL;
+    const char *prec = d ? d->name : "?";
+    const struct rd *f = &s->fail;
+    const unsigned long long off = (unsigned long long)f->offset, n = (unsigned long long)f->bytes;
+    const int k = snprintf(msg, cap, "%s: layer %d expert %d precision %s: ", path, layer, it->expert, prec);
+    if (k < 0 || (size_t)k >= cap) return;
+    msg += k, cap -= (size_t)k;
+    if (waited > 0) {
+        struct moe_bundle_blob b;
+        const int known = s->g >= 0 && blob(st, s->g, s->prec, &b) == MOE_OK;
+        snprintf(msg, cap, "the storage did not answer: the read of %llu bytes at offset %llu was not done "
+                 "after %.1f s (--io-timeout %g); this forward fails", known ? (unsigned long long)b.stored_size : 0ULL,
+                 known ? (unsigned long long)b.offset : 0ULL, waited, st->p.io_timeout);
+    } else if (s->state != S_FAILED) {
+        snprintf(msg, cap, "could not be loaded");
+    } else if (f->kind == RD_CHANGED) {
+        snprintf(msg, cap, "not read (the file changed, see above)");
+    } else if (f->kind == RD_ERRNO || f->kind == RD_EOF) {
+        snprintf(msg, cap, "reading %llu bytes at offset %llu failed (%d tries): %s", n, off, f->tries,
+                 f->kind == RD_EOF ? "unexpected end of file" : strerror(f->err));
+    } else if (f->kind == RD_CHECKSUM) {
+        snprintf(msg, cap, "the %llu bytes at offset %llu fail their checksum (%d reads; damaged bundle or storage)", n,
+                 off, f->tries);
+    } else {
+        snprintf(msg, cap, "could not be loaded (see above)");
+    }
+}
+
 enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *view) {
     struct moe_store_item *it = &st->items[i];
     const int32_t g = st->step_layer * st->E + it->expert;
@@ -1698,21 +1873,29 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
     const int si = st->item_slot[i];
     struct slot *s = &st->slots[si];
     double t0 = 0;
-    int waited = 0;
+    int waited = 0, timed_out = 0;
+    struct timespec dl = {0, 0};
     while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY)) {
         if (s->state == S_EMPTY) enqueue(st, si, 0);
-        if (!waited) t0 = moe_now_s(), waited = 1;
-        pthread_cond_wait(&st->cv, &st->mu);
+        if (!waited) t0 = moe_now_s(), waited = 1, dl = deadline(CLOCK_MONOTONIC, st->p.io_timeout);
+        if (st->p.io_timeout <= 0) pthread_cond_wait(&st->cv, &st->mu);
+        else if (pthread_cond_timedwait(&st->cv, &st->mu, &dl) == ETIMEDOUT) {
+            timed_out = s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING);
+            break;
+        }
     }
     enum moe_status rc = s->gen == st->item_gen[i] && s->state == S_READY ? MOE_OK : MOE_ERR_IO;
     if (waited) {
         double d = moe_now_s() - t0;
         st->stats.stall_s += d;
         if (st->step_n == 1) st->stats.stall_s_decode += d;
+        if (timed_out) st->stats.read_timeouts++;
     }
     if (rc == MOE_OK) view_of(st, s, s->prec, view);
-    else MOE_LOGE("expert store: layer %d expert %d could not be loaded", st->layer_of[st->step_layer], it->expert);
+    char msg[512] = "";
+    if (rc) why_failed(st, s, it, timed_out ? moe_now_s() - t0 : 0, msg, sizeof msg);
     pthread_mutex_unlock(&st->mu);
+    if (rc) MOE_LOGE("%s", msg);
     return rc;
 }
 
