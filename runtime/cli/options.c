@@ -30,9 +30,9 @@ static const char *bare(const char *name) { return strncmp(name, "--", 2) ? name
 /* The engine options: one table for the parser (moe_opt_parse) and --help. */
 static const struct moe_opt k_store_opts[] = {
     {"expert-mem", 0, MOE_OPT_REQUIRED, "SIZE",
-     "keep at most SIZE bytes of expert copies in memory (e.g. 512M,\n2G), or a share of every expert's high copy (e.g. 25%);\nmissed experts are read from the bundle"},
+     "keep at most SIZE bytes of expert copies in memory (e.g. 512M,\n2G), or a share of every expert's high copy (e.g. 25%);\na missed expert is read from the bundle straight into its\nslot, 1 MiB chunks in flight at once, each checksummed and\ninterleaved for the CPU kernels while in cache"},
     {"cache-experts", 0, MOE_OPT_REQUIRED, "H,L", "keep H high- and L low-precision copies (as fit-cache)"},
-    {"io", 0, MOE_OPT_REQUIRED, "MODE", "direct (O_DIRECT, default) | buffered | mmap"},
+    {"io", 0, MOE_OPT_REQUIRED, "MODE", "how misses are read: direct (O_DIRECT with Linux AIO,\ndefault) | buffered | mmap (pages dropped after the copy)"},
     {"io-timeout", 0, MOE_OPT_REQUIRED, "SECONDS",
      "fail the forward when one expert read has not completed after\nSECONDS (default 30; 0 = wait forever)"},
     {"policy", 0, MOE_OPT_REQUIRED, "NAME",
