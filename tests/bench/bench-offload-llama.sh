@@ -170,6 +170,7 @@ cg_setup() { # cg_setup LIMIT_BYTES: a memory cgroup with that limit; sets cg_di
     cg_dir=/sys/fs/cgroup/memory/moe-bench-peer
     mkdir -p "$cg_dir"
     echo 0 >"$cg_dir/memory.force_empty" 2>/dev/null || true
+    echo 0 >"$cg_dir/memory.max_usage_in_bytes" 2>/dev/null || true # the peak of this run, not of the one before
     echo -1 >"$cg_dir/memory.limit_in_bytes"
     echo "$1" >"$cg_dir/memory.limit_in_bytes"
   elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
