@@ -121,6 +121,11 @@ struct moe_session_params {
                          * the observers on_route, on_expert and on_layer
                          * (MOE_ERR_INVALID at create): their events describe one
                          * sequence's contiguous positions. */
+    int no_graphs;      /* 1: never run a decode step as one device graph; 0 (default): a
+                         * forward of one token runs as one (the backend's decode_step,
+                         * moe-graph.h) where the backend has it and moe_graph_decide
+                         * allows: every expert resident, no observer, no big-little. Same
+                         * logits either way; the trace is kept. */
 };
 
 /* The most sequences a session holds. */
@@ -167,6 +172,17 @@ enum moe_status moe_session_seq_truncate(struct moe_session *s, int seq, int pos
 /* moe_session_seq_pos: number of tokens in sequence seq's cache; -1 for an
  * out-of-range seq. */
 int moe_session_seq_pos(const struct moe_session *s, int seq);
+
+/* How the session's one-token forwards ran (moe-graph.h). */
+struct moe_session_graph_stats {
+    int64_t steps_graph;  /* one-token forwards run as one device graph */
+    int64_t steps_plain;  /* one-token forwards run op by op */
+    int last_why;         /* enum moe_graph_why of the latest one-token forward (0: it was a graph) */
+    int graph_ops;        /* operations in the graph (moe_graph_plan of the model) */
+};
+
+/* moe_session_graph_stats: the counts above since the session was created. */
+void moe_session_graph_stats(const struct moe_session *s, struct moe_session_graph_stats *out);
 
 /* moe_session_n_ctx: capacity of the cache. */
 int moe_session_n_ctx(const struct moe_session *s);

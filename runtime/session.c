@@ -25,6 +25,7 @@
 
 #include "moe-backend.h"
 #include "moe-base.h"
+#include "moe-graph.h"
 #include "moe-session.h"
 #include "moe-store.h"
 
@@ -79,6 +80,14 @@ struct moe_session {
     int watched;                /* the first check was made */
     int since_check;            /* tokens run since the last check */
     enum moe_status file_st;    /* MOE_OK, or the failed check's status (sticky) */
+    /* decode steps as one device graph (moe-graph.h; backend decode_step) */
+    struct moe_ffn *g_table;    /* [n_layer x n_expert] the experts' views as the in-place store binds them */
+    int g_table_k;              /* the k the table's generation was made for */
+    uint64_t g_gen;             /* its generation (decode_step recaptures when it changes) */
+    int g_failed;               /* the backend could not run one: op by op from then on */
+    int32_t *g_sel;             /* [n_moe x K] a graph step's choices, for the trace */
+    float *g_w, *g_logits;      /* [n_moe x K] their weights; [n_vocab] logits nobody asked for */
+    struct moe_session_graph_stats gs;
 };
 
 /* ---- routing ---------------------------------------------------------- */
@@ -458,6 +467,10 @@ static void session_free_parts(struct moe_session *s) {
     free(s->bl_logits);
     free(s->bl_pred);
     free(s->bl_pred_w);
+    free(s->g_table);
+    free(s->g_sel);
+    free(s->g_w);
+    free(s->g_logits);
 }
 
 /* zalloc: zeroed array of n items (at least one, so a zero count is not a failure). */
@@ -758,6 +771,78 @@ static enum moe_status big_little(struct moe_session *s, const int32_t *tok, int
     return st;
 }
 
+/* graph_table: the experts' views for decode_step, as the in-place store
+ * binds them (moe_model_expert at the bound precision), made once. */
+static enum moe_status graph_table(struct moe_session *s) {
+    const struct moe_config *c = &s->m->cfg;
+    const int K = s->p.n_expert_used;
+    if (!s->g_table) {
+        s->g_table = calloc((size_t)c->n_layer * (size_t)c->n_expert, sizeof *s->g_table);
+        s->g_sel = calloc((size_t)(s->n_moe ? s->n_moe : 1) * (size_t)K, sizeof *s->g_sel);
+        s->g_w = calloc((size_t)(s->n_moe ? s->n_moe : 1) * (size_t)K, sizeof *s->g_w);
+        s->g_logits = malloc(sizeof *s->g_logits * (size_t)c->n_vocab);
+        if (!s->g_table || !s->g_sel || !s->g_w || !s->g_logits) return MOE_ERR_NOMEM;
+        for (int l = 0; l < c->n_layer; l++)
+            for (int e = 0; c->layer_moe[l] && e < c->n_expert; e++) {
+                enum moe_status st = moe_model_expert(s->m, l, e, -1, &s->g_table[(size_t)l * c->n_expert + e]);
+                if (st) return st;
+            }
+        s->g_gen++;
+    }
+    if (s->g_table_k != s->k_cur) s->g_table_k = s->k_cur, s->g_gen++;
+    return MOE_OK;
+}
+
+/* graph_step: a forward of one token as the backend's decode_step when
+ * moe_graph_decide allows; *ran = 0 leaves it to the op-by-op path (the
+ * session untouched). The trace gets the device's choices. */
+static enum moe_status graph_step(struct moe_session *s, const int32_t *tok, int n_forward, float *dst, int *ran) {
+    const struct moe_config *c = &s->m->cfg;
+    *ran = 0;
+    struct moe_graph_inputs in = {c,
+                                  !s->p.no_graphs,
+                                  moe_backend_supports(s->be, MOE_BACKEND_FEAT_GRAPH),
+                                  n_forward,
+                                  s->k_cur,
+                                  s->budget,
+                                  s->p.on_layer || s->p.on_route || s->p.on_expert,
+                                  s->p.little_k,
+                                  1,
+                                  s->g_failed};
+    enum moe_graph_why why = moe_graph_decide(&in);
+    s->gs.last_why = (int)why;
+    if (why != MOE_GRAPH_OK) return MOE_OK;
+    enum moe_status st = graph_table(s);
+    if (st) return st;
+    const struct moe_step_desc d = {s->k_cur, s->g_table, s->g_gen};
+    st = moe_backend_decode_step(s->be, &d, tok[0], s->pos, dst ? dst : s->g_logits, s->g_sel, s->g_w);
+    if (st == MOE_ERR_UNSUPPORTED) { /* logged by the backend: op by op from now on */
+        s->g_failed = 1;
+        s->gs.last_why = MOE_GRAPH_FAILED;
+        return MOE_OK;
+    }
+    if (st) return st;
+    if ((st = begin_chunk(s, 1))) return st;
+    s->history[s->pos] = tok[0];
+    if (s->p.record_trace) { /* rows of n_expert_used, as moe_layer writes them */
+        const int K = s->k_cur, Kmax = s->p.n_expert_used;
+        const int64_t row = (int64_t)s->n_moe * Kmax, t0 = s->tr_tokens - 1;
+        for (int ml = 0; ml < s->n_moe; ml++) {
+            memcpy(s->tr_experts + t0 * row + ml * Kmax, s->g_sel + (size_t)ml * K, sizeof(int32_t) * (size_t)K);
+            memcpy(s->tr_weights + t0 * row + ml * Kmax, s->g_w + (size_t)ml * K, sizeof(float) * (size_t)K);
+        }
+    }
+    s->pos++;
+    s->gs.steps_graph++;
+    *ran = 1;
+    return MOE_OK;
+}
+
+void moe_session_graph_stats(const struct moe_session *s, struct moe_session_graph_stats *out) {
+    *out = s->gs;
+    out->graph_ops = moe_graph_plan(&s->m->cfg, NULL, 0);
+}
+
 /* run_tokens: process n tokens at s->pos in chunks; logits rows [row_from, n)
  * go to `logits` (row row_from first). With big-little on, a chunk of one
  * token is a big-little step. */
@@ -769,7 +854,11 @@ static enum moe_status run_tokens(struct moe_session *s, const int32_t *tokens, 
         int chunk = n - done < s->p.n_batch ? n - done : s->p.n_batch;
         int from = row_from > done ? row_from - done : 0; /* first row wanted in this chunk */
         float *dst = from < chunk ? logits + (size_t)(done + from - row_from) * V : NULL;
-        if (chunk == 1 && s->p.little_k > 0) {
+        int ran = 0;
+        if (chunk == 1 && (st = graph_step(s, tokens + done, n, dst, &ran))) return st;
+        if (chunk == 1 && !ran) s->gs.steps_plain++;
+        if (ran) {
+        } else if (chunk == 1 && s->p.little_k > 0) {
             if ((st = big_little(s, tokens + done, seq_len, dst))) return st;
         } else {
             if ((st = moe_backend_embed(s->be, tokens + done, chunk))) return st;

@@ -64,18 +64,23 @@
 #                             runs against the pinned peak, and a lower bound of the
 #                             share of copy time hidden (what --stats-json lacks is
 #                             listed)
-#   graphs:  graphs           CUDA graphs: no option exists (not implemented; reported
-#                             so); decode tok/s without them, resident and at 25 %
+#   graphs:  graphs           CUDA graphs (--graphs on|off), trained bundle all resident,
+#                             256 greedy steps twice each way: logits bit-identical, every
+#                             decode step a graph, graph nodes == the launch plan, one
+#                             launch per token; tok/s, goal >= 1.3x; at 25 % graphs do not
+#                             apply (reason "expert budget"), logits identical
 #            uma              --uma forced against the plain run: trained model
 #                             resident, inflated at 25 % (logits, tokens, tok/s, memory)
-#            launches         launches per token: not in --stats-json (reported so)
+#            launches         launches per token (gpu.launches_per_token) with and
+#                             without graphs, resident and at 25 %
 #   parity:  synth-make       the synthetic 2.4 B Mixtral of bench-llama.py made here
 #                             (tests/bench/make_synthetic_checkpoint.py needs python3
 #                             with numpy; skipped with the reason otherwise; generated
 #                             in the background from the start), quantized --synth-type
 #            synth-decode     its resident decode tok/s, GPU against the CPU path in the
 #                             same run, and 8 greedy steps of logits against the CPU
-# The synthetic model's steps run last: they are the slowest, and the others matter
+# The graphs stage runs after bench-cuda, before offload (it is short and its goal is
+# its own). The synthetic model's steps run last: they are the slowest, and the others matter
 # more if time runs out.
 #
 # Output (OUTDIR, 5 files): summary.txt (the one-screen table, also printed last),
@@ -113,13 +118,13 @@ logits-trained parity 90
 inflated-bundle parity 120
 logits-inflated parity 60
 bench-cuda parity 120
+graphs graphs 90
+uma graphs 60
+launches graphs 10
 offload-logits offload 60
 offload-decode offload 150
 twiddler offload 60
 copies offload 20
-graphs graphs 40
-uma graphs 60
-launches graphs 10
 synth-make parity 200
 synth-decode parity 90
 "
@@ -132,11 +137,9 @@ TOL=1e-3    # max |dlogit| GPU against CPU
 TOL16=5e-2  # prompt rows through f16 GEMMs (test-cuda's bound)
 # moe-run and moe-prep options the steps use (checked by --dry-run against --help)
 RUN_OPTS="--device --tokens --ids --logits-out --stats-json --expert-mem --expert-precision --dynamic --high
- --policy --prefetch --warm --little-k --host-mem --uma --cpu-experts --gemm --ignore-eos --tokenize -n -t -f -p -m"
+ --policy --prefetch --warm --little-k --host-mem --uma --cpu-experts --gemm --graphs --ignore-eos --tokenize -n -t -f -p -m"
 PREP_OPTS="quantize:--experts quantize:--dense quantize:-t inspect:--json profile:--dataset profile:--ctx
  fit-cache:--fast-mem fit-cache:--profile"
-# options or counters the issues ask for that this build may lack
-GRAPH_WORDS="graph"
 
 usage() { sed -n '2,/^set -uo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
@@ -848,36 +851,77 @@ step_copies() {
 
 # ---- graphs ---------------------------------------------------------------------------------
 step_graphs() {
-  local help opt="" w b d=$GC_WORK/runs
-  help=$("$GC_BIN/moe-run" --help 2>&1)
-  for w in $GRAPH_WORDS; do
-    opt=$(echo "$help" | grep -i -o -- "--[a-z-]*${w}[a-z-]*" | head -n 1)
-    [ -n "$opt" ] && break
+  # decode steps as one CUDA graph (moe-run --graphs on|off; moe-graph.h): all resident on
+  # the trained bundle, the same ids with and without graphs, interleaved twice each:
+  # logits bit for bit, tokens, decode tok/s (best of two), launches per token, the
+  # graph's nodes against the launch plan; at 25 % in VRAM graphs do not apply (the
+  # store decides each step's copies): the runs say so and give the same logits
+  local d=$GC_WORK/runs tb ib ids V ok=1 r n=256 rep f
+  tb=$GC_WORK/trained.moeb
+  ib=$(offload_bundle)
+  ids=$(fact ids40)
+  V=$(sed -n 's/.*"vocab_size"[[:space:]]*:[[:space:]]*\([0-9]*\).*/\1/p' "$MODEL/config.json")
+  if ! grep -q -- '--graphs' <<<"$("$GC_BIN/moe-run" --help 2>&1)"; then
+    kv status option-missing
+    kv reason "moe-run has no --graphs"
+    return
+  fi
+  if [ ! -s "$tb" ]; then kv status fail; kv reason "no trained bundle ($tb)"; return; fi
+  local common=(-m "$tb" --expert-precision q8_0 --tokens "$ids" -n "$n" --ignore-eos --ids)
+  for rep in 1 2; do
+    for f in off on; do
+      mrun "gr-$f-$rep" "$GC_DEV" "${common[@]}" --graphs "$f" --logits-out "$d/gr-$f-$rep.f32" || ok=0
+    done
   done
-  if [ -n "$opt" ]; then
-    kv graph_option "$opt"
-    say "moe-run has $opt: this script does not use it yet (extend step_graphs)"
-    kv status info
-    kv reason "graph option $opt exists but is not driven by this script"
+  if r=$(cmp_logits "$d/gr-off-1.f32" "$d/gr-on-1.f32" "$V"); then
+    set -- $r
+    kv max_abs_diff "$1"
+    kv bit_identical "$(cmp -s "$d/gr-off-1.f32" "$d/gr-on-1.f32" && echo yes || echo no)"
+    kv tokens_identical "$(same_ids "$d/gr-off-1.out" "$d/gr-on-1.out")"
+    [ "$(kv_get "$GC_KV" bit_identical)" = yes ] || ok=0
   else
-    kv graph_option "missing"
-    kv status not-implemented
-    kv reason "option missing: moe-run --help names no CUDA-graph option (docs/architecture.md: not done)"
+    kv logits_error "$r"
+    ok=0
   fi
-  # the figures "without graphs": decode tok/s resident (trained bundle) and at 25 % (inflated)
-  b=$GC_WORK/trained.moeb
-  if [ -s "$b" ]; then
-    mrun gr-resident "$GC_DEV" -m "$b" --expert-precision q8_0 -f "$GC_WORK/prompt.txt" -n "$ND" --ignore-eos
-    kv resident_tps_without_graphs "$(jget "$d/gr-resident.json" tokens_per_s_decode)"
+  local best_off best_on
+  best_off=$(for rep in 1 2; do jget "$d/gr-off-$rep.json" tokens_per_s_decode; done | sort -g | tail -n 1)
+  best_on=$(for rep in 1 2; do jget "$d/gr-on-$rep.json" tokens_per_s_decode; done | sort -g | tail -n 1)
+  kv resident_tps_off "$best_off"
+  kv resident_tps_on "$best_on"
+  kv speedup "$(ratio "$best_on" "$best_off")"
+  local sg sp why lo lon nodes emitted plan fails
+  IFS=$'\x1f' read -r sg sp why lon nodes emitted plan fails <<<"$(jgets "$d/gr-on-1.json" graphs.steps_graph \
+    graphs.steps_plain graphs.why_plain gpu.launches_per_token gpu.graph_nodes gpu.graph_emitted graphs.plan_ops \
+    gpu.graph_failed)"
+  lo=$(jget "$d/gr-off-1.json" gpu.launches_per_token)
+  kv steps_graph "$sg"; kv steps_plain "$sp"; kv why_plain "$why"; kv graph_failed "$fails"
+  kv launches_per_token_off "$lo"; kv launches_per_token_on "$lon"
+  kv graph_nodes "$nodes"; kv graph_emitted "$emitted"; kv plan_ops "$plan"
+  # every decode step a graph (n - 1: the first token comes from the prompt), one launch each,
+  # the graph holding exactly the plan's operations
+  [ "$sg" = "$((n - 1))" ] && [ "$sp" = 0 ] || ok=0
+  [ -n "$plan" ] && [ "$nodes" = "$plan" ] && [ "$emitted" = "$plan" ] || ok=0
+  le "$lon" 1.0001 || ok=0
+  # at 25 %: graphs do not apply, the same logits either way
+  if [ -s "$ib" ]; then
+    local oc=(-m "$ib" --expert-precision q8_0 --expert-mem "$(fact budget25)" --dynamic off --high q8_0
+      --cpu-experts never --tokens "$ids" -n "$ND" --ignore-eos --ids)
+    mrun gr25-off "$GC_DEV" "${oc[@]}" --graphs off --logits-out "$d/gr25-off.f32" || ok=0
+    mrun gr25-on "$GC_DEV" "${oc[@]}" --graphs on --logits-out "$d/gr25-on.f32" || ok=0
+    kv offload25_tps_off "$(jget "$d/gr25-off.json" tokens_per_s_decode)"
+    kv offload25_tps_on "$(jget "$d/gr25-on.json" tokens_per_s_decode)"
+    kv offload25_why "$(jget "$d/gr25-on.json" graphs.why_plain)"
+    kv offload25_identical "$(cmp -s "$d/gr25-off.f32" "$d/gr25-on.f32" && echo yes || echo no)"
+    [ "$(kv_get "$GC_KV" offload25_why)" = "expert budget" ] || ok=0
   fi
-  b=$(offload_bundle)
-  if [ -s "$b" ]; then
-    mrun gr-25 "$GC_DEV" -m "$b" -f "$GC_WORK/prompt.txt" -n "$ND" --ignore-eos --expert-mem "$(fact budget25)"
-    kv offload25_tps_without_graphs "$(jget "$d/gr-25.json" tokens_per_s_decode)"
-  fi
-  kv with_graphs "not implemented"
-  kv figure "no graph option; without: resident $(fmt %.1f "$(kv_get "$GC_KV" resident_tps_without_graphs)"), 25 % $(fmt %.1f "$(kv_get "$GC_KV" offload25_tps_without_graphs)") tok/s"
-  kv goal ">= 1.3x with graphs"
+  kv figure "resident $(fmt %.1f "$best_on") vs $(fmt %.1f "$best_off") tok/s ($(kv_get "$GC_KV" speedup)x), launches/token $(fmt %.1f "$lon") vs $(fmt %.1f "$lo"), nodes $nodes/plan $plan, bit-identical $(kv_get "$GC_KV" bit_identical)"
+  kv goal ">= 1.3x decode tok/s, all resident"
+  if [ "$GC_MODE" = rehearse ]; then # the CPU backend has no graph step: the commands and parsers ran
+    kv status info
+    kv reason "CPU rehearsal: no graph step on the CPU backend (why_plain: $why)"
+  elif [ $ok = 0 ]; then kv status fail; kv reason "logits differ, a run failed, or the graph does not hold the plan"
+  elif le 1.3 "$(kv_get "$GC_KV" speedup)"; then kv status pass
+  else kv status miss; fi
 }
 
 step_uma() {
@@ -929,20 +973,17 @@ step_uma() {
 }
 
 step_launches() {
-  local f found=""
-  for f in "$GC_WORK"/runs/*.json; do
-    [ -e "$f" ] || continue
-    grep -q -i '"[a-z_]*launch[a-z_]*"' "$f" && found=$(grep -o -i '"[a-z_]*launch[a-z_]*"' "$f" | head -n 1) && break
-  done
-  if [ -n "$found" ]; then
-    kv status info
-    kv figure "stats key $found found"
-  else
-    kv status not-exposed
-    kv figure "--stats-json has no launch counter"
-    kv reason "launches per token are not counted by the CUDA backend (moe_cuda_stats)"
-  fi
+  # launches per decoded token (gpu.launches_per_token: kernels, copies and memsets the
+  # host enqueued per one-token step; a graph launch is one), from the graphs step's runs
+  local d=$GC_WORK/runs lo lon l25
+  lo=$(jget "$d/gr-off-1.json" gpu.launches_per_token)
+  lon=$(jget "$d/gr-on-1.json" gpu.launches_per_token)
+  l25=$(jget "$d/gr25-on.json" gpu.launches_per_token)
+  kv launches_per_token_off "$lo"; kv launches_per_token_on "$lon"; kv launches_per_token_25 "$l25"
+  kv figure "resident: $(fmt %.1f "$lo") op by op, $(fmt %.1f "$lon") with graphs; 25 %: $(fmt %.1f "$l25")"
   kv goal "launches/token, +-graphs"
+  if [ -z "$lo" ] || [ -z "$lon" ]; then kv status fail; kv reason "no launches_per_token in the graphs step's runs"
+  else kv status info; fi
 }
 
 # ======================================================================================
@@ -1260,10 +1301,6 @@ dry_checks() {
       grep -q -e "^ *${o}[ ,=]" -e ", ${o}[ =]" -e "^ *${o}\$" <<<"$help"
       check "moe-run option $o" $?
     done
-    local w found=""
-    for w in $GRAPH_WORDS; do grep -q -i -- "--[a-z-]*$w" <<<"$help" && found=1; done
-    [ -n "$found" ] && echo "  note     moe-run has a graph option: step graphs reports it (extend it)" ||
-      echo "  note     moe-run has no CUDA-graph option: step graphs will report not-implemented (expected)"
   fi
   if [ -x "$GC_BIN/moe-prep" ]; then
     for o in $PREP_OPTS; do

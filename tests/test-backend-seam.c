@@ -186,7 +186,7 @@ static enum moe_status wrap_new(const struct moe_model *m, const struct moe_back
                                     w_router, w_expert, w_dense, w_residual, w_lm_head, w_ffn_rows, w_lm_head_rows,
                                     w_kv_cache_bytes, w_expert_batch, s->place_mode ? w_place : NULL,
                                     s->device_only ? w_stage_begin : NULL, s->device_only ? w_stage_end : NULL,
-                                    NULL, NULL, NULL, NULL};
+                                    NULL, NULL, NULL, NULL, NULL};
     be->iface = i;
     be->ctx = s;
     g_made = 1;

@@ -206,6 +206,7 @@ int moe_backend_supports(const struct moe_backend *be, enum moe_backend_feature 
     case MOE_BACKEND_FEAT_STAGE: return HAS(be, stage_begin, 3) && HAS(be, stage_end, 3);
     case MOE_BACKEND_FEAT_KV_SEQ: return HAS(be, kv_seq, 5);
     case MOE_BACKEND_FEAT_ATTENTION_MULTI: return HAS(be, kv_seq, 5) && HAS(be, attention_multi, 5);
+    case MOE_BACKEND_FEAT_GRAPH: return HAS(be, decode_step, 6);
     default: return HAS(be, supports, 4) && be->iface->supports(be, f);
     }
 }
@@ -307,6 +308,12 @@ enum moe_status moe_backend_kv_seq(struct moe_backend *be, int seq) {
 
 enum moe_status moe_backend_attention_multi(struct moe_backend *be, int layer, const int *seq, const int *pos, int n) {
     CALL(be, attention_multi, 5, be, layer, seq, pos, n);
+}
+
+enum moe_status moe_backend_decode_step(struct moe_backend *be, const struct moe_step_desc *d, int32_t token, int pos,
+                                        float *logits, int32_t *sel, float *w) {
+    if (!HAS(be, decode_step, 6)) return MOE_ERR_UNSUPPORTED; /* the caller's op-by-op path: not an error */
+    return be->iface->decode_step(be, d, token, pos, logits, sel, w);
 }
 
 struct cJSON *moe_backend_stats_json(const struct moe_backend *be) {

@@ -8,7 +8,8 @@
  * it. The CPU backend (runtime/cpu/backend-cpu.c) is the reference every
  * other backend is checked against; the CUDA backend (runtime/cuda/,
  * moe-cuda.h; not yet run on a GPU) implements the same table but for the
- * version-5 members (one KV cache: a session on it holds one sequence).
+ * version-5 members (one KV cache: a session on it holds one sequence), and
+ * adds the version-6 decode_step (a whole one-token step as one device graph).
  *
  * The table is versioned as ggml's backends and SQLite's VFS are: a backend
  * sets iface->version to the MOE_BACKEND_VERSION it was written for, the
@@ -17,7 +18,7 @@
  * appended. Version 2 added kv_cache_bytes; version 3 expert_batch, place,
  * stage_begin and stage_end; version 4 supports and stats_json; version 5
  * kv_seq and attention_multi (several sequences' KV caches; each may be
- * NULL). Callers never test the version or a NULL slot themselves: they call
+ * NULL); version 6 decode_step (may be NULL). Callers never test the version or a NULL slot themselves: they call
  * the wrappers below (moe_backend_attention(), ...), one per member, which do
  * (as SQLite's os.c does for its VFS).
  *
@@ -61,7 +62,7 @@
 extern "C" {
 #endif
 
-#define MOE_BACKEND_VERSION 5
+#define MOE_BACKEND_VERSION 6
 
 /* Memory owned by a backend. */
 struct moe_buffer {
@@ -85,6 +86,15 @@ enum moe_backend_feature {
     MOE_BACKEND_FEAT_STAGE = 4,        /* stage_begin / stage_end: device memory fed through host staging */
     MOE_BACKEND_FEAT_KV_SEQ = 5,       /* kv_seq: n_seq KV caches, attention() on the one selected */
     MOE_BACKEND_FEAT_ATTENTION_MULTI = 6, /* attention_multi: one call for rows of several sequences */
+    MOE_BACKEND_FEAT_GRAPH = 7,        /* decode_step: a whole one-token step on the device (moe-graph.h) */
+};
+
+/* What decode_step runs (moe-graph.h): every MoE layer's experts as the
+ * session would use them with no budget, routed on the device. */
+struct moe_step_desc {
+    int k;                          /* experts per token */
+    const struct moe_ffn *experts;  /* [n_layer x n_expert] views of the experts (rows of dense layers unused) */
+    uint64_t generation;            /* changes whenever k or the table's content changes */
 };
 
 /* One routed expert's work in a layer step (expert_batch). */
@@ -211,6 +221,19 @@ struct moe_backend_iface {
      * gives. Requires kv_seq. NULL: the caller runs the rows one at a time
      * through kv_seq and attention(). */
     enum moe_status (*attention_multi)(struct moe_backend *be, int layer, const int *seq, const int *pos, int n);
+
+    /* -- version 6: a whole decode step at once -- */
+    /* decode_step: what embed(&token, 1), then for every layer attention(l,
+     * pos, 1, pos + 1), ffn_norm, router, the session's routing (moe_route),
+     * expert_batch of the chosen experts' views from d->experts, dense and
+     * residual, then lm_head(0, 1, logits) give, without returning to the
+     * host between them (a GPU captures it once as a graph and replays it).
+     * sel / w (may be NULL) get each MoE layer's choices and weights, [number
+     * of MoE layers x d->k] in layer order. MOE_ERR_UNSUPPORTED (logged once
+     * by the backend): this step cannot run so on this backend; nothing has
+     * changed and the caller runs it op by op. NULL: never. */
+    enum moe_status (*decode_step)(struct moe_backend *be, const struct moe_step_desc *d, int32_t token, int pos,
+                                   float *logits, int32_t *sel, float *w);
 };
 
 struct moe_backend {
@@ -339,6 +362,10 @@ enum moe_status moe_backend_kv_seq(struct moe_backend *be, int seq);
  * (MOE_ERR_UNSUPPORTED otherwise; the session then runs the rows one at a
  * time, see moe_session_decode_batch). */
 enum moe_status moe_backend_attention_multi(struct moe_backend *be, int layer, const int *seq, const int *pos, int n);
+/* moe_backend_decode_step: decode_step where the backend has it
+ * (MOE_ERR_UNSUPPORTED, not logged, otherwise: the caller runs op by op). */
+enum moe_status moe_backend_decode_step(struct moe_backend *be, const struct moe_step_desc *d, int32_t token, int pos,
+                                        float *logits, int32_t *sel, float *w);
 /* moe_backend_stats_json: the backend's counters (caller owns), or NULL. */
 struct cJSON *moe_backend_stats_json(const struct moe_backend *be);
 

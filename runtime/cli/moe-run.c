@@ -21,6 +21,7 @@
 #include "moe-file.h"
 #include "moe-gguf.h"
 #include "moe-gpu.h"
+#include "moe-graph.h"
 #include "moe-hw.h"
 #include "moe-mmap.h"
 #include "moe-model.h"
@@ -557,6 +558,16 @@ static cJSON *stats_json(const struct moe_session *sess, const struct moe_sessio
     }
     cJSON_AddItemToObject(o, "big_little", big_little_json(sess, sp));
     cJSON_AddStringToObject(o, "backend", moe_backend_name(moe_session_backend(sess)));
+    { /* decode steps as one device graph (moe-graph.h) */
+        struct moe_session_graph_stats gs;
+        moe_session_graph_stats(sess, &gs);
+        cJSON *gj = cJSON_AddObjectToObject(o, "graphs");
+        cJSON_AddNumberToObject(gj, "steps_graph", (double)gs.steps_graph);
+        cJSON_AddNumberToObject(gj, "steps_plain", (double)gs.steps_plain);
+        cJSON_AddStringToObject(gj, "why_plain", gs.steps_plain ? moe_graph_why_str((enum moe_graph_why)gs.last_why)
+                                                                : "none");
+        cJSON_AddNumberToObject(gj, "plan_ops", gs.graph_ops);
+    }
     cJSON *g = moe_backend_stats_json(moe_session_backend(sess)); /* the backend's own counters (a GPU's) */
     if (g) cJSON_AddItemToObject(o, "gpu", g);
     if (chat) cJSON_AddItemToObject(o, "chat", chat); /* --chat: the turns and what each one ran */
@@ -778,6 +789,7 @@ static int make_session(struct args *a, struct run *r) {
     sp->record_trace = a->trace_out != NULL;
     sp->device = a->gpu.device_spec;
     sp->device_options = &a->gpu;
+    sp->no_graphs = a->gpu.no_graphs;
     if (!moe_engine_big_little("moe-run", a->little_k, a->gamma, a->bl_prefetch, r->model, sp)) return 0;
     sp->n_threads = a->n_threads;
     sp->n_ctx = a->n_ctx;

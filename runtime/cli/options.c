@@ -205,6 +205,9 @@ static const struct moe_opt k_gpu_opts[] = {
     {"uma", 0, MOE_OPT_NONE, NULL,
      "unified memory: expert slots in mapped host memory, no copies\n(automatic on integrated GPUs such as Jetson)"},
     {"gemm", 0, MOE_OPT_REQUIRED, "P", "f16 (default) | f32: precision of prompt GEMMs"},
+    {"graphs", 0, MOE_OPT_REQUIRED, "on|off",
+     "on (default): a decode step with every expert on the GPU runs\nas one captured CUDA graph (same logits); off: "
+     "op by op"},
     {"recalibrate", 0, MOE_OPT_NONE, NULL, "measure the latency table again"},
     {NULL, 0, MOE_OPT_NONE, NULL, NULL},
 };
@@ -273,6 +276,10 @@ enum moe_status moe_gpu_parse_option(struct moe_gpu_params *p, const char *name,
     } else if (!strcmp(name, "gemm")) {
         if (!strcmp(v, "f16")) p->gemm_f32 = 0;
         else if (!strcmp(v, "f32")) p->gemm_f32 = 1;
+        else ok = 0;
+    } else if (!strcmp(name, "graphs")) {
+        if (!strcmp(v, "on")) p->no_graphs = 0;
+        else if (!strcmp(v, "off")) p->no_graphs = 1;
         else ok = 0;
     }
     if (!ok) {
@@ -582,6 +589,7 @@ int moe_engine_load(const char *prog, struct moe_engine_args *e, struct moe_mode
     e->store.repack = !e->no_repack;
     sp->device = e->gpu.device_spec;
     sp->device_options = &e->gpu;
+    sp->no_graphs = e->gpu.no_graphs;
     sp->n_threads = e->n_threads, sp->n_ctx = e->n_ctx, sp->n_batch = e->n_batch;
     if (!moe_engine_big_little(prog, e->little_k, e->gamma, e->bl_prefetch, *model, sp)) {
         moe_model_free(*model);

@@ -35,6 +35,7 @@
 #include "cuda-impl.h"
 #include "moe-bundle.h"
 #include "moe-cuda.h"
+#include "moe-graph.h"
 
 namespace {
 
@@ -137,9 +138,50 @@ struct cuda {
     int lat_state = -1; // -1 none yet, 0 read from the cache, 1 measured
     int lat_failed = 0;
     moe_cuda_stats stats;
+    // launches per token
+    int64_t own_ops = 0, ops_mark = 0;
+    int chunk_n = 0; // tokens of the chunk running now (0: none, or a graph step)
+    // decode steps as one graph (moe-graph.h)
+    struct graph_state {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        uint64_t gen = 0;
+        int k = 0, ready = 0, failed = 0;
+        char *step_d = nullptr, *step_h = nullptr; // token, position, RoPE row (device; pinned)
+        size_t step_bytes = 0;
+        gemv_job *jobs = nullptr;     // device: GRAPH_JOBS per layer + the LM head
+        gemv_job *tmpl = nullptr;     // device: [2 x n_layer x n_expert] gate/up, then down templates
+        gemv_job *ejobs = nullptr;    // device: [n_moe x 2k] a step's routed jobs
+        char *routes_d = nullptr;     // device: [n_moe x k] choices, then [n_moe x k] weights
+        char *routes_h = nullptr;     // pinned copy of it
+        int32_t *slots = nullptr, *zero = nullptr; // device: [n_moe x k] slots; one 0
+        std::vector<int> ff_max;      // per layer: the largest routed-expert n_out
+        int cap_k = 0;                // the k the buffers were made for
+    } gr;
 };
 
 cuda *ctx(moe_backend *be) { return (cuda *)be->ctx; }
+
+// ENQ: a copy or memset this thread enqueues on the compute stream, counted
+// with the kernel launches (the launches-per-token statistics).
+#define ENQ(call)          \
+    do {                   \
+        s->own_ops++;      \
+        CU(call);          \
+    } while (0)
+
+// ops_now: operations this backend's thread has enqueued (kernels, copies, memsets).
+int64_t ops_now(const cuda *s) { return launch_count() + s->own_ops; }
+
+// chunk_close: the operations since the last embed or graph step go to the
+// one-token steps' count when that chunk was one token (a step counts when
+// the next one starts: the statistics hold the steps closed so far).
+void chunk_close(cuda *s) {
+    const int64_t now = ops_now(s);
+    if (s->chunk_n == 1) s->stats.decode_ops += now - s->ops_mark, s->stats.decode_steps++;
+    s->ops_mark = now;
+    s->chunk_n = 0;
+}
 
 // ---- memory -----------------------------------------------------------------
 
@@ -221,7 +263,7 @@ enum moe_status upload(cuda *s, const void *p, size_t bytes, const void **out) {
     if (st) return st;
     // on the compute stream: a copy from pageable memory on the default stream may still be
     // in flight when cudaMemcpy returns, and the compute stream does not wait for that stream
-    CU(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, s->cs));
+    ENQ(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, s->cs));
     s->wmap[p] = d;
     s->wbytes[p] = (int64_t)bytes;
     s->stats.uploads++;
@@ -287,7 +329,7 @@ void *area_push(cuda *s, param_area *a, const void *src, size_t n) {
 }
 
 enum moe_status area_commit(cuda *s, param_area *a) {
-    if (a->used) CU(cudaMemcpyAsync(a->d, a->h, a->used, cudaMemcpyHostToDevice, s->cs));
+    if (a->used) ENQ(cudaMemcpyAsync(a->d, a->h, a->used, cudaMemcpyHostToDevice, s->cs));
     CU(cudaEventRecord(a->copied, s->cs));
     return MOE_OK;
 }
@@ -379,15 +421,13 @@ enum moe_status ffn_dev(cuda *s, const moe_ffn &f, const float *x, int n, float 
 
 // ---- RoPE tables (host, the CPU backend's arithmetic) ------------------------------
 
-// rope_tables: cos / sin for n tokens from pos0 to the device (as backend-cpu.c's rope_tables).
-enum moe_status rope_tables(cuda *s, int pos0, int n, int seq_len) {
+// rope_fill: cos / sin [n x n_rot/2] for n tokens from pos0 (as backend-cpu.c's rope_tables).
+void rope_fill(const cuda *s, int pos0, int n, int seq_len, float *cs, float *sn) {
     const moe_rope *r = &s->c->rope;
     const int half = r->n_rot / 2;
     float scale = 1.0f;
     if (r->kind == MOE_ROPE_LONGROPE)
         scale = r->has_mscale ? (seq_len > r->original_max_pos ? r->long_mscale : r->short_mscale) : r->attention_factor;
-    CU(cudaEventSynchronize(s->rope_ev));
-    float *cs = s->rope_h, *sn = s->rope_h + (size_t)n * half;
     for (int t = 0; t < n; t++) {
         float pp = (float)(pos0 + t);
         for (int i = 0; i < half; i++) {
@@ -396,9 +436,17 @@ enum moe_status rope_tables(cuda *s, int pos0, int n, int seq_len) {
             sn[(size_t)t * half + i] = (float)sin((double)f) * scale;
         }
     }
+}
+
+// rope_tables: cos / sin for n tokens from pos0 to the device.
+enum moe_status rope_tables(cuda *s, int pos0, int n, int seq_len) {
+    const int half = s->c->rope.n_rot / 2;
+    CU(cudaEventSynchronize(s->rope_ev));
+    float *cs = s->rope_h, *sn = s->rope_h + (size_t)n * half;
+    rope_fill(s, pos0, n, seq_len, cs, sn);
     const size_t bytes = sizeof(float) * (size_t)n * half;
-    CU(cudaMemcpyAsync(s->cos_d, cs, bytes, cudaMemcpyHostToDevice, s->cs));
-    CU(cudaMemcpyAsync(s->sin_d, sn, bytes, cudaMemcpyHostToDevice, s->cs));
+    ENQ(cudaMemcpyAsync(s->cos_d, cs, bytes, cudaMemcpyHostToDevice, s->cs));
+    ENQ(cudaMemcpyAsync(s->sin_d, sn, bytes, cudaMemcpyHostToDevice, s->cs));
     CU(cudaEventRecord(s->rope_ev, s->cs));
     return MOE_OK;
 }
@@ -475,9 +523,9 @@ enum moe_status flush_host(cuda *s) {
     if (st) return st;
     const int64_t n = s->hout_n;
     if (n == 0) return MOE_OK;
-    CU(cudaMemcpyAsync(s->hpart, s->hout_h, sizeof(float) * (size_t)n * (size_t)s->H, cudaMemcpyHostToDevice, s->cs));
-    CU(cudaMemcpyAsync(s->hidx, s->hidx_h, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, s->cs));
-    CU(cudaMemcpyAsync(s->hidx + s->max_rows, s->hidx_h + s->max_rows, sizeof(int32_t) * (size_t)n,
+    ENQ(cudaMemcpyAsync(s->hpart, s->hout_h, sizeof(float) * (size_t)n * (size_t)s->H, cudaMemcpyHostToDevice, s->cs));
+    ENQ(cudaMemcpyAsync(s->hidx, s->hidx_h, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, s->cs));
+    ENQ(cudaMemcpyAsync(s->hidx + s->max_rows, s->hidx_h + s->max_rows, sizeof(int32_t) * (size_t)n,
                        cudaMemcpyHostToDevice, s->cs));
     CU(cudaEventRecord(s->hout_ev, s->cs));
     s->hout_n = 0;
@@ -493,7 +541,7 @@ enum moe_status queue_host(cuda *s, const moe_expert_work &w) {
     }
     if (!s->xn_host_valid) {
         CU(cudaEventSynchronize(s->hout_ev)); // the last layer's host outputs have left hout
-        CU(cudaMemcpyAsync(s->xn_h, s->xn, sizeof(float) * (size_t)s->cur_n * (size_t)s->H, cudaMemcpyDeviceToHost,
+        ENQ(cudaMemcpyAsync(s->xn_h, s->xn, sizeof(float) * (size_t)s->cur_n * (size_t)s->H, cudaMemcpyDeviceToHost,
                            s->cs));
         CU(cudaEventRecord(s->xn_ev, s->cs));
         s->xn_host_valid = 1;
@@ -634,6 +682,8 @@ enum moe_status cu_stage_end(moe_backend *be, uint64_t key, void *host, int ok, 
 
 enum moe_status cu_embed(moe_backend *be, const int32_t *tokens, int n) {
     cuda *s = ctx(be);
+    chunk_close(s);
+    s->chunk_n = n;
     dmat e;
     enum moe_status st = dmat_of(s, s->m->tok_embd, &e);
     if (st) return st;
@@ -695,12 +745,13 @@ enum moe_status cu_attention(moe_backend *be, int layer, int pos0, int n, int se
     const size_t lcache = (size_t)layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
     qkv_post_args pa = {s->q, s->k, s->v, s->k_cache + lcache, s->v_cache + lcache, qn, kn, (int)c->qk_norm,
                         c->norm_eps, c->clip_qkv, s->cos_d, s->sin_d, n, pos0, c->n_head, c->n_head_kv, c->head_dim,
-                        c->rope.n_rot};
+                        c->rope.n_rot, nullptr};
     if ((st = launch_qkv_post(&pa, s->cs))) return st;
     int n_split = 1; // few queries (decode): split the keys, 256 per split, within the partials' room
-    if (n * c->n_head < 4 * s->prop.multiProcessorCount) n_split = std::max(1, std::min((pos0 + n + 255) / 256, s->max_split / n));
+    if (n * c->n_head < 4 * s->prop.multiProcessorCount) n_split = attn_splits(pos0 + n, s->max_split / n);
     attn_args aa = {s->q, s->k_cache + lcache, s->v_cache + lcache, s->att, s->pm, s->pl, s->pacc, n, pos0,
-                    c->n_head, c->n_head_kv, c->head_dim, c->layer_sliding[layer] ? c->sliding_window : 0, n_split};
+                    c->n_head, c->n_head_kv, c->head_dim, c->layer_sliding[layer] ? c->sliding_window : 0, n_split,
+                    nullptr};
     if ((st = launch_attention(&aa, s->cs))) return st;
     std::vector<gemv_job> o{make_job(wo, s->att, s->q_dim, n, s->x, s->H, bo, Y_ADD)};
     return run_phase(s, area_begin(s), o);
@@ -714,8 +765,8 @@ enum moe_status cu_ffn_norm(moe_backend *be, int layer, int n) {
     if ((st = dvec(s, L->ffn_norm, s->H, &nw)) || (st = dvec(s, L->ffn_norm_b, s->H, &nb))) return st;
     if ((st = launch_norm(s->c->norm == MOE_NORM_LAYER, s->x, nw, nb, n, (int)s->H, s->c->norm_eps, s->xn, s->cs)))
         return st;
-    CU(cudaMemsetAsync(s->acc, 0, sizeof(float) * (size_t)n * (size_t)s->H, s->cs));
-    CU(cudaMemsetAsync(s->part_used, 0, (size_t)n * (size_t)s->S, s->cs));
+    ENQ(cudaMemsetAsync(s->acc, 0, sizeof(float) * (size_t)n * (size_t)s->H, s->cs));
+    ENQ(cudaMemsetAsync(s->part_used, 0, (size_t)n * (size_t)s->S, s->cs));
     s->shared_pending = 0;
     s->cur_n = n;
     s->xn_host_valid = 0;
@@ -727,7 +778,7 @@ enum moe_status cu_router(moe_backend *be, int layer, int n, float *logits) {
     const int E = s->c->n_expert;
     enum moe_status st = matmul(s, s->m->layers[layer].router, nullptr, s->xn, s->H, n, s->logits, E, Y_STORE);
     if (st) return st;
-    CU(cudaMemcpyAsync(s->logits_h, s->logits, sizeof(float) * (size_t)n * E, cudaMemcpyDeviceToHost, s->cs));
+    ENQ(cudaMemcpyAsync(s->logits_h, s->logits, sizeof(float) * (size_t)n * E, cudaMemcpyDeviceToHost, s->cs));
     CU(cudaStreamSynchronize(s->cs));
     memcpy(logits, s->logits_h, sizeof(float) * (size_t)n * E);
     return MOE_OK;
@@ -869,7 +920,7 @@ enum moe_status lm_head_dev(cuda *s, const float *x, int n, float *logits) {
         const int c = n - done < s->logits_rows ? n - done : (int)s->logits_rows;
         if ((st = matmul(s, m->lm_head, m->lm_head_b, s->xn + (size_t)done * s->H, s->H, c, s->logits, V, Y_STORE)))
             return st;
-        CU(cudaMemcpyAsync(s->logits_h, s->logits, sizeof(float) * (size_t)c * V, cudaMemcpyDeviceToHost, s->cs));
+        ENQ(cudaMemcpyAsync(s->logits_h, s->logits, sizeof(float) * (size_t)c * V, cudaMemcpyDeviceToHost, s->cs));
         CU(cudaStreamSynchronize(s->cs));
         memcpy(logits + (size_t)done * V, s->logits_h, sizeof(float) * (size_t)c * V);
         done += c;
@@ -1077,6 +1128,337 @@ size_t cu_kv_cache_bytes(moe_backend *be) {
     return 2 * sizeof(float) * (size_t)s->c->n_layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
 }
 
+// ---- decode steps as one graph (moe-graph.h) --------------------------------------
+//
+// A one-token step with every expert resident, captured once from the plan's
+// operations (moe_graph_plan) and replayed: the step's inputs (token,
+// position, RoPE row) are one copy from pinned memory at the graph's start;
+// the kernels that depend on the position read it from the device (qkv_post,
+// attention: its grid holds the most splits, the kernels use as many as the
+// op-by-op path would); the router's logits are routed on the device and each
+// routed expert's GEMV jobs are filled from the layer's table of templates
+// (expert_jobs_kernel), so a new routing needs neither a new capture nor a
+// node update. Same kernels, same jobs, same order as the op-by-op path: the
+// same logits bit for bit. Recaptured when the expert table's generation or
+// top-k changes.
+
+constexpr int GRAPH_JOBS = 8; // per layer: q, k, v, o, router, shared gate, MLP gate/up, MLP down
+
+void graph_drop(cuda *s) {
+    if (s->gr.exec) cudaGraphExecDestroy(s->gr.exec);
+    if (s->gr.graph) cudaGraphDestroy(s->gr.graph);
+    s->gr.exec = nullptr, s->gr.graph = nullptr, s->gr.ready = 0;
+}
+
+// graph_buffers: the graph's own device and pinned buffers, for top-k up to k (made once per k growth).
+enum moe_status graph_buffers(cuda *s, int k) {
+    const moe_config *c = s->c;
+    if (s->gr.step_d && k <= s->gr.cap_k) return MOE_OK;
+    if (s->gr.step_d) {
+        MOE_LOGW("CUDA graphs: top-%d after top-%d needs new buffers; decode steps run op by op", k, s->gr.cap_k);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++) n_moe += c->layer_moe[l] != 0;
+    const int half = c->rope.n_rot / 2;
+    enum moe_status st;
+    s->gr.step_bytes = round_up(16 + sizeof(float) * 2 * (size_t)half, 16);
+    void *h;
+    if ((st = state_alloc(s, &s->gr.step_d, (int64_t)s->gr.step_bytes)) ||
+        (st = pinned_alloc(s, MOE_GPU_MEM_STAGING, s->gr.step_bytes, &h)))
+        return st;
+    s->gr.step_h = (char *)h;
+    const int64_t rb = (int64_t)(n_moe ? n_moe : 1) * k * 8;
+    if ((st = state_alloc(s, &s->gr.jobs, (int64_t)c->n_layer * GRAPH_JOBS + 1)) ||
+        (st = state_alloc(s, &s->gr.tmpl, 2 * (int64_t)c->n_layer * c->n_expert)) ||
+        (st = state_alloc(s, &s->gr.ejobs, (int64_t)(n_moe ? n_moe : 1) * 2 * k)) ||
+        (st = state_alloc(s, &s->gr.routes_d, rb)) || (st = state_alloc(s, &s->gr.slots, (int64_t)(n_moe ? n_moe : 1) * k)) ||
+        (st = state_alloc(s, &s->gr.zero, 1)) || (st = pinned_alloc(s, MOE_GPU_MEM_STAGING, (size_t)rb, &h)))
+        return st;
+    s->gr.routes_h = (char *)h;
+    s->gr.cap_k = k;
+    return MOE_OK;
+}
+
+// graph_tables: every expert of the table on the device, and the jobs the capture reads (host work; may sync).
+enum moe_status graph_tables(cuda *s, const moe_step_desc *d) {
+    const moe_model *m = s->m;
+    const moe_config *c = s->c;
+    const int E = c->n_expert;
+    enum moe_status st;
+    std::vector<gemv_job> jobs((size_t)c->n_layer * GRAPH_JOBS + 1), tmpl(2 * (size_t)c->n_layer * E);
+    s->gr.ff_max.assign((size_t)c->n_layer, 0);
+    memset(jobs.data(), 0, jobs.size() * sizeof(gemv_job));
+    memset(tmpl.data(), 0, tmpl.size() * sizeof(gemv_job));
+    for (int l = 0; l < c->n_layer; l++) {
+        const moe_layer *L = &m->layers[l];
+        gemv_job *J = &jobs[(size_t)l * GRAPH_JOBS];
+        dmat wq, wk, wv, wo;
+        const float *bq, *bk, *bv, *bo;
+        if ((st = dmat_of(s, L->wq, &wq)) || (st = dmat_of(s, L->wk, &wk)) || (st = dmat_of(s, L->wv, &wv)) ||
+            (st = dmat_of(s, L->wo, &wo)) || (st = dvec(s, L->bq, s->q_dim, &bq)) || (st = dvec(s, L->bk, s->kv_dim, &bk)) ||
+            (st = dvec(s, L->bv, s->kv_dim, &bv)) || (st = dvec(s, L->bo, s->H, &bo)))
+            return st;
+        J[0] = make_job(wq, s->xn, s->H, 1, s->q, s->q_dim, bq, Y_STORE);
+        J[1] = make_job(wk, s->xn, s->H, 1, s->k, s->kv_dim, bk, Y_STORE);
+        J[2] = make_job(wv, s->xn, s->H, 1, s->v, s->kv_dim, bv, Y_STORE);
+        J[3] = make_job(wo, s->att, s->q_dim, 1, s->x, s->H, bo, Y_ADD);
+        const moe_ffn *mlp = nullptr;
+        float *mlp_out = s->acc;
+        if (c->layer_moe[l]) {
+            dmat r;
+            if ((st = dmat_of(s, L->router, &r))) return st;
+            J[4] = make_job(r, s->xn, s->H, 1, s->logits, E, nullptr, Y_STORE);
+            if (c->n_ff_shared > 0) {
+                mlp = &L->shared, mlp_out = s->tmp;
+                if (c->shared_gated) {
+                    dmat sgw;
+                    if ((st = dmat_of(s, L->shared_gate, &sgw))) return st;
+                    J[5] = make_job(sgw, s->xn, s->H, 1, s->sg, 1, nullptr, Y_STORE);
+                }
+            }
+            for (int e = 0; e < E; e++) {
+                const moe_ffn &f = d->experts[(size_t)l * E + e];
+                dmat g, u, dn;
+                if (f.bias) {
+                    MOE_LOGW("CUDA graphs: expert biases are not supported; decode steps run op by op");
+                    return MOE_ERR_UNSUPPORTED;
+                }
+                if ((st = dmat_of(s, f.gate, &g)) || (st = dmat_of(s, f.up, &u)) || (st = dmat_of(s, f.down, &dn)))
+                    return st;
+                if (g.buf || u.buf || dn.buf || g.type != u.type || g.n_out != u.n_out || dn.n_in != g.n_out ||
+                    dn.n_out != s->H || (int64_t)g.n_out > s->max_ff) {
+                    MOE_LOGW("CUDA graphs: expert %d of layer %d is in a store slot or does not fit; decode steps run "
+                             "op by op", e, l);
+                    return MOE_ERR_UNSUPPORTED;
+                }
+                gemv_job gu = make_job(g, s->xn, s->H, 1, nullptr, g.n_out, nullptr, Y_SWIGLU);
+                gu.w2 = u.w, gu.xrow = s->gr.zero;
+                gemv_job dj = make_job(dn, nullptr, g.n_out, 1, s->part, s->H, nullptr, Y_STORE);
+                dj.yrow = s->gr.zero, dj.n_slots = s->S, dj.used = s->part_used;
+                tmpl[(size_t)l * E + e] = gu;
+                tmpl[((size_t)c->n_layer + l) * E + e] = dj;
+                s->gr.ff_max[(size_t)l] = std::max(s->gr.ff_max[(size_t)l], g.n_out);
+            }
+        } else {
+            mlp = &L->dense;
+        }
+        if (mlp) {
+            dmat g, u, dn;
+            if ((st = dmat_of(s, mlp->gate, &g)) || (st = dmat_of(s, mlp->up, &u)) || (st = dmat_of(s, mlp->down, &dn)))
+                return st;
+            J[6] = make_job(g, s->xn, s->H, 1, s->hbuf, g.n_out, nullptr, Y_SWIGLU);
+            J[6].w2 = u.w;
+            J[7] = make_job(dn, s->hbuf, g.n_out, 1, mlp_out, s->H, nullptr, Y_STORE);
+        }
+    }
+    dmat lm;
+    const float *lb;
+    if ((st = dmat_of(s, m->lm_head, &lm)) || (st = dvec(s, m->lm_head_b, c->n_vocab, &lb))) return st;
+    jobs[(size_t)c->n_layer * GRAPH_JOBS] = make_job(lm, s->xn, s->H, 1, s->logits, c->n_vocab, lb, Y_STORE);
+    CU(cudaMemcpyAsync(s->gr.jobs, jobs.data(), jobs.size() * sizeof(gemv_job), cudaMemcpyHostToDevice, s->cs));
+    CU(cudaMemcpyAsync(s->gr.tmpl, tmpl.data(), tmpl.size() * sizeof(gemv_job), cudaMemcpyHostToDevice, s->cs));
+    CU(cudaStreamSynchronize(s->cs)); // the host vectors go away
+    return MOE_OK;
+}
+
+// graph_emit: the plan's operations on the compute stream (being captured).
+enum moe_status graph_emit(cuda *s, int k) {
+    const moe_model *m = s->m;
+    const moe_config *c = s->c;
+    const int E = c->n_expert, half = c->rope.n_rot / 2;
+    const int nops = moe_graph_plan(c, nullptr, 0);
+    std::vector<moe_graph_op> ops((size_t)nops);
+    moe_graph_plan(c, ops.data(), nops);
+    const int32_t *tok_d = (const int32_t *)s->gr.step_d, *pos_d = (const int32_t *)(s->gr.step_d + 4);
+    const float *cs_d = (const float *)(s->gr.step_d + 16), *sn_d = cs_d + half;
+    int32_t *sel_d = (int32_t *)s->gr.routes_d;
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++) n_moe += c->layer_moe[l] != 0;
+    float *w_d = (float *)(s->gr.routes_d + sizeof(int32_t) * (size_t)n_moe * k);
+    const int cap_split = c->n_head < 4 * s->prop.multiProcessorCount ? s->max_split : 1;
+    const int is_layer_norm = c->norm == MOE_NORM_LAYER;
+    enum moe_status st = MOE_OK;
+    int ml = -1;
+    for (const moe_graph_op &op : ops) {
+        const int l = op.layer;
+        const moe_layer *L = l >= 0 ? &m->layers[l] : nullptr;
+        const gemv_job *J = l >= 0 ? s->gr.jobs + (size_t)l * GRAPH_JOBS : nullptr;
+        const float *nw = nullptr, *nb = nullptr;
+        const size_t lcache = l >= 0 ? (size_t)l * (size_t)s->p.n_ctx * (size_t)s->kv_dim : 0;
+        switch (op.kind) {
+        case MOE_GOP_STEP_IN:
+            ENQ(cudaMemcpyAsync(s->gr.step_d, s->gr.step_h, s->gr.step_bytes, cudaMemcpyHostToDevice, s->cs));
+            break;
+        case MOE_GOP_EMBED: {
+            dmat e;
+            if (!(st = dmat_of(s, m->tok_embd, &e))) st = launch_embed(e.w, e.type, (int)s->H, tok_d, 1, s->x, s->cs);
+            break;
+        }
+        case MOE_GOP_ATTN_NORM:
+            if (!(st = dvec(s, L->attn_norm, s->H, &nw)) && !(st = dvec(s, L->attn_norm_b, s->H, &nb)))
+                st = launch_norm(is_layer_norm, s->x, nw, nb, 1, (int)s->H, c->norm_eps, s->xn, s->cs);
+            break;
+        case MOE_GOP_QKV: st = launch_gemv(J, 3, (int)std::max(s->q_dim, s->kv_dim), 1, s->cs); break;
+        case MOE_GOP_QKV_POST: {
+            const float *qn = nullptr, *kn = nullptr;
+            if (c->qk_norm != MOE_QK_NORM_NONE) {
+                const int64_t qn_len = c->qk_norm == MOE_QK_NORM_FULL ? s->q_dim : c->head_dim;
+                const int64_t kn_len = c->qk_norm == MOE_QK_NORM_FULL ? s->kv_dim : c->head_dim;
+                if ((st = dvec(s, L->q_norm, qn_len, &qn)) || (st = dvec(s, L->k_norm, kn_len, &kn))) break;
+            }
+            qkv_post_args pa = {s->q, s->k, s->v, s->k_cache + lcache, s->v_cache + lcache, qn, kn, (int)c->qk_norm,
+                                c->norm_eps, c->clip_qkv, cs_d, sn_d, 1, 0, c->n_head, c->n_head_kv, c->head_dim,
+                                c->rope.n_rot, pos_d};
+            st = launch_qkv_post(&pa, s->cs);
+            break;
+        }
+        case MOE_GOP_ATTN: { // the partials and the combine (two nodes; the plan's ATTN_COMBINE is the second)
+            attn_args aa = {s->q, s->k_cache + lcache, s->v_cache + lcache, s->att, s->pm, s->pl, s->pacc, 1, 0,
+                            c->n_head, c->n_head_kv, c->head_dim, c->layer_sliding[l] ? c->sliding_window : 0,
+                            cap_split, pos_d};
+            st = launch_attention(&aa, s->cs);
+            break;
+        }
+        case MOE_GOP_ATTN_COMBINE: break;
+        case MOE_GOP_O_PROJ: st = launch_gemv(J + 3, 1, (int)s->H, 1, s->cs); break;
+        case MOE_GOP_FFN_NORM:
+            if (!(st = dvec(s, L->ffn_norm, s->H, &nw)) && !(st = dvec(s, L->ffn_norm_b, s->H, &nb)))
+                st = launch_norm(is_layer_norm, s->x, nw, nb, 1, (int)s->H, c->norm_eps, s->xn, s->cs);
+            break;
+        case MOE_GOP_CLEAR_ACC: ENQ(cudaMemsetAsync(s->acc, 0, sizeof(float) * (size_t)s->H, s->cs)); break;
+        case MOE_GOP_CLEAR_USED: ENQ(cudaMemsetAsync(s->part_used, 0, (size_t)s->S, s->cs)); break;
+        case MOE_GOP_ROUTER:
+            ml++;
+            st = launch_gemv(J + 4, 1, E, 1, s->cs);
+            break;
+        case MOE_GOP_ROUTE:
+            st = launch_route(s->logits, 1, E, k, c->router == MOE_ROUTER_SPARSEMIXER, c->norm_topk_prob,
+                              c->router_jitter, c->routed_scale, sel_d + (size_t)ml * k, w_d + (size_t)ml * k, s->cs);
+            break;
+        case MOE_GOP_EXPERT_JOBS: {
+            expert_jobs_args ea = {s->gr.tmpl + (size_t)l * E, s->gr.tmpl + ((size_t)c->n_layer + l) * E,
+                                   sel_d + (size_t)ml * k, w_d + (size_t)ml * k, s->gr.slots + (size_t)ml * k,
+                                   s->gr.ejobs + (size_t)ml * 2 * k, s->gr.ejobs + (size_t)ml * 2 * k + k, s->hbuf,
+                                   s->max_ff, k};
+            st = launch_expert_jobs(&ea, s->cs);
+            break;
+        }
+        case MOE_GOP_EXPERT_GATE_UP:
+            st = launch_gemv(s->gr.ejobs + (size_t)ml * 2 * k, k, s->gr.ff_max[(size_t)l], 1, s->cs);
+            break;
+        case MOE_GOP_EXPERT_DOWN: st = launch_gemv(s->gr.ejobs + (size_t)ml * 2 * k + k, k, (int)s->H, 1, s->cs); break;
+        case MOE_GOP_SHARED_GATE: st = launch_gemv(J + 5, 1, 1, 1, s->cs); break;
+        case MOE_GOP_SHARED_GATE_UP:
+        case MOE_GOP_DENSE_GATE_UP:
+            st = launch_gemv(J + 6, 1, op.kind == MOE_GOP_SHARED_GATE_UP ? c->n_ff_shared : c->n_ff_dense, 1, s->cs);
+            break;
+        case MOE_GOP_SHARED_DOWN:
+        case MOE_GOP_DENSE_DOWN: st = launch_gemv(J + 7, 1, (int)s->H, 1, s->cs); break;
+        case MOE_GOP_RESIDUAL: {
+            const int sh = c->layer_moe[l] && c->n_ff_shared > 0;
+            st = launch_residual(s->x, s->acc, s->part, s->part_used, sh && c->shared_gated ? s->sg : nullptr,
+                                 sh ? s->tmp : nullptr, 1, s->S, (int)s->H, s->cs);
+            break;
+        }
+        case MOE_GOP_OUT_NORM:
+            if (!(st = dvec(s, m->out_norm, s->H, &nw)) && !(st = dvec(s, m->out_norm_b, s->H, &nb)))
+                st = launch_norm(is_layer_norm, s->x, nw, nb, 1, (int)s->H, c->norm_eps, s->xn, s->cs);
+            break;
+        case MOE_GOP_LM_HEAD:
+            st = launch_gemv(s->gr.jobs + (size_t)c->n_layer * GRAPH_JOBS, 1, c->n_vocab, 1, s->cs);
+            break;
+        case MOE_GOP_LOGITS_OUT:
+            ENQ(cudaMemcpyAsync(s->logits_h, s->logits, sizeof(float) * (size_t)c->n_vocab, cudaMemcpyDeviceToHost,
+                                s->cs));
+            break;
+        case MOE_GOP_ROUTES_OUT:
+            ENQ(cudaMemcpyAsync(s->gr.routes_h, s->gr.routes_d, (sizeof(int32_t) + sizeof(float)) * (size_t)n_moe * k,
+                                cudaMemcpyDeviceToHost, s->cs));
+            break;
+        default: MOE_LOGE("CUDA graphs: operation %d unknown", (int)op.kind); return MOE_ERR_BACKEND;
+        }
+        if (st) return st;
+    }
+    return MOE_OK;
+}
+
+// graph_build: tables, capture, instantiation; MOE_ERR_UNSUPPORTED (logged once) when it cannot be done.
+enum moe_status graph_build(cuda *s, const moe_step_desc *d) {
+    graph_drop(s);
+    enum moe_status st = graph_buffers(s, d->k);
+    if (!st) st = graph_tables(s, d);
+    if (st) return st == MOE_ERR_NOMEM ? MOE_ERR_NOMEM : MOE_ERR_UNSUPPORTED;
+    const int64_t before = ops_now(s);
+    cudaError_t e = cudaStreamBeginCapture(s->cs, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        MOE_LOGW("CUDA graphs: cannot capture (%s); decode steps run op by op", cudaGetErrorString(e));
+        cudaGetLastError();
+        return MOE_ERR_UNSUPPORTED;
+    }
+    st = graph_emit(s, d->k);
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(s->cs, &g); // always: the stream leaves capture mode
+    const int64_t emitted = ops_now(s) - before;
+    s->own_ops -= emitted; // captured, not run: they count when the graph is launched
+    if (st || e != cudaSuccess || !g) {
+        MOE_LOGW("CUDA graphs: capture failed (%s); decode steps run op by op",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "an operation was refused");
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return MOE_ERR_UNSUPPORTED;
+    }
+    e = cudaGraphInstantiate(&s->gr.exec, g, 0);
+    if (e != cudaSuccess) {
+        MOE_LOGW("CUDA graphs: instantiation failed (%s); decode steps run op by op", cudaGetErrorString(e));
+        cudaGraphDestroy(g);
+        s->gr.exec = nullptr;
+        cudaGetLastError();
+        return MOE_ERR_UNSUPPORTED;
+    }
+    size_t nodes = 0;
+    cudaGraphGetNodes(g, nullptr, &nodes);
+    s->gr.graph = g, s->gr.ready = 1, s->gr.gen = d->generation, s->gr.k = d->k;
+    s->stats.graph_captures++;
+    s->stats.graph_nodes = (int64_t)nodes;
+    s->stats.graph_emitted = emitted;
+    return MOE_OK;
+}
+
+enum moe_status cu_decode_step(moe_backend *be, const moe_step_desc *d, int32_t token, int pos, float *logits,
+                               int32_t *sel, float *w) {
+    cuda *s = ctx(be);
+    const moe_config *c = s->c;
+    if (s->gr.failed) return MOE_ERR_UNSUPPORTED;
+    chunk_close(s);
+    if (!s->gr.ready || s->gr.gen != d->generation || s->gr.k != d->k) {
+        enum moe_status st = graph_build(s, d);
+        if (st == MOE_ERR_UNSUPPORTED) s->gr.failed = 1, s->stats.graph_failed = 1;
+        if (st) return st;
+        s->ops_mark = ops_now(s); // the build's uploads are not the step's
+    }
+    CU(cudaStreamSynchronize(s->cs)); // the previous step's copy of step_h is done (it is, after its logits)
+    const int half = c->rope.n_rot / 2;
+    int32_t *in = (int32_t *)s->gr.step_h;
+    in[0] = token, in[1] = pos;
+    float *cs = (float *)(s->gr.step_h + 16);
+    rope_fill(s, pos, 1, pos + 1, cs, cs + half);
+    CU(cudaGraphLaunch(s->gr.exec, s->cs));
+    s->own_ops++; // one launch from the host for the whole step
+    CU(cudaStreamSynchronize(s->cs));
+    memcpy(logits, s->logits_h, sizeof(float) * (size_t)c->n_vocab);
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++) n_moe += c->layer_moe[l] != 0;
+    if (sel) memcpy(sel, s->gr.routes_h, sizeof(int32_t) * (size_t)n_moe * d->k);
+    if (w) memcpy(w, s->gr.routes_h + sizeof(int32_t) * (size_t)n_moe * d->k, sizeof(float) * (size_t)n_moe * d->k);
+    s->stats.decode_steps++;
+    s->stats.graph_steps++;
+    s->stats.decode_ops += ops_now(s) - s->ops_mark;
+    s->ops_mark = ops_now(s);
+    s->rope_pos0 = -1; // the op-by-op path's tables are its own; nothing shared, but recompute to be plain
+    return MOE_OK;
+}
+
 // ---- creation -----------------------------------------------------------------------
 
 void cu_free(moe_backend *be);
@@ -1099,6 +1481,7 @@ const moe_backend_iface k_cuda_iface = {
     cu_ffn_rows, cu_lm_head_rows, cu_kv_cache_bytes, cu_expert_batch, cu_place, cu_stage_begin, cu_stage_end,
     cu_supports, cu_stats_json,
     nullptr, nullptr, // kv_seq, attention_multi: one sequence only (a session with n_seq > 1 is refused)
+    cu_decode_step,
 };
 
 void cu_free(moe_backend *be) {
@@ -1115,6 +1498,9 @@ void cu_free(moe_backend *be) {
         }
         if (s->cs) cudaStreamSynchronize(s->cs);
         if (s->xs) cudaStreamSynchronize(s->xs);
+        graph_drop(s);
+        if (s->gr.step_h) cudaFreeHost(s->gr.step_h);
+        if (s->gr.routes_h) cudaFreeHost(s->gr.routes_h);
         moe_backend_free(s->cpu);
         moe_host_tier_free(s->tier);
         for (auto &kv : s->wmap) cudaFree(kv.second);
@@ -1440,8 +1826,13 @@ extern "C" cJSON *moe_cuda_stats_to_json(const moe_cuda_stats *s) {
         {"batch_calls", (double)s->batch_calls}, {"device_works", (double)s->device_works},
         {"host_works", (double)s->host_works}, {"host_s", s->host_s}, {"host_wait_s", s->host_wait_s},
         {"placed", (double)s->placed}, {"placed_host", (double)s->placed_host}, {"model_layer_s", s->model_layer_s},
+        {"decode_steps", (double)s->decode_steps}, {"decode_ops", (double)s->decode_ops},
+        {"launches_per_token", s->decode_steps ? (double)s->decode_ops / (double)s->decode_steps : 0.0},
+        {"graph_steps", (double)s->graph_steps}, {"graph_captures", (double)s->graph_captures},
+        {"graph_nodes", (double)s->graph_nodes}, {"graph_emitted", (double)s->graph_emitted},
     };
     for (const auto &n : nums) cJSON_AddNumberToObject(o, n.key, n.v);
+    cJSON_AddBoolToObject(o, "graph_failed", s->graph_failed);
     cJSON_AddStringToObject(o, "latency_table", s->lat_measured < 0 ? "none" : s->lat_measured ? "measured" : "cached");
     cJSON *t = cJSON_AddObjectToObject(o, "host_tier");
     cJSON_AddNumberToObject(t, "slots", s->tier.n_slots);

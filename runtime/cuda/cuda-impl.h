@@ -36,8 +36,13 @@
         }                                                                                            \
     } while (0)
 
-/* LAUNCHED: check a kernel launch (configuration errors show at once). */
-#define LAUNCHED() CU(cudaGetLastError())
+/* LAUNCHED: count and check a kernel launch (configuration errors show at once). */
+void launch_note(void);
+#define LAUNCHED()                     \
+    do {                               \
+        launch_note();                 \
+        CU(cudaGetLastError());        \
+    } while (0)
 
 /* cuBLAS through dlopen (blas.cu): CUBLAS_STATUS_NOT_INITIALIZED (logged
  * once) when the library cannot be loaded. */
@@ -130,6 +135,7 @@ struct qkv_post_args {
     float norm_eps, clip;
     const float *cs, *sn;
     int n_tok, pos0, n_head, n_head_kv, head_dim, n_rot;
+    const int32_t *pos_dev; /* not NULL: the position is read here, not from pos0 (a captured step) */
 };
 enum moe_status launch_qkv_post(const qkv_post_args *a, cudaStream_t stream);
 
@@ -144,8 +150,38 @@ struct attn_args {
     float *out;            /* [n_tok x n_head x hd] */
     float *pm, *pl, *pacc; /* split partials: [n_tok*n_head x n_split] (+ x hd) */
     int n_tok, pos0, n_head, n_head_kv, hd, window, n_split;
+    const int32_t *pos_dev; /* not NULL: pos0 is read here, and n_split is the most splits: the
+                             * kernels use attn_splits(pos0 + n_tok, n_split) of them (a captured step) */
 };
 enum moe_status launch_attention(const attn_args *a, cudaStream_t stream);
+
+/* attn_splits: the splits of the keys for `len` keys, at most `cap` (256 keys
+ * a split): the backend's choice for few queries, on the host and the device. */
+__host__ __device__ inline int attn_splits(int len, int cap) {
+    const int s = (len + 255) / 256, r = s > cap ? cap : s;
+    return r < 1 ? 1 : r;
+}
+
+/* The routed experts' jobs of a captured decode step (launch_expert_jobs):
+ * for choice i of sel [k], the layer's gate/up template of expert sel[i]
+ * (all of it but y) and its down template (all of it but x, yslot, yw), with
+ * y / x = h + i * ldh, yslot = slots + i (written: the choice's rank by id
+ * among the k, the reference sum order), yw = w + i. */
+struct expert_jobs_args {
+    const gemv_job *tmpl_gu, *tmpl_dn; /* [n_expert] */
+    const int32_t *sel;
+    const float *w;
+    int32_t *slots;                    /* [k] */
+    gemv_job *gu, *dn;                 /* [k] out */
+    float *h;
+    int64_t ldh;
+    int k;
+};
+enum moe_status launch_expert_jobs(const expert_jobs_args *a, cudaStream_t stream);
+
+/* launch_count: kernel launches issued by this thread through the launchers
+ * above (the backend's launches-per-token statistics). */
+int64_t launch_count(void);
 
 /* launch_residual: x[t] += acc[t] + the used slots in slot order (+ sh[t],
  * times sigmoid(sg[t]) when sg is set: a gated shared expert). */

@@ -236,7 +236,7 @@ extern "C" enum moe_status moe_cuda_test_attention(int dev, const float *q, cons
     a.pacc = (float *)m.put(nullptr, sizeof(float) * pr * hd);
     if (!a.q || !a.k_cache || !a.v_cache || !a.out || !a.pm || !a.pl || !a.pacc) return MOE_ERR_NOMEM;
     a.n_tok = n_tok, a.pos0 = pos0, a.n_head = n_head, a.n_head_kv = n_head_kv, a.hd = hd, a.window = window;
-    a.n_split = n_split;
+    a.n_split = n_split, a.pos_dev = nullptr;
     if ((st = launch_attention(&a, 0))) return st;
     return finish(out, a.out, qb);
 }

@@ -454,7 +454,8 @@ __global__ void qkv_post_kernel(qkv_post_args a) {
     rope_heads(q, a.n_head, hd, a.n_rot, a.cs + (int64_t)t * half, a.sn + (int64_t)t * half, threadIdx.x, blockDim.x);
     rope_heads(k, a.n_head_kv, hd, a.n_rot, a.cs + (int64_t)t * half, a.sn + (int64_t)t * half, threadIdx.x, blockDim.x);
     __syncthreads();
-    float *kc = a.k_cache + (int64_t)(a.pos0 + t) * kv_dim, *vc = a.v_cache + (int64_t)(a.pos0 + t) * kv_dim;
+    const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
+    float *kc = a.k_cache + (int64_t)(pos0 + t) * kv_dim, *vc = a.v_cache + (int64_t)(pos0 + t) * kv_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
         kc[i] = k[i];
         vc[i] = v[i];
@@ -473,11 +474,14 @@ constexpr int ATT_WARPS = 4, ATT_MAX_HD = 256;
 
 __global__ void __launch_bounds__(32 * ATT_WARPS) attn_partial_kernel(attn_args a) {
     const int bh = blockIdx.x, split = blockIdx.y;
+    const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
+    const int n_split = a.pos_dev ? attn_splits(pos0 + a.n_tok, a.n_split) : a.n_split;
+    if (split >= n_split) return; // a captured step's grid holds the most splits
     const int t = bh / a.n_head, h = bh % a.n_head, kvh = h / (a.n_head / a.n_head_kv);
     const int hd = a.hd, kv_dim = a.n_head_kv * hd;
-    const int p = a.pos0 + t;
+    const int p = pos0 + t;
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    const int len = p - lo + 1, chunk = (len + a.n_split - 1) / a.n_split;
+    const int len = p - lo + 1, chunk = (len + n_split - 1) / n_split;
     const int j0 = lo + split * chunk, j1 = min(p + 1, j0 + chunk);
     __shared__ float qs[ATT_MAX_HD];
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][ATT_MAX_HD];
@@ -510,7 +514,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attn_partial_kernel(attn_args 
     __syncthreads();
     float M = -INFINITY;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    const int64_t pi = (int64_t)bh * a.n_split + split;
+    const int64_t pi = (int64_t)bh * n_split + split;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float s = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++)
@@ -528,17 +532,18 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attn_partial_kernel(attn_args 
 
 __global__ void attn_combine_kernel(attn_args a) {
     const int bh = blockIdx.x, hd = a.hd;
-    const float *pm = a.pm + (int64_t)bh * a.n_split, *pl = a.pl + (int64_t)bh * a.n_split;
+    const int n_split = a.pos_dev ? attn_splits(*a.pos_dev + a.n_tok, a.n_split) : a.n_split;
+    const float *pm = a.pm + (int64_t)bh * n_split, *pl = a.pl + (int64_t)bh * n_split;
     float M = -INFINITY;
-    for (int s = 0; s < a.n_split; s++) M = fmaxf(M, pm[s]);
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, pm[s]);
     float L = 0.0f;
-    for (int s = 0; s < a.n_split; s++)
+    for (int s = 0; s < n_split; s++)
         if (pm[s] != -INFINITY) L += pl[s] * expf(pm[s] - M);
     float *out = a.out + (int64_t)bh * hd; // [t][h][d] = bh * hd + d
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float s = 0.0f;
-        for (int sp = 0; sp < a.n_split; sp++)
-            if (pm[sp] != -INFINITY) s += a.pacc[((int64_t)bh * a.n_split + sp) * hd + d] * expf(pm[sp] - M);
+        for (int sp = 0; sp < n_split; sp++)
+            if (pm[sp] != -INFINITY) s += a.pacc[((int64_t)bh * n_split + sp) * hd + d] * expf(pm[sp] - M);
         out[d] = s / L;
     }
 }
@@ -625,6 +630,23 @@ __global__ void route_kernel(const float *logits, int n, int E, int K, int spars
     }
 }
 
+// expert_jobs_kernel: a captured step's routed-expert jobs from the layer's templates (launch_expert_jobs)
+__global__ void expert_jobs_kernel(expert_jobs_args a) {
+    const int i = threadIdx.x;
+    if (i >= a.k) return;
+    const int32_t e = a.sel[i];
+    int r = 0;
+    for (int q = 0; q < a.k; q++) r += a.sel[q] < e || (a.sel[q] == e && q < i);
+    a.slots[i] = r;
+    gemv_job gu = a.tmpl_gu[e], dn = a.tmpl_dn[e];
+    gu.y = a.h + (int64_t)i * a.ldh;
+    dn.x = a.h + (int64_t)i * a.ldh;
+    dn.yslot = a.slots + i;
+    dn.yw = a.w + i;
+    a.gu[i] = gu;
+    a.dn[i] = dn;
+}
+
 int grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
@@ -633,6 +655,13 @@ int grid_for(int64_t n, int threads) {
 } // namespace
 
 // ---- launchers ---------------------------------------------------------------------
+
+namespace {
+thread_local int64_t g_launches; // this thread's launches (launch_count)
+}
+
+void launch_note(void) { g_launches++; }
+int64_t launch_count(void) { return g_launches; }
 
 enum moe_status launch_gemv(const gemv_job *jobs_dev, int n_jobs, int max_out, int max_tok, cudaStream_t stream) {
     if (n_jobs <= 0) return MOE_OK;
@@ -680,6 +709,7 @@ enum moe_status run_gemm(const gemv_job *job, const gemm_ctx *g, cudaStream_t st
                 CUBLAS(moe_blas_gemm_ex(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, nt, J.n_in, &one, g->wbuf, ct, J.n_in,
                                     g->xbuf, ct, J.n_in, &zero, dst + o0, CUDA_R_32F, J.n_out, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT));
+                launch_note();
             }
         }
         epilogue_kernel<<<grid_for((int64_t)nt * J.n_out, 256), 256, 0, stream>>>(
@@ -757,6 +787,16 @@ enum moe_status launch_scatter_slots(float *part, uint8_t *used, const float *sr
                                      const int32_t *slot, int n, int n_slots, int n_embd, cudaStream_t stream) {
     if (n <= 0) return MOE_OK;
     scatter_kernel<<<n, 256, 0, stream>>>(part, used, src, row, slot, n_slots, n_embd);
+    LAUNCHED();
+    return MOE_OK;
+}
+
+enum moe_status launch_expert_jobs(const expert_jobs_args *a, cudaStream_t stream) {
+    if (a->k < 1 || a->k > 1024) {
+        MOE_LOGE("CUDA expert jobs: top-%d", a->k);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    expert_jobs_kernel<<<1, (a->k + 31) / 32 * 32, 0, stream>>>(*a);
     LAUNCHED();
     return MOE_OK;
 }

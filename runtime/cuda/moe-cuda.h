@@ -7,7 +7,8 @@
  * tests that exercise it (tests/test-cuda.c, label gpu) skip there. Until
  * they have passed on a device, treat the backend as unverified.
  *
- * The backend implements moe-backend.h (version 3) on one device: the run
+ * The backend implements moe-backend.h (version 6, without the version-5
+ * members) on one device: the run
  * state (residual stream, KV cache in float32, scratch) in device memory,
  * non-expert weights uploaded once in their stored types, experts read by
  * dequantizing kernels straight from the bundle's blocks (q8_0, q4_0, q2_k,
@@ -69,6 +70,15 @@ struct moe_cuda_stats {
     int64_t placed, placed_host;    /* experts place() decided on, and sent to the host */
     double model_layer_s;           /* sum of the modelled layer times of those decisions */
     int lat_measured;               /* 1 measured at start, 0 read from the cache file, -1 none */
+    /* launches per token (one-token steps): what the host enqueued on the compute stream (kernel
+     * launches, copies, memsets; a graph launch is one) over decode_steps */
+    int64_t decode_steps, decode_ops;
+    int64_t graph_steps;            /* one-token steps run as one captured graph (decode_step) */
+    int64_t graph_captures;         /* captures made (a new expert table or top-k recaptures) */
+    int64_t graph_nodes;            /* nodes of the latest graph (cudaGraphGetNodes) */
+    int64_t graph_emitted;          /* operations its capture enqueued (moe_graph_plan's count + the
+                                     * attention's second kernel) */
+    int graph_failed;               /* a capture failed: op by op since (logged) */
     struct moe_host_tier_stats tier;
 };
 

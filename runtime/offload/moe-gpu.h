@@ -41,6 +41,7 @@ struct moe_gpu_params {
     enum moe_cpu_experts cpu_experts; /* --cpu-experts (auto) */
     int gemm_f32;           /* 1: prefill GEMMs in float32 (--gemm f32); 0: f16 / bf16 (default) */
     int recalibrate;        /* 1: measure the latency table even when a cached one exists */
+    int no_graphs;          /* 1: decode steps op by op (--graphs off; moe_session_params.no_graphs) */
 };
 
 /* moe_gpu_default_params: CPU backend, auto UMA, no host tier, auto CPU experts, f16 GEMMs. */
