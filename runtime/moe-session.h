@@ -124,8 +124,9 @@ struct moe_session_params {
     int no_graphs;      /* 1: never run a decode step as one device graph; 0 (default): a
                          * forward of one token runs as one (the backend's decode_step,
                          * moe-graph.h) where the backend has it and moe_graph_decide
-                         * allows: every expert resident, no observer, no big-little. Same
-                         * logits either way; the trace is kept. */
+                         * allows: every expert resident, no observer, no big-little. The
+                         * routing then runs on the device (logits equal up to its
+                         * rounding); the trace is kept. */
 };
 
 /* The most sequences a session holds. */

@@ -227,8 +227,9 @@ struct moe_backend_iface {
      * pos, 1, pos + 1), ffn_norm, router, the session's routing (moe_route),
      * expert_batch of the chosen experts' views from d->experts, dense and
      * residual, then lm_head(0, 1, logits) give, without returning to the
-     * host between them (a GPU captures it once as a graph and replays it).
-     * sel / w (may be NULL) get each MoE layer's choices and weights, [number
+     * host between them (a GPU captures it once as a graph and replays it;
+     * its routing, on the device, may round the gate weights differently from
+     * moe_route in the last bit). sel / w (may be NULL) get each MoE layer's choices and weights, [number
      * of MoE layers x d->k] in layer order. MOE_ERR_UNSUPPORTED (logged once
      * by the backend): this step cannot run so on this backend; nothing has
      * changed and the caller runs it op by op. NULL: never. */

@@ -206,7 +206,7 @@ static const struct moe_opt k_gpu_opts[] = {
      "unified memory: expert slots in mapped host memory, no copies\n(automatic on integrated GPUs such as Jetson)"},
     {"gemm", 0, MOE_OPT_REQUIRED, "P", "f16 (default) | f32: precision of prompt GEMMs"},
     {"graphs", 0, MOE_OPT_REQUIRED, "on|off",
-     "on (default): a decode step with every expert on the GPU runs\nas one captured CUDA graph (same logits); off: "
+     "on (default): a decode step with every expert on the GPU runs\nas one captured CUDA graph (routed on the GPU); off: "
      "op by op"},
     {"recalibrate", 0, MOE_OPT_NONE, NULL, "measure the latency table again"},
     {NULL, 0, MOE_OPT_NONE, NULL, NULL},

@@ -1138,9 +1138,10 @@ size_t cu_kv_cache_bytes(moe_backend *be) {
 // op-by-op path would); the router's logits are routed on the device and each
 // routed expert's GEMV jobs are filled from the layer's table of templates
 // (expert_jobs_kernel), so a new routing needs neither a new capture nor a
-// node update. Same kernels, same jobs, same order as the op-by-op path: the
-// same logits bit for bit. Recaptured when the expert table's generation or
-// top-k changes.
+// node update. Same kernels, same jobs, same order as the op-by-op path; only
+// the routing runs on the device (its expf may differ from the host's in the
+// last bit, so the gate weights, and through them the logits, may differ by
+// rounding). Recaptured when the expert table's generation or top-k changes.
 
 constexpr int GRAPH_JOBS = 8; // per layer: q, k, v, o, router, shared gate, MLP gate/up, MLP down
 
@@ -1186,6 +1187,23 @@ enum moe_status graph_tables(cuda *s, const moe_step_desc *d) {
     const moe_config *c = s->c;
     const int E = c->n_expert;
     enum moe_status st;
+    { // everything the capture looks up is on the device before it starts (an upload there is not allowed)
+        dmat e;
+        const float *v;
+        if ((st = dmat_of(s, m->tok_embd, &e)) || (st = dvec(s, m->out_norm, s->H, &v)) ||
+            (st = dvec(s, m->out_norm_b, s->H, &v)))
+            return st;
+        for (int l = 0; l < c->n_layer; l++) {
+            const moe_layer *L = &m->layers[l];
+            if ((st = dvec(s, L->attn_norm, s->H, &v)) || (st = dvec(s, L->attn_norm_b, s->H, &v)) ||
+                (st = dvec(s, L->ffn_norm, s->H, &v)) || (st = dvec(s, L->ffn_norm_b, s->H, &v)))
+                return st;
+            if (c->qk_norm != MOE_QK_NORM_NONE &&
+                ((st = dvec(s, L->q_norm, c->qk_norm == MOE_QK_NORM_FULL ? s->q_dim : c->head_dim, &v)) ||
+                 (st = dvec(s, L->k_norm, c->qk_norm == MOE_QK_NORM_FULL ? s->kv_dim : c->head_dim, &v))))
+                return st;
+        }
+    }
     std::vector<gemv_job> jobs((size_t)c->n_layer * GRAPH_JOBS + 1), tmpl(2 * (size_t)c->n_layer * E);
     s->gr.ff_max.assign((size_t)c->n_layer, 0);
     memset(jobs.data(), 0, jobs.size() * sizeof(gemv_job));
@@ -1388,7 +1406,11 @@ enum moe_status graph_build(cuda *s, const moe_step_desc *d) {
     graph_drop(s);
     enum moe_status st = graph_buffers(s, d->k);
     if (!st) st = graph_tables(s, d);
-    if (st) return st == MOE_ERR_NOMEM ? MOE_ERR_NOMEM : MOE_ERR_UNSUPPORTED;
+    if (st) { // whatever it was (logged), the op-by-op path still runs
+        MOE_LOGW("CUDA graphs: could not prepare the graph (%s); decode steps run op by op", moe_status_str(st));
+        cudaGetLastError();
+        return MOE_ERR_UNSUPPORTED;
+    }
     const int64_t before = ops_now(s);
     cudaError_t e = cudaStreamBeginCapture(s->cs, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
