@@ -30,6 +30,8 @@
 #        c  b + --policy hobbit                                     (fitted weights)
 #        d  c + --prefetch on --prefetch-layers P --prefetch-paths M
 #        e  no --expert-mem, --expert-precision q8_0                (all resident)
+#        f  --expert-mem only: moe-run's default engine (what a user gets)
+#        g  f + --prefetch-slots 1 --route-margin 0.05             (issue 31's options)
 #      Before each offloaded run the bundle's pages are dropped from the page
 #      cache (dd iflag=nocache); before e they are loaded (resident ceiling).
 #   9. the table: median decode tokens/s per configuration and budget, ratio to
@@ -206,13 +208,15 @@ for d in $prompt_domains; do
 done
 
 # The configurations: name and options (edit here when moe-run's options change).
-configs=(a b c d e)
+configs=(a b c d e f g)
 declare -A CONFIGS=(
   [a]="--policy lru --dynamic off --prefetch off --high q8_0"
   [b]="--policy lru --dynamic on --prefetch off --high q8_0 --low q2_k"
   [c]="--policy hobbit --dynamic on --prefetch off --high q8_0 --low q2_k"
   [d]="--policy hobbit --dynamic on --prefetch on --prefetch-layers $prefetch_layers --prefetch-paths $prefetch_paths --high q8_0 --low q2_k"
   [e]="--expert-precision q8_0"
+  [f]=""
+  [g]="--prefetch-slots 1 --route-margin 0.05"
 )
 # offload_opts CONFIG BUDGET: the memory options of one run (e: none).
 offload_opts() {
@@ -322,7 +326,7 @@ resident=$(median e all 6)
         }'
     done
   done
-  echo "a: LRU, q8_0 only; b: + HOBBIT dynamic precision (q2_k low); c: + HOBBIT policy; d: + prefetch; e: all resident"
+  echo "a: LRU, q8_0 only; b: + HOBBIT dynamic precision (q2_k low); c: + HOBBIT policy; d: + prefetch; e: all resident; f: moe-run defaults (only --expert-mem); g: f + prefetch slot + route margin 0.05"
   echo "MB/dec tok and stall ms: bytes read and time waiting for reads per decoded token; hit ratios over the whole run"
   echo "runs: successful/all; medians over the successful ones. Storage, reads of one q8_0 expert blob:"
   echo "  $(grep "^ *fastest" "$work/bench-io.txt" | head -n 1 | sed 's/^ *//'), direct-t1 $(awk '/direct-t1/ {print $2 " MB/s"; exit}' "$work/bench-io.txt") (bench-io, $work/bench-io.txt)"
