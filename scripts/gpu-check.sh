@@ -983,6 +983,9 @@ step_launches() {
   lon=$(jget "$d/gr-on-1.json" gpu.launches_per_token)
   l25=$(jget "$d/gr25-on.json" gpu.launches_per_token)
   kv launches_per_token_off "$lo"; kv launches_per_token_on "$lon"; kv launches_per_token_25 "$l25"
+  # what docs/architecture.md counts for the op-by-op path: 18 per MoE layer (no shared
+  # expert) + 8 per step; the trained model has 4 MoE layers
+  kv expected_off 80
   kv figure "resident: $(fmt %.1f "$lo") op by op, $(fmt %.1f "$lon") with graphs; 25 %: $(fmt %.1f "$l25")"
   kv goal "launches/token, +-graphs"
   if [ "$GC_MODE" = rehearse ]; then kv status info; kv reason "CPU rehearsal: the CPU backend counts no launches"

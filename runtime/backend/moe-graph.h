@@ -12,7 +12,7 @@
  * device memory written by the step's first copy. Nothing in the graph then
  * depends on the token, the position or the routing, so one capture serves
  * every step until the expert table or the top-k changes: the host issues one
- * graph launch per token instead of ~18 operations per layer and waits once,
+ * graph launch per token instead of 18 operations per MoE layer (+ 8 per step) and waits once,
  * for the logits. Everything else falls back to the op-by-op path, for the
  * reason moe_graph_decide names.
  */
