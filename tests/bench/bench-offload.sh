@@ -4,7 +4,11 @@
 #
 #   tests/bench/bench-offload.sh [--work DIR] [--ffn N] [--rounds R] [-n TOKENS]
 #                                [--threads T] [--io direct|buffered|mmap]
-#                                [--prep-only] [--dry-run] [--no-build]
+#                                [--model DIR] [--prep-only] [--dry-run] [--no-build]
+#
+# --model: another trained checkpoint with heldout/ texts (default
+# datasets/models/tiny-moe-mixtral; e.g. datasets/models/tiny-moe-qwen3 with a
+# smaller --ffn: it has 12x the experts).
 #
 # Steps (each prints the exact command it runs; a step whose output exists is
 # reused, unless an earlier step in the chain ran again):
@@ -83,6 +87,7 @@ while [ $# -gt 0 ]; do
     --prep-only) prep_only=1; shift ;;
     --dry-run) dry_run=1; shift ;;
     --no-build) do_build=0; shift ;;
+    --model) model=${2%/}; calib=$model/heldout/python_docs.txt; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-offload: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -116,8 +121,10 @@ prep=$build/moe-prep
 moerun=${MOE_OFFLOAD_MOE_RUN:-$build/moe-run}
 inflate=$build/tests/inflate-moe
 benchio=$build/tests/bench-io
-inflated=$work/tiny-moe-mixtral-ffn$ffn
-bundle=$work/tiny-moe-mixtral-ffn$ffn.moeb
+[ -f "$model/config.json" ] && [ -d "$model/heldout" ] ||
+  { echo "bench-offload: $model is not a trained checkpoint with heldout/ texts" >&2; exit 2; }
+inflated=$work/$(basename "$model")-ffn$ffn
+bundle=$work/$(basename "$model")-ffn$ffn.moeb
 profile=$work/p.h5
 mkdir -p "$work/runs" "$work/prompts"
 
