@@ -21,9 +21,12 @@
  *   - every architecture fixture and the trained model, prompt then 64
  *     greedy steps: logits within 1e-3 of the CPU backend, tokens identical;
  *     prompt chunks through cuBLAS in f32 within 1e-3, in f16 within 5e-2;
+ *     every decode step one CUDA graph (the default; one capture, at most one
+ *     launch per token), and with --graphs off the same tokens, logits within
+ *     1e-3 of the graph run, more than 10 launches per token;
  *   - the trained model and an inflated one as q8_0 bundles with 25 % of the
  *     experts in GPU memory: logits bit-identical to the all-resident GPU
- *     run (same copies, same kernels), with and without the host tier, in
+ *     run op by op (same copies, same kernels, routed on the host), with and without the host tier, in
  *     unified-memory mode, and with Twiddler sending every missing expert to
  *     the CPU (then within 1e-3 of the CPU backend: those experts are the
  *     CPU's arithmetic); the latency table is measured once and read back
@@ -372,7 +375,7 @@ static int run(const char *path, const struct moe_gpu_params *g, const struct mo
     p.n_threads = 4;
     p.n_ctx = NP + ND + 1;
     p.store = sp;
-    if (g) p.backend_new = moe_backend_cuda_new_fn, p.backend_user = (void *)g;
+    if (g) p.backend_new = moe_backend_cuda_new_fn, p.backend_user = (void *)g, p.no_graphs = g->no_graphs;
     int ok = moe_session_create(m, &p, &s) == MOE_OK;
     const int V = m->cfg.n_vocab;
     o->V = V;
@@ -418,6 +421,28 @@ static void compare(const char *path, const char *label) {
         const double dp = max_diff(&cpu, &gpu, 0, NP), dd = max_diff(&cpu, &gpu, NP, NP + ND);
         CHECK(dp <= 1e-3 && dd <= 1e-3, "%s: logits within 1e-3 of the CPU (prompt %.3g, steps %.3g)", label, dp, dd);
         CHECK(!memcmp(cpu.toks, gpu.toks, sizeof cpu.toks), "%s: 64 greedy tokens identical", label);
+        /* decode steps as one CUDA graph (the default): every step one, one launch each, the
+         * graph holding the launch plan's operations; op by op gives the same tokens */
+        CHECK(gpu.gs.graph_steps == ND && !gpu.gs.graph_failed && gpu.gs.graph_captures == 1,
+              "%s: %lld of %d decode steps as a graph (failed %d, captures %lld)", label,
+              (long long)gpu.gs.graph_steps, ND, gpu.gs.graph_failed, (long long)gpu.gs.graph_captures);
+        printf("test-cuda: %s: graph of %lld nodes, %.1f launches per decoded token\n", label,
+               (long long)gpu.gs.graph_nodes,
+               gpu.gs.decode_steps ? (double)gpu.gs.decode_ops / (double)gpu.gs.decode_steps : 0.0);
+        struct run_out nog;
+        g.no_graphs = 1;
+        if (run(path, &g, NULL, NULL, &nog)) {
+            const double dg = max_diff(&gpu, &nog, NP, NP + ND);
+            CHECK(dg <= 1e-3 && !memcmp(nog.toks, gpu.toks, sizeof nog.toks) && nog.gs.graph_steps == 0,
+                  "%s: --graphs off: the same tokens, logits within 1e-3 of the graph run (%.3g)", label, dg);
+            CHECK(nog.gs.decode_steps > 0 && nog.gs.decode_ops > 10 * nog.gs.decode_steps &&
+                      gpu.gs.decode_ops <= gpu.gs.decode_steps,
+                  "%s: launches per token %.1f op by op, %.1f as graphs", label,
+                  (double)nog.gs.decode_ops / (double)(nog.gs.decode_steps ? nog.gs.decode_steps : 1),
+                  (double)gpu.gs.decode_ops / (double)(gpu.gs.decode_steps ? gpu.gs.decode_steps : 1));
+            free(nog.logits);
+        }
+        g.no_graphs = 0;
     }
     g.gemm_f32 = 0;
     if (run(path, &g, NULL, NULL, &f16)) {
@@ -434,6 +459,7 @@ static void tiers(const char *bundle, const char *label) {
     struct moe_gpu_params g = moe_gpu_default_params();
     g.device = dev;
     g.gemm_f32 = 1;
+    g.no_graphs = 1; /* the reference routes on the host, as the store's runs do: bit-identical */
     if (!run(bundle, NULL, NULL, "q8_0", &cpu) || !run(bundle, &g, NULL, "q8_0", &res)) {
         CHECK(0, "%s: reference runs", label);
         return;
