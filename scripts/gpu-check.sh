@@ -681,7 +681,7 @@ step_offload_logits() {
   V=$(sed -n 's/.*"vocab_size"[[:space:]]*:[[:space:]]*\([0-9]*\).*/\1/p' "$MODEL/config.json")
   local common=(-m "$b" --expert-precision q8_0 --tokens "$ids" -n "$ND" --ignore-eos --ids)
   local off=(--expert-mem "$b25" --dynamic off --high q8_0)
-  mrun off-ref "$GC_DEV" "${common[@]}" --logits-out "$d/off-ref.f32" || { kv status fail; kv reason "all-resident GPU run failed"; return; }
+  mrun off-ref "$GC_DEV" "${common[@]}" --graphs off --logits-out "$d/off-ref.f32" || { kv status fail; kv reason "all-resident GPU run failed"; return; }
   local mode ok=1 fig=""
   for mode in never auto always; do
     if ! mrun "off-$mode" "$GC_DEV" "${common[@]}" "${off[@]}" --cpu-experts "$mode" --logits-out "$d/off-$mode.f32"; then
