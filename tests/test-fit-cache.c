@@ -38,6 +38,7 @@
 
 #include "moe-bundle.h"
 #include "moe-test.h"
+#include "moe-tuning.h"
 #include "profile-h5.h"
 
 #define MODEL MOE_FIXTURES "/../../datasets/models/tiny-moe-mixtral"
@@ -142,6 +143,57 @@ static int prepare(void) {
     return 1;
 }
 
+/* dynamic_grid: fit-cache's comparison of dynamic precision with every byte
+ * as high copies: budgets ascending, the caches of each split as the store
+ * splits them, finite penalties, until_share the smallest share from which
+ * high copies only never miss more; the bundle's tuning holds it (or not);
+ * moe-prep eval's engine follows it under --dynamic auto and not under on. */
+static void dynamic_grid(const cJSON *js) {
+    const cJSON *d = get(js, "dynamic_precision"), *g = get(d, "grid"), *y;
+    const int n = cJSON_GetArraySize(g);
+    CHECK(n >= 5, "dynamic precision replayed at %d budgets", n);
+    double prev = 0, until = NAN;
+    int ok = 1, i = 0;
+    double share[32], on[32], off[32];
+    cJSON_ArrayForEach(y, g) {
+        if (i >= 32) break;
+        share[i] = num(y, "share"), on[i] = num(y, "penalty_on"), off[i] = num(y, "penalty_off");
+        ok &= share[i] > prev && share[i] <= 1 && on[i] >= 0 && off[i] >= 0 && num(y, "high_off") >= num(y, "high_on");
+        prev = share[i++];
+    }
+    CHECK(ok, "budgets ascending, penalties finite, more high copies without low ones");
+    for (int j = i - 1; j >= 0 && off[j] <= on[j]; j--) until = share[j];
+    const cJSON *u = get(d, "until_share");
+    CHECK(isnan(until) ? cJSON_IsNull(u) : cJSON_IsNumber(u) && u->valuedouble == until,
+          "until_share follows the grid (expected %g)", until);
+    struct moe_bundle *b = NULL;
+    struct moe_tuning t;
+    memset(&t, 0, sizeof t);
+    CHECK(moe_bundle_open(path("m.moeb"), &b) == MOE_OK && moe_tuning_read(moe_bundle_tuning(b), 4, 8, &t) == MOE_OK &&
+              (isnan(until) ? isnan(t.dynamic_until) : t.dynamic_until == until),
+          "tuning cache.dynamic_until %g (expected %g)", t.dynamic_until, until);
+    moe_bundle_free(b);
+    /* the store follows a limit of 5 %: at 50 % of the high bytes --dynamic auto keeps high copies only
+     * (LRU), --dynamic on keeps dynamic precision */
+    struct moe_bundle_kv *kv = NULL;
+    b = NULL;
+    int set = moe_bundle_open(path("m.moeb"), &b) == MOE_OK && moe_bundle_kv_new(&kv) == MOE_OK &&
+              moe_bundle_kv_copy(kv, moe_bundle_tuning(b)) == MOE_OK;
+    moe_bundle_free(b);
+    set = set && moe_tuning_set_dynamic_until(kv, 0.05) == MOE_OK && moe_bundle_replace_tuning(path("m.moeb"), kv) == MOE_OK;
+    moe_bundle_kv_free(kv);
+    CHECK(set, "tuning cache.dynamic_until 0.05 written");
+    char out[4096];
+    const char *eval = "%s eval %s --dataset %s/heldout/c4.txt --ctx 64 --max-chunks 1 --batch 1 --expert-mem 50%% "
+                       "--high q8_0 --low q2_k %s 2>/dev/null";
+    int rc = moe_test_sh_out(out, sizeof out, eval, moe_prep, path("m.moeb"), MODEL, "");
+    CHECK(rc == 0 && strstr(out, "engine   lru, dynamic precision off"), "auto above the limit: high copies, LRU: %.300s",
+          strstr(out, "engine") ? strstr(out, "engine") : out);
+    rc = moe_test_sh_out(out, sizeof out, eval, moe_prep, path("m.moeb"), MODEL, "--dynamic on");
+    CHECK(rc == 0 && strstr(out, "dynamic precision on"), "--dynamic on is kept: %.300s",
+          strstr(out, "engine") ? strstr(out, "engine") : out);
+}
+
 /* test_main_run: --cache-experts 8,4 with every output. */
 static void test_main_run(void) {
     struct moe_profile *before = NULL, *after = NULL;
@@ -152,6 +204,7 @@ static void test_main_run(void) {
     char *err = slurp(path("err.txt"), NULL);
     cJSON *js = load_json(path("out.json"));
     CHECK(cJSON_IsObject(js), "the output parses as one JSON object");
+    dynamic_grid(js);
     double w[5] = {NAN, NAN, NAN, NAN, NAN}, low_cost = NAN;
     int admission = -1;
     static const char *const pn[9] = {"lru", "lfu-seq", "lfu-global", "lhu", "fld", "edgemoe", "twiddler", "hobbit",

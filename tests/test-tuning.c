@@ -251,7 +251,21 @@ static void test_writers(void) {
     CHECK(moe_tuning_set_big_little(kv, 0.5, 0.1, 0) == MOE_ERR_INVALID, "little_k 0");
     CHECK(moe_tuning_set_paths(kv, 3, 2, 3, 0, NULL, NULL, NULL, NULL, NULL) == MOE_ERR_INVALID, "order 3");
     CHECK(moe_tuning_set_paths(kv, 1, 2, 3, 1, NULL, NULL, NULL, NULL, NULL) == MOE_ERR_INVALID, "no arrays");
+    CHECK(moe_tuning_set_dynamic_until(kv, 0) == MOE_ERR_INVALID && moe_tuning_set_dynamic_until(kv, 1.5) ==
+              MOE_ERR_INVALID, "dynamic_until outside (0, 1]");
     CHECK(moe_bundle_kv_count(kv) == 0, "nothing set");
+    /* cache.dynamic_until: written, read back, removed by NaN; a bad stored value is ignored with a warning */
+    struct moe_tuning t;
+    CHECK(moe_tuning_set_dynamic_until(kv, 0.7) == MOE_OK && moe_tuning_read(kv, 2, 4, &t) == MOE_OK &&
+              t.dynamic_until == 0.7,
+          "dynamic_until 0.7 read back (%g)", t.dynamic_until);
+    CHECK(moe_tuning_set_dynamic_until(kv, NAN) == MOE_OK && moe_bundle_kv_count(kv) == 0 &&
+              moe_tuning_read(kv, 2, 4, &t) == MOE_OK && isnan(t.dynamic_until),
+          "NaN removes it; absent reads NaN");
+    log_reset();
+    CHECK(moe_bundle_kv_set_f64(kv, MOE_TUNING_DYNAMIC_UNTIL, 2.0) == MOE_OK && moe_tuning_read(kv, 2, 4, &t) == MOE_OK &&
+              isnan(t.dynamic_until) && g_n_warn == 1 && strstr(g_warn, "dynamic_until"),
+          "a stored 2.0 is ignored with a warning: %s", g_warn);
     moe_bundle_kv_free(kv);
 }
 

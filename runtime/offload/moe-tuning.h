@@ -78,6 +78,12 @@ extern "C" {
 #define MOE_TUNING_ROUTE_TARGET "cache_route.target_mass" /* f64 >= 0: router probability per use it
                                                            * was allowed to give up on calibration */
 
+/* moe-prep fit-cache: where dynamic precision stops paying (moe_store_params.dynamic = -1) */
+#define MOE_TUNING_DYNAMIC_UNTIL "cache.dynamic_until" /* f64 in (0, 1]: from this share of the bytes of
+                                                        * every expert's high copy up, keeping every byte as
+                                                        * high copies (LRU) missed less than dynamic precision
+                                                        * with the fitted policy, in fit-cache's replay */
+
 /* moe-prep fit-cache: HOBBIT's cache-priority weights and what they were fitted for */
 #define MOE_TUNING_CACHE_W_LRU "hobbit.cache.w_lru"                   /* f64: recency R/T */
 #define MOE_TUNING_CACHE_W_LFU "hobbit.cache.w_lfu"                   /* f64: uses in the sequence F/T */
@@ -184,6 +190,7 @@ struct moe_tuning {
     int has_route_margin;            /* cache_route.margin in [0, 1] */
     double route_margin;
     double route_target;             /* cache_route.target_mass >= 0; NaN when absent or bad */
+    double dynamic_until;            /* cache.dynamic_until in (0, 1]; NaN when absent or bad */
 };
 
 /* moe_tuning_read: fill *out from the tuning KV set kv (NULL = empty) of a
@@ -249,6 +256,11 @@ enum moe_status moe_tuning_set_big_little(struct moe_bundle_kv *kv, double gamma
  * probability mass per use it was fitted for (>= 0, or NaN: not written).
  * MOE_ERR_INVALID (logged) out of range. */
 enum moe_status moe_tuning_set_cache_route(struct moe_bundle_kv *kv, double margin, double target_mass);
+
+/* moe_tuning_set_dynamic_until: cache.dynamic_until (a share in (0, 1]), or
+ * removes it when `share` is NaN (dynamic precision paid at every size
+ * replayed). MOE_ERR_INVALID (logged) for a share out of range. */
+enum moe_status moe_tuning_set_dynamic_until(struct moe_bundle_kv *kv, double share);
 
 /* moe_tuning_remove_big_little: drops the mobile.* keys (a profile without a
  * big-little pass must not leave a stale gamma). */

@@ -950,6 +950,14 @@ static int high_cap_for(const struct moe_store *st, double bytes, int all) {
     return lo;
 }
 
+/* dynamic_stops: fit-cache found that from this budget up, every byte as
+ * high copies misses less than dynamic precision (tuning cache.dynamic_until,
+ * a share of the bytes of every expert's high copy). */
+static int dynamic_stops(const struct moe_store *st, int64_t mem, int all) {
+    const double until = st->tun.dynamic_until;
+    return !isnan(until) && (double)mem >= until * (double)high_cost(st, all);
+}
+
 /* budget_fits: the caches a byte budget `mem` gives (*H high and *Lc low
  * copies, *dyn: dynamic precision on), exactly as moe_store_new sizes them,
  * and whether they can serve one layer's top-k: k high copies, or with
@@ -957,7 +965,8 @@ static int high_cap_for(const struct moe_store *st, double bytes, int all) {
 static int budget_fits(const struct moe_store *st, int64_t mem, int k, int all, size_t hread, size_t lread,
                        int low_exists, int *H, int *Lc, int *dyn) {
     const struct moe_store_params *p = &st->p;
-    *dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && high_cost(st, all) > mem);
+    *dyn = p->dynamic == 1 || (p->dynamic < 0 && low_exists && !isnan(st->t1) && high_cost(st, all) > mem &&
+                               !dynamic_stops(st, mem, all));
     moe_store_capacities(mem, p->low_share, *dyn, (int64_t)hread, (int64_t)lread, all, H, Lc);
     *H = high_cap_for(st, (double)mem * (*dyn ? 1 - p->low_share : 1.0), all); /* by size class */
     const int64_t min_bytes = (int64_t)k * (int64_t)(*dyn ? lread : hread);
@@ -1142,6 +1151,14 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
         st->t1 = 0.6, st->t2 = 0.9;
     }
     st->skip = p->skip && st->dynamic;
+    if (mem > 0 && p->dynamic < 0 && !st->dynamic && dynamic_stops(st, mem, all)) {
+        /* fit-cache's replay: at this budget every byte as high copies under LRU missed least;
+         * the fitted HOBBIT weights were fitted for two caches */
+        MOE_LOGI("expert memory: %.1f %% of the high copies' bytes, above the %.1f %% where fit-cache found "
+                 "dynamic precision stops paying: high copies only%s", 100.0 * (double)mem / (double)high_cost(st, all),
+                 100.0 * st->tun.dynamic_until, p->policy < 0 ? ", LRU" : "");
+        if (p->policy < 0) st->policy = MOE_CACHE_LRU;
+    }
     if (H > all) H = all;
     if (Lc > all) Lc = all;
     const int64_t min_bytes = (int64_t)k * (int64_t)(st->dynamic ? lread : hread);

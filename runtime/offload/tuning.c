@@ -249,6 +249,15 @@ static void read_route(const struct moe_bundle_kv *kv, struct moe_tuning *t) {
     else MOE_LOGW("tuning: %s %g out of [0, 1]: ignored", MOE_TUNING_ROUTE_MARGIN, m.f64);
 }
 
+/* read_dynamic_until: cache.dynamic_until in (0, 1]. */
+static void read_dynamic_until(const struct moe_bundle_kv *kv, struct moe_tuning *t) {
+    struct moe_bundle_kv_item d;
+    t->dynamic_until = NAN;
+    if (get(kv, MOE_TUNING_DYNAMIC_UNTIL, MOE_KV_F64, &d) != 1) return;
+    if (d.f64 > 0 && d.f64 <= 1) t->dynamic_until = d.f64;
+    else MOE_LOGW("tuning: %s %g out of (0, 1]: ignored", MOE_TUNING_DYNAMIC_UNTIL, d.f64);
+}
+
 /* plan_ok: the checks of moe_tuning_read on a plan; NULL or what is wrong. */
 static const char *plan_ok(const struct moe_tuning_plan *p, int E) {
     enum moe_cache_policy pol;
@@ -370,6 +379,7 @@ enum moe_status moe_tuning_read(const struct moe_bundle_kv *kv, int n_layers, in
     read_big_little(kv, n_experts, out);
     read_plan(kv, n_experts, out);
     read_route(kv, out);
+    read_dynamic_until(kv, out);
     return read_order(kv, LE, out);
 }
 
@@ -507,6 +517,18 @@ enum moe_status moe_tuning_set_cache_route(struct moe_bundle_kv *kv, double marg
     if (!isnan(target_mass)) return moe_bundle_kv_set_f64(kv, MOE_TUNING_ROUTE_TARGET, target_mass);
     moe_bundle_kv_remove(kv, MOE_TUNING_ROUTE_TARGET);
     return MOE_OK;
+}
+
+enum moe_status moe_tuning_set_dynamic_until(struct moe_bundle_kv *kv, double share) {
+    if (isnan(share)) {
+        moe_bundle_kv_remove(kv, MOE_TUNING_DYNAMIC_UNTIL);
+        return MOE_OK;
+    }
+    if (!(share > 0 && share <= 1)) {
+        MOE_LOGE("dynamic precision's limit %g: want a share in (0, 1]", share);
+        return MOE_ERR_INVALID;
+    }
+    return moe_bundle_kv_set_f64(kv, MOE_TUNING_DYNAMIC_UNTIL, share);
 }
 
 void moe_tuning_remove_big_little(struct moe_bundle_kv *kv) {

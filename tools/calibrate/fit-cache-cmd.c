@@ -299,6 +299,19 @@ static void print_table(const struct fc_args *a, const struct moe_fit_cache_mode
            "goes below; belady is a heuristic with two precisions, not a bound%s\n",
            a->fp.prefetch ? "; policies that prefetch (all but twiddler and belady here) may go below" : "");
     for (int s = 0; s < r->n_sizes; s++) print_size(a, m, &r->sizes[s]);
+    if (r->n_dyn == 0) return;
+    printf("\ndynamic precision (fitted hobbit, %.0f %% of the bytes for low copies) against every byte as high copies "
+           "(lru), held out:\n  budget (share of the high bytes)  penalty/token with / without   caches with / without\n",
+           100 * a->fp.low_share);
+    for (int i = 0; i < r->n_dyn; i++) {
+        const struct moe_fit_cache_dyn *d = &r->dyn[i];
+        printf("  %5.0f %%   %26.4f / %-10.4f   %d+%d / %d%s\n", 100 * d->share, d->pen_on, d->pen_off, d->hi_on,
+               d->lo_on, d->hi_off, d->pen_off <= d->pen_on ? "   high only misses less" : "");
+    }
+    if (isnan(r->dynamic_until)) printf("  dynamic precision pays at every budget replayed\n");
+    else
+        printf("  from %.0f %% of the high bytes up, high copies only (lru) miss less: moe-run's --dynamic auto "
+               "turns it off there (tuning cache.dynamic_until %.2f)\n", 100 * r->dynamic_until, r->dynamic_until);
 }
 static const char *const k_wnames[MOE_CACHE_N_WEIGHTS] = {"lru", "lfu", "lhu", "fld", "pop"};
 
@@ -430,6 +443,20 @@ static cJSON *json_tree(const struct fc_args *a, const struct moe_fit_cache_mode
         cJSON_AddItemToObject(y, "offline_optimum", jopt(z));
         cJSON_AddItemToObject(y, "results", jresults(z->st, z));
         cJSON_AddItemToArray(x, y);
+    }
+    x = cJSON_AddObjectToObject(o, "dynamic_precision");
+    cJSON_AddItemToObject(x, "until_share", jnum(r->dynamic_until));
+    cJSON *g = cJSON_AddArrayToObject(x, "grid");
+    for (int i = 0; i < r->n_dyn; i++) {
+        const struct moe_fit_cache_dyn *d = &r->dyn[i];
+        cJSON *y = cJSON_CreateObject();
+        cJSON_AddNumberToObject(y, "share", d->share);
+        cJSON_AddNumberToObject(y, "high_on", d->hi_on);
+        cJSON_AddNumberToObject(y, "low_on", d->lo_on);
+        cJSON_AddNumberToObject(y, "high_off", d->hi_off);
+        cJSON_AddItemToObject(y, "penalty_on", jnum(d->pen_on));
+        cJSON_AddItemToObject(y, "penalty_off", jnum(d->pen_off));
+        cJSON_AddItemToArray(g, y);
     }
     cJSON_AddNumberToObject(o, "tuning_keys", n_keys);
     cJSON_AddBoolToObject(o, "profile_updated", updated);

@@ -348,6 +348,43 @@ static enum moe_status replay_sizes(struct sweep *w, struct moe_cache_config *c,
     return MOE_OK;
 }
 
+/* dynamic_grid: r->dyn at budgets of 5 %, 10 %, ... 100 % of every high
+ * copy's bytes: the fitted HOBBIT policy with dynamic precision (the caches
+ * split by low_share, as the store splits them) on the held-out trace, and
+ * LRU with every byte as high copies on the same tokens with every access
+ * needing a high copy; then r->dynamic_until. */
+static enum moe_status dynamic_grid(struct sweep *w, const struct moe_fit_cache_model *m, struct moe_cache_config c,
+                                    struct moe_fit_cache_result *r) {
+    struct moe_cache_trace_params pp = moe_cache_trace_default_params(); /* T1 = T2 = 1: every access high */
+    pp.prompt_len = w->fp->prompt_len;
+    struct moe_cache_trace *all_high = NULL;
+    enum moe_status st = moe_cache_trace_new(&w->t, w->hs, r->n_held, &pp, &all_high);
+    r->n_dyn = 0, r->dynamic_until = NAN;
+    if (st) return st;
+    memcpy(c.w, r->w, sizeof c.w);
+    c.admit = r->admit;
+    for (int i = 1; i <= MOE_FIT_CACHE_DYN_POINTS && !st; i++) {
+        const double share = (double)i / MOE_FIT_CACHE_DYN_POINTS, mem = share * (double)m->LE * m->hi_bytes;
+        struct moe_fit_cache_dyn d = {share, 0, 0, 0, 0, 0};
+        d.hi_on = (int)fmin(m->LE, floor((1 - w->fp->low_share) * mem / m->hi_bytes));
+        d.lo_on = (int)fmin(m->LE, floor(w->fp->low_share * mem / m->lo_bytes));
+        d.hi_off = (int)fmin(m->LE, floor(mem / m->hi_bytes));
+        if (d.hi_on < 1 || d.hi_off < m->K || d.lo_on < m->K) continue; /* the store would refuse either */
+        struct moe_cache_stats s_on, s_off;
+        c.high_cap = d.hi_on, c.low_cap = d.lo_on, c.prefetch = 0;
+        if ((st = moe_cache_simulate(w->th, MOE_CACHE_HOBBIT, &c, &s_on))) break;
+        c.high_cap = d.hi_off, c.low_cap = 0;
+        if ((st = moe_cache_simulate(all_high, MOE_CACHE_LRU, &c, &s_off))) break;
+        d.pen_on = moe_fit_cache_per_token(s_on.penalty, &s_on);
+        d.pen_off = moe_fit_cache_per_token(s_off.penalty, &s_off);
+        r->dyn[r->n_dyn++] = d;
+    }
+    moe_cache_trace_free(all_high);
+    if (st) return st;
+    for (int i = r->n_dyn - 1; i >= 0 && r->dyn[i].pen_off <= r->dyn[i].pen_on; i--) r->dynamic_until = r->dyn[i].share;
+    return MOE_OK;
+}
+
 enum moe_status moe_fit_cache_sweep(const struct moe_fit_cache_params *fp, const struct moe_profile *p,
                                     const struct moe_fit_cache_model *m, struct moe_fit_cache_result *r) {
     struct sweep w = {.fp = fp};
@@ -381,7 +418,7 @@ enum moe_status moe_fit_cache_sweep(const struct moe_fit_cache_params *fp, const
     struct moe_cache_fit_params cfp = moe_cache_fit_default_params();
     cfp.progress = on_fit_step, cfp.user = &w;
     if (fp->paper) cfp.n_weights = 4, cfp.grid = 10, cfp.admit = 0; /* as in the paper: 286 grid points */
-    if (!(st = fit_primary(&w, &c, &cfp, r))) st = replay_sizes(&w, &c, &cfp, r);
+    if (!(st = fit_primary(&w, &c, &cfp, r)) && !(st = replay_sizes(&w, &c, &cfp, r))) st = dynamic_grid(&w, m, c, r);
 done:
     if (st == MOE_ERR_NOMEM) MOE_LOGE("out of memory");
     else if (st && st != MOE_ERR_NOT_FOUND) MOE_LOGE("the replay failed (see the message above)");
@@ -459,6 +496,7 @@ enum moe_status moe_fit_cache_write_tuning(const char *path, const struct moe_fi
     moe_bundle_free(b); /* replace_tuning opens the file itself */
     b = NULL;
     if ((st = moe_tuning_set_cache(kv, r->w, r->admit, r->H, r->Lc, m->hi_name, m->lo_name)) ||
+        (st = moe_tuning_set_dynamic_until(kv, r->dynamic_until)) ||
         (st = moe_tuning_set_cache_popularity(kv, r->freq_high, r->freq_low, (size_t)m->LE, m->low_cost)) ||
         (st = moe_bundle_replace_tuning(path, kv)))
         goto done;

@@ -112,6 +112,17 @@ struct moe_fit_cache_size {
     struct moe_cache_opt_result opt; /* the offline optimum of the held-out part (penalties, not per token) */
 };
 
+/* Dynamic precision against every byte as high copies, at one budget (the
+ * held-out part): the fitted HOBBIT policy with the budget split by
+ * low_share into high and low caches, against LRU with every byte as high
+ * copies and every access needing one (dynamic precision off). */
+#define MOE_FIT_CACHE_DYN_POINTS 20
+struct moe_fit_cache_dyn {
+    double share;            /* the budget: this share of the bytes of every expert's high copy */
+    int hi_on, lo_on, hi_off; /* the caches each way */
+    double pen_on, pen_off;  /* miss penalty per token (high-copy reads) */
+};
+
 /* What a sweep computed. */
 struct moe_fit_cache_result {
     int H, Lc;                    /* the primary (fitted) size: high and low experts */
@@ -125,6 +136,11 @@ struct moe_fit_cache_result {
     double fit_seconds;
     int n_sizes;
     struct moe_fit_cache_size sizes[MOE_FIT_CACHE_MAX_SIZES]; /* by high capacity */
+    int n_dyn;                    /* budgets 5 %, 10 %, ... 100 % of the high bytes where both caches serve a layer */
+    struct moe_fit_cache_dyn dyn[MOE_FIT_CACHE_DYN_POINTS];
+    double dynamic_until;         /* the smallest share from which LRU on high copies misses less at every
+                                   * budget replayed (tuning cache.dynamic_until); NaN: dynamic precision
+                                   * paid up to the last one */
 };
 
 /* moe_fit_cache_result_new / _free: an empty result for model m (the caller
