@@ -22,9 +22,10 @@
 #   5. MoBiLE with K/2 experts: moe-prep eval on c4 at gamma 0 (K/2 alone),
 #      1 (all K) and a grid; fallback ratio against gamma, and the share of the
 #      K/2 -> K gap in ln PPL recovered at 10, 20, 30 % fallback (linear between
-#      the grid's points); decode tokens/s of moe-run with --expert-mem 25 %
-#      (--policy lru --dynamic off --high q8_0 --prefetch off) at K and
-#      big-little (the profile's gamma), median of 5 runs
+#      the grid's points); tokens/s one token per step through the engine with
+#      --expert-mem 25 % (--policy lru --dynamic off --high q8_0 --prefetch off)
+#      at K and big-little (the profile's gamma) on the same held-out tokens
+#      (moe-prep eval --batch 1, 4 chunks of 128), median of 5 runs
 #   6. the cache: fit-cache at 25 % of the q8_0 expert bytes (fitted HOBBIT,
 #      LRU, Belady) and the gap of each to the offline optimum's proven bound
 # --quick: fewer tokens everywhere (for plumbing). The table goes to stdout and
@@ -143,14 +144,17 @@ print("; ".join(f"{f * 100:.0f} % fallback: {at(f) * 100:.0f} %" for f in (0.1, 
 print(", ".join(f"{r[0]:g}: {r[1] * 100:.0f} %" for r in rows if 0 < r[0] < 1))' "$w/mobile.tsv")
   R[$name,mobile_gap]=$(echo "${R[$name,mobile]}" | head -n 1)
   R[$name,mobile_fb]=$(echo "${R[$name,mobile]}" | tail -n 1)
-  off=(--expert-mem "$budget" --policy lru --dynamic off --high q8_0 --prefetch off --no-plan)
+  off=(--expert-mem "$budget" --policy lru --dynamic off --high q8_0 --prefetch off) # the bundle has no plan.*
   for cfg in K BL; do
     : >"$w/speed-$cfg.txt"
     for ((i = 0; i < reps; i++)); do
       if [ $cfg = K ]; then extra=(--little-k 0); else extra=(--little-k "$k2" --gamma "$gamma"); fi
-      run "$moerun" -m "$w/m.moeb" -p "The function returns" -n 64 --ignore-eos "${off[@]}" "${extra[@]}" \
-          --stats-json "$w/speed.json" >/dev/null 2>&1
-      jq_ "$w/speed.json" tokens_per_s_decode >>"$w/speed-$cfg.txt"
+      # the same tokens for both (teacher-forced, one token per step): each run's own greedy
+      # text would make the cache serve two different streams
+      run "$prep" eval "$w/m.moeb" --dataset "$held" --ctx 128 --max-chunks 4 --batch 1 "${off[@]}" "${extra[@]}" \
+          --json >"$w/speed.json" 2>/dev/null
+      python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["chunks"] * d["ctx"] / d["seconds"])' \
+          "$w/speed.json" >>"$w/speed-$cfg.txt"
     done
   done
   med() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
@@ -187,7 +191,7 @@ done
   row "EdgeMoE: bit-width map at a 2 % budget" bitwidth
   row "MoBiLE (K/2): fallback ratio at gamma (c4)" mobile_fb
   row "MoBiLE (K/2): K/2 -> K gap recovered (ln PPL)" mobile_gap
-  row "MoBiLE: big-little vs K at 25 % of expert bytes" mobile_speed
+  row "MoBiLE: big-little vs K at 25 % of expert bytes (same tokens, one per step)" mobile_speed
   row "Twiddler: popularity placement hit rate, 25 %" place0
   row "Twiddler: popularity placement hit rate, 50 %" place1
   row "cache at 25 %: hit ratio, gap to the offline bound" cache
