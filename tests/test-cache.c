@@ -97,6 +97,29 @@ static void test_lru(void) {
     moe_cache_free(NULL);
 }
 
+/* test_set_policy: LFU-global with 2 slots after 0 0 0 1 would evict 1 (one
+ * use) for 2; switched to LRU it evicts 0 (used before 1), and then 1 for 3;
+ * STATIC and BELADY cannot be switched to. */
+static void test_set_policy(void) {
+    struct moe_cache *m = make(1, 4, MOE_CACHE_LFU_GLOBAL, 2, 0, NULL, NULL, NULL);
+    const struct want a[4] = {MH(0, -1), HH(0), HH(0), MH(1, -1)};
+    int32_t T = 0;
+    one_step_each(m, "before the switch", a, 4, &T);
+    CHECK(moe_cache_set_policy(m, MOE_CACHE_LRU) == MOE_OK, "switch to LRU");
+    const struct want b[2] = {MH(2, 0), MH(3, 1)};
+    one_step_each(m, "after the switch (LRU)", b, 2, &T);
+    log_reset();
+    CHECK(moe_cache_set_policy(m, MOE_CACHE_BELADY) == MOE_ERR_INVALID &&
+              moe_cache_set_policy(m, MOE_CACHE_STATIC) == MOE_ERR_INVALID && g_n_err == 2,
+          "Belady and static placement refused");
+    moe_cache_free(m);
+    m = make(1, 4, MOE_CACHE_LFU_GLOBAL, 2, 0, NULL, NULL, NULL);
+    one_step_each(m, "unswitched", a, 4, &T);
+    const struct want c[1] = {MH(2, 1)};
+    one_step_each(m, "LFU-global as it was (the comparison)", c, 1, &T);
+    moe_cache_free(m);
+}
+
 /* test_lfu: sequence A = 3 3 3 (skips: no copy, nothing counted) 0 0 0 1,
  * then sequence B = 1 2 3 1 through 2 slots. After A both hold {0, 1}, uses
  * 0:3, 1:1. In B, 1 hits; then 2 misses: LFU-global (0:3, 1:2) evicts 1;
@@ -693,6 +716,7 @@ static void test_errors(void) {
 int main(void) {
     moe_log_set(capture, NULL);
     test_lru();
+    test_set_policy();
     test_lfu();
     test_lhu();
     test_layers();

@@ -591,6 +591,56 @@ static void peak_memory(void) {
     }
 }
 
+/* policy_guard: fitted HOBBIT weights that keep the wrong experts (pure
+ * popularity, high for every expert of the first two MoE layers): the shadow
+ * LRU misses less, so the store switches to LRU after 16 decode tokens, and
+ * the logits stay those of the run without a budget (only which copies are
+ * read changes); with the guard off the policy stays; with --policy hobbit
+ * given there is no guard. Works on a copy of the bundle. */
+static void policy_guard(const char *bundle) {
+    char copy[1300];
+    snprintf(copy, sizeof copy, "%s.guard.moeb", bundle);
+    CHECK(moe_test_sh("cp '%s' '%s'", bundle, copy) == 0, "copy the bundle");
+    const int L = 4, E = 8, LE = L * E;
+    double fh[32], fl[32];
+    for (int g = 0; g < LE; g++) fh[g] = g / E < 2 ? 1.0 : 0.0, fl[g] = 0;
+    const double w[MOE_CACHE_N_WEIGHTS] = {0, 0, 0, 0, 1};
+    struct moe_bundle *b = NULL;
+    struct moe_bundle_kv *kv = NULL;
+    CHECK(moe_bundle_open(copy, &b) == MOE_OK && moe_bundle_kv_new(&kv) == MOE_OK &&
+              moe_bundle_kv_copy(kv, moe_bundle_tuning(b)) == MOE_OK &&
+              moe_tuning_set_cache(kv, w, 0, 12, 0, "q8_0", "q2_k") == MOE_OK &&
+              moe_tuning_set_cache_popularity(kv, fh, fl, (size_t)LE, 0.3) == MOE_OK,
+          "tuning with bad weights");
+    moe_bundle_free(b);
+    CHECK(kv && moe_bundle_replace_tuning(copy, kv) == MOE_OK, "write them");
+    moe_bundle_kv_free(kv);
+    float *ref = malloc(sizeof(float) * 2 * (NP + ND) * 4096), *got = malloc(sizeof(float) * 2 * (NP + ND) * 4096);
+    CHECK(ref && got && run(copy, NULL, ref, 0, NULL, NULL, NULL, NULL), "the run without a budget");
+    for (int mode = 0; ref && got && mode < 3; mode++) { /* guard on, off, policy given */
+        struct moe_store_params sp = moe_store_default_params();
+        sp.dynamic = 0, sp.high_cap = 12, sp.low_cap = 0, sp.warm = 0;
+        if (mode == 1) sp.guard = 0;
+        if (mode == 2) sp.policy = MOE_CACHE_HOBBIT;
+        struct moe_store_stats st;
+        memset(&st, 0, sizeof st);
+        const int ok = run(copy, &sp, got, 0, &st, NULL, NULL, NULL);
+        const size_t V = 4096;
+        CHECK(ok && !memcmp(ref, got, sizeof(float) * 2 * (NP + ND) * V), "guard mode %d: logits as without a budget",
+              mode);
+        if (mode == 0)
+            CHECK(ok && st.guard_switch_token >= 16 && st.policy == MOE_CACHE_LRU &&
+                      st.guard_shadow_penalty < 0.9 * st.guard_penalty,
+                  "the guard switched to LRU at decode token %lld (penalty %.1f, shadow %.1f)",
+                  (long long)st.guard_switch_token, st.guard_penalty, st.guard_shadow_penalty);
+        else
+            CHECK(ok && st.guard_switch_token == -1 && st.policy == MOE_CACHE_HOBBIT && st.guard_penalty == 0,
+                  "guard mode %d: no guard, HOBBIT throughout (switch %lld)", mode, (long long)st.guard_switch_token);
+    }
+    free(ref), free(got);
+    moe_test_sh("rm -f '%s'", copy);
+}
+
 int main(int argc, char **argv) {
     if (argc < 6) {
         fprintf(stderr, "usage: test-store moe-prep moe-run inflate-moe MODEL_DIR WORK_DIR\n");
@@ -611,6 +661,7 @@ int main(int argc, char **argv) {
     thresholds(bundle);
     low_not_lower(bundle);
     size_classes(bundle);
+    policy_guard(bundle);
     char text[1200];
     snprintf(text, sizeof text, "%s/heldout/c4.txt", model_dir);
     struct stat sb;

@@ -56,6 +56,9 @@ static const struct moe_opt k_store_opts[] = {
     {"prefetch-slots", 0, MOE_OPT_REQUIRED, "N",
      "slots for prefetched copies, out of --expert-mem (default 1\nwhen a prefetcher or big-little is on): a prefetch never\n"
      "evicts a cached copy"},
+    {"policy-guard", 0, MOE_OPT_REQUIRED, "on|off",
+     "with the fitted HOBBIT policy by default: a shadow LRU over\nthe same accesses; switch to LRU once it misses 10 % less\n"
+     "(default on)"},
     {"route-margin", 0, MOE_OPT_REQUIRED, "X",
      "cache-aware routing (decode): an expert with no cached copy is\nreplaced by the most probable cached one whose router\n"
      "probability is at most X lower (0 = off; default: the\nbundle's fitted cache_route.margin, else off)"},
@@ -178,6 +181,8 @@ enum moe_status moe_store_parse_option(struct moe_store_params *p, const char *n
         ok = opt_int(v, 1, 64, &p->n_loaders);
     } else if (!strcmp(o, "prefetch-slots")) {
         ok = opt_int(v, 0, 64, &p->prefetch_slots);
+    } else if (!strcmp(o, "policy-guard")) {
+        ok = opt_onoff(v, 0, &p->guard);
     } else if (!strcmp(o, "route-margin")) {
         ok = opt_double(v, 0, 1, &p->route_margin);
     } else {
@@ -370,6 +375,8 @@ cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
         {"route_mass_moved", s->route_mass_moved}, {"prefetch_dropped", (double)s->prefetch_dropped},
         {"read_retries", (double)s->read_retries}, {"reads_failed", (double)s->reads_failed},
         {"prefetch_failed", (double)s->prefetch_failed}, {"read_timeouts", (double)s->read_timeouts},
+        {"guard_switch_token", (double)s->guard_switch_token}, {"guard_penalty", s->guard_penalty},
+        {"guard_shadow_penalty", s->guard_shadow_penalty},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);
     return o;

@@ -384,6 +384,30 @@ enum moe_status moe_cache_new(int n_layers, int n_experts, enum moe_cache_policy
     return MOE_OK;
 }
 
+enum moe_status moe_cache_set_policy(struct moe_cache *s, enum moe_cache_policy p) {
+    if ((int)p < 0 || p >= MOE_CACHE_N_POLICIES || p == MOE_CACHE_STATIC || p == MOE_CACHE_BELADY ||
+        s->p == MOE_CACHE_STATIC || s->p == MOE_CACHE_BELADY) {
+        MOE_LOGE("a cache cannot switch from %s to %s", moe_cache_policy_name(s->p), moe_cache_policy_name(p));
+        return MOE_ERR_INVALID;
+    }
+    s->p = p;
+    s->rekeys = p != MOE_CACHE_EDGEMOE && p != MOE_CACHE_LRU && p != MOE_CACHE_FLD;
+    s->pop_on = p == MOE_CACHE_HOBBIT && s->c.w[4] > 0;
+    s->admit = p == MOE_CACHE_HOBBIT && s->c.admit;
+    s->hi.ext = s->pop_on, s->lo.ext = s->pop_on || s->admit;
+    layer_tables(s);
+    s->scale = p == MOE_CACHE_HOBBIT ? s->c.w[3] * s->T : 1.0;
+    s->tp = s->pop_on ? s->c.w[4] * s->T : 0.0;
+    struct cache *cs[2] = {&s->hi, &s->lo};
+    for (int i = 0; i < 2; i++)
+        for (int l = 0; l < s->L; l++) {
+            const int32_t *x = cs[i]->list + (size_t)l * s->E;
+            for (int j = 0; j < cs[i]->cnt[l]; j++) cs[i]->k[x[j]] = key_of(s, x[j], MOE_CACHE_NEVER);
+            rescan(s, cs[i], l);
+        }
+    return MOE_OK;
+}
+
 void moe_cache_free(struct moe_cache *c) {
     if (!c) return;
     free(c->stamp); /* the start of the block */

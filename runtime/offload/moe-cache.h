@@ -171,6 +171,13 @@ void moe_cache_access_n(struct moe_cache *c, int n, const int32_t *g, const uint
  * BELADY). A prefetch is not a use: records are not updated. */
 int moe_cache_prefetch(struct moe_cache *c, int32_t g, int ahead, struct moe_cache_result *r);
 
+/* moe_cache_set_policy: from now on, rank the cached copies under policy p
+ * (not STATIC or BELADY, which need their own state; MOE_ERR_INVALID): every
+ * cached copy's key is recomputed from the records the cache kept (last
+ * use, uses, high-need uses), as if p had been the policy all along; the
+ * cached set does not change. */
+enum moe_status moe_cache_set_policy(struct moe_cache *c, enum moe_cache_policy p);
+
 /* moe_cache_contains: 1 if expert g's high (high != 0) or low copy is cached. */
 int moe_cache_contains(const struct moe_cache *c, int32_t g, int high);
 

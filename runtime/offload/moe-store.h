@@ -99,6 +99,12 @@ struct moe_store_params {
                              * lower (absolute, in [0, 1]), the cached one is used instead.
                              * 0 = off; NaN (default) = the bundle's tuning cache_route.margin
                              * (moe-prep fit-cache --fit-route), else off */
+    int guard;              /* 1 (default): when the policy is the fitted HOBBIT one by default
+                             * (policy -1), a shadow LRU cache of the same capacities sees the
+                             * same decode accesses; once it has missed at least 10 % less
+                             * (miss penalty, after 16 decode tokens), the store switches to LRU
+                             * for the rest of its life (weights fitted on calibration text that
+                             * does not match the workload); 0: off (--policy-guard off) */
     double io_timeout;      /* seconds moe_store_acquire waits for one copy's read before the
                              * forward fails ("the storage did not answer"); also the most
                              * moe_store_free waits for a loader still in a read. 0 = wait
@@ -195,6 +201,9 @@ struct moe_store_stats {
     int64_t reads_queued;           /* reads queued and not started when the stats were taken;
                                      * loads + reads_cancelled + reads_queued = reads asked for */
     double route_margin;            /* cache-aware routing's margin in use (0: off) */
+    int64_t guard_switch_token;     /* decode token at which the policy guard switched to LRU; -1: never */
+    double guard_penalty, guard_shadow_penalty; /* decode miss penalty of the policy and of its shadow
+                                     * LRU while the guard watched (high misses + low_cost x low) */
     int64_t route_substituted;      /* uses whose expert cache-aware routing replaced by a cached one */
     double route_mass_moved;        /* sum over those of the router probability given up
                                      * (p(chosen) - p(substitute)) */

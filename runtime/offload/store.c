@@ -130,6 +130,8 @@ struct moe_store {
     int *layer_of;           /* [L] model layer of each MoE layer */
     int *moe_of;             /* [n_layer] MoE layer index, -1 for dense layers */
     struct moe_cache *cache;
+    struct moe_cache *shadow;   /* the policy guard's LRU over the same decode accesses, or NULL */
+    int64_t guard_acc;          /* decode accesses the guard has seen */
     struct moe_cache_config cc;
     struct moe_tuning tun;   /* the bundle's tuning (arrays borrowed from the bundle) */
     struct moe_path_table *paths; /* EdgeMoE's path dictionary (prefetch_paths > 0), or NULL */
@@ -219,6 +221,7 @@ struct moe_store_params moe_store_default_params(void) {
     p.warm = 1;
     p.n_loaders = 2;
     p.route_margin = NAN;
+    p.guard = 1;
     p.prefetch_slots = -1;
     p.io_timeout = 30;
     return p;
@@ -987,6 +990,10 @@ static void warm(struct moe_store *st) {
         struct moe_cache_result r;
         moe_cache_begin_step(st->cache, pick[i] / st->E, 1);
         moe_cache_access(st->cache, pick[i], MOE_CACHE_NEED_HIGH, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
+        if (st->shadow) { /* the guard's shadow starts with the same copies */
+            moe_cache_begin_step(st->shadow, pick[i] / st->E, 1);
+            moe_cache_access(st->shadow, pick[i], MOE_CACHE_NEED_HIGH, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
+        }
         if ((r.outcome == MOE_CACHE_MISS_HIGH) && r.kept) place(st, 1, pick[i], st->home[pick[i]], r.evicted, 0, -1);
     }
     pthread_mutex_unlock(&st->mu);
@@ -1173,6 +1180,10 @@ enum moe_status moe_store_new(const struct moe_model *m, struct moe_backend *be,
     st->cc.high_bytes = (double)hraw, st->cc.low_bytes = (double)lraw;
     if (!st->cc.freq_high) st->cc.low_cost = hraw > 0 ? (double)lraw / (double)hraw : 0.5;
     if ((rc = moe_cache_new(st->L, st->E, st->policy, &st->cc, &st->cache))) goto fail;
+    st->stats.guard_switch_token = -1;
+    if (p->guard && p->policy < 0 && st->policy == MOE_CACHE_HOBBIT &&
+        (rc = moe_cache_new(st->L, st->E, MOE_CACHE_LRU, &st->cc, &st->shadow)))
+        goto fail;
     /* slots: per size class min(its experts, H) high slots, then the low ones, then scratch */
     int nh = 0;
     for (int c = 0; c < MOE_BUNDLE_MAX_PRECISIONS; c++) {
@@ -1378,6 +1389,7 @@ void moe_store_free(struct moe_store *st) {
     free(st->lio);
     if (st->fd >= 0) close(st->fd);
     moe_cache_free(st->cache);
+    moe_cache_free(st->shadow);
     moe_path_table_free(st->paths);
     free(st->prev);
     pthread_mutex_destroy(&st->mu);
@@ -1451,6 +1463,7 @@ void moe_store_params_from_plan(struct moe_store_params *p, const struct moe_tun
 
 void moe_store_begin_sequence(struct moe_store *st) {
     if (!st->in_place) moe_cache_begin_sequence(st->cache);
+    if (st->shadow) moe_cache_begin_sequence(st->shadow);
 }
 
 int moe_store_in_place(const struct moe_store *st) { return st && st->in_place; }
@@ -1613,12 +1626,44 @@ static int pf_serve(struct moe_store *st, int32_t g, int prec, int high, int kep
 }
 
 /* access_item: ask the cache about item i's expert and bind a slot. Lock held. */
+/* miss_cost: an outcome's miss penalty in high-copy reads. */
+static double miss_cost(const struct moe_store *st, enum moe_cache_outcome o) {
+    return o == MOE_CACHE_MISS_HIGH ? 1.0 : o == MOE_CACHE_MISS_LOW ? st->cc.low_cost : 0.0;
+}
+
+/* guard_access: the policy guard's shadow LRU sees the access too (prompt
+ * batches keep it in step; decode accesses are counted). */
+static void guard_access(struct moe_store *st, int32_t g, uint8_t need, int decode, enum moe_cache_outcome real) {
+    struct moe_cache_result r;
+    moe_cache_access(st->shadow, g, (enum moe_cache_need)need, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
+    if (!decode) return;
+    st->guard_acc++;
+    st->stats.guard_penalty += miss_cost(st, real);
+    st->stats.guard_shadow_penalty += miss_cost(st, r.outcome);
+}
+
+/* guard_check: after a decode step, switch the policy to LRU once its
+ * shadow has missed at least 10 % less over 16 tokens' accesses or more. */
+static void guard_check(struct moe_store *st, int k) {
+    if (!st->shadow || st->guard_acc < (int64_t)16 * st->L * k) return;
+    if (!(st->stats.guard_shadow_penalty < 0.9 * st->stats.guard_penalty)) return;
+    if (moe_cache_set_policy(st->cache, MOE_CACHE_LRU) != MOE_OK) return;
+    MOE_LOGI("expert cache: the fitted %s policy missed more than LRU would have over %lld decode accesses "
+             "(penalty %.1f against %.1f): LRU from now on", moe_cache_policy_name(st->policy),
+             (long long)st->guard_acc, st->stats.guard_penalty, st->stats.guard_shadow_penalty);
+    st->policy = MOE_CACHE_LRU, st->stats.policy = MOE_CACHE_LRU;
+    st->stats.guard_switch_token = st->stats.decode_tokens;
+    moe_cache_free(st->shadow);
+    st->shadow = NULL;
+}
+
 static void access_item(struct moe_store *st, int i, int32_t g, uint8_t need, int decode) {
     struct moe_store_item *it = &st->items[i];
     struct moe_cache_result r;
     if (need == MOE_CACHE_NEED_LOW && !st->lower[g]) need = MOE_CACHE_NEED_HIGH; /* its home copy is the lowest */
     moe_cache_access(st->cache, g, (enum moe_cache_need)need, MOE_CACHE_NEVER, MOE_CACHE_NEVER, &r);
     st->stats.accesses++;
+    if (st->shadow) guard_access(st, g, need, decode, r.outcome);
     st->item_slot[i] = -1;
     st->item_lazy[i] = 0;
     st->item_hit[i] = r.outcome == MOE_CACHE_HIT_HIGH || r.outcome == MOE_CACHE_HIT_LOW;
@@ -1775,6 +1820,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
     for (int t = 0; t < n; t++) token_needs(st, w + (size_t)t * k, k, st->need + (size_t)t * k);
     pthread_mutex_lock(&st->mu);
     moe_cache_begin_step(st->cache, layer, decode ? pos0 + 1 : pos0 + n);
+    if (st->shadow) moe_cache_begin_step(st->shadow, layer, decode ? pos0 + 1 : pos0 + n);
     int ni = 0, nr = 0;
     if (decode) { /* one token: its experts in rank order */
         for (int j = 0; j < k; j++) {
@@ -1800,6 +1846,7 @@ enum moe_status moe_store_plan(struct moe_store *st, int layer, int pos0, int n,
             ni++;
         }
     }
+    if (decode) guard_check(st, k);
     if (decode && st->paths && k == st->K) path_prefetch(st, layer, sel); /* keyed on top-K sets: not for
                                                                             * big-little's little passes */
     /* mispredicted prefetches for this layer: a read not started is
