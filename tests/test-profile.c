@@ -391,6 +391,32 @@ static void check_shards(void) {
                  text_path, s[i], opts, i + 1);
         CHECK(run(cmd) == 0, "%s", cmd);
     }
+    { /* --dataset twice: the two token streams one after the other */
+        char one[600], two[600];
+        snprintf(one, sizeof one, "%s/one.h5", tmpdir);
+        snprintf(two, sizeof two, "%s/two.h5", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s -o %s --ctx 32 -t 2 --no-tuning >/dev/null 2>&1", moe_prep,
+                 bundle, text_path, one);
+        CHECK(run(cmd) == 0, "%s", cmd);
+        snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s --dataset %s -o %s --ctx 32 -t 2 --no-tuning >/dev/null 2>&1",
+                 moe_prep, bundle, text_path, text_path, two);
+        CHECK(run(cmd) == 0, "%s", cmd);
+        struct moe_profile *p_one = NULL, *p_two = NULL;
+        if (moe_profile_read(one, &p_one) == MOE_OK && moe_profile_read(two, &p_two) == MOE_OK) {
+            const int64_t n1 = moe_profile_n_tokens(p_one), n2 = moe_profile_n_tokens(p_two);
+            CHECK(n1 > 0 && n2 >= 2 * n1 && n2 <= 2 * n1 + 32, "two datasets: %lld tokens, one: %lld", (long long)n2,
+                  (long long)n1);
+        } else {
+            CHECK(0, "read the one- and two-dataset profiles");
+        }
+        moe_profile_free(p_one);
+        moe_profile_free(p_two);
+        snprintf(cmd, sizeof cmd, "%s profile %s --dataset %s --dataset %s -o %s --ctx 32 --max-tokens 64 -t 2 "
+                 "--no-tuning >/dev/null 2>&1", moe_prep, bundle, text_path, text_path, two);
+        CHECK(run(cmd) == 0 && moe_profile_read(two, &p_two) == MOE_OK && moe_profile_n_tokens(p_two) <= 64 + 32,
+              "two datasets under --max-tokens 64");
+        moe_profile_free(p_two);
+    }
     snprintf(cmd, sizeof cmd, "%s profile merge %s %s %s -o %s >/dev/null 2>&1", moe_prep, s[2], s[0], s[1], merged);
     CHECK(run(cmd) == 0, "%s", cmd);
     struct moe_profile *a = NULL, *b = NULL;

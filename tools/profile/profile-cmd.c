@@ -25,8 +25,13 @@
 #define CMD "profile"
 #define HELP_PRINTED 1 /* the handler's value after --help: exit 0 */
 
+#define MAX_DATASETS 16
+
 struct profile_args {
     const char *model, *dataset, *out, *csv_dir, *shard;
+    const char *datasets[MAX_DATASETS]; /* every --dataset, in order; dataset: their names joined */
+    int n_datasets;
+    char dataset_label[2048];
     int shard_count; /* --shard-count (for --shard auto under Kubernetes); 0 = none */
     struct moe_profile_record_params rp;
     struct moe_profile_targets targets;
@@ -40,7 +45,9 @@ enum {
 };
 
 static const struct moe_opt k_opts[] = {
-    {"dataset", O_DATASET, MOE_OPT_REQUIRED, "SPEC", "text to profile on (dataset card or file; see docs/cli.md)"},
+    {"dataset", O_DATASET, MOE_OPT_REQUIRED, "SPEC",
+     "text to profile on (dataset card or file; see docs/cli.md);\nrepeat it to profile on several, one after the other\n"
+     "(calibrate on text like the workload)"},
     {"output", 'o', MOE_OPT_REQUIRED, "FILE", "profile file to write (HDF5; replaced atomically)"},
     {"ctx", O_CTX, MOE_OPT_REQUIRED, "N", "tokens per sequence, one forward pass each (default 256)"},
     {"max-tokens", O_MAX_TOKENS, MOE_OPT_REQUIRED, "N", "stop after N tokens (default: every whole sequence)"},
@@ -85,6 +92,7 @@ static void profile_usage(FILE *f) {
     fprintf(f, "\nexamples:\n"
                "  moe-prep profile model.moeb --dataset wikitext.txt -o p.h5\n"
                "  moe-prep profile model.moeb --dataset c4.txt -o p.h5 --ctx 128 --max-tokens 20000 --json\n"
+               "  moe-prep profile model.moeb --dataset code.txt --dataset chat.jsonl -o p.h5   # a mix\n"
                "  moe-prep profile model.moeb --dataset c4.txt -o s1.h5 --shard 1/2   # on one machine\n"
                "  moe-prep profile model.moeb --dataset c4.txt -o s2.h5 --shard 2/2   # on another\n"
                "  moe-prep profile merge s1.h5 s2.h5 -o p.h5 --bundle model.moeb\n"
@@ -125,7 +133,13 @@ static int on_option(void *ctx, const struct moe_opt *o, const char *v) {
         return moe_device_option("moe-prep " CMD, &a->gpu, o->name, v) ? 2 : 0;
     switch (o->key) {
     case 'h': profile_usage(stdout); return HELP_PRINTED;
-    case O_DATASET: a->dataset = v; return 0;
+    case O_DATASET:
+        if (a->n_datasets == MAX_DATASETS) {
+            fprintf(stderr, "moe-prep profile: at most %d --dataset options\n", MAX_DATASETS);
+            return 2;
+        }
+        a->datasets[a->n_datasets++] = v;
+        return 0;
     case 'o': a->out = v; return 0;
     case O_CSV_DIR: a->csv_dir = v; return 0;
     case O_NO_TUNING: a->no_tuning = 1; return 0;
@@ -164,6 +178,11 @@ static int parse_args(int argc, char **argv, struct profile_args *a) {
     if (!moe_device_built("moe-prep " CMD, a->gpu.device_spec)) return 2;
     a->rp.device = a->gpu.device_spec, a->rp.device_options = &a->gpu;
     if (first < argc) a->model = argv[first];
+    for (int i = 0; i < a->n_datasets; i++) { /* the label the profile records: the names joined by " + " */
+        const size_t used = strlen(a->dataset_label);
+        snprintf(a->dataset_label + used, sizeof a->dataset_label - used, "%s%s", i ? " + " : "", a->datasets[i]);
+    }
+    if (a->n_datasets) a->dataset = a->n_datasets == 1 ? a->datasets[0] : a->dataset_label;
     if (argc - first > 1) {
         fprintf(stderr, "moe-prep profile: one MODEL only (\"%s\" and \"%s\")\n", a->model, argv[first + 1]);
         return 2;
@@ -194,9 +213,10 @@ static void on_progress(int done, int total, int64_t tokens, double seconds, voi
     if (done == total) fputc('\n', stderr);
 }
 
-/* load_tokens: the model's token stream of the dataset; with --max-tokens
- * only the text those tokens (and one sequence more) need. 0 ok, else the
- * exit status. */
+/* load_tokens: the model's token stream of the datasets, one after the
+ * other (each as moe_text_load_tokens gives it); with --max-tokens only the
+ * text those tokens (and one sequence more) need, shared evenly between the
+ * datasets. 0 ok, else the exit status. */
 static int load_tokens(const struct profile_args *a, const struct moe_model *model, int32_t **ids, size_t *n_ids) {
     if (a->rp.n_ctx > model->cfg.max_pos) {
         fprintf(stderr, "moe-prep profile: --ctx %d exceeds the context of %s (max_position_embeddings %d)\n",
@@ -204,10 +224,32 @@ static int load_tokens(const struct profile_args *a, const struct moe_model *mod
         return 1;
     }
     struct moe_dataset_params dp = moe_dataset_default_params();
-    size_t limit = a->rp.max_tokens ? (size_t)a->rp.max_tokens + (size_t)a->rp.n_ctx : 0;
-    if (moe_text_load_tokens(model, NULL, a->dataset, &dp, limit, ids, n_ids)) {
-        fprintf(stderr, "moe-prep profile: cannot read or tokenize %s (see the message above)\n", a->dataset);
-        return 1;
+    const int n = a->n_datasets;
+    size_t limit = a->rp.max_tokens ? ((size_t)a->rp.max_tokens + (size_t)n - 1) / (size_t)n + (size_t)a->rp.n_ctx : 0;
+    *ids = NULL, *n_ids = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t *part = NULL;
+        size_t m = 0;
+        if (moe_text_load_tokens(model, NULL, a->datasets[i], &dp, limit, &part, &m)) {
+            fprintf(stderr, "moe-prep profile: cannot read or tokenize %s (see the message above)\n", a->datasets[i]);
+            free(*ids);
+            *ids = NULL;
+            return 1;
+        }
+        if (n > 1 && limit && m > limit) m = limit; /* each dataset its share */
+        int32_t *all = n == 1 ? part : realloc(*ids, sizeof(int32_t) * (*n_ids + m));
+        if (!all) {
+            fprintf(stderr, "moe-prep profile: out of memory for %zu tokens\n", *n_ids + m);
+            free(part);
+            free(*ids);
+            *ids = NULL;
+            return 1;
+        }
+        if (n > 1) {
+            memcpy(all + *n_ids, part, sizeof(int32_t) * m);
+            free(part);
+        }
+        *ids = all, *n_ids += m;
     }
     return 0;
 }
@@ -238,7 +280,7 @@ int moe_prep_profile(int argc, char **argv) {
         fprintf(stderr, "moe-prep profile: cannot load the model from %s (see the message above)\n", a.model);
         goto done;
     }
-    if (!moe_tool_output_ok(CMD, a.out, model, &a.dataset, 1, NULL, 0)) { /* -o naming the model or text */
+    if (!moe_tool_output_ok(CMD, a.out, model, a.datasets, a.n_datasets, NULL, 0)) { /* -o naming the model or text */
         status = 2;
         goto done;
     }
