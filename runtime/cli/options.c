@@ -375,7 +375,8 @@ cJSON *moe_store_stats_to_json(const struct moe_store_stats *s) {
         {"route_mass_moved", s->route_mass_moved}, {"prefetch_dropped", (double)s->prefetch_dropped},
         {"read_retries", (double)s->read_retries}, {"reads_failed", (double)s->reads_failed},
         {"prefetch_failed", (double)s->prefetch_failed}, {"read_timeouts", (double)s->read_timeouts},
-        {"guard_switch_token", (double)s->guard_switch_token}, {"guard_penalty", s->guard_penalty},
+        {"guard_switch_token", (double)s->guard_switch_token}, {"guard_switches", (double)s->guard_switches},
+        {"guard_penalty", s->guard_penalty},
         {"guard_shadow_penalty", s->guard_shadow_penalty},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) add_num(o, counts[i].key, counts[i].v);

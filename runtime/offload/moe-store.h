@@ -101,10 +101,11 @@ struct moe_store_params {
                              * (moe-prep fit-cache --fit-route), else off */
     int guard;              /* 1 (default): when the policy is the fitted HOBBIT one by default
                              * (policy -1), a shadow LRU cache of the same capacities sees the
-                             * same decode accesses; once it has missed at least 10 % less
-                             * (miss penalty, after 16 decode tokens), the store switches to LRU
-                             * for the rest of its life (weights fitted on calibration text that
-                             * does not match the workload); 0: off (--policy-guard off) */
+                             * same accesses; once its miss penalty over the decode steps
+                             * (decayed over about 64 tokens) is 10 % below the policy's, after
+                             * 16 decode tokens, the store runs LRU for the rest of its life
+                             * (weights fitted on calibration text that does not match the
+                             * workload); 0: off (--policy-guard off) */
     double io_timeout;      /* seconds moe_store_acquire waits for one copy's read before the
                              * forward fails ("the storage did not answer"); also the most
                              * moe_store_free waits for a loader still in a read. 0 = wait
@@ -201,7 +202,8 @@ struct moe_store_stats {
     int64_t reads_queued;           /* reads queued and not started when the stats were taken;
                                      * loads + reads_cancelled + reads_queued = reads asked for */
     double route_margin;            /* cache-aware routing's margin in use (0: off) */
-    int64_t guard_switch_token;     /* decode token at which the policy guard switched to LRU; -1: never */
+    int64_t guard_switch_token;     /* decode token of the policy guard's latest switch; -1: never */
+    int64_t guard_switches;         /* its switches to LRU (0 or 1) */
     double guard_penalty, guard_shadow_penalty; /* decode miss penalty of the policy and of its shadow
                                      * LRU while the guard watched (high misses + low_cost x low) */
     int64_t route_substituted;      /* uses whose expert cache-aware routing replaced by a cached one */
