@@ -4,11 +4,16 @@
 #
 #   tests/bench/bench-offload.sh [--work DIR] [--ffn N] [--rounds R] [-n TOKENS]
 #                                [--threads T] [--io direct|buffered|mmap]
-#                                [--model DIR] [--prep-only] [--dry-run] [--no-build]
+#                                [--model DIR] [--calib python_docs|mix]
+#                                [--prep-only] [--dry-run] [--no-build]
 #
 # --model: another trained checkpoint with heldout/ texts (default
 # datasets/models/tiny-moe-mixtral; e.g. datasets/models/tiny-moe-qwen3 with a
 # smaller --ffn: it has 12x the experts).
+# --calib mix: profile and fit on the first half of every held-out domain
+# (python_docs, wordnet, c4, gsm8k, fortunes; the prompts come from the
+# second halves) instead of python_docs alone: calibration like the workload
+# (docs/benchmarks.md). Use its own --work: the bundle's tuning differs.
 #
 # Steps (each prints the exact command it runs; a step whose output exists is
 # reused, unless an earlier step in the chain ran again):
@@ -72,7 +77,7 @@ build=${MOE_BUILD_DIR:-build}
 prefetch_layers=${MOE_OFFLOAD_PREFETCH_LAYERS:-1}
 prefetch_paths=${MOE_OFFLOAD_PREFETCH_PATHS:-2}
 model=datasets/models/tiny-moe-mixtral
-calib=$model/heldout/python_docs.txt
+calib_mode=python_docs
 prompt_domains="c4 fortunes gsm8k wordnet"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -87,7 +92,8 @@ while [ $# -gt 0 ]; do
     --prep-only) prep_only=1; shift ;;
     --dry-run) dry_run=1; shift ;;
     --no-build) do_build=0; shift ;;
-    --model) model=${2%/}; calib=$model/heldout/python_docs.txt; shift 2 ;;
+    --model) model=${2%/}; shift 2 ;;
+    --calib) calib_mode=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-offload: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -123,6 +129,17 @@ inflate=$build/tests/inflate-moe
 benchio=$build/tests/bench-io
 [ -f "$model/config.json" ] && [ -d "$model/heldout" ] ||
   { echo "bench-offload: $model is not a trained checkpoint with heldout/ texts" >&2; exit 2; }
+case "$calib_mode" in
+  python_docs) calib=$model/heldout/python_docs.txt ;;
+  mix)
+    mkdir -p "$work"
+    calib=$work/calib-mix.txt
+    for d in python_docs wordnet c4 gsm8k fortunes; do
+      n=$(wc -l <"$model/heldout/$d.txt")
+      head -n $((n / 2 - 1)) "$model/heldout/$d.txt" # the prompts start at line n / 2
+    done >"$calib" ;;
+  *) echo "bench-offload: --calib takes python_docs or mix" >&2; exit 2 ;;
+esac
 inflated=$work/$(basename "$model")-ffn$ffn
 bundle=$work/$(basename "$model")-ffn$ffn.moeb
 profile=$work/p.h5
