@@ -323,6 +323,15 @@ static enum moe_status trace_grow(struct moe_session *s, int n) {
     return MOE_OK;
 }
 
+/* trace_put: token `tok`'s choices (and weights) of K experts at MoE layer
+ * ml into the trace (rows of n_expert_used: a pass with fewer leaves -1). */
+static void trace_put(struct moe_session *s, int64_t tok, int ml, const int32_t *sel, const float *w, int K) {
+    const int Kmax = s->p.n_expert_used;
+    const int64_t at = tok * (int64_t)s->n_moe * Kmax + (int64_t)ml * Kmax;
+    memcpy(s->tr_experts + at, sel, sizeof(int32_t) * (size_t)K);
+    memcpy(s->tr_weights + at, w, sizeof(float) * (size_t)K);
+}
+
 /* has_batch: the backend takes a layer step's experts in one call, and no
  * observer needs their outputs one by one. */
 static int has_batch(const struct moe_session *s) {
@@ -391,13 +400,9 @@ static enum moe_status moe_layer(struct moe_session *s, int l, int pos0, int n_t
         struct moe_route_event ev = {l, pos0, n_tok, E, K, s->xh, s->router_logits, s->sel, s->sel_w};
         s->p.on_route(&ev, s->p.route_user);
     }
-    if (s->p.record_trace) { /* rows of Kmax; a little pass fills its K and leaves -1 */
-        const int64_t row = (int64_t)s->n_moe * Kmax, t0 = s->tr_tokens - n_tok, ml = s->moe_of[l];
-        for (int t = 0; t < n_tok; t++) {
-            memcpy(s->tr_experts + (t0 + t) * row + ml * Kmax, s->sel + (size_t)t * K, sizeof(int32_t) * (size_t)K);
-            memcpy(s->tr_weights + (t0 + t) * row + ml * Kmax, s->sel_w + (size_t)t * K, sizeof(float) * (size_t)K);
-        }
-    }
+    if (s->p.record_trace) /* rows of Kmax; a little pass fills its K and leaves -1 */
+        for (int t = 0; t < n_tok; t++)
+            trace_put(s, s->tr_tokens - n_tok + t, s->moe_of[l], s->sel + (size_t)t * K, s->sel_w + (size_t)t * K, K);
     /* cache-aware routing changes what runs, after the observers and the
      * trace have seen the router's own choice (what fit-cache fits on) */
     if (n_tok == 1) cache_route(s, l, K, s->router_logits, s->sel, s->sel_w);
@@ -824,14 +829,8 @@ static enum moe_status graph_step(struct moe_session *s, const int32_t *tok, int
     if (st) return st;
     if ((st = begin_chunk(s, 1))) return st;
     s->history[s->pos] = tok[0];
-    if (s->p.record_trace) { /* rows of n_expert_used, as moe_layer writes them */
-        const int K = s->k_cur, Kmax = s->p.n_expert_used;
-        const int64_t row = (int64_t)s->n_moe * Kmax, t0 = s->tr_tokens - 1;
-        for (int ml = 0; ml < s->n_moe; ml++) {
-            memcpy(s->tr_experts + t0 * row + ml * Kmax, s->g_sel + (size_t)ml * K, sizeof(int32_t) * (size_t)K);
-            memcpy(s->tr_weights + t0 * row + ml * Kmax, s->g_w + (size_t)ml * K, sizeof(float) * (size_t)K);
-        }
-    }
+    for (int ml = 0; s->p.record_trace && ml < s->n_moe; ml++)
+        trace_put(s, s->tr_tokens - 1, ml, s->g_sel + (size_t)ml * s->k_cur, s->g_w + (size_t)ml * s->k_cur, s->k_cur);
     s->pos++;
     s->gs.steps_graph++;
     *ran = 1;

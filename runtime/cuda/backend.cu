@@ -394,8 +394,10 @@ enum moe_status read_buf(cuda *s, dev_buf *b) {
     return MOE_OK;
 }
 
-// ffn_dev: y = down(silu(gate x) * up x) for n rows of x (ld H) on the device, h scratch.
-enum moe_status ffn_dev(cuda *s, const moe_ffn &f, const float *x, int n, float *y, int mode) {
+// ffn_jobs: the gate/up (SwiGLU into hbuf) and down jobs of f for n rows of x
+// (ld H) into y; bufs[3] (may be NULL) get the slots its matrices live in.
+enum moe_status ffn_jobs(cuda *s, const moe_ffn &f, const float *x, int n, float *y, int mode, gemv_job *gu,
+                         gemv_job *dn, dev_buf **bufs) {
     dmat g, u, d;
     enum moe_status st;
     if (f.bias) {
@@ -407,14 +409,24 @@ enum moe_status ffn_dev(cuda *s, const moe_ffn &f, const float *x, int n, float 
         MOE_LOGE("CUDA backend: gate and up matrices differ in type or shape");
         return MOE_ERR_UNSUPPORTED;
     }
-    for (dev_buf *b : {g.buf, u.buf, d.buf})
+    *gu = make_job(g, x, s->H, n, s->hbuf, g.n_out, nullptr, Y_SWIGLU);
+    gu->w2 = u.w;
+    *dn = make_job(d, s->hbuf, g.n_out, n, y, s->H, nullptr, mode);
+    if (bufs) bufs[0] = g.buf, bufs[1] = u.buf, bufs[2] = d.buf;
+    return MOE_OK;
+}
+
+// ffn_dev: y = down(silu(gate x) * up x) for n rows of x (ld H) on the device, h scratch.
+enum moe_status ffn_dev(cuda *s, const moe_ffn &f, const float *x, int n, float *y, int mode) {
+    gemv_job gu, dn;
+    dev_buf *bufs[3];
+    enum moe_status st = ffn_jobs(s, f, x, n, y, mode, &gu, &dn, bufs);
+    if (st) return st;
+    for (dev_buf *b : bufs)
         if ((st = wait_buf(s, b))) return st;
-    gemv_job gu = make_job(g, x, s->H, n, s->hbuf, g.n_out, nullptr, Y_SWIGLU);
-    gu.w2 = u.w;
-    gemv_job dn = make_job(d, s->hbuf, g.n_out, n, y, s->H, nullptr, mode);
     param_area *a = area_begin(s);
     if ((st = run_phase(s, a, {gu})) || (st = run_phase(s, area_begin(s), {dn}))) return st;
-    for (dev_buf *b : {g.buf, u.buf, d.buf})
+    for (dev_buf *b : bufs)
         if ((st = read_buf(s, b))) return st;
     return MOE_OK;
 }
@@ -715,6 +727,23 @@ enum moe_status cu_get_xn(moe_backend *be, float *xn, int n) {
     return MOE_OK;
 }
 
+// attn_jobs: layer L's q, k, v products (J[0..2], from xn) and its o
+// product (J[3], added into x) for n rows.
+enum moe_status attn_jobs(cuda *s, const moe_layer *L, int n, gemv_job J[4]) {
+    dmat wq, wk, wv, wo;
+    const float *bq, *bk, *bv, *bo;
+    enum moe_status st;
+    if ((st = dmat_of(s, L->wq, &wq)) || (st = dmat_of(s, L->wk, &wk)) || (st = dmat_of(s, L->wv, &wv)) ||
+        (st = dmat_of(s, L->wo, &wo)) || (st = dvec(s, L->bq, s->q_dim, &bq)) || (st = dvec(s, L->bk, s->kv_dim, &bk)) ||
+        (st = dvec(s, L->bv, s->kv_dim, &bv)) || (st = dvec(s, L->bo, s->H, &bo)))
+        return st;
+    J[0] = make_job(wq, s->xn, s->H, n, s->q, s->q_dim, bq, Y_STORE);
+    J[1] = make_job(wk, s->xn, s->H, n, s->k, s->kv_dim, bk, Y_STORE);
+    J[2] = make_job(wv, s->xn, s->H, n, s->v, s->kv_dim, bv, Y_STORE);
+    J[3] = make_job(wo, s->att, s->q_dim, n, s->x, s->H, bo, Y_ADD);
+    return MOE_OK;
+}
+
 enum moe_status cu_attention(moe_backend *be, int layer, int pos0, int n, int seq_len) {
     cuda *s = ctx(be);
     const moe_config *c = s->c;
@@ -727,20 +756,15 @@ enum moe_status cu_attention(moe_backend *be, int layer, int pos0, int n, int se
     const float *nw, *nb;
     if ((st = dvec(s, L->attn_norm, s->H, &nw)) || (st = dvec(s, L->attn_norm_b, s->H, &nb))) return st;
     if ((st = launch_norm(c->norm == MOE_NORM_LAYER, s->x, nw, nb, n, (int)s->H, c->norm_eps, s->xn, s->cs))) return st;
-    dmat wq, wk, wv, wo;
-    const float *bq, *bk, *bv, *bo, *qn = nullptr, *kn = nullptr;
-    if ((st = dmat_of(s, L->wq, &wq)) || (st = dmat_of(s, L->wk, &wk)) || (st = dmat_of(s, L->wv, &wv)) ||
-        (st = dmat_of(s, L->wo, &wo)) || (st = dvec(s, L->bq, s->q_dim, &bq)) || (st = dvec(s, L->bk, s->kv_dim, &bk)) ||
-        (st = dvec(s, L->bv, s->kv_dim, &bv)) || (st = dvec(s, L->bo, s->H, &bo)))
-        return st;
+    gemv_job J[4];
+    const float *qn = nullptr, *kn = nullptr;
+    if ((st = attn_jobs(s, L, n, J))) return st;
     if (c->qk_norm != MOE_QK_NORM_NONE) {
         const int64_t qn_len = c->qk_norm == MOE_QK_NORM_FULL ? s->q_dim : c->head_dim;
         const int64_t kn_len = c->qk_norm == MOE_QK_NORM_FULL ? s->kv_dim : c->head_dim;
         if ((st = dvec(s, L->q_norm, qn_len, &qn)) || (st = dvec(s, L->k_norm, kn_len, &kn))) return st;
     }
-    std::vector<gemv_job> qkv{make_job(wq, s->xn, s->H, n, s->q, s->q_dim, bq, Y_STORE),
-                              make_job(wk, s->xn, s->H, n, s->k, s->kv_dim, bk, Y_STORE),
-                              make_job(wv, s->xn, s->H, n, s->v, s->kv_dim, bv, Y_STORE)};
+    const std::vector<gemv_job> qkv{J[0], J[1], J[2]};
     if ((st = run_phase(s, area_begin(s), qkv))) return st;
     const size_t lcache = (size_t)layer * (size_t)s->p.n_ctx * (size_t)s->kv_dim;
     qkv_post_args pa = {s->q, s->k, s->v, s->k_cache + lcache, s->v_cache + lcache, qn, kn, (int)c->qk_norm,
@@ -753,8 +777,7 @@ enum moe_status cu_attention(moe_backend *be, int layer, int pos0, int n, int se
                     c->n_head, c->n_head_kv, c->head_dim, c->layer_sliding[layer] ? c->sliding_window : 0, n_split,
                     nullptr};
     if ((st = launch_attention(&aa, s->cs))) return st;
-    std::vector<gemv_job> o{make_job(wo, s->att, s->q_dim, n, s->x, s->H, bo, Y_ADD)};
-    return run_phase(s, area_begin(s), o);
+    return run_phase(s, area_begin(s), {J[3]});
 }
 
 enum moe_status cu_ffn_norm(moe_backend *be, int layer, int n) {
@@ -1211,16 +1234,7 @@ enum moe_status graph_tables(cuda *s, const moe_step_desc *d) {
     for (int l = 0; l < c->n_layer; l++) {
         const moe_layer *L = &m->layers[l];
         gemv_job *J = &jobs[(size_t)l * GRAPH_JOBS];
-        dmat wq, wk, wv, wo;
-        const float *bq, *bk, *bv, *bo;
-        if ((st = dmat_of(s, L->wq, &wq)) || (st = dmat_of(s, L->wk, &wk)) || (st = dmat_of(s, L->wv, &wv)) ||
-            (st = dmat_of(s, L->wo, &wo)) || (st = dvec(s, L->bq, s->q_dim, &bq)) || (st = dvec(s, L->bk, s->kv_dim, &bk)) ||
-            (st = dvec(s, L->bv, s->kv_dim, &bv)) || (st = dvec(s, L->bo, s->H, &bo)))
-            return st;
-        J[0] = make_job(wq, s->xn, s->H, 1, s->q, s->q_dim, bq, Y_STORE);
-        J[1] = make_job(wk, s->xn, s->H, 1, s->k, s->kv_dim, bk, Y_STORE);
-        J[2] = make_job(wv, s->xn, s->H, 1, s->v, s->kv_dim, bv, Y_STORE);
-        J[3] = make_job(wo, s->att, s->q_dim, 1, s->x, s->H, bo, Y_ADD);
+        if ((st = attn_jobs(s, L, 1, J))) return st;
         const moe_ffn *mlp = nullptr;
         float *mlp_out = s->acc;
         if (c->layer_moe[l]) {
@@ -1261,14 +1275,7 @@ enum moe_status graph_tables(cuda *s, const moe_step_desc *d) {
         } else {
             mlp = &L->dense;
         }
-        if (mlp) {
-            dmat g, u, dn;
-            if ((st = dmat_of(s, mlp->gate, &g)) || (st = dmat_of(s, mlp->up, &u)) || (st = dmat_of(s, mlp->down, &dn)))
-                return st;
-            J[6] = make_job(g, s->xn, s->H, 1, s->hbuf, g.n_out, nullptr, Y_SWIGLU);
-            J[6].w2 = u.w;
-            J[7] = make_job(dn, s->hbuf, g.n_out, 1, mlp_out, s->H, nullptr, Y_STORE);
-        }
+        if (mlp && (st = ffn_jobs(s, *mlp, s->xn, 1, mlp_out, Y_STORE, &J[6], &J[7], nullptr))) return st;
     }
     dmat lm;
     const float *lb;

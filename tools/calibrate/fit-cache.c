@@ -10,6 +10,7 @@
 
 #include "fit-cache.h"
 #include "moe-base.h"
+#include "moe-store.h"
 #include "moe-tuning.h"
 #include "routing-stats.h"
 
@@ -366,9 +367,11 @@ static enum moe_status dynamic_grid(struct sweep *w, const struct moe_fit_cache_
     for (int i = 1; i <= MOE_FIT_CACHE_DYN_POINTS && !st; i++) {
         const double share = (double)i / MOE_FIT_CACHE_DYN_POINTS, mem = share * (double)m->LE * m->hi_bytes;
         struct moe_fit_cache_dyn d = {share, 0, 0, 0, 0, 0};
-        d.hi_on = (int)fmin(m->LE, floor((1 - w->fp->low_share) * mem / m->hi_bytes));
-        d.lo_on = (int)fmin(m->LE, floor(w->fp->low_share * mem / m->lo_bytes));
-        d.hi_off = (int)fmin(m->LE, floor(mem / m->hi_bytes));
+        int unused;
+        moe_store_capacities((int64_t)mem, w->fp->low_share, 1, (int64_t)m->hi_bytes, (int64_t)m->lo_bytes, m->LE,
+                             &d.hi_on, &d.lo_on); /* the store's own split */
+        moe_store_capacities((int64_t)mem, w->fp->low_share, 0, (int64_t)m->hi_bytes, (int64_t)m->lo_bytes, m->LE,
+                             &d.hi_off, &unused);
         if (d.hi_on < 1 || d.hi_off < m->K || d.lo_on < m->K) continue; /* the store would refuse either */
         struct moe_cache_stats s_on, s_off;
         c.high_cap = d.hi_on, c.low_cap = d.lo_on, c.prefetch = 0;
