@@ -1951,8 +1951,11 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
     double t0 = 0;
     int waited = 0, timed_out = 0;
     struct timespec dl = {0, 0};
-    while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY)) {
-        if (s->state == S_EMPTY) enqueue(st, si, 0);
+    /* a slot whose prefetch read failed (prefetches are tried less hard) is read again for this demand use:
+     * pf_serve may have bound the slot while that read was still in flight */
+    while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY ||
+                                          (s->state == S_FAILED && s->fail.prefetch && !s->reading))) {
+        if (s->state == S_EMPTY || s->state == S_FAILED) s->fail.prefetch = 0, enqueue(st, si, 0);
         if (!waited) t0 = moe_now_s(), waited = 1, dl = deadline(CLOCK_MONOTONIC, st->p.io_timeout);
         if (st->p.io_timeout <= 0) pthread_cond_wait(&st->cv, &st->mu);
         else if (pthread_cond_timedwait(&st->cv, &st->mu, &dl) == ETIMEDOUT) {
