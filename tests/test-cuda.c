@@ -207,11 +207,14 @@ static void ffn_and_experts(void) {
                     worst = fmax(worst, fabs(p[d] - wts[i][r] * ry[d]) / (wts[i][r] * mag[d] + 1e-12));
                 used_ok &= used[rows[i][r] * S + slots[i][r]] == 1;
             }
-        /* (row 0, slot 0) is written by expert 0 only; every (row, slot) used above is set, none other */
-        int n_used = 0;
-        for (int i = 0; i < n_tok * S; i++) n_used += used[i];
-        CHECK(worst <= 1e-4 && used_ok && n_used == 10, "%s experts: error %.3g, %d slots used", moe_qtype_name(t), worst,
-              n_used);
+        /* every (row, slot) the works name is set, none other: count the distinct pairs they name */
+        uint8_t named[12] = {0};
+        int n_named = 0, n_used = 0;
+        for (int i = 0; i < 3; i++)
+            for (int r = 0; r < nr[i]; r++) named[rows[i][r] * S + slots[i][r]] = 1;
+        for (int i = 0; i < n_tok * S; i++) n_named += named[i], n_used += used[i], used_ok &= used[i] == named[i];
+        CHECK(worst <= 1e-4 && used_ok && n_used == n_named, "%s experts: error %.3g, %d slots used of %d named",
+              moe_qtype_name(t), worst, n_used, n_named);
         free(part), free(x), free(y), free(ry), free(mag);
         expert_free(&e);
     }
@@ -235,8 +238,10 @@ static void norms_rope_attention(void) {
             for (int64_t i = 0; i < n; i++) var += (xr[i] - mean) * (xr[i] - mean);
             var /= n;
             for (int64_t i = 0; i < n; i++) {
-                double ref = layer ? (xr[i] - mean) / sqrt(var + 1e-5) * w[i] + b[i] : xr[i] / sqrt(ss / n + 1e-5) * w[i];
-                worst = fmax(worst, fabs(y[r * n + i] - ref) / (fabs(ref) + 1e-3));
+                /* error relative to the terms' size: LayerNorm's bias may cancel the normed term */
+                const double t = layer ? (xr[i] - mean) / sqrt(var + 1e-5) * w[i] : xr[i] / sqrt(ss / n + 1e-5) * w[i];
+                const double ref = t + (layer ? b[i] : 0.0), size = fabs(t) + (layer ? fabs(b[i]) : 0.0);
+                worst = fmax(worst, fabs(y[r * n + i] - ref) / (size + 1e-3));
             }
         }
         CHECK(worst <= 1e-5, "%s: error %.3g", layer ? "LayerNorm" : "RMSNorm", worst);
@@ -446,8 +451,10 @@ static void compare(const char *path, const char *label) {
     }
     g.gemm_f32 = 0;
     if (run(path, &g, NULL, NULL, &f16)) {
-        const double dp = max_diff(&cpu, &f16, 0, NP);
-        CHECK(dp <= 5e-2, "%s: prompt through f16 GEMMs within 5e-2 (%.3g)", label, dp);
+        /* f16 GEMM inputs round to 11 significant bits; bf16 weights keep bf16 inputs (8 bits: 8x
+         * the rounding), so their bound is 8x */
+        const double dp = max_diff(&cpu, &f16, 0, NP), bound = strstr(label, "bf16") ? 0.4 : 5e-2;
+        CHECK(dp <= bound, "%s: prompt through f16 GEMMs within %.2g (%.3g)", label, bound, dp);
         printf("test-cuda: %s: f16 prompt GEMMs differ by %.3g at most\n", label, dp);
     }
     free(cpu.logits), free(gpu.logits), free(f16.logits);
@@ -556,6 +563,10 @@ int main(int argc, char **argv) {
         printf("test-cuda: device %d: %s\n", i, desc);
     }
     moe_log_set_level(MOE_LOG_WARN);
+    /* the CPU's float products everywhere: the CPU references and the CUDA backend's CPU helper
+     * (Twiddler's host experts) then agree with the GPU to rounding; the default 8-bit
+     * activation path differs by up to ~1 logit on the trained model (gpu-check reports it) */
+    setenv("MOE_CPU_INT", "0", 1);
     moe_quant_set_isa(MOE_QUANT_ISA_SCALAR);
     dequant();
     matmul();

@@ -1,10 +1,11 @@
 /*
  * bench-cuda.c - the CUDA backend's benchmark table (issue 14), side by side,
- * as markdown for docs/benchmarks.md. NOT YET RUN: written and compiled on a
- * machine without a GPU.
+ * as markdown for docs/benchmarks.md. First run on an H200 on 2026-11-28
+ * (docs/benchmarks.md, "The CUDA backend on an H200").
  *
  *   bench-cuda BUNDLE [--device N] [--threads T] [-n TOKENS] [--prompt P]
  *              [--expert-mem 25%] [--host-mem SIZE]
+ *   bench-cuda --gemv-only [--device N]   (rows 1 and 2 alone: no bundle)
  *
  * BUNDLE: ideally the inflated demo model with q8_0 and q2_k experts and a
  * profiled tuning, as tests/bench/bench-offload.sh steps 1-6 make it
@@ -117,6 +118,7 @@ static struct moe_store_params store_params(const struct opts *o, int full) {
 
 int main(int argc, char **argv) {
     struct opts o = {NULL, "25%", 0, 0, 64, 256, (int64_t)8 << 30};
+    int gemv_only = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--device") && v) o.device = atoi(v), i++;
@@ -124,17 +126,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-n") && v) o.n_decode = atoi(v), i++;
         else if (!strcmp(a, "--prompt") && v) o.n_prompt = atoi(v), i++;
         else if (!strcmp(a, "--expert-mem") && v) o.expert_mem = v, i++;
+        else if (!strcmp(a, "--gemv-only")) gemv_only = 1;
         else if (!strcmp(a, "--host-mem") && v) {
             if (moe_store_parse_size(v, &o.host_mem) != MOE_OK) return 2;
             i++;
         } else if (a[0] != '-' && !o.bundle) o.bundle = a;
         else {
             fprintf(stderr, "usage: bench-cuda BUNDLE [--device N] [--threads T] [-n TOKENS] [--prompt P] "
-                            "[--expert-mem 25%%] [--host-mem SIZE]\n");
+                            "[--expert-mem 25%%] [--host-mem SIZE]\n"
+                            "       bench-cuda --gemv-only [--device N]   (rows 1 and 2: copies and GEMV)\n");
             return 2;
         }
     }
-    if (!o.bundle) {
+    if (!o.bundle && !gemv_only) {
         fprintf(stderr, "bench-cuda: no bundle given\n");
         return 2;
     }
@@ -145,7 +149,7 @@ int main(int argc, char **argv) {
     char desc[256];
     moe_cuda_describe(o.device, desc, sizeof desc);
     printf("device: %s; bundle: %s; decode %d tokens, prompt %d, expert memory %s, host tier %.1f GiB\n\n", desc,
-           o.bundle, o.n_decode, o.n_prompt, o.expert_mem, (double)o.host_mem / 1073741824.0);
+           o.bundle ? o.bundle : "-", o.n_decode, o.n_prompt, o.expert_mem, (double)o.host_mem / 1073741824.0);
     printf("| measure | result | goal |\n|---|---|---|\n");
 
     /* 1, 2: copies and GEMV bandwidth */
@@ -161,6 +165,7 @@ int main(int argc, char **argv) {
                 printf("| GEMV %s %lld x %lld, 1 token | %.1f GB/s = %.0f %% of the %.1f GB/s device copy | >= 70 %% |\n",
                        moe_qtype_name(gt[k]), (long long)n_out, (long long)n_in, gb, d2d > 0 ? 100 * gb / d2d : 0, d2d);
         }
+    if (gemv_only) return 0;
 
     struct moe_gpu_params g = moe_gpu_default_params();
     g.device = o.device;
