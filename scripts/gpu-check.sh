@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh - the CUDA backend's checks on a real GPU in one command (issues 28,
-# 29 and 32 item 3). PREPARED, NOT YET RUN ON A GPU: every non-GPU command it
-# issues was run on the CPU machine (--rehearse), the GPU ones never were.
+# 29 and 32 item 3). Run on an H200 on 2026-11-28 (five runs; the figures are in
+# docs/benchmarks.md, "The CUDA backend on an H200"); --rehearse runs its non-GPU
+# commands on the CPU machine.
 #
 #   scripts/gpu-check.sh OUTDIR [--build DIR] [--only STEP|STAGE,...] [--dry-run]
 #                               [--rehearse] [--work DIR] [--keep-work] [--threads N]

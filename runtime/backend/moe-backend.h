@@ -7,7 +7,7 @@
  * residual stream, the KV cache, scratch) and runs the pieces of a layer on
  * it. The CPU backend (runtime/cpu/backend-cpu.c) is the reference every
  * other backend is checked against; the CUDA backend (runtime/cuda/,
- * moe-cuda.h; not yet run on a GPU) implements the same table but for the
+ * moe-cuda.h; checked on an H200) implements the same table but for the
  * version-5 members (one KV cache: a session on it holds one sequence), and
  * adds the version-6 decode_step (a whole one-token step as one device graph).
  *
