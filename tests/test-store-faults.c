@@ -37,7 +37,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "moe-backend.h"
 #include "moe-model.h"
+#include "moe-quant.h"
 #include "moe-session.h"
 #include "moe-store.h"
 #include "moe-test.h"
@@ -78,8 +80,9 @@ static void log_clear(void) {
 
 /* ---- the injector (moe_store_io_hooks) ------------------------------------ */
 
-enum fault { F_EIO, F_SHORT, F_EOF, F_CORRUPT, F_SLOW };
-static const char *const k_fault_name[] = {"EIO", "short read", "end of file", "damaged bytes", "slow read"};
+enum fault { F_EIO, F_SHORT, F_EOF, F_CORRUPT, F_SLOW, F_SLOW_EOF };
+static const char *const k_fault_name[] = {"EIO",       "short read", "end of file", "damaged bytes",
+                                           "slow read", "slow read, then end of file"};
 
 struct inject {
     pthread_mutex_t mu;
@@ -87,15 +90,21 @@ struct inject {
     enum fault kind;
     int shots;        /* faults left; -1: every read of the target */
     int prefetch;     /* 1: strike prefetch reads (any copy) instead of the target's */
-    int delay_ms;     /* F_SLOW */
+    int delay_ms;     /* F_SLOW, F_SLOW_EOF */
     int has_target, layer, expert;
     char prec[32];
     unsigned long long offset; /* the target's first read: its blob's offset */
     int injected, target_reads;
+    int holding;      /* F_SLOW_EOF: failed prefetch copies held back (after_read) */
     int paths[3];     /* reads seen per enum moe_store_io_path (armed or not) */
 };
 
 static struct inject g_in = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
+}
 
 static void on_read(void *user, const struct moe_store_read_info *r, struct moe_store_fault *f) {
     struct inject *in = user;
@@ -124,20 +133,29 @@ static void on_read(void *user, const struct moe_store_read_info *r, struct moe_
     case F_SHORT: f->bytes = (int64_t)(r->bytes / 2); break;
     case F_EOF: f->bytes = 0; break;
     case F_CORRUPT: f->corrupt = 1; break;
-    case F_SLOW: {
-        struct timespec t = {delay / 1000, (long)(delay % 1000) * 1000000L};
-        while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
-        break;
-    }
+    case F_SLOW: sleep_ms(delay); break;
+    case F_SLOW_EOF: f->bytes = 0; break; /* after_read then holds the failure back */
     }
 }
 
-static const struct moe_store_io_hooks g_hooks = {on_read, &g_in};
+/* after_read: F_SLOW_EOF holds a failed prefetch's copy "loading" for delay_ms before the
+ * store marks it failed, so a demand use of it meets the failure in flight */
+static void after_read(void *user, const struct moe_store_read_info *r, enum moe_status rc) {
+    struct inject *in = user;
+    pthread_mutex_lock(&in->mu);
+    const int hold = in->armed && in->kind == F_SLOW_EOF && r->prefetch && rc != MOE_OK;
+    const int delay = in->delay_ms;
+    in->holding += hold;
+    pthread_mutex_unlock(&in->mu);
+    if (hold) sleep_ms(delay);
+}
+
+static const struct moe_store_io_hooks g_hooks = {on_read, &g_in, after_read};
 
 static void inject_reset(enum fault kind, int shots, int prefetch, int delay_ms) {
     pthread_mutex_lock(&g_in.mu);
     g_in.armed = 0, g_in.kind = kind, g_in.shots = shots, g_in.prefetch = prefetch, g_in.delay_ms = delay_ms;
-    g_in.has_target = 0, g_in.injected = 0, g_in.target_reads = 0;
+    g_in.has_target = 0, g_in.injected = 0, g_in.target_reads = 0, g_in.holding = 0;
     memset(g_in.paths, 0, sizeof g_in.paths);
     pthread_mutex_unlock(&g_in.mu);
 }
@@ -283,6 +301,91 @@ static int disturbed(const struct fcase *c, enum moe_io_mode io, struct result *
 
 static const char *const k_io_name[] = {"direct", "buffered", "mmap"};
 
+static size_t wbytes(const struct moe_weight *w) {
+    return (size_t)w->n_out * moe_qtype_row_bytes(w->type, w->n_in);
+}
+
+/* prefetch_fails_in_flight: the store driven directly. A prefetch of an expert not cached
+ * fails (end of file; a prefetch no demand claimed is tried once) and after_read holds the
+ * copy "loading" 300 ms before the store marks it failed; meanwhile a decode step routes
+ * that expert: the plan binds the item to the prefetch (no read of its own), and the
+ * acquire must then read the copy again as a demand read, not fail the step. Not a race:
+ * the plan is made while the hook holds. */
+static void prefetch_fails_in_flight(enum moe_io_mode io) {
+    snprintf(g_case, sizeof g_case, "--io %s, a demand bound to a prefetch whose read fails in flight", k_io_name[io]);
+    alarm(60);
+    inject_reset(F_SLOW_EOF, -1, 1, 300);
+    struct moe_model *m = load(1);
+    struct moe_backend *be = NULL;
+    struct moe_store *st = NULL;
+    const int K = m ? m->cfg.n_expert_used : 0;
+    struct moe_backend_params bp = {16, 8, 2, K, 1};
+    struct moe_store_params sp = moe_store_default_params();
+    sp.dynamic = 0, sp.low_cap = 0, sp.policy = MOE_CACHE_LRU, sp.warm = 0, sp.io = io, sp.io_hooks = &g_hooks;
+    sp.high_cap = 4, sp.prefetch_layers = 1;
+    int ok = m && moe_backend_cpu_new(m, &bp, &be) == MOE_OK && moe_store_new(m, be, &sp, K, &st) == MOE_OK;
+    CHECK(ok, "%s: store made", g_case);
+    if (ok) {
+        const int E = m->cfg.n_expert;
+        int32_t sel[8];
+        float w[8];
+        for (int j = 0; j < K; j++) sel[j] = j, w[j] = 1.0f / (float)K;
+        struct moe_store_plan *plan = NULL;
+        struct moe_ffn view;
+        /* a decode step of layer 0 (prefetch hints follow decode steps) */
+        ok = moe_store_plan(st, 0, 0, 1, sel, w, K, &plan) == MOE_OK;
+        for (int i = 0; ok && i < plan->n_items; i++) {
+            ok = moe_store_acquire(st, i, &view) == MOE_OK;
+            moe_store_release(st, i);
+        }
+        /* layer 1's last expert, not cached: prefetched, the read fails and is held */
+        const int32_t e = (int32_t)(E - 1);
+        inject_set(1, -2);
+        const int started = ok ? moe_store_prefetch_hint(st, 1, &e, NULL, 1, 1) : 0;
+        int held = 0;
+        for (int t = 0; started == 1 && !held && t < 2000; t++) {
+            pthread_mutex_lock(&g_in.mu);
+            held = g_in.holding;
+            pthread_mutex_unlock(&g_in.mu);
+            if (!held) sleep_ms(1);
+        }
+        CHECK(ok && started == 1 && held == 1, "%s: a prefetch started (%d) and its failed read is held (%d)", g_case,
+              started, held);
+        /* layer 1's step routes e: bound to the prefetch while its read is held, then read again */
+        sel[0] = e;
+        for (int j = 1; j < K; j++) sel[j] = j - 1;
+        if (ok && held && moe_store_plan(st, 1, 1, 1, sel, w, K, &plan) == MOE_OK) {
+            int found = 0, got_ok = 1;
+            for (int i = 0; i < plan->n_items; i++) {
+                const enum moe_status rc = moe_store_acquire(st, i, &view);
+                got_ok &= rc == MOE_OK;
+                if (rc == MOE_OK && plan->items[i].expert == e) {
+                    struct moe_ffn ref;
+                    found = moe_model_expert(m, 1, e, plan->items[i].precision, &ref) == MOE_OK &&
+                            ref.gate.type == view.gate.type && ref.down.type == view.down.type &&
+                            !memcmp(ref.gate.data, view.gate.data, wbytes(&ref.gate)) &&
+                            !memcmp(ref.down.data, view.down.data, wbytes(&ref.down));
+                }
+                moe_store_release(st, i);
+            }
+            struct moe_store_stats ss;
+            moe_store_get_stats(st, &ss);
+            CHECK(got_ok && found, "%s: the step's experts load, the expert's copy is the bundle's (%d, %d)", g_case,
+                  got_ok, found);
+            CHECK(ss.prefetch_failed == 1 && ss.prefetch_reread == 1,
+                  "%s: the prefetch failed (%lld) and the demand read it again (%lld)", g_case,
+                  (long long)ss.prefetch_failed, (long long)ss.prefetch_reread);
+        } else {
+            CHECK(0, "%s: layer 1's plan", g_case);
+        }
+    }
+    inject_set(0, 0);
+    moe_store_free(st);
+    moe_backend_free(be);
+    moe_model_free(m);
+    alarm(0);
+}
+
 static void one_case(const struct fcase *c, enum moe_io_mode io) {
     snprintf(g_case, sizeof g_case, "--io %s, %s %s of %s reads (delay %d ms, --io-timeout %g)", k_io_name[io],
              k_fault_name[c->kind], c->shots < 0 ? "for good" : "once", c->prefetch ? "prefetch" : "demand", c->delay_ms,
@@ -397,8 +500,10 @@ int main(int argc, char **argv) {
         {F_CORRUPT, -1, 1, 0, 30, 0, NULL, 0},
         {F_SLOW, -1, 1, 50, 30, 0, NULL, 0},
     };
-    for (int io = 0; io < 3; io++)
+    for (int io = 0; io < 3; io++) {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) one_case(&cases[i], (enum moe_io_mode)io);
+        prefetch_fails_in_flight((enum moe_io_mode)io);
+    }
     /* teardown right after a timed-out read: the free waits for it (within --io-timeout) and joins */
     static const struct fcase at_once = {F_SLOW, 1, 0, 1500, 1, 1, "the storage did not answer", 1};
     one_case(&at_once, MOE_IO_DIRECT);

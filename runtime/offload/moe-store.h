@@ -157,10 +157,15 @@ struct moe_store_fault {
  * a loader thread right before each read (concurrently from several loaders:
  * it must be thread-safe), with *f cleared (err 0, bytes -1, corrupt 0), and
  * may fill *f or sleep (a slow read). Unset, a read costs one test of
- * moe_store_params.io_hooks. */
+ * moe_store_params.io_hooks. after_read (NULL: none) is called by the loader
+ * once a copy's reads are over (every try), with the copy's info (offset and
+ * bytes: the whole stored copy; path: the --io mode's) and the outcome, before the slot's state says it: a hook that sleeps there holds the
+ * copy "still loading" for a while, so a test can make a demand use meet a
+ * read that is about to fail (not by a race). */
 struct moe_store_io_hooks {
     void (*on_read)(void *user, const struct moe_store_read_info *info, struct moe_store_fault *f);
     void *user;
+    void (*after_read)(void *user, const struct moe_store_read_info *info, enum moe_status rc);
 };
 
 struct moe_store_params moe_store_default_params(void);
@@ -214,6 +219,8 @@ struct moe_store_stats {
     int64_t read_retries;           /* reads of a copy made again after a failed one */
     int64_t reads_failed;           /* reads that failed for good (every try; prefetches included) */
     int64_t prefetch_failed;        /* of which prefetches (dropped, never failing a forward) */
+    int64_t prefetch_reread;        /* demand uses bound to a prefetch whose read failed: read again
+                                     * as demand reads */
     int64_t read_timeouts;          /* acquires that gave up waiting after io_timeout */
 };
 

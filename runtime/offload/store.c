@@ -266,6 +266,21 @@ static void fault_at(const struct moe_store *st, const struct rd *rd, const stru
     else if (st->io == MOE_IO_DIRECT) f->bytes &= ~(int64_t)4095; /* direct I/O comes back in whole blocks */
 }
 
+/* after_read: the test seam's after_read (moe_store_io_hooks) for the copy (g, prec) whose
+ * reads ended with rc; nothing without it. */
+static void after_read(const struct moe_store *st, int32_t g, int prec, const struct rd *rd, enum moe_status rc) {
+    const struct moe_store_io_hooks *h = st->p.io_hooks;
+    if (!h || !h->after_read) return;
+    struct moe_bundle_blob b;
+    if (blob(st, g, prec, &b) != MOE_OK) return;
+    const enum moe_store_io_path path = st->io == MOE_IO_MMAP     ? MOE_STORE_PATH_MMAP
+                                        : st->io == MOE_IO_DIRECT ? MOE_STORE_PATH_AIO
+                                                                  : MOE_STORE_PATH_PREAD;
+    const struct moe_store_read_info in = {(int)b.layer, (int)b.expert, b.desc ? b.desc->name : "?", b.offset,
+                                           b.stored_size, path, rd->prefetch, rd->attempt};
+    h->after_read(h->user, &in, rc);
+}
+
 /* read_error: a failed read of bytes at `from` of b (err: errno, 0 = the
  * end of the file), recorded in rd; the file changed: said by
  * moe_bundle_check_file, by name. */
@@ -721,6 +736,7 @@ static void *loader_main(void *arg) {
         const double t0 = moe_now_s();
         struct rd rd = {.prefetch = r.prefetch};
         const enum moe_status rc = load_tries(st, id, s, &r, g, prec, &rd);
+        after_read(st, g, prec, &rd, rc);
         const double dt = moe_now_s() - t0;
         pthread_mutex_lock(&st->mu);
         st->n_reading--;
@@ -1955,6 +1971,7 @@ enum moe_status moe_store_acquire(struct moe_store *st, int i, struct moe_ffn *v
      * pf_serve may have bound the slot while that read was still in flight */
     while (s->gen == st->item_gen[i] && (s->state == S_QUEUED || s->state == S_LOADING || s->state == S_EMPTY ||
                                           (s->state == S_FAILED && s->fail.prefetch && !s->reading))) {
+        if (s->state == S_FAILED) st->stats.prefetch_reread++;
         if (s->state == S_EMPTY || s->state == S_FAILED) s->fail.prefetch = 0, enqueue(st, si, 0);
         if (!waited) t0 = moe_now_s(), waited = 1, dl = deadline(CLOCK_MONOTONIC, st->p.io_timeout);
         if (st->p.io_timeout <= 0) pthread_cond_wait(&st->cv, &st->mu);
