@@ -39,6 +39,9 @@
 #            gpu-tests        every gpu-labelled ctest (test-cuda: each kernel against
 #                             the CPU reference per stored type, several shapes, then
 #                             whole models)
+#            gemv-tiled       the opt-in one-token GEMV (MOE_CUDA_GEMV=tiled, not yet
+#                             run): test-cuda with it, bench-cuda --gemv-only with and
+#                             without it
 #            trained-bundle   the trained model (datasets/models/tiny-moe-mixtral) as a
 #                             bundle, experts q8_0,q4_k,q2_k, dense q8_0
 #            logits-trained   GPU all resident against the CPU's float products
@@ -120,6 +123,7 @@ cd "$ROOT" || exit 1
 STEP_TABLE="
 env parity 40
 gpu-tests parity 150
+gemv-tiled parity 60
 trained-bundle parity 60
 logits-trained parity 90
 graphs graphs 90
@@ -454,6 +458,50 @@ step_gpu_tests() {
   elif [[ $fig == *skipped* ]]; then kv status skip; kv reason "no CUDA device"
   else kv status pass
   fi
+}
+
+step_gemv_tiled() {
+  # the opt-in one-token GEMV with x in shared memory (MOE_CUDA_GEMV=tiled, kernels.cu):
+  # test-cuda with it, then bench-cuda --gemv-only without and with it, interleaved twice
+  local list=$GC_WORK/gpu-tests.tsv out=$GC_WORK/runs/test-cuda-tiled.txt name exe args rc=0 argv=() a i
+  need_file "$list" "the gpu-labelled tests' list"
+  IFS=$'\t' read -r name exe args < <(grep '^test-cuda' "$list")
+  if [ -z "${exe:-}" ]; then kv status fail; kv reason "no test-cuda in the gpu tests"; return; fi
+  exe=${exe//@SRC@/$ROOT}
+  exe=${exe//@BUILD@/$GC_BIN}
+  IFS=$'\t' read -r -a argv <<<"$args"
+  for i in "${!argv[@]}"; do
+    a=${argv[$i]//@SRC@/$ROOT}
+    argv[$i]=${a//@BUILD@/$GC_BIN}
+  done
+  show env MOE_CUDA_GEMV=tiled "$exe" "${argv[@]}"
+  (cd "$GC_BIN/tests" 2>/dev/null || cd "$GC_BIN" || exit 1; MOE_CUDA_GEMV=tiled exec "$exe" "${argv[@]}") 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  if [ $rc -eq 77 ]; then kv status skip; kv reason "no CUDA device"; return; fi
+  kv test_cuda_tiled_exit "$rc"
+  kv test_cuda_tiled_fails "$(grep -c '^FAIL ' "$out")"
+  kv test_cuda_tiled_first_fail "$(grep -m 1 '^FAIL ' "$out")"
+  local r v f t fig=""
+  for r in 1 2; do
+    for v in plain tiled; do
+      f=$GC_WORK/runs/gemv-$v-$r.txt
+      if [ $v = tiled ]; then MOE_CUDA_GEMV=tiled "$GC_BIN/tests/bench-cuda" --gemv-only >"$f" 2>&1
+      else "$GC_BIN/tests/bench-cuda" --gemv-only >"$f" 2>&1; fi
+      cat "$f"
+    done
+  done
+  for t in q4_k q8_0; do
+    local bp bt
+    bp=$(cat "$GC_WORK"/runs/gemv-plain-*.txt | sed -n "s/^| GEMV $t 14336 x 4096, 1 token | \([0-9.]*\) GB.*/\1/p" | sort -g | tail -n 1)
+    bt=$(cat "$GC_WORK"/runs/gemv-tiled-*.txt | sed -n "s/^| GEMV $t 14336 x 4096, 1 token | \([0-9.]*\) GB.*/\1/p" | sort -g | tail -n 1)
+    kv "gemv_${t}_plain_gbs" "$bp"
+    kv "gemv_${t}_tiled_gbs" "$bt"
+    fig+="$t $(fmt %.0f "$bt") vs $(fmt %.0f "$bp") GB/s "
+  done
+  kv figure "tiled GEMV: ${fig% }"
+  kv goal "test-cuda passes with it; faster than the plain kernel"
+  if [ $rc -ne 0 ]; then kv status fail; kv reason "test-cuda with MOE_CUDA_GEMV=tiled: $(grep -m 1 '^FAIL ' "$out")"
+  else kv status info; fi
 }
 
 step_trained_bundle() {

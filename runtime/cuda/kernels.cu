@@ -9,6 +9,9 @@
 // moe_dequantize_row's; test-cuda checks that exactly. Products then
 // accumulate in float32 in a different order than the CPU's, so matrix
 // products agree to rounding, not bit for bit.
+#include <cstdlib>
+#include <cstring>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -341,6 +344,87 @@ template <int MULTI> __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_ker
     } else {
         DISPATCH(J.type, gemv_warp1, J, o, threadIdx.x & 31);
     }
+}
+
+// ---- one-token GEMV with x in shared memory (MOE_CUDA_GEMV=tiled; NOT YET RUN) ----
+//
+// Why: on the H200 the kernel above moves about the same number of weights per
+// second for q4_k and q8_0 (750-820 G elements/s) although their bytes differ
+// 2x, which points at the per-row re-read of x (4 bytes per weight, from L2 once
+// the streamed weights have evicted it from L1) rather than at the weights. Here a
+// block of GEMV_T_WARPS warps, GEMV_T_ROWS rows each, stages x in shared memory one
+// tile of GEMV_TILE elements at a time and every row of the block reads it from
+// there. A lane sums the same groups in the same order as gemv_warp<T, 1> (the tile
+// is a whole number of 32-group passes), so the products agree with it to the
+// compiler's contraction choices. Written and compiled without a GPU: opt-in until
+// test-cuda and bench-cuda have run it (scripts/gpu-check.sh step gemv-tiled).
+
+constexpr int GEMV_T_WARPS = 8, GEMV_T_ROWS = 2, GEMV_TILE = 4096; // 16 KiB of x per block
+
+template <int T>
+__device__ void gemv_tiled_rows(const gemv_job &J, const float *xg, float *xs, int warp, int lane) {
+    const int o0 = (blockIdx.x * GEMV_T_WARPS + warp) * GEMV_T_ROWS;
+    const bool two = J.mode == Y_SWIGLU;
+    float a[GEMV_T_ROWS], b[GEMV_T_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_T_ROWS; r++) a[r] = b[r] = 0.0f;
+    const int ng = J.n_in >> 3;
+    for (int c0 = 0; c0 < J.n_in; c0 += GEMV_TILE) {
+        const int len = min(GEMV_TILE, J.n_in - c0);
+        __syncthreads(); // the last tile's readers are done
+        for (int i = threadIdx.x; i < len; i += blockDim.x) xs[i] = xg[c0 + i];
+        __syncthreads();
+        const int g0 = c0 >> 3, g1 = min(ng, (c0 + len) >> 3);
+#pragma unroll
+        for (int r = 0; r < GEMV_T_ROWS; r++) {
+            const int o = o0 + r;
+            if (o >= J.n_out) break;
+            const uint8_t *row = J.w + (size_t)o * J.row_bytes;
+            const uint8_t *row2 = two ? J.w2 + (size_t)o * J.row_bytes : nullptr;
+            for (int g = g0 + lane; g < g1; g += 32) {
+                float v[8], u[8], xx[8];
+                deq<T>::run(row, g * 8, v);
+                if (two) deq<T>::run(row2, g * 8, u);
+                const float *xp = xs + (g * 8 - c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) xx[k] = xp[k];
+                float s = 0.0f, s2 = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) s += v[k] * xx[k];
+                if (two) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) s2 += u[k] * xx[k];
+                }
+                a[r] += s;
+                b[r] += s2;
+            }
+            if (c0 + len == J.n_in) // float types with n_in % 8 != 0: the tail, in the last tile
+                for (int i = ng * 8 + lane; i < J.n_in; i += 32) {
+                    const float xi = xs[i - c0];
+                    a[r] += deq<T>::one(row, i) * xi;
+                    if (two) b[r] += deq<T>::one(row2, i) * xi;
+                }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_T_ROWS; r++) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            a[r] += __shfl_xor_sync(0xffffffffu, a[r], off);
+            b[r] += __shfl_xor_sync(0xffffffffu, b[r], off);
+        }
+        if (lane == 0 && o0 + r < J.n_out) epilogue(J, 0, o0 + r, a[r], b[r]);
+    }
+}
+
+__global__ void __launch_bounds__(32 * GEMV_T_WARPS) gemv_tiled_kernel(const gemv_job *jobs) {
+    __shared__ gemv_job J;
+    __shared__ float xs[GEMV_TILE];
+    if (threadIdx.x == 0) J = jobs[blockIdx.y];
+    __syncthreads();
+    // every warp stays for the block's barriers, rows past n_out or not
+    const float *xg = J.x + (int64_t)(J.xrow ? J.xrow[0] : 0) * J.ldx;
+    DISPATCH(J.type, gemv_tiled_rows, J, xg, xs, (int)(threadIdx.x >> 5), (int)(threadIdx.x & 31));
 }
 
 // ---- the cuBLAS path: dequantize / gather + convert, then the epilogue ------
@@ -719,8 +803,19 @@ int64_t launch_count(void) { return g_launches; }
 enum moe_status launch_gemv(const gemv_job *jobs_dev, int n_jobs, int max_out, int max_tok, cudaStream_t stream) {
     if (n_jobs <= 0) return MOE_OK;
     dim3 grid((unsigned)((max_out + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)n_jobs);
-    if (max_tok > 1) gemv_kernel<1><<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
-    else gemv_kernel<0><<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
+    static const bool tiled = [] { // the opt-in one-token kernel above (not yet run on a GPU)
+        const char *e = getenv("MOE_CUDA_GEMV");
+        return e && strcmp(e, "tiled") == 0;
+    }();
+    if (max_tok > 1) {
+        gemv_kernel<1><<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
+    } else if (tiled) {
+        const int rows = GEMV_T_WARPS * GEMV_T_ROWS;
+        gemv_tiled_kernel<<<dim3((unsigned)((max_out + rows - 1) / rows), (unsigned)n_jobs), 32 * GEMV_T_WARPS, 0,
+                            stream>>>(jobs_dev);
+    } else {
+        gemv_kernel<0><<<grid, 32 * GEMV_WARPS, 0, stream>>>(jobs_dev);
+    }
     LAUNCHED();
     return MOE_OK;
 }
