@@ -4,7 +4,7 @@
 #
 #   tests/bench/bench-offload.sh [--work DIR] [--ffn N] [--rounds R] [-n TOKENS]
 #                                [--threads T] [--io direct|buffered|mmap]
-#                                [--model DIR] [--calib python_docs|mix]
+#                                [--model DIR] [--calib python_docs|mix] [--temp T]
 #                                [--prep-only] [--dry-run] [--no-build]
 #
 # --model: another trained checkpoint with heldout/ texts (default
@@ -14,6 +14,11 @@
 # (python_docs, wordnet, c4, gsm8k, fortunes; the prompts come from the
 # second halves) instead of python_docs alone: calibration like the workload
 # (docs/benchmarks.md). Use its own --work: the bundle's tuning differs.
+# --temp T: step 8's runs sample at temperature T (--top-p 0.95, --seed 42)
+# instead of decoding greedily (default 0, greedy: the issue's method). The tiny
+# models' greedy continuations fall into loops (a repeated token routes to the
+# same experts every step), which flatters recency; sampling is the workload a
+# chat user makes.
 #
 # Steps (each prints the exact command it runs; a step whose output exists is
 # reused, unless an earlier step in the chain ran again):
@@ -78,6 +83,7 @@ prefetch_layers=${MOE_OFFLOAD_PREFETCH_LAYERS:-1}
 prefetch_paths=${MOE_OFFLOAD_PREFETCH_PATHS:-2}
 model=datasets/models/tiny-moe-mixtral
 calib_mode=python_docs
+temp=0
 prompt_domains="c4 fortunes gsm8k wordnet"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -94,12 +100,16 @@ while [ $# -gt 0 ]; do
     --no-build) do_build=0; shift ;;
     --model) model=${2%/}; shift 2 ;;
     --calib) calib_mode=$2; shift 2 ;;
+    --temp) temp=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench-offload: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$ffn$rounds$n_predict$threads" in *[!0-9]*) echo "bench-offload: --ffn, --rounds, -n, --threads take integers" >&2; exit 2 ;; esac
 case "$io" in direct|buffered|mmap) ;; *) echo "bench-offload: --io takes direct, buffered or mmap" >&2; exit 2 ;; esac
+case "$temp" in '' | *[!0-9.]* | *.*.*) echo "bench-offload: --temp takes a number >= 0" >&2; exit 2 ;; esac
+sampling=()
+if [ "$(awk -v t="$temp" 'BEGIN { print (t > 0) }')" = 1 ]; then sampling=(--temp "$temp" --top-p 0.95 --seed 42); fi
 
 # run: print a command (shell-quoted, so it can be pasted) and run it.
 run() {
@@ -271,7 +281,7 @@ one_run() {
   log=$work/runs/$tag.log
   # shellcheck disable=SC2206,SC2207 # option strings split on purpose
   local cmd=("$moerun" -m "$bundle" -f "$work/prompts/$prompt.txt" -n "$n_predict" --ignore-eos -t "$threads"
-             ${CONFIGS[$cfg]} $(offload_opts "$cfg" "$budget") --stats-json "$stats")
+             ${sampling[@]+"${sampling[@]}"} ${CONFIGS[$cfg]} $(offload_opts "$cfg" "$budget") --stats-json "$stats")
   if [ $dry_run -eq 1 ]; then
     printf '%q ' "${cmd[@]}"
     printf '\n'
@@ -327,7 +337,7 @@ median() {
 }
 resident=$(median e all 6)
 {
-  echo "decode tokens/s, median over $rounds rounds x prompts ($prompt_domains); FFN $ffn, -t $threads, -n $n_predict, --io $io"
+  echo "decode tokens/s, median over $rounds rounds x prompts ($prompt_domains); FFN $ffn, -t $threads, -n $n_predict, --io $io, $([ ${#sampling[@]} -gt 0 ] && echo "sampled: ${sampling[*]}" || echo greedy)"
   echo "budgets: 25 % = $budget25 bytes, 50 % = $budget50 bytes (of the q8_0 expert bytes, $q8_total)"
   printf '%-7s %-6s %6s %9s %7s %9s %11s %8s %8s %10s %10s\n' config budget runs "tok/s" "x a" "x e" "MB/dec tok" "hit hi" "hit lo" "stall ms" "peak MB"
   for cfg in "${configs[@]}"; do
