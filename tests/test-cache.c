@@ -97,6 +97,16 @@ static void test_lru(void) {
     moe_cache_free(NULL);
 }
 
+/* test_guard_switch: the policy guard's rule: 10 % fewer misses and beyond chance */
+static void test_guard_switch(void) {
+    CHECK(!moe_cache_guard_switch(21.7, 19.4), "a handful of misses early does not decide (21.7 against 19.4)");
+    CHECK(!moe_cache_guard_switch(100, 89), "11 %% fewer but within chance (100 against 89)");
+    CHECK(!moe_cache_guard_switch(1000, 950), "5 %% fewer is not enough however many (1000 against 950)");
+    CHECK(moe_cache_guard_switch(200, 150), "25 %% fewer over 350 misses switches");
+    CHECK(moe_cache_guard_switch(1000, 880), "12 %% fewer over 1880 misses switches");
+    CHECK(!moe_cache_guard_switch(0, 0) && !moe_cache_guard_switch(50, 60), "none, or a worse shadow, never switches");
+}
+
 /* test_set_policy: LFU-global with 2 slots after 0 0 0 1 would evict 1 (one
  * use) for 2; switched to LRU it evicts 0 (used before 1), and then 1 for 3;
  * STATIC and BELADY cannot be switched to. */
@@ -717,6 +727,7 @@ int main(void) {
     moe_log_set(capture, NULL);
     test_lru();
     test_set_policy();
+    test_guard_switch();
     test_lfu();
     test_lhu();
     test_layers();

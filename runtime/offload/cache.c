@@ -384,6 +384,11 @@ enum moe_status moe_cache_new(int n_layers, int n_experts, enum moe_cache_policy
     return MOE_OK;
 }
 
+int moe_cache_guard_switch(double policy_penalty, double shadow_penalty) {
+    const double r = policy_penalty, s = shadow_penalty;
+    return s >= 0 && s < 0.9 * r && r - s >= 2.0 * sqrt(r + s);
+}
+
 enum moe_status moe_cache_set_policy(struct moe_cache *s, enum moe_cache_policy p) {
     if ((int)p < 0 || p >= MOE_CACHE_N_POLICIES || p == MOE_CACHE_STATIC || p == MOE_CACHE_BELADY ||
         s->p == MOE_CACHE_STATIC || s->p == MOE_CACHE_BELADY) {

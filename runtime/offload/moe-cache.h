@@ -178,6 +178,13 @@ int moe_cache_prefetch(struct moe_cache *c, int32_t g, int ahead, struct moe_cac
  * cached set does not change. */
 enum moe_status moe_cache_set_policy(struct moe_cache *c, enum moe_cache_policy p);
 
+/* moe_cache_guard_switch: the expert store's policy guard (moe-store.h,
+ * moe_store_params.guard) decides on its two decayed miss penalties, the
+ * policy's and the shadow's: 1 when the shadow's is at least 10 % below and
+ * the difference is beyond chance (at least twice the square root of the two
+ * summed, as for counts of independent misses), else 0. */
+int moe_cache_guard_switch(double policy_penalty, double shadow_penalty);
+
 /* moe_cache_contains: 1 if expert g's high (high != 0) or low copy is cached. */
 int moe_cache_contains(const struct moe_cache *c, int32_t g, int high);
 
