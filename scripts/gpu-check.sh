@@ -409,20 +409,27 @@ step_env() {
   fi
 }
 
+# test_cmd EXE ARGS: a gpu-tests.tsv row's program and tab-separated arguments with @SRC@
+# and @BUILD@ resolved, into the caller's `exe` and `argv`
+test_cmd() {
+  local a i
+  exe=${1//@SRC@/$ROOT}
+  exe=${exe//@BUILD@/$GC_BIN}
+  IFS=$'\t' read -r -a argv <<<"$2"
+  for i in "${!argv[@]}"; do
+    a=${argv[$i]//@SRC@/$ROOT}
+    argv[$i]=${a//@BUILD@/$GC_BIN}
+  done
+}
+
 step_gpu_tests() {
   local list=$GC_WORK/gpu-tests.tsv n=0 nfail=0 fig="" first=""
   need_file "$list" "the gpu-labelled tests' list"
   while IFS=$'\t' read -r name exe args; do
     [ -n "$name" ] || continue
     n=$((n + 1))
-    local argv=() rc=0 a
-    exe=${exe//@SRC@/$ROOT}
-    exe=${exe//@BUILD@/$GC_BIN}
-    IFS=$'\t' read -r -a argv <<<"$args"
-    for i in "${!argv[@]}"; do
-      a=${argv[$i]//@SRC@/$ROOT}
-      argv[$i]=${a//@BUILD@/$GC_BIN}
-    done
+    local argv=() rc=0
+    test_cmd "$exe" "$args"
     say "== ctest $name"
     show "$exe" "${argv[@]}"
     # tee: what it printed reaches the log even when the step's timeout kills it
@@ -463,17 +470,11 @@ step_gpu_tests() {
 step_gemv_tiled() {
   # the opt-in one-token GEMV with x in shared memory (MOE_CUDA_GEMV=tiled, kernels.cu):
   # test-cuda with it, then bench-cuda --gemv-only without and with it, interleaved twice
-  local list=$GC_WORK/gpu-tests.tsv out=$GC_WORK/runs/test-cuda-tiled.txt name exe args rc=0 argv=() a i
+  local list=$GC_WORK/gpu-tests.tsv out=$GC_WORK/runs/test-cuda-tiled.txt name exe args rc=0 argv=()
   need_file "$list" "the gpu-labelled tests' list"
   IFS=$'\t' read -r name exe args < <(grep '^test-cuda' "$list")
   if [ -z "${exe:-}" ]; then kv status fail; kv reason "no test-cuda in the gpu tests"; return; fi
-  exe=${exe//@SRC@/$ROOT}
-  exe=${exe//@BUILD@/$GC_BIN}
-  IFS=$'\t' read -r -a argv <<<"$args"
-  for i in "${!argv[@]}"; do
-    a=${argv[$i]//@SRC@/$ROOT}
-    argv[$i]=${a//@BUILD@/$GC_BIN}
-  done
+  test_cmd "$exe" "$args"
   show env MOE_CUDA_GEMV=tiled "$exe" "${argv[@]}"
   (cd "$GC_BIN/tests" 2>/dev/null || cd "$GC_BIN" || exit 1; MOE_CUDA_GEMV=tiled exec "$exe" "${argv[@]}") 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
